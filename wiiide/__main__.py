@@ -1,0 +1,41 @@
+"""``python -m wiiide coordinator|worker``: run one node, configured by WIIIIIDE_* environment variables.
+
+Exit codes: 0 done, 1 error, 2 bad configuration, 3 could not connect (worker) or not all workers
+came (coordinator), 4 peer lost, 143 SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from wiiide.config import RunConfig
+from wiiide.errors import ConfigError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m wiiide", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("role", choices=["coordinator", "worker"])
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a config field (after the environment), e.g. --set port=29501")
+    args = parser.parse_args(argv)
+    try:
+        cfg = RunConfig.from_env()
+        if args.set:
+            overrides = dict(item.split("=", 1) for item in args.set if "=" in item)
+            if len(overrides) != len(args.set):
+                raise ConfigError("--set takes FIELD=VALUE")
+            cfg = cfg.replace(**overrides)
+    except ConfigError as exc:
+        print(f"wiiide {args.role}: configuration error: {exc}", file=sys.stderr)
+        return 2
+    if args.role == "coordinator":
+        from wiiide.coordinator import main as run
+    else:
+        from wiiide.worker import main as run
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

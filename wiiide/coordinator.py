@@ -1,0 +1,251 @@
+"""The coordinator: WIIIIIDE's parameter server.
+
+It holds the model and the optimizer, loads the data, accepts `num_workers` workers over TCP and runs
+synchronous rounds. One step:
+
+1. encode the current parameters once (the policy's codec for ``params``) and send them, with each
+   worker's own mini-batch (``batch``), to every live worker;
+2. receive every live worker's ``gradients`` (flat float32 vector, its loss);
+3. average the gradients (the mean over workers, as DDP's all-reduce does), apply one optimizer step.
+
+The run stops after `duration_s` seconds or `max_steps` steps; the coordinator then sends ``stop``,
+evaluates on the held-out split and writes its metrics (held-out accuracy, per-worker batch counts).
+
+A worker whose connection fails or who sends a malformed frame is closed and dropped from the round;
+the run goes on with the rest (and fails when none are left).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from wiiide.codecs import CompressionPolicy
+from wiiide.config import RunConfig
+from wiiide.data import BatchSampler, load_dataset
+from wiiide.errors import ProtocolError
+from wiiide.log import TieredLog
+from wiiide.metrics import NodeMetrics
+from wiiide.model import FlatParams, build_mlp, model_spec, num_parameters
+from wiiide.node import (EXIT_CONNECT, EXIT_PEER_LOST, Connection, NodeFailure, run_node, touch)
+from wiiide.protocol import PROTOCOL_VERSION, WireTensor, encode_message
+from wiiide.sockets import configure_socket
+from wiiide.tensors import from_wire, to_wire
+
+HELLO_TIMEOUT_S = 10.0
+
+
+@dataclass
+class WorkerSlot:
+    rank: int
+    conn: Connection
+    node_id: str
+    batches: int = 0
+    alive: bool = True
+
+
+class Coordinator:
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.log = TieredLog(cfg, "coordinator")
+        self.metrics = NodeMetrics("coordinator", cfg.node_id or socket.gethostname())
+        self.metrics.rank = 0
+        self.policy = CompressionPolicy(cfg.compression, cfg.adaptive_threshold_bytes)
+        self.workers: list[WorkerSlot] = []
+        self.listener: socket.socket | None = None
+
+    # ------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        return run_node(self.cfg, self.metrics, self.log, self._main)
+
+    def _main(self) -> None:
+        cfg = self.cfg
+        try:
+            data = load_dataset(cfg)
+            model = build_mlp(data.num_features, cfg.hidden_sizes, data.num_classes, cfg.seed)
+            flat = FlatParams(model)
+            optimizer = torch.optim.SGD(model.parameters(), lr=cfg.learning_rate, momentum=cfg.momentum)
+            spec = model_spec(data.num_features, cfg.hidden_sizes, data.num_classes)
+            self.metrics.extra.update({
+                "dataset": data.name, "train_samples": len(data.y_train), "test_samples": len(data.y_test),
+                "num_parameters": num_parameters(model), "gradient_bytes": flat.numel * 4,
+                "compression": cfg.compression, "log_tier": cfg.log_tier, "num_workers": cfg.num_workers,
+            })
+            self.log.info("model %s: %d parameters (%.1f KB of gradient); data %s: %d train / %d test",
+                          spec["hidden_sizes"], flat.numel, flat.numel * 4 / 1e3, data.name,
+                          len(data.y_train), len(data.y_test))
+            self._listen()
+            self._accept_workers(spec)
+            self._train(data, model, flat, optimizer)
+            self._stop_workers("finished")
+            accuracy, test_loss = evaluate(model, data.x_test, data.y_test)
+            self.metrics.extra.update({"test_accuracy": accuracy, "test_loss": test_loss})
+            self.log.info("held-out accuracy %.4f, loss %.4f after %d steps", accuracy, test_loss, self.metrics.steps)
+        finally:
+            self.metrics.extra["batches_per_worker"] = {str(w.rank): w.batches for w in self.workers}
+            self.metrics.extra["workers_connected"] = len(self.workers)
+            for w in self.workers:
+                w.conn.close()
+            if self.listener is not None:
+                self.listener.close()
+
+    # ------------------------------------------------------------------------------------------
+    def _listen(self) -> None:
+        cfg = self.cfg
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        configure_socket(sock, cfg)  # accepted sockets inherit the buffer sizes (window scaling)
+        try:
+            sock.bind((cfg.bind_host, cfg.port))
+        except OSError as exc:
+            sock.close()
+            raise NodeFailure(f"cannot listen on {cfg.bind_host}:{cfg.port}: {exc}") from None
+        sock.listen(max(16, cfg.num_workers * 2))
+        self.listener = sock
+        touch(cfg.ready_file)
+        self.log.info("listening on %s:%d for %d workers", cfg.bind_host, cfg.port, cfg.num_workers)
+
+    def _accept_workers(self, spec: dict) -> None:
+        cfg = self.cfg
+        assert self.listener is not None
+        deadline = time.monotonic() + cfg.connect_timeout_s
+        while len(self.workers) < cfg.num_workers:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise NodeFailure(
+                    f"only {len(self.workers)} of {cfg.num_workers} workers connected within "
+                    f"connect_timeout_s={cfg.connect_timeout_s:g} s; are the workers running and "
+                    f"pointed at this host and port {cfg.port}?", EXIT_CONNECT)
+            self.listener.settimeout(remaining)
+            try:
+                sock, addr = self.listener.accept()
+            except socket.timeout:
+                continue
+            rank = len(self.workers) + 1
+            conn = None
+            try:
+                sock.settimeout(HELLO_TIMEOUT_S)
+                options = configure_socket(sock, cfg)
+                conn = Connection(sock, cfg, self.metrics, self.log, f"worker at {addr[0]}:{addr[1]}")
+                hello = conn.receive(["hello"])
+                version = hello.meta.get("protocol_version")
+                if version != PROTOCOL_VERSION:
+                    raise ProtocolError(f"protocol version {version!r}, this coordinator speaks {PROTOCOL_VERSION}")
+                node_id = str(hello.meta.get("node_id", ""))[:128]
+                conn.name = f"worker {rank}"
+                conn.send([encode_message("welcome", {
+                    "rank": rank, "world_size": cfg.num_workers + 1, "num_workers": cfg.num_workers, "model": spec,
+                })])
+                sock.settimeout(cfg.io_timeout_s)
+            except (ProtocolError, OSError) as exc:
+                self.log.error("refused connection from %s:%d: %s", addr[0], addr[1], exc)
+                self.metrics.event("connection_refused", peer=f"{addr[0]}:{addr[1]}", cause=str(exc))
+                (conn.close() if conn else sock.close())
+                continue
+            self.metrics.socket_options.append({"rank": rank, **options})
+            self.workers.append(WorkerSlot(rank, conn, node_id))
+            self.metrics.event("worker_joined", rank=rank, node_id=node_id, peer=f"{addr[0]}:{addr[1]}")
+            self.log.info("worker %d joined from %s (%s); %d of %d", rank, addr[0], node_id,
+                          len(self.workers), cfg.num_workers)
+
+    def _drop(self, worker: WorkerSlot, cause: Exception) -> None:
+        worker.alive = False
+        worker.conn.close()
+        self.metrics.event("worker_lost", rank=worker.rank, node_id=worker.node_id, cause=f"{type(cause).__name__}: {cause}")
+        self.log.error("dropped worker %d: %s: %s", worker.rank, type(cause).__name__, cause)
+
+    def _live(self) -> list[WorkerSlot]:
+        live = [w for w in self.workers if w.alive]
+        if not live:
+            raise NodeFailure("every worker was lost; see the events in the metrics", EXIT_PEER_LOST)
+        return live
+
+    def _train(self, data, model: nn.Module, flat: FlatParams, optimizer: torch.optim.Optimizer) -> None:
+        cfg, metrics = self.cfg, self.metrics
+        sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed)
+        param_bytes = flat.numel * 4
+        grad_sum = torch.zeros(flat.numel, dtype=torch.float32)
+        start = time.perf_counter()
+        step = 0
+        self.log.info("training for %g s%s", cfg.duration_s, f" or {cfg.max_steps} steps" if cfg.max_steps else "")
+        while True:
+            if time.perf_counter() - start >= cfg.duration_s or (cfg.max_steps and step >= cfg.max_steps):
+                break
+            t_step = time.perf_counter()
+            params_frame = encode_message("params", {"step": step}, [to_wire("params", flat.params)],
+                                          self.policy.choose("params", param_bytes))
+            live = self._live()
+            for w in live:
+                idx = sampler.next_indices()
+                batch = [WireTensor("x", data.x_train[idx]), WireTensor("y", data.y_train[idx])]
+                batch_frame = encode_message("batch", {"step": step}, batch,
+                                             self.policy.choose("batch", sum(t.array.nbytes for t in batch)))
+                try:
+                    w.conn.send([params_frame, batch_frame])
+                except OSError as exc:
+                    self._drop(w, exc)
+            grad_sum.zero_()
+            losses, contributors = [], 0
+            for w in self._live():
+                try:
+                    msg = w.conn.receive(["gradients"])
+                    if msg.meta.get("step") != step:
+                        raise ProtocolError(f"gradients for step {msg.meta.get('step')!r}, expected {step}")
+                    grad = msg.tensor("grad")
+                    if grad.shape != (flat.numel,) or grad.dtype != np.float32:
+                        raise ProtocolError(f"gradient of shape {grad.shape} {grad.dtype}, expected ({flat.numel},) float32")
+                    loss = float(msg.meta.get("loss", float("nan")))
+                except (ProtocolError, OSError) as exc:
+                    self._drop(w, exc)
+                    continue
+                grad_sum += torch.from_numpy(grad)
+                losses.append(loss)
+                contributors += 1
+                w.batches += 1
+            if contributors == 0:
+                self._live()  # raises: nobody left
+                continue
+            flat.grads.copy_(grad_sum).div_(contributors)
+            optimizer.step()
+            step += 1
+            metrics.steps = step
+            metrics.batches += contributors
+            metrics.samples += contributors * sampler.batch_size
+            metrics.step_times_s.append(time.perf_counter() - t_step)
+            metrics.losses.append(sum(losses) / len(losses))
+            if step % 50 == 0:
+                metrics.sample_rss()
+            self.log.step(step, "step %d: loss %.4f, %d workers, %.1f batches/s", step, metrics.losses[-1],
+                          contributors, metrics.batches / (time.perf_counter() - start))
+        metrics.train_time_s = time.perf_counter() - start
+        metrics.extra["epochs"] = sampler.epochs_done
+
+    def _stop_workers(self, reason: str) -> None:
+        frame = encode_message("stop", {"reason": reason, "steps": self.metrics.steps})
+        for w in self.workers:
+            if w.alive:
+                try:
+                    w.conn.send([frame])
+                except OSError as exc:
+                    self._drop(w, exc)
+
+
+def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(accuracy in 0..1, mean cross-entropy) of `model` on float32 features `x` (n, f) and labels `y` (n,)."""
+    model.eval()
+    with torch.no_grad():
+        logits = model(torch.from_numpy(x))
+        labels = torch.from_numpy(y)
+        loss = nn.functional.cross_entropy(logits, labels).item()
+        accuracy = (logits.argmax(dim=1) == labels).float().mean().item()
+    model.train()
+    return accuracy, loss
+
+
+def main(cfg: RunConfig) -> int:
+    return Coordinator(cfg).run()

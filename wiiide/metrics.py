@@ -1,0 +1,190 @@
+"""Per-node metrics: counters kept during a run and written as one JSON file when the node ends.
+
+The file is written atomically (temporary file, then rename) when the node ends for any reason,
+including SIGTERM, so a harness never reads half a file. `SCHEMA_VERSION` changes when a field's
+meaning changes; the harness reads files of this schema (``harness`` imports this module, never the
+reverse).
+
+Field units are in their names. Sources:
+- ``peak_rss_bytes``: the larger of psutil's RSS sampled during the run and the kernel's own peak
+  (``getrusage(RUSAGE_SELF).ru_maxrss``, KiB on Linux).
+- ``iface_bytes_sent/recv``: psutil.net_io_counters() of the node's network namespace, end minus
+  start (in a container: its eth0 and lo).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import statistics
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+import psutil
+
+SCHEMA_VERSION = 1
+
+
+def summarize(values: Iterable[float]) -> dict[str, float | int | None]:
+    """count, mean, stdev, median, min, max, p95 of raw values (stdev 0 for one value; None if empty)."""
+    data = sorted(float(v) for v in values)
+    n = len(data)
+    if n == 0:
+        return {"count": 0, "mean": None, "stdev": None, "median": None, "min": None, "max": None, "p95": None}
+    return {
+        "count": n,
+        "mean": statistics.fmean(data),
+        "stdev": statistics.stdev(data) if n > 1 else 0.0,
+        "median": statistics.median(data),
+        "min": data[0],
+        "max": data[-1],
+        "p95": data[min(n - 1, int(round(0.95 * (n - 1))))],
+    }
+
+
+def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    """Write JSON to `path` via a temporary file in the same folder and an atomic rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(payload, fh, indent=2, sort_keys=False, allow_nan=True, default=str)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+class NodeMetrics:
+    """Counters of one node. Network and codec counters are updated by `record_sent`/`record_received`."""
+
+    def __init__(self, role: str, node_id: str) -> None:
+        self.role = role
+        self.node_id = node_id
+        self.rank: int | None = None
+        self.started_at = datetime.now(timezone.utc)
+        self._t0 = time.perf_counter()
+        self._proc = psutil.Process()
+        self._rss_peak = 0
+        self._net0 = _net_counters()
+        self.steps = 0
+        self.batches = 0
+        self.samples = 0
+        self.frames_sent = self.frames_received = 0
+        self.payload_bytes_sent = self.payload_bytes_received = 0  # tensor bytes before encoding
+        self.encoded_bytes_sent = self.encoded_bytes_received = 0  # tensor bytes after encoding
+        self.wire_bytes_sent = self.wire_bytes_received = 0  # whole frames
+        self.send_time_s = self.recv_time_s = 0.0
+        self.compression_time_s = self.decompression_time_s = 0.0
+        self.compute_time_s = 0.0
+        self.train_time_s: float | None = None  # time in the training loop (set by the node), None: wall time
+        self.codec_counts: dict[str, int] = {}
+        self.step_times_s: list[float] = []
+        self.losses: list[float] = []
+        self.socket_options: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.extra: dict[str, Any] = {}
+        self.sample_rss()
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def sample_rss(self) -> int:
+        rss = self._proc.memory_info().rss
+        self._rss_peak = max(self._rss_peak, rss)
+        return rss
+
+    def record_sent(self, frame: Any, seconds: float) -> None:
+        """Account one sent `wiiide.protocol.Frame` and the seconds its send took."""
+        self.frames_sent += 1
+        self.payload_bytes_sent += frame.raw_nbytes
+        self.encoded_bytes_sent += frame.payload_nbytes
+        self.wire_bytes_sent += frame.wire_nbytes
+        self.compression_time_s += frame.encode_s
+        self.send_time_s += seconds
+        self.codec_counts[frame.codec] = self.codec_counts.get(frame.codec, 0) + 1
+
+    def record_received(self, msg: Any, seconds: float) -> None:
+        """Account one received `wiiide.protocol.Message` and the seconds its receive took."""
+        self.frames_received += 1
+        self.payload_bytes_received += msg.raw_nbytes
+        self.encoded_bytes_received += msg.wire_nbytes
+        self.wire_bytes_received += msg.wire_nbytes
+        self.decompression_time_s += msg.decode_s
+        self.recv_time_s += seconds
+
+    def event(self, kind: str, **fields: Any) -> None:
+        self.events.append({"t_s": round(self.elapsed_s(), 6), "event": kind, **fields})
+
+    def to_dict(self, status: str, error: str | None = None) -> dict[str, Any]:
+        wall = self.elapsed_s()
+        self.sample_rss()
+        peak_rss = max(self._rss_peak, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        net1 = _net_counters()
+        compression_ratio = (self.payload_bytes_sent / self.encoded_bytes_sent) if self.encoded_bytes_sent else None
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "role": self.role,
+            "node_id": self.node_id,
+            "rank": self.rank,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "status": status,
+            "error": error,
+            "started_at_utc": self.started_at.isoformat(),
+            "ended_at_utc": datetime.now(timezone.utc).isoformat(),
+            "wall_time_s": wall,
+            "steps": self.steps,
+            "batches": self.batches,
+            "samples": self.samples,
+            "train_time_s": self.train_time_s,
+            "batches_per_s": self.batches / (self.train_time_s or wall) if (self.train_time_s or wall) > 0 else None,
+            "frames_sent": self.frames_sent,
+            "frames_received": self.frames_received,
+            "payload_bytes_sent": self.payload_bytes_sent,
+            "payload_bytes_received": self.payload_bytes_received,
+            "encoded_bytes_sent": self.encoded_bytes_sent,
+            "wire_bytes_sent": self.wire_bytes_sent,
+            "wire_bytes_received": self.wire_bytes_received,
+            "goodput_bps": (8 * (self.payload_bytes_sent + self.payload_bytes_received) / (self.train_time_s or wall)
+                            if (self.train_time_s or wall) > 0 else None),
+            "iface_bytes_sent": net1[0] - self._net0[0],
+            "iface_bytes_recv": net1[1] - self._net0[1],
+            "network_time_s": self.send_time_s + self.recv_time_s,
+            "send_time_s": self.send_time_s,
+            "recv_time_s": self.recv_time_s,
+            "compute_time_s": self.compute_time_s,
+            "compression_time_s": self.compression_time_s,
+            "decompression_time_s": self.decompression_time_s,
+            "compression_ratio": compression_ratio,
+            "codec_counts": dict(self.codec_counts),
+            "peak_rss_bytes": peak_rss,
+            "socket_options": self.socket_options,
+            "step_time_s": summarize(self.step_times_s),
+            "loss_avg": (sum(self.losses) / len(self.losses)) if self.losses else None,
+            "loss_final": self.losses[-1] if self.losses else None,
+            "events": self.events,
+            **self.extra,
+        }
+
+    def write(self, metrics_dir: str | Path, status: str, error: str | None = None) -> Path:
+        """Write ``<metrics_dir>/<role>-<rank or node_id>.json`` atomically; return its path."""
+        suffix = self.rank if self.role == "worker" and self.rank is not None else self.node_id
+        name = "coordinator.json" if self.role == "coordinator" else f"{self.role}-{suffix}.json"
+        path = Path(metrics_dir) / name
+        write_json_atomic(path, self.to_dict(status, error))
+        return path
+
+
+def _net_counters() -> tuple[int, int]:
+    c = psutil.net_io_counters()
+    return (c.bytes_sent, c.bytes_recv) if c else (0, 0)

@@ -1,0 +1,320 @@
+"""The WIIIIIDE wire protocol: length-prefixed frames with a JSON header and raw tensor bytes.
+
+Frame layout (all integers in network byte order)::
+
+    offset  size  field
+    0       2     magic            b"W5"
+    2       1     version          PROTOCOL_VERSION
+    3       1     flags            0 (reserved)
+    4       4     header_nbytes    uint32, <= MAX_HEADER_BYTES
+    8       8     payload_nbytes   uint64; header + payload <= the configured max_frame_bytes
+    16      ...   header           UTF-8 JSON object
+    ...     ...   payload          the message's tensors, concatenated and encoded by one codec
+
+The header of a message::
+
+    {"kind": "gradients", "meta": {...},  "codec": "zlib", "raw_nbytes": 2621440,
+     "tensors": [{"name": "grad", "dtype": "float32", "shape": [655360]}]}
+
+Control messages are frames with tensors == [] and an empty payload. There is no pickle anywhere:
+tensors are raw little-endian bytes of a whitelisted dtype, checked against their declared shapes.
+Anything malformed raises `ProtocolError`; callers close that connection.
+
+A frame leaves in one `socket.sendmsg` call (scatter-gather: prefix, header and the tensors' own
+buffers, no concatenation copy when uncompressed) and is received with `recv_into` into a buffer
+allocated once per frame, in chunks of `recv_chunk_bytes` (seed 001: 256 KiB).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from wiiide.codecs import Codec, NoCodec, decoder_for
+from wiiide.errors import PeerClosed, ProtocolError
+
+MAGIC = b"W5"
+PROTOCOL_VERSION = 1
+PREFIX = struct.Struct("!2sBBIQ")
+PREFIX_NBYTES = PREFIX.size  # 16
+MAX_HEADER_BYTES = 256 * 1024
+MAX_TENSOR_RANK = 8
+MAX_TENSORS = 4096
+MAX_NAME_CHARS = 256
+
+# dtype name on the wire -> numpy dtype holding its bytes (little-endian). bfloat16 travels as its raw
+# 16-bit patterns in a uint16 array; `wiiide.tensors` converts to and from torch.
+DTYPES: dict[str, np.dtype] = {
+    "float64": np.dtype("<f8"),
+    "float32": np.dtype("<f4"),
+    "float16": np.dtype("<f2"),
+    "bfloat16": np.dtype("<u2"),
+    "int64": np.dtype("<i8"),
+    "int32": np.dtype("<i4"),
+    "int16": np.dtype("<i2"),
+    "int8": np.dtype("i1"),
+    "uint8": np.dtype("u1"),
+    "bool": np.dtype("?"),
+}
+_NUMPY_TO_WIRE = {v: k for k, v in DTYPES.items() if k != "bfloat16"}
+
+
+@dataclass
+class WireTensor:
+    """One named tensor: a C-contiguous numpy array and its wire dtype name.
+
+    `array` holds the raw element bytes; for ``bfloat16`` it is a uint16 array of bit patterns.
+    """
+
+    name: str
+    array: np.ndarray
+    dtype: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.dtype:
+            dt = self.array.dtype.newbyteorder("<") if self.array.dtype.byteorder == ">" else self.array.dtype
+            try:
+                self.dtype = _NUMPY_TO_WIRE[np.dtype(dt)]
+            except KeyError:
+                raise ValueError(f"tensor {self.name!r}: dtype {self.array.dtype} is not in the wire whitelist") from None
+        if self.dtype not in DTYPES:
+            raise ValueError(f"tensor {self.name!r}: dtype {self.dtype!r} is not in the wire whitelist")
+        self.array = np.ascontiguousarray(self.array, dtype=DTYPES[self.dtype])
+
+
+@dataclass
+class Message:
+    """A decoded message: its kind, JSON metadata and tensors (numpy arrays viewing the frame buffer)."""
+
+    kind: str
+    meta: dict[str, Any] = field(default_factory=dict)
+    tensors: list[WireTensor] = field(default_factory=list)
+    codec: str = "none"
+    raw_nbytes: int = 0  # tensor bytes before encoding
+    wire_nbytes: int = 0  # whole frame on the wire: prefix + header + payload
+    decode_s: float = 0.0
+
+    def tensor(self, name: str) -> np.ndarray:
+        for t in self.tensors:
+            if t.name == name:
+                return t.array
+        raise ProtocolError(f"message {self.kind!r} has no tensor {name!r}")
+
+
+@dataclass
+class Frame:
+    """An encoded frame ready to send: its buffers, in order, and what it cost to make."""
+
+    buffers: list[Any]
+    kind: str
+    codec: str
+    raw_nbytes: int
+    payload_nbytes: int
+    encode_s: float
+
+    @property
+    def wire_nbytes(self) -> int:
+        return sum(memoryview(b).nbytes for b in self.buffers)
+
+
+def encode_message(
+    kind: str,
+    meta: dict[str, Any] | None = None,
+    tensors: Sequence[WireTensor] = (),
+    codec: Codec | None = None,
+) -> Frame:
+    """Build a frame. With the identity codec the tensors' own buffers are sent (no copy).
+
+    Raises:
+        ValueError: a header larger than MAX_HEADER_BYTES (too many tensors or too much metadata).
+    """
+    codec = codec or NoCodec()
+    raw_views = [memoryview(t.array).cast("B") for t in tensors]
+    raw_nbytes = sum(v.nbytes for v in raw_views)
+    t0 = time.perf_counter()
+    if isinstance(codec, NoCodec) or raw_nbytes == 0:
+        payload_parts: list[Any] = raw_views
+        codec_id = "none"
+    else:
+        joined = raw_views[0] if len(raw_views) == 1 else b"".join(raw_views)
+        payload_parts = [codec.encode(joined)]
+        codec_id = codec.wire_id
+    encode_s = time.perf_counter() - t0
+    payload_nbytes = sum(memoryview(p).nbytes for p in payload_parts)
+    header = {
+        "kind": kind,
+        "meta": meta or {},
+        "codec": codec_id,
+        "raw_nbytes": raw_nbytes,
+        "tensors": [{"name": t.name, "dtype": t.dtype, "shape": list(t.array.shape)} for t in tensors],
+    }
+    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    if len(header_bytes) > MAX_HEADER_BYTES:
+        raise ValueError(f"header of {len(header_bytes)} bytes exceeds {MAX_HEADER_BYTES}")
+    prefix = PREFIX.pack(MAGIC, PROTOCOL_VERSION, 0, len(header_bytes), payload_nbytes)
+    return Frame(
+        buffers=[prefix + header_bytes, *[p for p in payload_parts if memoryview(p).nbytes]],
+        kind=kind,
+        codec=codec.name if codec_id != "none" else "none",
+        raw_nbytes=raw_nbytes,
+        payload_nbytes=payload_nbytes,
+        encode_s=encode_s,
+    )
+
+
+def send_frames(sock: socket.socket, frames: Sequence[Frame]) -> int:
+    """Send frames with scatter-gather `sendmsg`, one call while the kernel takes everything.
+
+    Returns the number of bytes sent. Raises OSError (e.g. BrokenPipeError) from the socket.
+    """
+    buffers = [memoryview(b).cast("B") for f in frames for b in f.buffers]
+    total = sum(b.nbytes for b in buffers)
+    sent_total = 0
+    while buffers:
+        sent = sock.sendmsg(buffers[:1024])  # IOV_MAX on Linux is 1024
+        sent_total += sent
+        # Drop what went out; keep the rest of a partly sent buffer.
+        while buffers and sent >= buffers[0].nbytes:
+            sent -= buffers[0].nbytes
+            buffers.pop(0)
+        if sent:
+            buffers[0] = buffers[0][sent:]
+    assert sent_total == total
+    return total
+
+
+class FrameReader:
+    """Reads frames from one connected socket, enforcing the size limits.
+
+    Args:
+        sock: a connected, blocking socket (a timeout may be set on it).
+        max_frame_bytes: largest header + payload accepted; also the largest decoded tensor bytes.
+        recv_chunk_bytes: the most one `recv_into` call asks for (seeds: 256 KiB).
+        quickack: re-arm TCP_QUICKACK after each frame (Linux clears it after use).
+    """
+
+    def __init__(self, sock: socket.socket, max_frame_bytes: int, recv_chunk_bytes: int = 256 * 1024,
+                 quickack: bool = False) -> None:
+        self.sock = sock
+        self.max_frame_bytes = max_frame_bytes
+        self.recv_chunk_bytes = recv_chunk_bytes
+        self.quickack = quickack and hasattr(socket, "TCP_QUICKACK")
+        self._prefix = bytearray(PREFIX_NBYTES)
+
+    def _recv_exact(self, view: memoryview, *, at_boundary: bool = False) -> None:
+        pos, n = 0, view.nbytes
+        chunk = self.recv_chunk_bytes
+        while pos < n:
+            got = self.sock.recv_into(view[pos:pos + min(chunk, n - pos)])
+            if not got:
+                if at_boundary and pos == 0:
+                    raise PeerClosed("peer closed the connection")
+                raise PeerClosed(f"peer closed the connection in the middle of a frame ({pos} of {n} bytes)")
+            pos += got
+
+    def read_raw(self) -> tuple[dict[str, Any], memoryview, int]:
+        """Read one frame: (parsed and validated header, payload view, frame bytes on the wire)."""
+        self._recv_exact(memoryview(self._prefix), at_boundary=True)
+        magic, version, _flags, header_nbytes, payload_nbytes = PREFIX.unpack(self._prefix)
+        if magic != MAGIC:
+            raise ProtocolError(f"bad frame magic {bytes(magic)!r} (expected {MAGIC!r}): not a WIIIIIDE peer")
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(f"protocol version {version} not supported (this node speaks {PROTOCOL_VERSION})")
+        if header_nbytes == 0 or header_nbytes > MAX_HEADER_BYTES:
+            raise ProtocolError(f"header of {header_nbytes} bytes is outside 1..{MAX_HEADER_BYTES}")
+        if header_nbytes + payload_nbytes > self.max_frame_bytes:
+            raise ProtocolError(
+                f"frame of {header_nbytes + payload_nbytes} bytes exceeds max_frame_bytes={self.max_frame_bytes}"
+            )
+        header_buf = bytearray(header_nbytes)
+        self._recv_exact(memoryview(header_buf))
+        header = parse_header(header_buf, self.max_frame_bytes)
+        payload = bytearray(payload_nbytes)
+        self._recv_exact(memoryview(payload))
+        if self.quickack:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+        return header, memoryview(payload), PREFIX_NBYTES + header_nbytes + payload_nbytes
+
+    def read_message(self) -> Message:
+        """Read and decode one message. Raises ProtocolError (PeerClosed on EOF) or OSError."""
+        header, payload, wire_nbytes = self.read_raw()
+        msg = decode_payload(header, payload)
+        msg.wire_nbytes = wire_nbytes
+        return msg
+
+
+def parse_header(header_bytes: bytes | bytearray, max_raw_nbytes: int) -> dict[str, Any]:
+    """Parse and validate a frame header (JSON). Raises ProtocolError naming what is wrong."""
+    try:
+        header = json.loads(bytes(header_bytes).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"frame header is not valid UTF-8 JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("frame header is not a JSON object")
+    kind, meta, codec = header.get("kind"), header.get("meta", {}), header.get("codec")
+    raw_nbytes, tensors = header.get("raw_nbytes"), header.get("tensors")
+    if not isinstance(kind, str) or not 0 < len(kind) <= 64:
+        raise ProtocolError(f"frame header: 'kind' must be a short string, got {kind!r:.80}")
+    if not isinstance(meta, dict):
+        raise ProtocolError("frame header: 'meta' must be an object")
+    if not isinstance(codec, str):
+        raise ProtocolError(f"frame header: 'codec' must be a string, got {codec!r:.80}")
+    decoder_for(codec)  # unknown codec -> ProtocolError
+    if not _is_int(raw_nbytes) or not 0 <= raw_nbytes <= max_raw_nbytes:
+        raise ProtocolError(f"frame header: 'raw_nbytes' must be an integer in 0..{max_raw_nbytes}, got {raw_nbytes!r:.80}")
+    if not isinstance(tensors, list) or len(tensors) > MAX_TENSORS:
+        raise ProtocolError(f"frame header: 'tensors' must be a list of at most {MAX_TENSORS} entries")
+    total = 0
+    for i, t in enumerate(tensors):
+        if not isinstance(t, dict):
+            raise ProtocolError(f"frame header: tensor {i} is not an object")
+        name, dtype, shape = t.get("name"), t.get("dtype"), t.get("shape")
+        if not isinstance(name, str) or len(name) > MAX_NAME_CHARS:
+            raise ProtocolError(f"frame header: tensor {i} has a bad name")
+        if dtype not in DTYPES:
+            raise ProtocolError(f"tensor {name!r}: unknown dtype {dtype!r:.40}; allowed: {sorted(DTYPES)}")
+        if (not isinstance(shape, list) or len(shape) > MAX_TENSOR_RANK
+                or not all(_is_int(d) and d >= 0 for d in shape)):
+            raise ProtocolError(f"tensor {name!r}: shape must be a list of at most {MAX_TENSOR_RANK} non-negative integers")
+        nbytes = math.prod(shape) * DTYPES[dtype].itemsize
+        total += nbytes
+        if total > raw_nbytes:
+            break
+    if total != raw_nbytes:
+        raise ProtocolError(f"frame header: tensor shapes need {total}+ bytes but 'raw_nbytes' declares {raw_nbytes}")
+    return header
+
+
+def decode_payload(header: dict[str, Any], payload: memoryview) -> Message:
+    """Decode a validated header's payload into numpy arrays (views, no copy when uncompressed).
+
+    Raises ProtocolError when the payload does not decode to exactly the declared bytes.
+    """
+    t0 = time.perf_counter()
+    raw = decoder_for(header["codec"]).decode(payload, header["raw_nbytes"])
+    raw = memoryview(raw).cast("B")
+    tensors, offset = [], 0
+    for t in header["tensors"]:
+        dt = DTYPES[t["dtype"]]
+        count = math.prod(t["shape"])
+        if count == 0:
+            array = np.empty(t["shape"], dtype=dt)
+        else:
+            array = np.frombuffer(raw, dtype=dt, count=count, offset=offset).reshape(t["shape"])
+        offset += count * dt.itemsize
+        tensors.append(WireTensor(t["name"], array, t["dtype"]))
+    return Message(
+        kind=header["kind"], meta=header.get("meta", {}), tensors=tensors, codec=header["codec"],
+        raw_nbytes=header["raw_nbytes"], decode_s=time.perf_counter() - t0,
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

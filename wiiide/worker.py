@@ -1,0 +1,135 @@
+"""The worker: connects to the coordinator, computes gradients on the batches it is given.
+
+Protocol, after ``hello`` -> ``welcome`` (rank, model description): for every step it receives
+``params`` (flat float32 vector) and ``batch`` (x float32 (b, f), y int64 (b,)), runs forward and
+backward, and sends ``gradients`` (flat float32 vector; meta: step, loss, samples). ``stop`` ends it.
+
+A worker that cannot reach the coordinator retries for `connect_timeout_s`, then exits with code 3
+and a message that says so; a worker that loses its coordinator mid-run exits with code 4.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import torch
+from torch import nn
+
+from wiiide.codecs import CompressionPolicy
+from wiiide.config import RunConfig
+from wiiide.errors import PeerClosed, ProtocolError
+from wiiide.log import TieredLog
+from wiiide.metrics import NodeMetrics
+from wiiide.model import FlatParams, model_from_spec
+from wiiide.node import EXIT_CONNECT, EXIT_PEER_LOST, Connection, NodeFailure, run_node
+from wiiide.protocol import PROTOCOL_VERSION, encode_message
+from wiiide.sockets import configure_socket
+from wiiide.tensors import from_wire, to_wire
+
+
+class Worker:
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.node_id = cfg.node_id or socket.gethostname()
+        self.log = TieredLog(cfg, f"worker[{self.node_id}]")
+        self.metrics = NodeMetrics("worker", self.node_id)
+        self.policy = CompressionPolicy(cfg.compression, cfg.adaptive_threshold_bytes)
+
+    def run(self) -> int:
+        return run_node(self.cfg, self.metrics, self.log, self._main)
+
+    def _connect(self) -> socket.socket:
+        cfg = self.cfg
+        deadline = time.monotonic() + cfg.connect_timeout_s
+        delay_s, attempts, last_error = 0.2, 0, None
+        while True:
+            attempts += 1
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                options = configure_socket(sock, cfg)  # before connect: the window scale is fixed at SYN
+                sock.settimeout(max(0.5, min(5.0, deadline - time.monotonic())))
+                sock.connect((cfg.coordinator_host, cfg.port))
+                sock.settimeout(cfg.io_timeout_s)
+                self.metrics.socket_options.append(options)
+                self.metrics.event("connected", attempts=attempts)
+                return sock
+            except OSError as exc:
+                sock.close()
+                last_error = exc
+            if time.monotonic() + delay_s > deadline:
+                raise NodeFailure(
+                    f"could not reach the coordinator at {cfg.coordinator_host}:{cfg.port} within "
+                    f"connect_timeout_s={cfg.connect_timeout_s:g} s ({attempts} attempts; last error: {last_error})",
+                    EXIT_CONNECT)
+            time.sleep(delay_s)
+            delay_s = min(delay_s * 2, 2.0)
+
+    def _main(self) -> None:
+        cfg, metrics = self.cfg, self.metrics
+        conn = Connection(self._connect(), cfg, metrics, self.log, "coordinator")
+        try:
+            conn.send([encode_message("hello", {"protocol_version": PROTOCOL_VERSION, "node_id": self.node_id,
+                                                "pid": os.getpid()})])
+            welcome = conn.receive(["welcome"])
+            rank = welcome.meta.get("rank")
+            if not isinstance(rank, int) or rank < 1:
+                raise ProtocolError(f"welcome carries a bad rank {rank!r}")
+            try:
+                model = model_from_spec(welcome.meta.get("model") or {})
+            except ValueError as exc:
+                raise ProtocolError(str(exc)) from None
+            metrics.rank = rank
+            self.log.info("joined as worker %d of %s", rank, welcome.meta.get("num_workers"))
+            self._train(conn, model)
+        except (PeerClosed, ConnectionError, socket.timeout) as exc:
+            raise NodeFailure(f"lost the coordinator at {cfg.coordinator_host}:{cfg.port}: {exc}", EXIT_PEER_LOST) from None
+        finally:
+            conn.close()
+
+    def _train(self, conn: Connection, model: nn.Module) -> None:
+        metrics = self.metrics
+        flat = FlatParams(model)
+        grad_bytes = flat.numel * 4
+        while True:
+            msg = conn.receive(["params", "batch", "stop"])
+            if msg.kind == "stop":
+                self.log.info("stop after %d steps: %s", metrics.steps, msg.meta.get("reason"))
+                return
+            if msg.kind == "params":
+                params = msg.tensor("params")
+                if params.shape != (flat.numel,):
+                    raise ProtocolError(f"params of shape {params.shape}, expected ({flat.numel},)")
+                flat.load(torch.from_numpy(params))
+                continue
+            step = msg.meta.get("step")
+            t0 = time.perf_counter()
+            if len(msg.tensors) != 2:
+                raise ProtocolError(f"batch holds {len(msg.tensors)} tensors, expected x and y")
+            x, y = from_wire(msg.tensors[0], copy=False), from_wire(msg.tensors[1], copy=False)
+            if x.dim() != 2 or x.dtype != torch.float32 or y.shape != (x.shape[0],) or y.dtype != torch.int64:
+                raise ProtocolError("batch must hold x (b, f) float32 and y (b,) int64")
+            flat.grads.zero_()
+            try:
+                loss = nn.functional.cross_entropy(model(x), y)
+            except (RuntimeError, IndexError) as exc:  # wrong feature count or label out of range
+                raise ProtocolError(f"batch does not fit the model: {exc}") from None
+            loss.backward()
+            loss_value = loss.item()
+            metrics.compute_time_s += time.perf_counter() - t0
+            frame = encode_message("gradients", {"step": step, "loss": loss_value, "samples": int(x.shape[0])},
+                                   [to_wire("grad", flat.grads)], self.policy.choose("gradients", grad_bytes))
+            conn.send([frame])
+            metrics.steps += 1
+            metrics.batches += 1
+            metrics.samples += int(x.shape[0])
+            metrics.losses.append(loss_value)
+            metrics.step_times_s.append(time.perf_counter() - t0)
+            if metrics.steps % 50 == 0:
+                metrics.sample_rss()
+            self.log.step(metrics.steps, "step %s: loss %.4f", step, metrics.losses[-1])
+
+
+def main(cfg: RunConfig) -> int:
+    return Worker(cfg).run()
