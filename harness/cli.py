@@ -1,0 +1,125 @@
+"""``python -m harness VERB``: up, down, sweep, report, image.
+
+Errors the harness raises on purpose (bad spec, no engine, a failed Compose call) end as one line on
+stderr and exit code 2 (bad input) or 1 (anything else), not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness import REPO_ROOT
+from harness.errors import HarnessError, SpecError
+from wiiide.errors import ConfigError
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from harness.report import format_table, load_report
+    from harness.spec import load_spec
+    from harness.sweep import run_sweep
+
+    spec = load_spec(args.spec)  # validated before anything starts
+    if args.repeats:
+        spec.repeats = args.repeats
+    path = run_sweep(spec, args.backend, Path(args.results_dir) if args.results_dir else None)
+    print(format_table(load_report(path)))
+    print(path)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from harness.report import format_table, load_report, newest_report
+
+    path = Path(args.path) if args.path else newest_report(REPO_ROOT / "results")
+    print(format_table(load_report(path)))
+    print(path if path.name == "report.json" else path / "report.json")
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from harness.cluster.compose import cluster_up, engine_problem
+    from harness.image import ensure_image
+    from wiiide.config import RunConfig
+
+    problem = engine_problem()
+    if problem:
+        raise HarnessError(f"no Docker engine answered ({problem}); start one with `make docker-engine`")
+    ensure_image(log=_log)
+    cfg = RunConfig(num_workers=args.workers, duration_s=args.duration_s)
+    results = (REPO_ROOT / "results" / "cluster").resolve()
+    containers = cluster_up(cfg, results)
+    for c in containers:
+        print(f"{c.name}\t{c.status}")
+    _log(f"cluster up: 1 coordinator + {args.workers} workers training for {args.duration_s:g} s; "
+         f"node metrics in {results / 'nodes'}; `make cluster-down` removes it")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from harness.cluster.compose import cluster_down, engine_problem
+
+    problem = engine_problem()
+    if problem:
+        _log(f"no Docker engine answered ({problem}): nothing to remove")
+        return 0
+    cluster_down(_log)
+    _log("cluster down: no container or network of the project is left")
+    return 0
+
+
+def cmd_image(args: argparse.Namespace) -> int:
+    from harness.image import build_image
+
+    print(build_image(force=args.force, log=_log))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness", description="WIIIIIDE lab harness")
+    sub = parser.add_subparsers(dest="verb", required=True)
+
+    p = sub.add_parser("sweep", help="run a sweep spec and write its JSON report")
+    p.add_argument("spec", help="a YAML sweep spec, e.g. experiments/quick.yaml")
+    p.add_argument("--backend", choices=["auto", "docker", "local"], default="auto",
+                   help="auto: docker when an engine answers, else local (default)")
+    p.add_argument("--repeats", type=int, help="override the spec's repeats")
+    p.add_argument("--results-dir", help="where results/<name>-<timestamp>/ go (default: results/)")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("report", help="print a report as a table (default: the newest)")
+    p.add_argument("path", nargs="?", help="a report.json or its folder")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("up", help="start a cluster in containers (1 coordinator + N workers)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--duration-s", type=float, default=300.0, help="how long the cluster trains (s)")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("down", help="remove the cluster's containers and network")
+    p.set_defaults(func=cmd_down)
+
+    p = sub.add_parser("image", help="build the node image (wheelhouse, local base when no registry)")
+    p.add_argument("--force", action="store_true")
+    p.set_defaults(func=cmd_image)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (SpecError, ConfigError) as exc:
+        _log(f"error: {exc}")
+        return 2
+    except HarnessError as exc:
+        _log(f"error: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        _log("interrupted")
+        return 130

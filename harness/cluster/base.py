@@ -1,0 +1,136 @@
+"""What every backend shares: the result of one run, node-metrics collection, backend selection."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.errors import ClusterError
+from wiiide.config import RunConfig
+from wiiide.metrics import SCHEMA_VERSION as NODE_SCHEMA_VERSION
+
+Progress = Callable[[str], None]
+
+# Seconds allowed beyond the run's duration and connect timeout before a run counts as hung.
+RUN_MARGIN_S = 60.0
+
+
+@dataclass
+class RunResult:
+    """One run of a cluster: status, each node's own metrics, each container's (or process's) stats."""
+
+    status: str  # "ok" | "failed"
+    error: str | None
+    elapsed_s: float
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    containers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    exit_codes: dict[str, int | None] = field(default_factory=dict)
+    logs_dir: str | None = None
+
+
+class Backend:
+    """Interface of a cluster backend."""
+
+    name = "abstract"
+
+    def describe(self) -> dict[str, Any]:
+        """What the report records about the backend (name, versions)."""
+        return {"name": self.name}
+
+    def run(self, cfg: RunConfig, out_dir: Path, timeout_s: float | None, progress: Progress) -> RunResult:
+        """Run one cluster with `cfg` to its end; write logs and node metrics under `out_dir`."""
+        raise NotImplementedError
+
+    def teardown(self) -> None:
+        """Stop and remove whatever this backend started. Idempotent; safe after a failure."""
+
+
+def default_timeout_s(cfg: RunConfig) -> float:
+    return cfg.connect_timeout_s + cfg.duration_s + RUN_MARGIN_S
+
+
+def collect_nodes(nodes_dir: Path) -> dict[str, dict[str, Any]]:
+    """Read every node's metrics file in `nodes_dir` (``coordinator.json``, ``worker-<rank>.json``)."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for path in sorted(nodes_dir.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            nodes[path.stem] = {"status": "unreadable", "error": f"{path.name}: {exc}"}
+            continue
+        if data.get("schema_version") != NODE_SCHEMA_VERSION:
+            data["schema_warning"] = f"node schema {data.get('schema_version')} != {NODE_SCHEMA_VERSION}"
+        nodes[path.stem] = data
+    return nodes
+
+
+def judge(nodes: dict[str, dict[str, Any]], exit_codes: dict[str, int | None], num_workers: int) -> tuple[str, str | None]:
+    """A run is ok when every node exited 0 and the coordinator and all workers wrote ok metrics."""
+    problems = []
+    for name, code in sorted(exit_codes.items()):
+        if code != 0:
+            problems.append(f"{name} exited {code}")
+    coordinator = nodes.get("coordinator")
+    if coordinator is None:
+        problems.append("the coordinator wrote no metrics")
+    elif coordinator.get("status") != "ok":
+        problems.append(f"coordinator: {coordinator.get('error') or coordinator.get('status')}")
+    workers = [n for name, n in nodes.items() if name.startswith("worker")]
+    for node in workers:
+        if node.get("status") != "ok":
+            problems.append(f"worker {node.get('rank') or node.get('node_id')}: {node.get('error') or node.get('status')}")
+    if len(workers) < num_workers:
+        problems.append(f"{len(workers)} of {num_workers} workers wrote metrics")
+    return ("ok", None) if not problems else ("failed", "; ".join(problems))
+
+
+class Sampler:
+    """Calls `sample()` every `interval_s` on a daemon thread until `stop()`; keeps the records."""
+
+    def __init__(self, sample: Callable[[float], None], interval_s: float) -> None:
+        self._sample = sample
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._sample(time.monotonic() - self._t0)
+            self._stop.wait(self._interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def select_backend(name: str, progress: Progress, image_tag: str | None = None) -> Backend:
+    """``docker``, ``local`` or ``auto`` (docker when an engine answers, else local, saying which).
+
+    Raises:
+        ClusterError: ``docker`` asked for and no engine, no Compose or no image can be had.
+    """
+    from harness.cluster.local import LocalBackend
+
+    if name == "local":
+        return LocalBackend()
+    from harness.cluster.compose import ComposeBackend, engine_problem
+
+    problem = engine_problem()
+    if problem is None:
+        backend = ComposeBackend(image_tag=image_tag)
+        backend.prepare(progress)
+        return backend
+    if name == "docker":
+        raise ClusterError(f"the docker backend needs a Docker engine: {problem}; "
+                           "start one with `make docker-engine` (root) or use --backend local")
+    progress(f"no Docker engine answered ({problem}): running on the local backend (processes on 127.0.0.1)")
+    return LocalBackend()

@@ -1,0 +1,245 @@
+"""The Docker backend: one coordinator and N worker containers from ``compose.yaml``.
+
+Works with Compose v2 (``docker compose``) and v1 (``docker-compose`` 1.29); `compose_command`
+detects which is present. Container stats come from the Docker Engine API through the docker SDK
+(one streaming reader per container), turned into figures with docker's own CLI formulas
+(`harness.stats`). Every container of the project carries the Compose project label, so teardown
+finds what a killed run left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from harness import REPO_ROOT
+from harness.cluster.base import Backend, Progress, RunResult, collect_nodes, default_timeout_s, judge
+from harness.errors import ClusterError
+from harness.stats import parse_sample, summarize_samples
+from wiiide.config import RunConfig
+
+PROJECT = os.environ.get("WIIIIIDE_PROJECT", "wiiide")
+COMPOSE_FILE = REPO_ROOT / "compose.yaml"
+DEFAULT_IMAGE = "wiiide:latest"
+PROJECT_LABEL = "com.docker.compose.project"
+SERVICE_LABEL = "com.docker.compose.service"
+
+
+def _client(timeout: int = 30):
+    import docker
+
+    return docker.from_env(timeout=timeout)
+
+
+def engine_problem() -> str | None:
+    """None when a Docker engine answers a ping, else why not (one line)."""
+    try:
+        import docker
+    except ImportError:
+        return "the docker Python package is not installed (pip install docker)"
+    try:
+        client = docker.from_env(timeout=5)
+        client.ping()
+        client.close()
+        return None
+    except Exception as exc:  # docker raises several types for "no engine"
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else 'no answer'}"
+
+
+@lru_cache(maxsize=1)
+def compose_command() -> tuple[str, ...]:
+    """``("docker", "compose")`` (v2) when it answers, else ``("docker-compose",)`` (v1).
+
+    Raises ClusterError when neither is installed.
+    """
+    candidates = [("docker", "compose"), ("docker-compose",)]
+    for cmd in candidates:
+        if shutil.which(cmd[0]) is None:
+            continue
+        try:
+            out = subprocess.run([*cmd, "version"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out.returncode == 0:
+            return cmd
+    raise ClusterError("no Docker Compose found: install the v2 plugin (docker-compose-plugin) or v1 "
+                       "(Debian: apt-get install docker-compose); `make docker-engine` does it here")
+
+
+def compose_version() -> str:
+    out = subprocess.run([*compose_command(), "version"], capture_output=True, text=True, timeout=30)
+    return (out.stdout.strip().splitlines() or ["?"])[0]
+
+
+def compose(args: list[str], env: dict[str, str] | None = None, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    """Run a Compose command on the project; raise ClusterError with the command and its output on failure."""
+    cmd = [*compose_command(), "-p", PROJECT, "-f", str(COMPOSE_FILE), *args]
+    try:
+        out = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ClusterError(f"`{' '.join(cmd)}` did not finish within {timeout_s:.0f} s") from None
+    if out.returncode != 0:
+        tail = "\n".join((out.stderr or out.stdout).strip().splitlines()[-15:])
+        raise ClusterError(f"`{' '.join(cmd)}` failed (exit {out.returncode}):\n{tail}")
+    return out
+
+
+def compose_env(cfg: RunConfig, results_dir: Path, image: str) -> dict[str, str]:
+    """The environment Compose substitutes into compose.yaml: the run's WIIIIIDE_* knobs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WIIIIIDE_")}
+    node_env = cfg.to_env()
+    for key in ("WIIIIIDE_COORDINATOR_HOST", "WIIIIIDE_BIND_HOST", "WIIIIIDE_METRICS_DIR",
+                "WIIIIIDE_READY_FILE", "WIIIIIDE_NODE_ID"):
+        node_env.pop(key, None)  # fixed per service in compose.yaml
+    env.update(node_env)
+    env["WIIIIIDE_RESULTS_DIR"] = str(results_dir)
+    env["WIIIIIDE_IMAGE"] = image
+    return env
+
+
+def project_containers(client=None) -> list:
+    client = client or _client()
+    return client.containers.list(all=True, filters={"label": f"{PROJECT_LABEL}={PROJECT}"})
+
+
+def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE) -> list:
+    """Start the project's coordinator and `cfg.num_workers` workers detached; return the containers."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / "nodes").mkdir(exist_ok=True)
+    compose(["up", "-d", "--no-build", "--scale", f"worker={cfg.num_workers}"],
+            env=compose_env(cfg, results_dir.resolve(), image), timeout_s=cfg.connect_timeout_s + 120)
+    return project_containers()
+
+
+def cluster_down(progress: Progress = print) -> None:
+    """Remove every container and network of the project, including leftovers of a killed run."""
+    try:
+        compose(["down", "--volumes", "--remove-orphans", "--timeout", "5"],
+                env=compose_env(RunConfig(), REPO_ROOT / "results" / "cluster", DEFAULT_IMAGE), timeout_s=120)
+    except ClusterError as exc:
+        progress(f"compose down failed, removing by label instead: {exc}")
+    client = _client()
+    for container in project_containers(client):
+        container.remove(force=True)
+    for network in client.networks.list(filters={"label": f"{PROJECT_LABEL}={PROJECT}"}):
+        network.remove()
+
+
+class _StatsReader:
+    """Streams one container's Engine API stats on a daemon thread into parsed samples."""
+
+    def __init__(self, container, t0: float) -> None:
+        self.container = container
+        self.samples: list[dict[str, Any]] = []
+        self._t0 = t0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        try:
+            for raw in self.container.stats(stream=True, decode=True):
+                record = parse_sample(raw, time.monotonic() - self._t0)
+                if record is not None:
+                    self.samples.append(record)
+                if self._stop.is_set():
+                    return
+        except Exception:  # the container went away: the stream ends, keep what we have
+            return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=3)
+
+
+class ComposeBackend(Backend):
+    name = "docker"
+
+    def __init__(self, image_tag: str | None = None) -> None:
+        self.image = image_tag or os.environ.get("WIIIIIDE_IMAGE", DEFAULT_IMAGE)
+        self.client = _client()
+        self._started = False
+
+    def prepare(self, progress: Progress) -> None:
+        """Check Compose and build the image when it is missing (minutes the first time)."""
+        compose_command()
+        from harness.image import ensure_image
+
+        ensure_image(self.image, log=lambda line: progress(f"    image: {line}"))
+
+    def describe(self) -> dict[str, Any]:
+        version = self.client.version()
+        return {"name": self.name, "engine_version": version.get("Version"), "api_version": version.get("ApiVersion"),
+                "compose": " ".join(compose_command()), "compose_version": compose_version(), "image": self.image,
+                "project": PROJECT, "storage_driver": self.client.info().get("Driver")}
+
+    def run(self, cfg: RunConfig, out_dir: Path, timeout_s: float | None, progress: Progress) -> RunResult:
+        out_dir = Path(out_dir).resolve()
+        logs_dir = out_dir / "logs"
+        logs_dir.mkdir(parents=True, exist_ok=True)
+        timeout_s = timeout_s or default_timeout_s(cfg)
+        t0 = time.monotonic()
+        status, error = "ok", None
+        readers: dict[str, _StatsReader] = {}
+        containers: list = []
+        exit_codes: dict[str, int | None] = {}
+        roles: dict[str, str] = {}
+        try:
+            cluster_down(progress)  # a clean slate: nothing left from an earlier, killed run
+            self._started = True
+            containers = cluster_up(cfg, out_dir, self.image)
+            for c in containers:
+                roles[c.name] = c.labels.get(SERVICE_LABEL, "?")
+                readers[c.name] = _StatsReader(c, t0)
+            next_note = t0 + 10
+            while True:
+                states = {}
+                for c in containers:
+                    c.reload()
+                    states[c.name] = c.status
+                if all(s in ("exited", "dead") for s in states.values()):
+                    break
+                now = time.monotonic()
+                if now - t0 > timeout_s:
+                    status, error = "failed", f"timed out after {timeout_s:.0f} s; containers still running were removed"
+                    break
+                if now >= next_note:
+                    running = sum(s == "running" for s in states.values())
+                    progress(f"    running: {now - t0:.0f} s of about {cfg.duration_s:.0f} s, {running} containers up")
+                    next_note = now + 10
+                time.sleep(0.5)
+        except ClusterError as exc:
+            status, error = "failed", str(exc)
+        finally:
+            for reader in readers.values():
+                reader.stop()
+            for c in containers:
+                try:
+                    c.reload()
+                    exit_codes[c.name] = c.attrs["State"]["ExitCode"] if c.status in ("exited", "dead") else None
+                    (logs_dir / f"{c.name}.log").write_bytes(c.logs(stdout=True, stderr=True))
+                except Exception as exc:  # a container already gone: note it, keep going
+                    exit_codes.setdefault(c.name, None)
+                    progress(f"    could not read {c.name}: {exc}")
+            self.teardown()
+        nodes = collect_nodes(out_dir / "nodes")
+        judged_status, judged_error = judge(nodes, exit_codes, cfg.num_workers)
+        if status == "ok":
+            status, error = judged_status, judged_error
+        elif judged_error:
+            error = f"{error}; {judged_error}"
+        stats = {name: {"role": roles.get(name), "kind": "container", "exit_code": exit_codes.get(name),
+                        "samples": r.samples, "summary": summarize_samples(r.samples)}
+                 for name, r in readers.items()}
+        return RunResult(status, error, time.monotonic() - t0, nodes, stats, exit_codes, str(logs_dir))
+
+    def teardown(self) -> None:
+        if self._started:
+            cluster_down(lambda line: None)
+            self._started = False

@@ -1,0 +1,109 @@
+"""Run a sweep: every point of a spec, `repeats` times, on one backend, into one JSON report.
+
+For each point and repeat the backend starts a cluster with that point's config, runs it to its end,
+samples the containers, collects every node's metrics and tears the cluster down. A failed run is
+recorded with its error and the sweep goes on. The report is rewritten atomically after every run,
+and Ctrl-C (or SIGTERM) tears the cluster down and leaves a report marked incomplete.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from harness import REPO_ROOT
+from harness.cluster import select_backend
+from harness.cluster.base import Backend, default_timeout_s
+from harness.errors import ClusterError
+from harness.machine import commit_info, machine_info
+from harness.report import ReportWriter, run_totals, utc_now
+from harness.spec import SweepSpec
+
+Progress = Callable[[str], None]
+
+
+def _print(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _raise_interrupted(signum, frame) -> None:
+    raise _Interrupted(signal.Signals(signum).name)
+
+
+def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | None = None,
+              progress: Progress = _print, backend: Backend | None = None) -> Path:
+    """Run `spec`; return the path of its report.json.
+
+    Raises:
+        ClusterError: the requested backend cannot be had (before anything runs).
+    """
+    results_dir = Path(results_dir or REPO_ROOT / "results")
+    backend = backend or select_backend(backend_name, progress)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run_dir = (results_dir / f"{spec.name}-{stamp}").resolve()
+    run_dir.mkdir(parents=True, exist_ok=False)
+    writer = ReportWriter(run_dir / "report.json", {
+        "name": spec.name, "machine_info": machine_info(), "commit_info": commit_info(),
+        "backend": backend.describe(), "spec": spec.to_dict(), "param_names": spec.param_names,
+    })
+    writer.save()
+    total_runs = len(spec.points) * spec.repeats
+    estimate_s = sum(p.config.duration_s + 10 for p in spec.points) * spec.repeats
+    progress(f"sweep {spec.name}: {len(spec.points)} points x {spec.repeats} repeats on the {backend.name} "
+             f"backend, about {estimate_s / 60:.1f} min; report: {run_dir / 'report.json'}")
+    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    done, t_start = 0, time.monotonic()
+    point = None
+    try:
+        for p in spec.points:
+            point = writer.start_point(p.index, p.params, p.config.to_dict())
+            for repeat in range(spec.repeats):
+                elapsed = time.monotonic() - t_start
+                left = (elapsed / done * (total_runs - done)) if done else estimate_s
+                progress(f"[{done + 1}/{total_runs}] point {p.index + 1}/{len(spec.points)} {p.params} "
+                         f"repeat {repeat + 1}/{spec.repeats}, about {left / 60:.1f} min left")
+                out_dir = run_dir / f"point-{p.index:03d}" / f"repeat-{repeat}"
+                started = utc_now()
+                try:
+                    result = backend.run(p.config, out_dir, spec.timeout_s or default_timeout_s(p.config), progress)
+                    record = {"repeat": repeat, "status": result.status, "error": result.error,
+                              "started_at_utc": started, "elapsed_s": result.elapsed_s,
+                              "totals": run_totals(result.nodes, result.containers),
+                              "nodes": result.nodes, "containers": result.containers,
+                              "exit_codes": result.exit_codes,
+                              "logs_dir": str(Path(result.logs_dir).relative_to(run_dir)) if result.logs_dir else None}
+                except ClusterError as exc:
+                    record = {"repeat": repeat, "status": "failed", "error": str(exc), "started_at_utc": started,
+                              "elapsed_s": None, "totals": {}, "nodes": {}, "containers": {}, "exit_codes": {}}
+                writer.add_repeat(point, record)
+                done += 1
+                totals = record["totals"]
+                if record["status"] == "ok":
+                    progress(f"    ok: {totals['batches_per_s']:.0f} batches/s, "
+                             f"{(totals['goodput_bytes_per_s'] or 0) / 1e6:.2f} MB/s goodput, "
+                             f"held-out accuracy {100 * (totals['test_accuracy'] or 0):.1f} %")
+                else:
+                    progress(f"    FAILED: {record['error']}")
+            writer.finish_point(point)
+            point = None
+        writer.finish(complete=True)
+    except _Interrupted as exc:
+        progress(f"interrupted ({exc}): tearing the cluster down; the report keeps every finished run")
+        backend.teardown()
+        if point is not None:
+            writer.finish_point(point)
+        writer.finish(complete=False, note=f"interrupted by {exc} after {done} of {total_runs} runs")
+        raise KeyboardInterrupt from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        backend.teardown()
+    return writer.path
