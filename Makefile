@@ -23,7 +23,7 @@ docker-engine:
 docker-engine-stop:
 	bash docker/engine.sh stop
 
-image: setup
+image: setup docker-engine
 	$(PYTHON) -m harness image
 
 cluster-up: setup

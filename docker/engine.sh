@@ -57,6 +57,10 @@ cmd_start() {
         die "no docker engine answers and starting one needs root (run as root, or start dockerd yourself)"
     fi
     install_packages
+    if engine_up; then  # a package's postinst may have started one through its init script
+        log "docker engine running (started by the package install)"
+        exit 0
+    fi
     command -v dockerd >/dev/null 2>&1 || die "dockerd still missing after install"
     command -v docker >/dev/null 2>&1 || die "docker client missing after install"
 
@@ -107,7 +111,7 @@ cmd_stop() {
     fi
     local pid
     if ! pid="$(our_pid)"; then
-        log "dockerd from $PIDFILE is no longer running; removing stale pidfile"
+        log "$PIDFILE does not name a running dockerd (stale); removing it"
         rm -f "$PIDFILE"
         exit 0
     fi

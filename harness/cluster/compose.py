@@ -167,11 +167,12 @@ class ComposeBackend(Backend):
         self._started = False
 
     def prepare(self, progress: Progress) -> None:
-        """Check Compose and build the image when it is missing (minutes the first time)."""
+        """Check Compose and (re)build the image: minutes the first time, seconds when cached, and
+        never a stale copy of `wiiide/`."""
         compose_command()
-        from harness.image import ensure_image
+        from harness.image import build_image
 
-        ensure_image(self.image, log=lambda line: progress(f"    image: {line}"))
+        build_image(self.image, log=lambda line: progress(f"    image: {line}"))
 
     def describe(self) -> dict[str, Any]:
         version = self.client.version()
