@@ -1,0 +1,56 @@
+"""Every shipped experiment loads and validates; compose.yaml passes every knob with a default."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.spec import load_spec
+from wiiide.config import RunConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXPERIMENTS = sorted((REPO_ROOT / "experiments").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)
+def test_experiment_loads(path):
+    spec = load_spec(path)
+    assert spec.points, path
+    assert all(isinstance(p.config, RunConfig) for p in spec.points)
+
+
+def test_seed_studies_sweep_what_the_seeds_swept():
+    buffers = load_spec(REPO_ROOT / "experiments/seed-buffers.yaml")
+    assert [p.config.sndbuf_bytes for p in buffers.points] == [2**20, 4 * 2**20, 8 * 2**20, 16 * 2**20]
+    assert all(p.config.rcvbuf_bytes == p.config.sndbuf_bytes for p in buffers.points)
+    compression = load_spec(REPO_ROOT / "experiments/seed-compression.yaml")
+    assert [p.config.compression for p in compression.points] == ["none", "zlib-1", "zlib-9", "adaptive"]
+    logging = load_spec(REPO_ROOT / "experiments/seed-logging.yaml")
+    assert [p.config.log_tier for p in logging.points] == ["verbose", "normal", "silent"]
+
+
+def test_quick_is_small():
+    quick = load_spec(REPO_ROOT / "experiments/quick.yaml")
+    total_s = sum(p.config.duration_s for p in quick.points) * quick.repeats
+    assert total_s <= 60 and all(p.config.num_workers == 2 for p in quick.points)
+
+
+def test_compose_passes_every_knob_with_its_default():
+    text = (REPO_ROOT / "compose.yaml").read_text()
+    compose = yaml.safe_load(text)
+    per_service = {"WIIIIIDE_COORDINATOR_HOST", "WIIIIIDE_BIND_HOST", "WIIIIIDE_METRICS_DIR",
+                   "WIIIIIDE_READY_FILE", "WIIIIIDE_NODE_ID"}
+    defaults = RunConfig().to_env()
+    worker_env = compose["services"]["worker"]["environment"]
+    for key, value in defaults.items():
+        if key in per_service:
+            continue
+        assert key in worker_env, key
+        match = re.fullmatch(r"\$\{" + key + r":-(.*)\}", str(worker_env[key]))
+        assert match and match.group(1) == value, (key, worker_env[key])
+    coordinator = compose["services"]["coordinator"]
+    assert coordinator["cap_add"] == ["NET_ADMIN"] and "healthcheck" in coordinator
+    assert compose["services"]["worker"]["depends_on"]["coordinator"]["condition"] == "service_healthy"
