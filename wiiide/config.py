@@ -68,8 +68,15 @@ class RunConfig:
     max_frame_bytes: int = 1024 * MIB
 
     # --- compression ----------------------------------------------------------------------------
-    compression: str = "none"
+    compression: str = "none"  # policy: fixed:<codec> | none | zlib-N | seed (= adaptive) | network-aware
     adaptive_threshold_bytes: int = 1 * MIB
+    codec_threads: int = 1  # parallel chunked compression threads (0: the cores, at most 4)
+    codec_chunk_bytes: int = 1 * MIB  # raw bytes per parallel chunk
+    link_bandwidth_bps: int = 0  # network-aware: the link's rate; 0: measured online from received frames
+    allow_lossy: bool = False  # network-aware may pick lossy codecs (fp16, bf16, int8, topk) for gradients
+    lossy_warmup_steps: int = 50  # gradient messages sent uncompressed before any lossy codec
+    topk_fraction: float = 0.01  # network-aware's top-k candidate keeps this fraction per tensor
+    codec_probe_every: int = 20  # network-aware tries another codec every this many messages of a kind
 
     # --- logging and metrics --------------------------------------------------------------------
     log_tier: str = "normal"
@@ -238,7 +245,16 @@ def _validate(c: RunConfig) -> None:
         _check(value == 0 or 4096 <= value <= 1024 * MIB, name, value, "0 (kernel default) or 4096..1 GiB")
     _check(1024 <= c.recv_chunk_bytes <= 256 * MIB, "recv_chunk_bytes", c.recv_chunk_bytes, "1 KiB..256 MiB")
     _check(64 * 1024 <= c.max_frame_bytes <= 8 * 1024 * MIB, "max_frame_bytes", c.max_frame_bytes, "64 KiB..8 GiB")
-    _check(c.compression in COMPRESSION_CHOICES, "compression", c.compression, " | ".join(COMPRESSION_CHOICES))
+    from wiiide.codecs import check_policy_name
+
+    problem = check_policy_name(c.compression)
+    _check(problem is None, "compression", c.compression, f"a compression policy ({problem})")
+    _check(0 <= c.codec_threads <= 64, "codec_threads", c.codec_threads, "0 (the cores, at most 4) .. 64")
+    _check(64 * 1024 <= c.codec_chunk_bytes <= 256 * MIB, "codec_chunk_bytes", c.codec_chunk_bytes, "64 KiB..256 MiB")
+    _check(c.link_bandwidth_bps >= 0, "link_bandwidth_bps", c.link_bandwidth_bps, ">= 0 (0: measured online)")
+    _check(c.lossy_warmup_steps >= 0, "lossy_warmup_steps", c.lossy_warmup_steps, ">= 0")
+    _check(0.0 < c.topk_fraction <= 1.0, "topk_fraction", c.topk_fraction, "0 < x <= 1")
+    _check(c.codec_probe_every >= 2, "codec_probe_every", c.codec_probe_every, ">= 2")
     _check(c.adaptive_threshold_bytes >= 0, "adaptive_threshold_bytes", c.adaptive_threshold_bytes, ">= 0")
     _check(c.log_tier in LOG_TIERS, "log_tier", c.log_tier, " | ".join(LOG_TIERS))
     _check(c.log_every_steps >= 1, "log_every_steps", c.log_every_steps, ">= 1")

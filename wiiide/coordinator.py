@@ -55,7 +55,7 @@ class Coordinator:
         self.log = TieredLog(cfg, "coordinator")
         self.metrics = NodeMetrics("coordinator", cfg.node_id or socket.gethostname())
         self.metrics.rank = 0
-        self.policy = CompressionPolicy(cfg.compression, cfg.adaptive_threshold_bytes)
+        self.policy = CompressionPolicy.from_config(cfg, self.metrics.extra)
         self.workers: list[WorkerSlot] = []
         self.listener: socket.socket | None = None
 
@@ -168,7 +168,6 @@ class Coordinator:
     def _train(self, data, model: nn.Module, flat: FlatParams, optimizer: torch.optim.Optimizer) -> None:
         cfg, metrics = self.cfg, self.metrics
         sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed)
-        param_bytes = flat.numel * 4
         grad_sum = torch.zeros(flat.numel, dtype=torch.float32)
         start = time.perf_counter()
         step = 0
@@ -177,14 +176,12 @@ class Coordinator:
             if time.perf_counter() - start >= cfg.duration_s or (cfg.max_steps and step >= cfg.max_steps):
                 break
             t_step = time.perf_counter()
-            params_frame = encode_message("params", {"step": step}, [to_wire("params", flat.params)],
-                                          self.policy.choose("params", param_bytes))
+            params_frame = self.policy.encode("params", {"step": step}, [to_wire("params", flat.params)])
             live = self._live()
             for w in live:
                 idx = sampler.next_indices()
                 batch = [WireTensor("x", data.x_train[idx]), WireTensor("y", data.y_train[idx])]
-                batch_frame = encode_message("batch", {"step": step}, batch,
-                                             self.policy.choose("batch", sum(t.array.nbytes for t in batch)))
+                batch_frame = self.policy.encode("batch", {"step": step}, batch)
                 try:
                     w.conn.send([params_frame, batch_frame])
                 except OSError as exc:
@@ -194,6 +191,7 @@ class Coordinator:
             for w in self._live():
                 try:
                     msg = w.conn.receive(["gradients"])
+                    self.policy.observe_received(msg)
                     if msg.meta.get("step") != step:
                         raise ProtocolError(f"gradients for step {msg.meta.get('step')!r}, expected {step}")
                     grad = msg.tensor("grad")

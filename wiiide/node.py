@@ -48,7 +48,9 @@ class Connection:
         self.name = name
         self.metrics = metrics
         self.log = log
-        self.reader = FrameReader(sock, cfg.max_frame_bytes, cfg.recv_chunk_bytes, quickack=cfg.tcp_quickack)
+        # reuse_buffers: the nodes consume each message before reading the next one on a connection.
+        self.reader = FrameReader(sock, cfg.max_frame_bytes, cfg.recv_chunk_bytes, quickack=cfg.tcp_quickack,
+                                  reuse_buffers=True)
 
     def send(self, frames: Sequence[Frame]) -> None:
         t0 = time.perf_counter()

@@ -35,7 +35,7 @@ class Worker:
         self.node_id = cfg.node_id or socket.gethostname()
         self.log = TieredLog(cfg, f"worker[{self.node_id}]")
         self.metrics = NodeMetrics("worker", self.node_id)
-        self.policy = CompressionPolicy(cfg.compression, cfg.adaptive_threshold_bytes)
+        self.policy = CompressionPolicy.from_config(cfg, self.metrics.extra)
 
     def run(self) -> int:
         return run_node(self.cfg, self.metrics, self.log, self._main)
@@ -91,9 +91,9 @@ class Worker:
     def _train(self, conn: Connection, model: nn.Module) -> None:
         metrics = self.metrics
         flat = FlatParams(model)
-        grad_bytes = flat.numel * 4
         while True:
             msg = conn.receive(["params", "batch", "stop"])
+            self.policy.observe_received(msg)
             if msg.kind == "stop":
                 self.log.info("stop after %d steps: %s", metrics.steps, msg.meta.get("reason"))
                 return
@@ -118,8 +118,8 @@ class Worker:
             loss.backward()
             loss_value = loss.item()
             metrics.compute_time_s += time.perf_counter() - t0
-            frame = encode_message("gradients", {"step": step, "loss": loss_value, "samples": int(x.shape[0])},
-                                   [to_wire("grad", flat.grads)], self.policy.choose("gradients", grad_bytes))
+            frame = self.policy.encode("gradients", {"step": step, "loss": loss_value, "samples": int(x.shape[0])},
+                                       [to_wire("grad", flat.grads)])
             conn.send([frame])
             metrics.steps += 1
             metrics.batches += 1

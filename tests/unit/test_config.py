@@ -50,7 +50,8 @@ def test_to_env_from_env_roundtrip_non_defaults():
         tcp_nodelay=False, tcp_quickack=False, keepalive=False, recv_chunk_bytes=4096,
         max_frame_bytes=64 * 1024, compression="zlib-3", adaptive_threshold_bytes=0, log_tier="silent",
         log_every_steps=3, metrics_dir="/tmp/x y", ready_file="/tmp/ready", connect_timeout_s=0.5,
-        io_timeout_s=2.25,
+        io_timeout_s=2.25, codec_threads=3, codec_chunk_bytes=2 * 1024 * 1024, link_bandwidth_bps=100_000_000,
+        allow_lossy=True, lossy_warmup_steps=7, topk_fraction=0.05, codec_probe_every=9,
     )
     env = cfg.to_env()
     assert env["WIIIIIDE_TCP_NODELAY"] == "0"
@@ -146,6 +147,9 @@ BAD_VALUES = [
     ("sndbuf_bytes", 100), ("sndbuf_bytes", 4095), ("rcvbuf_bytes", 100), ("rcvbuf_bytes", 2 * 1024 * MIB),
     ("recv_chunk_bytes", 1023), ("recv_chunk_bytes", 0), ("max_frame_bytes", 1000), ("compression", "zlib-0"),
     ("compression", "lz4"), ("adaptive_threshold_bytes", -1), ("log_tier", "loud"), ("log_every_steps", 0),
+    ("compression", "fixed:brotli"), ("compression", "fixed:topk-0"), ("codec_threads", -1), ("codec_threads", 65),
+    ("codec_chunk_bytes", 1024), ("link_bandwidth_bps", -1), ("lossy_warmup_steps", -1), ("topk_fraction", 0.0),
+    ("topk_fraction", 1.5), ("codec_probe_every", 1),
     ("connect_timeout_s", 0.0), ("io_timeout_s", -1.0), ("hidden_sizes", ()),
 ]
 
@@ -163,7 +167,7 @@ def test_validation_error_names_the_field(field, value):
 def test_every_field_has_a_bad_value_test():
     tested = {f for f, _ in BAD_VALUES}
     unchecked = {"coordinator_host", "bind_host", "node_id", "seed", "metrics_dir", "ready_file",
-                 "tcp_nodelay", "tcp_quickack", "keepalive"}  # free strings / any int / booleans
+                 "tcp_nodelay", "tcp_quickack", "keepalive", "allow_lossy"}  # free strings / any int / booleans
     assert set(RunConfig.field_names()) - unchecked == tested
 
 

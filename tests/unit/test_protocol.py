@@ -149,8 +149,6 @@ def test_empty_1d_tensor(sock_pair, codec_name):
     assert msg.tensor("x").tolist() == [0, 1, 2]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG protocol.py:216 encode_message: memoryview(...).cast('B') raises "
-                                       "TypeError for empty tensors of rank >= 2, e.g. shape (0, 3)")
 @pytest.mark.parametrize("shape", [(0, 3), (3, 0)])
 def test_empty_multidim_tensor(sock_pair, shape):
     tensors = [WireTensor("empty", np.empty(shape, np.float32))]
@@ -158,8 +156,6 @@ def test_empty_multidim_tensor(sock_pair, shape):
     assert msg.tensor("empty").shape == shape
 
 
-@pytest.mark.xfail(strict=True, reason="BUG protocol.py:166 WireTensor.__post_init__: np.ascontiguousarray "
-                                       "turns a zero-dim array into shape (1,), so a scalar arrives as [x]")
 @pytest.mark.parametrize("codec_name", CODECS)
 def test_zero_dim_tensor(sock_pair, codec_name):
     tensors = [WireTensor("scalar", np.array(2.5, dtype=np.float32)), to_wire("loss", torch.tensor(7, dtype=torch.int64))]
@@ -167,13 +163,6 @@ def test_zero_dim_tensor(sock_pair, codec_name):
     assert msg.tensor("scalar").shape == ()
     assert float(msg.tensor("scalar")) == 2.5
     assert from_wire(msg.tensors[1]).shape == torch.Size([])
-
-
-def test_zero_dim_tensor_keeps_its_value(sock_pair):
-    """What the wire does carry for a scalar today: its one value, whatever the shape."""
-    (msg,) = roundtrip(sock_pair, [encode_message("m", {}, [WireTensor("s", np.array(-4.25, dtype=np.float64))])])
-    assert msg.tensor("s").dtype == np.float64
-    assert msg.tensor("s").reshape(-1).tolist() == [-4.25]
 
 
 @pytest.mark.parametrize("codec_name", CODECS)
@@ -326,7 +315,7 @@ BAD_FRAMES = {  # name: (frame bytes, regex the error message must match)
     "kind not a string": (raw_frame(header(kind=5)), "'kind'"),
     "meta not an object": (raw_frame(header(meta=[1])), "'meta'"),
     "codec missing": (raw_frame({"kind": "m", "meta": {}, "raw_nbytes": 0, "tensors": []}), "'codec'"),
-    "unknown codec": (raw_frame(header([F32_4], codec="lz4"), ZEROS_16), "unknown codec 'lz4'"),
+    "unknown codec": (raw_frame(header([F32_4], codec="brotli"), ZEROS_16), "unknown codec 'brotli'"),
     "codec pickle": (raw_frame(header([F32_4], codec="pickle"), ZEROS_16), "unknown codec 'pickle'"),
     "raw_nbytes negative": (raw_frame(header(raw_nbytes=-1)), "'raw_nbytes'"),
     "raw_nbytes bool": (raw_frame(header([{"name": "b", "dtype": "uint8", "shape": [1]}], raw_nbytes=True), b"\x01"),
@@ -440,8 +429,6 @@ def test_frame_exactly_at_max_frame_bytes_is_accepted(sock_pair):
     assert msg.tensor("b").shape == (n,)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG protocol.py:358 parse_header: `dtype not in DTYPES` raises TypeError "
-                                       "(unhashable) for a dtype that is a JSON list or object")
 @pytest.mark.parametrize("dtype", [["float32"], {"a": 1}])
 def test_unhashable_dtype_raises_protocol_error(sock_pair, dtype):
     writer, reader_sock = sock_pair
@@ -450,9 +437,6 @@ def test_unhashable_dtype_raises_protocol_error(sock_pair, dtype):
         FrameReader(reader_sock, max_frame_bytes=1 * MIB).read_message()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG protocol.py:385 decode_payload: np.empty(shape) raises ValueError "
-                                       "for a zero-element shape with a huge dim, e.g. [0, 2**70]; the header check "
-                                       "only bounds the product")
 @pytest.mark.parametrize("shape", [[0, 2**70], [0, 2**62, 2**62]])
 def test_zero_size_shape_with_huge_dim_raises_protocol_error(sock_pair, shape):
     writer, reader_sock = sock_pair
@@ -461,8 +445,6 @@ def test_zero_size_shape_with_huge_dim_raises_protocol_error(sock_pair, shape):
         FrameReader(reader_sock, max_frame_bytes=1 * MIB).read_message()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG codecs/__init__.py:482 ZlibCodec.decode ignores decompressor.unused_data: "
-                                       "bytes after the end of the zlib stream are silently accepted")
 def test_zlib_payload_with_trailing_bytes_raises_protocol_error(sock_pair):
     writer, reader_sock = sock_pair
     writer.sendall(raw_frame(header([F32_4], codec="zlib"), GOOD_ZLIB + b"trailing junk"))

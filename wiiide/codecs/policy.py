@@ -1,35 +1,313 @@
 """Compression policies: which codec encodes a given message.
 
-- ``none``: never compress.
-- ``zlib-N``: every message at zlib level N.
-- ``adaptive``: the seeds' rule (seed 001/004, "Adaptive Compression Strategy"): gradient messages
-  larger than `threshold_bytes` (1 MiB) at zlib level 1, smaller gradient messages uncompressed,
-  every other message at zlib level 9.
+Policy names (the config's ``compression``):
+
+- ``fixed:<codec>``: always that codec (a name of `wiiide.codecs.CODEC_NAME_FORMS`, e.g. ``fixed:zstd-1``).
+  A lossy codec applies to float32 gradient messages only, after `lossy_warmup_steps` gradient
+  messages sent uncompressed; every other message then goes uncompressed.
+- ``none`` and ``zlib-N``: the old names of ``fixed:none`` and ``fixed:zlib-N``.
+- ``seed`` (old name ``adaptive``): the seeds' rule (seeds 001/004, "Adaptive Compression Strategy"):
+  gradient messages larger than `threshold_bytes` (1 MiB) at zlib level 1, smaller gradient messages
+  uncompressed, every other message at zlib level 9.
+- ``network-aware``: per message, the codec minimising the estimated time to encode, send and
+  decode it::
+
+      t(codec) = raw / encode_speed + (raw / ratio) * 8 / link_bps + raw / decode_speed
+
+  ratio and speeds are exponential moving averages (weight `ema_alpha`) of this node's own messages,
+  kept per message kind and codec; `link_bps` is the config's ``link_bandwidth_bps`` or, when that is
+  0, measured online (see `LinkEstimate`). Every candidate is tried once first; then every
+  `probe_every`-th message of a kind goes to the candidate tried longest ago, so estimates follow
+  changes. On first tries and probes the sender also decodes its own payload to measure the decode
+  speed (the receiver's figure is not sent back). Candidates: the lossless set, plus the lossy set for
+  float32 gradient messages when ``allow_lossy`` is on and warm-up is over. Messages under
+  `MIN_COMPRESS_BYTES` go uncompressed. Every choice is counted per kind, codec and reason, and the
+  first decisions and every change of choice are kept with the estimates that made them, in the node's
+  metrics (``compression_policy``).
+
+Large lossless payloads are encoded in parallel chunks on `codec_threads` threads (`chunked`).
 """
 
 from __future__ import annotations
 
-from wiiide.codecs import Codec, NoCodec, ZlibCodec, codec_from_name
+import time
+from collections import deque
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from wiiide.codecs import Codec, NoCodec, ZlibCodec, codec_from_name, decoder_for
+from wiiide.codecs.chunked import CodecPool, set_default_pool
 
 GRADIENT_KINDS = frozenset({"gradients"})
+LOSSLESS_CANDIDATES = ("none", "lz4", "zstd-1", "shuffle-lz4", "shuffle-zstd")
+LOSSY_CANDIDATES = ("fp16", "bf16", "int8")  # + topk-<topk_fraction>
+POLICY_NAME_FORMS = ("fixed:<codec>", "none", "zlib-1..9", "seed", "adaptive", "network-aware")
+MIN_COMPRESS_BYTES = 4096
+ASSUMED_LINK_BPS = 1e9  # network-aware, before the first measurement when no bandwidth is configured
+MAX_DECISIONS_KEPT = 200
+
+
+def parse_policy_name(name: str) -> tuple[str, str | None]:
+    """(mode, codec name): mode is ``fixed``, ``seed`` or ``network-aware``.
+
+    Raises:
+        ValueError: an unknown policy or codec name.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"compression policy must be a string, got {name!r}")
+    if name in ("seed", "adaptive"):
+        return "seed", None
+    if name == "network-aware":
+        return "network-aware", None
+    codec_name = name[len("fixed:"):] if name.startswith("fixed:") else name
+    if codec_name != name or codec_name == "none" or codec_name.startswith("zlib-"):
+        codec_from_name(codec_name)  # raises ValueError for a bad codec
+        return "fixed", codec_name
+    raise ValueError(f"unknown compression policy {name!r}; forms: {', '.join(POLICY_NAME_FORMS)}")
+
+
+def check_policy_name(name: str) -> str | None:
+    """None when `name` is a valid policy, else why not (for config validation)."""
+    try:
+        parse_policy_name(name)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+class LinkEstimate:
+    """Link bandwidth (bits/s) measured from the payloads this node receives.
+
+    Each received payload of at least `min_bytes` gives a rate: its bytes over the time from the end
+    of its header to its last byte (`Message.payload_recv_s`). A payload already waiting in the socket
+    buffer reads faster than the link (the coordinator reading its second worker, say), so the
+    estimate is a low quantile (25 %) of the last `window` rates rather than their mean. It assumes
+    the link is as fast both ways (tc/tbf profiles shape each direction alike).
+    """
+
+    def __init__(self, min_bytes: int = 256 * 1024, window: int = 32, quantile: float = 0.25) -> None:
+        self.min_bytes, self.quantile = min_bytes, quantile
+        self.rates_bps: deque[float] = deque(maxlen=window)
+
+    def observe(self, payload_nbytes: int, seconds: float) -> None:
+        if payload_nbytes >= self.min_bytes and seconds > 0:
+            self.rates_bps.append(8.0 * payload_nbytes / seconds)
+
+    @property
+    def bps(self) -> float | None:
+        if not self.rates_bps:
+            return None
+        return float(np.quantile(np.fromiter(self.rates_bps, float), self.quantile))
 
 
 class CompressionPolicy:
-    """Chooses a codec per message from its kind and raw size (bytes)."""
+    """Chooses a codec per message from its kind, size and (network-aware) measured costs.
 
-    def __init__(self, name: str, threshold_bytes: int = 1024 * 1024) -> None:
+    Args:
+        name: a policy name (`POLICY_NAME_FORMS`).
+        threshold_bytes: the seed rule's gradient threshold (``adaptive_threshold_bytes``).
+        allow_lossy: network-aware may pick lossy codecs for float32 gradients.
+        lossy_warmup_steps: gradient messages sent uncompressed before any lossy codec is used.
+        topk_fraction: the fraction of top-k among network-aware's lossy candidates.
+        link_bandwidth_bps: the link's rate for network-aware; 0: measured online.
+        codec_threads, chunk_bytes: parallel chunked compression (1 thread: none).
+        probe_every: network-aware probes another codec every this many messages of a kind.
+        ema_alpha: weight of the newest sample in the moving averages.
+        clock: time source (seconds), replaceable in tests.
+        record: a dict (e.g. the node's ``metrics.extra``) that receives ``compression_policy``.
+
+    Raises:
+        ValueError: a bad name or parameter.
+    """
+
+    def __init__(self, name: str, threshold_bytes: int = 1024 * 1024, *, allow_lossy: bool = False,
+                 lossy_warmup_steps: int = 0, topk_fraction: float = 0.01, link_bandwidth_bps: float = 0,
+                 codec_threads: int = 1, chunk_bytes: int = 1024 * 1024, probe_every: int = 20,
+                 ema_alpha: float = 0.2, clock: Callable[[], float] = time.perf_counter,
+                 record: dict[str, Any] | None = None) -> None:
         self.name = name
+        self.mode, codec_name = parse_policy_name(name)
+        if probe_every < 2:
+            raise ValueError(f"probe_every must be >= 2, got {probe_every}")
         self.threshold_bytes = threshold_bytes
-        if name == "adaptive":
-            self._fixed: Codec | None = None
-            self._none, self._fast, self._best = NoCodec(), ZlibCodec(1), ZlibCodec(9)
-        else:
-            self._fixed = codec_from_name(name)
+        self.allow_lossy = allow_lossy
+        self.lossy_warmup_steps = lossy_warmup_steps
+        self.link_bandwidth_bps = float(link_bandwidth_bps)
+        self.probe_every, self.ema_alpha, self.clock = probe_every, ema_alpha, clock
+        self.pool = CodecPool(codec_threads, chunk_bytes)
+        if codec_threads > 1:
+            set_default_pool(self.pool)  # the node's frame readers decode chunks on it too
+        self.link = LinkEstimate()
+        self.gradient_messages = 0
+        self._none = NoCodec()
+        self._fixed: Codec | None = codec_from_name(codec_name) if self.mode == "fixed" else None
+        self._fast, self._best = ZlibCodec(1), ZlibCodec(9)
+        names = list(LOSSLESS_CANDIDATES)
+        self._lossy_names = [*LOSSY_CANDIDATES, f"topk-{topk_fraction:g}"]
+        self._codecs: dict[str, Codec] = {n: codec_from_name(n) for n in names + self._lossy_names}
+        self._lossless_names = names
+        self._stats: dict[str, dict[str, dict[str, Any]]] = {}  # kind -> codec -> moving averages
+        self._count: dict[str, int] = {}  # messages per kind (network-aware)
+        self._last_choice: dict[str, str] = {}
+        self.record: dict[str, Any] = {
+            "policy": name, "mode": self.mode, "codec_threads": codec_threads, "chunk_bytes": self.pool.chunk_bytes,
+            "allow_lossy": allow_lossy, "lossy_warmup_steps": lossy_warmup_steps,
+            "link_bandwidth_bps_config": self.link_bandwidth_bps or None, "link_bandwidth_bps_measured": None,
+            "choices": {}, "reasons": {}, "estimates": self._stats, "decisions": [],
+        }
+        if record is not None:
+            record["compression_policy"] = self.record
 
-    def choose(self, kind: str, raw_nbytes: int) -> Codec:
-        """Codec for a message of `kind` (e.g. ``gradients``, ``params``) with `raw_nbytes` of tensors."""
-        if self._fixed is not None:
-            return self._fixed
+    @classmethod
+    def from_config(cls, cfg: Any, record: dict[str, Any] | None = None) -> "CompressionPolicy":
+        """The policy a `wiiide.config.RunConfig` describes, recording into `record` (metrics.extra)."""
+        from wiiide.codecs.chunked import default_threads
+
+        return cls(cfg.compression, cfg.adaptive_threshold_bytes, allow_lossy=cfg.allow_lossy,
+                   lossy_warmup_steps=cfg.lossy_warmup_steps, topk_fraction=cfg.topk_fraction,
+                   link_bandwidth_bps=cfg.link_bandwidth_bps,
+                   codec_threads=cfg.codec_threads or default_threads(), chunk_bytes=cfg.codec_chunk_bytes,
+                   probe_every=cfg.codec_probe_every, record=record)
+
+    # ------------------------------------------------------------------------------------------
+    def choose(self, kind: str, raw_nbytes: int, arrays: Sequence[np.ndarray] | None = None) -> Codec:
+        """Codec for a message of `kind` (e.g. ``gradients``, ``params``) with `raw_nbytes` of tensors.
+
+        `arrays` (the message's tensors) lets lossy codecs be checked against their dtypes; without
+        it a float32 payload is assumed. Counts gradient messages for the lossy warm-up.
+        """
+        codec, _ = self._choose(kind, raw_nbytes, arrays)
+        return codec
+
+    def _lossy_ready(self, kind: str, arrays: Sequence[np.ndarray] | None) -> bool:
+        if kind not in GRADIENT_KINDS or self.gradient_messages <= self.lossy_warmup_steps:
+            return False
+        return arrays is None or (bool(arrays) and all(a.dtype == np.float32 for a in arrays))
+
+    def _choose(self, kind: str, raw_nbytes: int, arrays: Sequence[np.ndarray] | None
+                ) -> tuple[Codec, dict[str, Any] | None]:
         if kind in GRADIENT_KINDS:
-            return self._fast if raw_nbytes > self.threshold_bytes else self._none
-        return self._best
+            self.gradient_messages += 1
+        if self.mode == "fixed":
+            codec = self._fixed
+            if not codec.lossless and not self._lossy_ready(kind, arrays):
+                return self._none, None
+            return codec, None
+        if self.mode == "seed":
+            if kind in GRADIENT_KINDS:
+                return (self._fast if raw_nbytes > self.threshold_bytes else self._none), None
+            return self._best, None
+        return self._choose_network_aware(kind, raw_nbytes, arrays)
+
+    def link_bps(self) -> tuple[float, str]:
+        """(link bandwidth in bits/s, where it comes from: config, measured or assumed)."""
+        if self.link_bandwidth_bps > 0:
+            return self.link_bandwidth_bps, "config"
+        measured = self.link.bps
+        return (measured, "measured") if measured else (ASSUMED_LINK_BPS, "assumed")
+
+    def estimate_s(self, kind: str, codec_name: str, raw_nbytes: int, link_bps: float | None = None) -> float | None:
+        """Estimated encode + send + decode seconds of `raw_nbytes` with a codec; None if never measured."""
+        s = self._stats.get(kind, {}).get(codec_name)
+        if not s or s["samples"] == 0:
+            return None
+        bps = link_bps if link_bps is not None else self.link_bps()[0]
+        encode = raw_nbytes / s["encode_Bps"] if s["encode_Bps"] else 0.0
+        decode = raw_nbytes / s["decode_Bps"] if s["decode_Bps"] else 0.0
+        return encode + 8.0 * raw_nbytes / s["ratio"] / bps + decode
+
+    def candidates(self, kind: str, arrays: Sequence[np.ndarray] | None = None) -> list[str]:
+        names = list(self._lossless_names)
+        if self.allow_lossy and self._lossy_ready(kind, arrays):
+            names += self._lossy_names
+        return names
+
+    def _choose_network_aware(self, kind, raw_nbytes, arrays):
+        if raw_nbytes < MIN_COMPRESS_BYTES:
+            return self._none, None
+        n = self._count[kind] = self._count.get(kind, 0) + 1
+        names = self.candidates(kind, arrays)
+        stats = self._stats.setdefault(kind, {})
+        bps, bps_source = self.link_bps()
+        estimates = {c: self.estimate_s(kind, c, raw_nbytes, bps) for c in names}
+        untried = [c for c in names if estimates[c] is None]
+        if untried:
+            choice, reason = untried[0], "first try"
+        else:
+            best = min(names, key=lambda c: estimates[c])
+            choice, reason = best, "lowest estimate"
+            if n % self.probe_every == 0:
+                others = [c for c in names if c != best]
+                if others:
+                    choice, reason = min(others, key=lambda c: stats[c]["last_used"]), "probe"
+        stats.setdefault(choice, {"samples": 0, "ratio": 1.0, "encode_Bps": 0.0, "decode_Bps": 0.0,
+                                  "last_used": 0})["last_used"] = n
+        decision = {"message": n, "kind": kind, "raw_nbytes": raw_nbytes, "codec": choice, "reason": reason,
+                    "link_bps": bps, "link_source": bps_source,
+                    "estimates_s": {c: (round(t, 7) if t is not None else None) for c, t in estimates.items()}}
+        return self._codecs[choice], decision
+
+    # ------------------------------------------------------------------------------------------
+    def encode(self, kind: str, meta: dict[str, Any] | None, tensors: Sequence[Any], stream: str | None = None):
+        """Choose a codec, build the frame (`wiiide.protocol.encode_message`) and learn from it.
+
+        `tensors` are `wiiide.protocol.WireTensor`s. Returns the `Frame`.
+        """
+        from wiiide.protocol import encode_message
+
+        arrays = [t.array for t in tensors]
+        raw_nbytes = sum(a.nbytes for a in arrays)
+        codec, decision = self._choose(kind, raw_nbytes, arrays)
+        frame = encode_message(kind, meta, tensors, codec, self.pool, stream)
+        self._account(kind, frame, decision, tensors)
+        return frame
+
+    def _account(self, kind: str, frame: Any, decision: dict[str, Any] | None, tensors: Sequence[Any]) -> None:
+        choices = self.record["choices"].setdefault(kind, {})
+        choices[frame.codec] = choices.get(frame.codec, 0) + 1
+        if decision is None:
+            return
+        reasons = self.record["reasons"]
+        reasons[decision["reason"]] = reasons.get(decision["reason"], 0) + 1
+        decode_s = None
+        if decision["reason"] != "lowest estimate" or self._stats[kind][decision["codec"]]["samples"] == 0:
+            decode_s = self._self_decode_s(frame, tensors)
+        self.observe(kind, decision["codec"], frame.raw_nbytes, frame.payload_nbytes, frame.encode_s, decode_s)
+        decisions = self.record["decisions"]
+        if len(decisions) < MAX_DECISIONS_KEPT and (len(decisions) < 20 or self._last_choice.get(kind) != frame.codec):
+            decisions.append(decision)
+        self._last_choice[kind] = frame.codec
+
+    def _self_decode_s(self, frame: Any, tensors: Sequence[Any]) -> float:
+        """Seconds to decode this frame's payload here (the sender's stand-in for the receiver's cost)."""
+        parts = frame.buffers[1:]
+        payload = memoryview(parts[0] if len(parts) == 1 else b"".join(parts)) if parts else memoryview(b"")
+        specs = [(t.dtype, int(t.array.size)) for t in tensors]
+        t0 = self.clock()
+        decoder_for(frame.wire_id).decode_message(payload, frame.raw_nbytes, frame.codec_params, specs, self.pool)
+        return self.clock() - t0
+
+    def observe(self, kind: str, codec_name: str, raw_nbytes: int, payload_nbytes: int, encode_s: float,
+                decode_s: float | None = None) -> None:
+        """Fold one message's measured ratio and speeds into the moving averages of (kind, codec)."""
+        s = self._stats.setdefault(kind, {}).setdefault(
+            codec_name, {"samples": 0, "ratio": 1.0, "encode_Bps": 0.0, "decode_Bps": 0.0, "last_used": 0})
+        a = self.ema_alpha if s["samples"] else 1.0
+        ratio = raw_nbytes / payload_nbytes if payload_nbytes else 1.0
+        s["ratio"] += a * (ratio - s["ratio"])
+        if codec_name != "none":
+            if encode_s > 0:
+                s["encode_Bps"] += a * (raw_nbytes / encode_s - s["encode_Bps"])
+            if decode_s is not None and decode_s > 0:
+                b = self.ema_alpha if s["decode_Bps"] else 1.0
+                s["decode_Bps"] += b * (raw_nbytes / decode_s - s["decode_Bps"])
+        s["samples"] += 1
+
+    def observe_received(self, msg: Any) -> None:
+        """Learn the link's rate from a received `wiiide.protocol.Message` (network-aware, no bandwidth set)."""
+        self.link.observe(msg.payload_nbytes, msg.payload_recv_s)
+        self.record["link_bandwidth_bps_measured"] = self.link.bps
+
+    def close(self) -> None:
+        self.pool.close()
