@@ -1,0 +1,338 @@
+"""The wire codecs of issue 3: round trips through the protocol's encode/decode, error bounds of the
+lossy codecs, bounded decoding (decompression bombs, lying headers), error feedback, chunking."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import lz4.block
+import numpy as np
+import pytest
+import zstandard
+
+from wiiide.codecs import CODEC_NAME_FORMS, REGISTRY, TopKCodec, codec_from_name, decoder_for
+from wiiide.codecs.chunked import CodecPool
+from wiiide.errors import ProtocolError
+from wiiide.protocol import DTYPES, WireTensor, decode_payload, encode_message, parse_header
+
+LOSSLESS = ["none", "zlib-1", "zstd-1", "zstd-9", "lz4", "shuffle-zstd", "shuffle-lz4", "shuffle-zstd-5"]
+LOSSY = ["fp16", "bf16", "int8", "int8-64", "topk-0.1", "topk-1"]
+
+
+def random_array(dtype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    dt = DTYPES[dtype]
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if dtype == "bfloat16":
+        return rng.integers(0, 2**16, size=shape, dtype=np.uint16)
+    if dt.kind == "f":
+        return (rng.standard_normal(size=shape) * 1e-2).astype(dt)
+    info = np.iinfo(dt)
+    return rng.integers(info.min, info.max, size=shape, dtype=dt, endpoint=True)
+
+
+def through_wire(tensors, codec, pool=None):
+    """encode_message -> the frame's bytes -> parse_header + decode_payload, as a reader would."""
+    frame = encode_message("gradients", {"step": 1}, tensors, codec, pool)
+    data = b"".join(bytes(memoryview(b)) for b in frame.buffers)
+    header_nbytes = int.from_bytes(data[4:8], "big")
+    header = parse_header(data[16:16 + header_nbytes], 1 << 30)
+    msg = decode_payload(header, memoryview(data[16 + header_nbytes:]), pool)
+    return frame, header, msg
+
+
+# --------------------------------------------------------------------------------------------------
+# Lossless: exact, every dtype, zeros, chunked
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", LOSSLESS)
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_lossless_exact_every_dtype(name, dtype):
+    arrays = [random_array(dtype, (33, 7), 1), random_array(dtype, (5,), 2), random_array(dtype, (), 3)]
+    frame, header, msg = through_wire([WireTensor(f"t{i}", a, dtype) for i, a in enumerate(arrays)],
+                                      codec_from_name(name))
+    assert codec_from_name(name).lossless
+    assert header["codec"] == codec_from_name(name).wire_id and frame.codec == name
+    for sent, got in zip(arrays, msg.tensors):
+        assert got.array.dtype == sent.dtype and got.array.shape == sent.shape
+        assert got.array.tobytes() == sent.tobytes()
+
+
+@pytest.mark.parametrize("name", LOSSLESS + LOSSY)
+def test_all_zeros_tensor_decodes_to_zeros(name):
+    zeros = np.zeros((300, 70), np.float32)
+    frame, _, msg = through_wire([WireTensor("grad", zeros)], codec_from_name(name))
+    out = msg.tensor("grad")
+    assert out.shape == zeros.shape and out.dtype == np.float32
+    assert not out.any() and not np.signbit(out).any()
+    if name not in ("none", "fp16", "bf16", "topk-1"):
+        assert frame.payload_nbytes < zeros.nbytes / 3  # zeros compress (or sparsify) well
+
+
+@pytest.mark.parametrize("name", ["zlib-1", "zstd-1", "lz4", "shuffle-zstd", "shuffle-lz4"])
+def test_parallel_chunks_round_trip_exact(name):
+    g = random_array("float32", (300_000,), 5)  # 1.2 MB: 19 chunks of 64 KiB
+    pool = CodecPool(threads=2, chunk_bytes=64 * 1024)
+    try:
+        frame, header, msg = through_wire([WireTensor("grad", g)], codec_from_name(name), pool)
+    finally:
+        pool.close()
+    chunks = header["codec_params"]["chunks"]
+    assert len(chunks) == math.ceil(g.nbytes / (64 * 1024)) == len(frame.buffers) - 1
+    assert sum(raw for raw, _ in chunks) == g.nbytes
+    assert msg.tensor("grad").tobytes() == g.tobytes()
+    # and a reader without a pool decodes the same frame
+    _, _, msg2 = through_wire([WireTensor("grad", g)], codec_from_name(name), CodecPool(2, 64 * 1024))
+    assert msg2.tensor("grad").tobytes() == g.tobytes()
+
+
+def test_small_payload_is_not_chunked():
+    pool = CodecPool(threads=2, chunk_bytes=64 * 1024)
+    frame, header, _ = through_wire([WireTensor("g", np.ones(1000, np.float32))], codec_from_name("zstd-1"), pool)
+    assert "codec_params" not in header and len(frame.buffers) == 2
+
+
+def test_shuffle_beats_plain_zstd_on_float_gradients():
+    """Byte-shuffling pays on fp32 whose exponents are alike (a gradient), which is why it is here."""
+    rng = np.random.default_rng(0)
+    g = (rng.standard_normal(200_000) * 1e-3).astype(np.float32)
+    plain = len(codec_from_name("zstd-1").encode(memoryview(g).cast("B"), 4))
+    shuffled = len(codec_from_name("shuffle-zstd").encode(memoryview(g).cast("B"), 4))
+    assert shuffled < plain * 0.95
+
+
+# --------------------------------------------------------------------------------------------------
+# Lossy: error bounds, float32 only
+# --------------------------------------------------------------------------------------------------
+def gradient(n: int = 50_000, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    g = (rng.standard_normal(n) * 1e-2).astype(np.float32)
+    g[:5] = [0.0, -0.0, 1e-30, -3.5e4, 6e4]
+    return g
+
+
+def test_fp16_error_bound_and_clamp():
+    g = np.concatenate([gradient(), np.array([1e6, -1e9, np.inf, -np.inf], np.float32)])
+    _, _, msg = through_wire([WireTensor("grad", g)], codec_from_name("fp16"))
+    out = msg.tensor("grad")
+    assert out.dtype == np.float32 and out.shape == g.shape
+    clamped = np.clip(g, -65504, 65504)
+    err = np.abs(out - clamped)
+    normal = np.abs(clamped) >= 2.0**-14
+    assert np.all(err[normal] <= np.abs(clamped[normal]) * 2.0**-11)
+    assert np.all(err[~normal] <= 2.0**-25)
+    assert out[-4:].tolist() == [65504.0, -65504.0, 65504.0, -65504.0]
+
+
+def test_bf16_error_bound_and_nan():
+    g = np.concatenate([gradient(), np.array([np.nan, np.inf, -np.inf, 3.0e38], np.float32)])
+    frame, _, msg = through_wire([WireTensor("grad", g)], codec_from_name("bf16"))
+    out = msg.tensor("grad")
+    assert frame.payload_nbytes == g.size * 2
+    finite = np.isfinite(g)
+    assert np.all(np.abs(out[finite] - g[finite]) <= np.abs(g[finite]) * 2.0**-8)
+    assert np.isnan(out[-4]) and out[-3] == np.inf and out[-2] == -np.inf
+
+
+def test_bf16_rounds_to_nearest_even():
+    bits = np.array([0x3F808000, 0x3F818000, 0x3F807FFF, 0x3F808001], np.uint32)  # ties, below, above
+    _, _, msg = through_wire([WireTensor("g", bits.view(np.float32))], codec_from_name("bf16"))
+    assert (msg.tensor("g").view(np.uint32) >> 16).tolist() == [0x3F80, 0x3F82, 0x3F80, 0x3F81]
+
+
+@pytest.mark.parametrize("block", [16, 64, 256, 1000])
+def test_int8_blockwise_error_bound(block):
+    g = gradient(10_007)  # not a multiple of the block: a short last block
+    frame, header, msg = through_wire([WireTensor("grad", g)], codec_from_name(f"int8-{block}"))
+    out = msg.tensor("grad")
+    assert header["codec_params"] == {"block": block}
+    nb = math.ceil(g.size / block)
+    assert frame.payload_nbytes == 4 * nb + g.size
+    for i in range(nb):
+        x, y = g[i * block:(i + 1) * block], out[i * block:(i + 1) * block]
+        scale = np.abs(x).max() / 127
+        assert np.all(np.abs(y - x) <= scale / 2 * (1 + 1e-5) + 1e-12)
+
+
+def test_topk_sends_the_largest_exactly_and_zero_elsewhere():
+    g = gradient(10_000)
+    codec = TopKCodec(0.05)
+    frame, header, msg = through_wire([WireTensor("grad", g)], codec)
+    out = msg.tensor("grad")
+    k = header["codec_params"]["k"][0]
+    assert k == 500 and frame.payload_nbytes == 8 * k
+    kept = np.flatnonzero(out)
+    assert len(kept) <= k
+    threshold = np.sort(np.abs(g))[-k]
+    assert np.all(np.abs(g[np.abs(out) > 0]) >= threshold)
+    assert np.array_equal(out[kept], g[kept])
+
+
+@pytest.mark.parametrize("name", LOSSY)
+@pytest.mark.parametrize("dtype", sorted(set(DTYPES) - {"float32"}))
+def test_lossy_codecs_refuse_other_dtypes(name, dtype):
+    codec = codec_from_name(name)
+    assert not codec.lossless
+    a = random_array(dtype, (8,))
+    assert not codec.supports([a])
+    with pytest.raises(ValueError, match="float32"):
+        encode_message("gradients", {}, [WireTensor("t", a, dtype)], codec)
+
+
+@pytest.mark.parametrize("name", LOSSY)
+def test_lossy_multi_tensor_message_keeps_shapes(name):
+    arrays = [gradient(600, 1).reshape(20, 30), gradient(7, 2), np.array(0.25, np.float32)]
+    _, _, msg = through_wire([WireTensor(f"t{i}", a) for i, a in enumerate(arrays)], codec_from_name(name))
+    for sent, got in zip(arrays, msg.tensors):
+        assert got.array.shape == sent.shape and got.array.dtype == np.float32
+
+
+# --------------------------------------------------------------------------------------------------
+# Error feedback
+# --------------------------------------------------------------------------------------------------
+def test_topk_error_feedback_accumulates_the_residual():
+    codec = TopKCodec(0.01)
+    rng = np.random.default_rng(3)
+    sent_sum = np.zeros(2000, np.float64)
+    decoded_sum = np.zeros(2000, np.float64)
+    for step in range(60):
+        g = (rng.standard_normal(2000) * 1e-2).astype(np.float32)
+        _, _, msg = through_wire([WireTensor("grad", g)], codec)
+        sent_sum += g
+        decoded_sum += msg.tensor("grad")
+        residual = codec.residual_of("gradients", "grad")
+        # Invariant of error feedback: nothing is lost, it is only delayed.
+        np.testing.assert_allclose(decoded_sum + residual, sent_sum, atol=1e-4)
+    assert np.abs(residual).max() > 0
+
+
+def test_topk_error_feedback_eventually_sends_a_small_constant_entry():
+    codec = TopKCodec(0.001)  # k = 1 of 1000
+    g = np.zeros(1000, np.float32)
+    g[0], g[1] = 1.0, 0.3
+    hits = []
+    for _ in range(10):
+        _, _, msg = through_wire([WireTensor("grad", g)], codec)
+        hits.append(int(np.flatnonzero(msg.tensor("grad"))[0]))
+    assert 1 in hits  # without error feedback entry 1 would never travel
+    assert codec.residual_of("gradients", "grad")[0] < 1.0
+
+
+def test_topk_residuals_are_per_tensor_and_per_stream():
+    codec = TopKCodec(0.5)
+    encode_message("gradients", {}, [WireTensor("a", np.ones(4, np.float32)), WireTensor("b", np.ones(6, np.float32))],
+                   codec)
+    encode_message("other", {}, [WireTensor("a", np.ones(4, np.float32))], codec)
+    assert codec.residual_of("gradients", "a").shape == (4,)
+    assert codec.residual_of("gradients", "b").shape == (6,)
+    assert codec.residual_of("other", "a") is not None and codec.residual_of("gradients", "c") is None
+
+
+# --------------------------------------------------------------------------------------------------
+# Bounded decoding: bombs and lying headers are ProtocolError
+# --------------------------------------------------------------------------------------------------
+F32 = np.arange(1024, dtype=np.float32)
+RAW = F32.tobytes()
+
+
+def bad_payload(codec_id: str, payload: bytes, *, raw_nbytes: int = 4096, params=None, dtype: str = "float32",
+                shape=(1024,)):
+    header = {"kind": "gradients", "meta": {}, "codec": codec_id, "raw_nbytes": raw_nbytes,
+              "tensors": [{"name": "g", "dtype": dtype, "shape": list(shape)}]}
+    if params is not None:
+        header["codec_params"] = params
+    return lambda: decode_payload(parse_header(json.dumps(header).encode(), 1 << 30), memoryview(payload))
+
+
+ZSTD_BOMB = zstandard.ZstdCompressor(level=19).compress(bytes(50_000_000))
+ZSTD_NO_SIZE = zstandard.ZstdCompressor(level=1, write_content_size=False).compress(RAW)
+LZ4_BOMB = lz4.block.compress(bytes(5_000_000), store_size=False)
+BLOSC = codec_from_name("shuffle-zstd").encode(RAW, 4)
+BLOSC_BOMB = codec_from_name("shuffle-zstd").encode(bytes(10_000_000), 4)
+ZSTD_OK = codec_from_name("zstd-1").encode(RAW)
+
+BAD = {
+    "zstd bomb": (bad_payload("zstd", ZSTD_BOMB), "declares 50000000"),
+    "zstd without content size": (bad_payload("zstd", ZSTD_NO_SIZE), "declares -1"),
+    "zstd trailing bytes": (bad_payload("zstd", ZSTD_OK + b"junk"), "unused data"),
+    "zstd truncated": (bad_payload("zstd", ZSTD_OK[:-4]), "zstd"),
+    "zstd garbage": (bad_payload("zstd", b"not a zstd frame at all"), "zstd"),
+    "lz4 bomb": (bad_payload("lz4", LZ4_BOMB), "lz4"),
+    "lz4 short": (bad_payload("lz4", lz4.block.compress(RAW[:2000], store_size=False)), "lz4"),
+    "lz4 trailing": (bad_payload("lz4", lz4.block.compress(RAW, store_size=False) + b"xx"), "lz4"),
+    "blosc2 bomb": (bad_payload("blosc2", BLOSC_BOMB), "chunk declares 10000000"),
+    "blosc2 truncated": (bad_payload("blosc2", BLOSC[:-10]), "blosc2"),
+    "blosc2 trailing": (bad_payload("blosc2", BLOSC + b"zz"), "blosc2"),
+    "blosc2 garbage": (bad_payload("blosc2", b"\x00" * 40), "blosc2"),
+    "chunk table too big": (bad_payload("zstd", ZSTD_OK + ZSTD_OK, params={"chunks": [[4096, len(ZSTD_OK)],
+                                                                                    [4096, len(ZSTD_OK)]]}),
+                            "chunks add up"),
+    "chunk table wire mismatch": (bad_payload("zstd", ZSTD_OK, params={"chunks": [[4096, len(ZSTD_OK) + 1]]}),
+                                  "chunks add up"),
+    "chunk bomb inside table": (bad_payload("zstd", ZSTD_BOMB + ZSTD_OK,
+                                            params={"chunks": [[2048, len(ZSTD_BOMB)], [2048, len(ZSTD_OK)]]}),
+                                "declares"),
+    "chunk entry negative": (bad_payload("zstd", ZSTD_OK, params={"chunks": [[-4096, len(ZSTD_OK)]]}), "> 0"),
+    "chunk entry bool": (bad_payload("zstd", ZSTD_OK, params={"chunks": [[True, len(ZSTD_OK)]]}), "> 0"),
+    "chunks not a list": (bad_payload("zstd", ZSTD_OK, params={"chunks": 3}), "'chunks'"),
+    "unknown param": (bad_payload("zstd", ZSTD_OK, params={"level": 3}), "unknown codec_params"),
+    "params not an object": (bad_payload("zstd", ZSTD_OK, params=[1]), "'codec_params'"),
+    "none with params": (bad_payload("none", RAW, params={"chunks": [[4096, 4096]]}), "unknown codec_params"),
+    "fp16 short": (bad_payload("fp16", bytes(2046)), "implies 2048"),
+    "fp16 long": (bad_payload("fp16", bytes(4096)), "implies 2048"),
+    "fp16 for int32": (bad_payload("fp16", bytes(2048), dtype="int32"), "float32 tensors only"),
+    "bf16 for float64": (bad_payload("bf16", bytes(2048), raw_nbytes=4096, dtype="float64", shape=(512,)),
+                         "float32 tensors only"),
+    "int8 without block": (bad_payload("int8", bytes(1024 + 16)), "lacks"),
+    "int8 block too small": (bad_payload("int8", bytes(1024 + 4 * 1024), params={"block": 1}), "block"),
+    "int8 block string": (bad_payload("int8", bytes(1024 + 16), params={"block": "256"}), "block"),
+    "int8 payload short": (bad_payload("int8", bytes(1024 + 15), params={"block": 256}), "implies 1040"),
+    "topk k over n": (bad_payload("topk", bytes(8 * 2000), params={"k": [2000]}), "'k'"),
+    "topk k count": (bad_payload("topk", bytes(16), params={"k": [1, 1]}), "'k'"),
+    "topk payload size": (bad_payload("topk", bytes(8 * 10 + 1), params={"k": [10]}), "implies 80"),
+    "topk index out of range": (bad_payload("topk", np.array([1024], "<i4").tobytes() + bytes(4), params={"k": [1]}),
+                                "outside"),
+    "topk negative index": (bad_payload("topk", np.array([-1], "<i4").tobytes() + bytes(4), params={"k": [1]}),
+                            "outside"),
+}
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_bad_payload_is_protocol_error(name):
+    decode, pattern = BAD[name]
+    with pytest.raises(ProtocolError, match=pattern):
+        decode()
+
+
+def test_bad_payload_controls_decode():
+    """The helper builds frames the decoders accept when nothing is wrong."""
+    assert bad_payload("zstd", ZSTD_OK)().tensor("g").tobytes() == RAW
+    assert bad_payload("blosc2", BLOSC)().tensor("g").tobytes() == RAW
+    assert bad_payload("zstd", ZSTD_OK, params={"chunks": [[4096, len(ZSTD_OK)]]})().tensor("g").tobytes() == RAW
+    assert bad_payload("topk", np.array([3], "<i4").tobytes() + np.float32(2.5).tobytes(),
+                       params={"k": [1]})().tensor("g")[3] == 2.5
+
+
+# --------------------------------------------------------------------------------------------------
+# Registry and names
+# --------------------------------------------------------------------------------------------------
+def test_registry_holds_every_codec_with_its_flag():
+    assert set(REGISTRY) == {"none", "zlib", "zstd", "lz4", "blosc2", "fp16", "bf16", "int8", "topk"}
+    lossless = {wid for wid, cls in REGISTRY.items() if cls.lossless}
+    assert lossless == {"none", "zlib", "zstd", "lz4", "blosc2"}
+    for wid in REGISTRY:
+        assert decoder_for(wid).wire_id == wid
+
+
+@pytest.mark.parametrize("name", LOSSLESS + LOSSY)
+def test_codec_names_round_trip(name):
+    assert codec_from_name(name).name == name
+
+
+@pytest.mark.parametrize("name", ["zstd-0", "zstd-23", "zstd", "shuffle-gzip", "shuffle-zstd-10", "int8-8",
+                                  "int8-x", "topk-0", "topk-1.5", "topk-nan", "topk", "fp32", "lz4-1"])
+def test_bad_codec_names(name):
+    with pytest.raises(ValueError):
+        codec_from_name(name)
+    assert len(CODEC_NAME_FORMS) == 10
