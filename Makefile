@@ -1,6 +1,6 @@
 # WIIIIIDE lab. The logic lives in Python (wiiide/, harness/); these targets are the outer shell.
-#   make demo    set-up, engine + image where Docker can run, the quick sweep, the report table
-#   make test    set-up, then the test suite (Docker tests skip without an engine unless required)
+#   make demo    set-up, engine + image where Docker can run, the quick sweep, the report table and page
+#   make test    set-up and the browser, then the test suite (Docker tests skip without an engine unless required)
 
 PYTHON ?= python3
 WORKERS ?= 2
@@ -9,13 +9,23 @@ BACKEND ?= auto
 PYTEST_ARGS ?=
 STAMP := build/.setup-stamp
 
-.PHONY: setup image docker-engine docker-engine-stop cluster-up cluster-down sweep report test demo clean
+.PHONY: setup browser image docker-engine docker-engine-stop cluster-up cluster-down sweep report test demo clean
 
 setup: $(STAMP)
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m pip install -q -r requirements.txt
 	@mkdir -p build && touch $(STAMP)
+
+# Headless chromium for the HTML report's browser test, from Debian's packages (never another download).
+# Idempotent: nothing to do when it is there; without root the browser test skips and says why.
+browser:
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "installing Debian's chromium (for the HTML report's browser test)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null \
+		&& /usr/bin/chromium --version; \
+	else echo "chromium missing and not root: the browser test will skip"; fi
 
 docker-engine:
 	bash docker/engine.sh start
@@ -35,17 +45,20 @@ cluster-down: setup
 sweep: setup
 	$(PYTHON) -m harness sweep $(CONFIG) --backend $(BACKEND)
 
+# The newest report (or REPORT=path, or REPORT="a.json b.json" to compare): table, then the HTML page.
 report: setup
-	$(PYTHON) -m harness report $(REPORT)
+	$(PYTHON) -m harness report $(REPORT) --html
 
-test: setup
+test: setup browser
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
 
 # The main job. An engine is started when none answers and we are root (else the sweep runs on the
-# local backend and says so); the image is built when missing.
+# local backend and says so); the image is built when missing. The sweep prints its report's path last;
+# the report verb then prints the table, that path and, last, the HTML page's path.
 demo: setup
 	-@bash docker/engine.sh start || echo "no Docker engine: the sweep runs on the local backend"
-	$(PYTHON) -m harness sweep experiments/quick.yaml --backend $(BACKEND)
+	$(PYTHON) -m harness sweep experiments/quick.yaml --backend $(BACKEND) > build/demo-sweep.out
+	$(PYTHON) -m harness report "$$(tail -n 1 build/demo-sweep.out)" --html
 
 clean:
 	rm -rf build/wheelhouse build/rootfs .pytest_cache

@@ -1,4 +1,4 @@
-"""``python -m harness VERB``: up, down, sweep, report, image.
+"""``python -m harness VERB``: up, down, sweep, report, image, compare.
 
 Errors the harness raises on purpose (bad spec, no engine, a failed Compose call) end as one line on
 stderr and exit code 2 (bad input) or 1 (anything else), not a traceback.
@@ -36,9 +36,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from harness.report import format_table, load_report, newest_report
 
-    path = Path(args.path) if args.path else newest_report(REPO_ROOT / "results")
-    print(format_table(load_report(path)))
-    print(path if path.name == "report.json" else path / "report.json")
+    if args.out and not args.html:
+        raise SpecError("--out names the HTML page: use it with --html")
+    paths = [Path(p) for p in args.paths] or [newest_report(REPO_ROOT / "results")]
+    paths = [p if p.name == "report.json" or not p.is_dir() else p / "report.json" for p in paths]
+    for path in paths:
+        print(format_table(load_report(path)))
+        print(path)
+    if args.html:
+        from harness.html import write_html
+
+        print(write_html(paths, args.out))
     return 0
 
 
@@ -80,6 +88,13 @@ def cmd_image(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from harness.compare import compare
+
+    print(compare(args.reports, args.metric, args.baseline, args.alpha, args.json))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness", description="WIIIIIDE lab harness")
     sub = parser.add_subparsers(dest="verb", required=True)
@@ -92,8 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results-dir", help="where results/<name>-<timestamp>/ go (default: results/)")
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("report", help="print a report as a table (default: the newest)")
-    p.add_argument("path", nargs="?", help="a report.json or its folder")
+    p = sub.add_parser("report", help="print reports as tables (default: the newest); --html: a page with charts")
+    p.add_argument("paths", nargs="*", metavar="PATH",
+                   help="report.json files or their folders; with --html, several are compared on the same axes")
+    p.add_argument("--html", action="store_true",
+                   help="also write a self-contained HTML page (report.html next to the report, or "
+                        "compare-<others>.html next to the first for several) and print its path last")
+    p.add_argument("--out", help="where the HTML page goes (with --html)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("up", help="start a cluster in containers (1 coordinator + N workers)")
@@ -107,6 +127,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("image", help="build the node image (wheelhouse, local base when no registry)")
     p.add_argument("--force", action="store_true")
     p.set_defaults(func=cmd_image)
+
+    p = sub.add_parser("compare", help="engines of one report against a baseline engine, or report B against A, "
+                                       "with ratios and Welch's t-test over the repeats")
+    p.add_argument("reports", nargs="+", metavar="REPORT", help="one or two report.json files or their folders")
+    p.add_argument("--metric", default="throughput_samples_per_s",
+                   help="a key of the repeats' totals (default: the guide's throughput, samples/s)")
+    p.add_argument("--baseline", help="engine label the others are set against (default: ddp, else the first)")
+    p.add_argument("--alpha", type=float, default=0.05, help="significance level of the t-test (default 0.05)")
+    p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    p.set_defaults(func=cmd_compare)
     return parser
 
 
