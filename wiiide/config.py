@@ -19,9 +19,13 @@ from wiiide.errors import ConfigError
 
 ENV_PREFIX = "WIIIIIDE_"
 MIB = 1024 * 1024
+MAX_TIMEOUT_S = 86400.0
 
 DATASETS = ("digits", "synthetic")
 LOG_TIERS = ("verbose", "normal", "silent")
+ENGINES = ("wiiide", "ddp", "fsdp")
+DDP_COMM_HOOKS = ("none", "fp16", "powersgd")
+MIXED_PRECISIONS = ("none", "bf16")
 ZLIB_LEVELS = tuple(range(1, 10))
 COMPRESSION_CHOICES = ("none", "adaptive") + tuple(f"zlib-{level}" for level in ZLIB_LEVELS)
 
@@ -57,6 +61,16 @@ class RunConfig:
     # --- run length -----------------------------------------------------------------------------
     duration_s: float = 30.0
     max_steps: int = 0  # 0: no step limit, stop on duration_s only
+    warmup_steps: int = 10  # first steps left out of the Training Summary's step timings
+
+    # --- engine: which training system runs on the same containers (wiiide/engines/) ----------
+    engine: str = "wiiide"  # wiiide (the parameter server) | ddp | fsdp (PyTorch over gloo)
+    ddp_comm_hook: str = "none"  # ddp: none | fp16 | powersgd
+    powersgd_rank: int = 1  # ddp with powersgd: matrix approximation rank
+    fsdp_reshard_after_forward: bool = True  # fsdp: True is FULL_SHARD, False SHARD_GRAD_OP-like
+    grad_accum_steps: int = 1  # ddp/fsdp: micro-batches per optimizer step (one gradient sync per step)
+    mixed_precision: str = "none"  # ddp/fsdp: none | bf16 (CPU autocast; fsdp: bf16 parameters)
+    profile: bool = False  # ddp/fsdp: torch.profiler traces into the run's folder (metrics_dir's parent)
 
     # --- sockets --------------------------------------------------------------------------------
     sndbuf_bytes: int = 8 * MIB  # 0: leave the kernel default
@@ -83,10 +97,20 @@ class RunConfig:
     log_every_steps: int = 100
     metrics_dir: str = "results/nodes"
     ready_file: str = ""  # coordinator: touched once it listens (the container healthcheck reads it)
+    # coordinator: once every worker joined, wait (up to connect_timeout_s) for this file before the
+    # first step; the harness creates it once links are shaped ("": start at once)
+    start_gate_file: str = ""
 
     # --- timeouts -------------------------------------------------------------------------------
     connect_timeout_s: float = 60.0  # worker: retry connecting; coordinator: wait for all workers
-    io_timeout_s: float = 120.0  # longest wait for one frame once a run is going
+    # longest silence from a peer (no byte, no heartbeat) before it counts as lost: the time to detect
+    # a killed worker or coordinator, or a cut link
+    io_timeout_s: float = 10.0
+    heartbeat_interval_s: float = 1.0  # a connection idle this long gets a heartbeat frame
+
+    # --- who may connect (the secret itself is never a config field: see wiiide.auth) ---------
+    handshake_timeout_s: float = 5.0  # a peer must complete the authenticated handshake within this
+    max_handshakes: int = 8  # connections handshaking at once; more are refused at once
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -154,7 +178,7 @@ class RunConfig:
 
 
 # Variables with the prefix that are not RunConfig fields but are used by the project's shell.
-_ENV_IGNORED = {"require_docker", "secret", "image", "results_dir", "workers"}
+_ENV_IGNORED = {"require_docker", "secret", "secret_file", "image", "results_dir", "workers", "project"}
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -238,7 +262,6 @@ def _validate(c: RunConfig) -> None:
     _check(0.0 < c.learning_rate <= 100.0, "learning_rate", c.learning_rate, "0 < x <= 100")
     _check(0.0 <= c.momentum < 1.0, "momentum", c.momentum, "0 <= x < 1")
     _check(0 <= c.torch_threads <= 256, "torch_threads", c.torch_threads, "0 (torch default) .. 256")
-    _check(c.duration_s > 0, "duration_s", c.duration_s, "> 0 seconds")
     _check(c.max_steps >= 0, "max_steps", c.max_steps, ">= 0 (0: no limit)")
     for name in ("sndbuf_bytes", "rcvbuf_bytes"):
         value = getattr(c, name)
@@ -258,8 +281,45 @@ def _validate(c: RunConfig) -> None:
     _check(c.adaptive_threshold_bytes >= 0, "adaptive_threshold_bytes", c.adaptive_threshold_bytes, ">= 0")
     _check(c.log_tier in LOG_TIERS, "log_tier", c.log_tier, " | ".join(LOG_TIERS))
     _check(c.log_every_steps >= 1, "log_every_steps", c.log_every_steps, ">= 1")
-    _check(c.connect_timeout_s > 0, "connect_timeout_s", c.connect_timeout_s, "> 0 seconds")
-    _check(c.io_timeout_s > 0, "io_timeout_s", c.io_timeout_s, "> 0 seconds")
+    # finite and at most a day: socket.settimeout overflows on inf or 1e300
+    for name in ("connect_timeout_s", "io_timeout_s", "duration_s"):
+        value = getattr(c, name)
+        _check(0 < value <= MAX_TIMEOUT_S, name, value, f"0 < x <= {MAX_TIMEOUT_S:g} seconds")
+    _check(0 < c.heartbeat_interval_s < c.io_timeout_s, "heartbeat_interval_s", c.heartbeat_interval_s,
+           f"> 0 and below io_timeout_s={c.io_timeout_s:g}")
+    _check(0 < c.handshake_timeout_s <= 300, "handshake_timeout_s", c.handshake_timeout_s, "0 < x <= 300 seconds")
+    _check(1 <= c.max_handshakes <= 1024, "max_handshakes", c.max_handshakes, "1..1024")
+    _validate_engine(c)
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+
+
+def _validate_engine(c: RunConfig) -> None:
+    """The engine and its options; an option the chosen engine cannot apply is an error, not ignored."""
+    _check(c.engine in ENGINES, "engine", c.engine, " | ".join(ENGINES))
+    _check(c.ddp_comm_hook in DDP_COMM_HOOKS, "ddp_comm_hook", c.ddp_comm_hook, " | ".join(DDP_COMM_HOOKS))
+    _check(1 <= c.powersgd_rank <= 64, "powersgd_rank", c.powersgd_rank, "1..64")
+    _check(1 <= c.grad_accum_steps <= 64, "grad_accum_steps", c.grad_accum_steps, "1..64")
+    _check(c.mixed_precision in MIXED_PRECISIONS, "mixed_precision", c.mixed_precision, " | ".join(MIXED_PRECISIONS))
+    _check(0 <= c.warmup_steps <= 100_000, "warmup_steps", c.warmup_steps, "0..100000")
+    torch_engine = c.engine in ("ddp", "fsdp")
+    only = [("ddp_comm_hook", c.ddp_comm_hook != "none", c.engine == "ddp", "engine ddp"),
+            ("powersgd_rank", c.powersgd_rank != 1, c.ddp_comm_hook == "powersgd", "ddp_comm_hook powersgd"),
+            ("fsdp_reshard_after_forward", not c.fsdp_reshard_after_forward, c.engine == "fsdp", "engine fsdp"),
+            ("grad_accum_steps", c.grad_accum_steps != 1, torch_engine, "engine ddp or fsdp"),
+            ("mixed_precision", c.mixed_precision != "none", torch_engine, "engine ddp or fsdp"),
+            ("profile", c.profile, torch_engine, "engine ddp or fsdp"),
+            ("compression", c.compression != _DEFAULTS["compression"], c.engine == "wiiide", "engine wiiide")]
+    for name, is_set, applies, needs in only:
+        if is_set and not applies:
+            raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs {needs} "
+                              f"(engine is {c.engine!r}, ddp_comm_hook {c.ddp_comm_hook!r})")
+    if torch_engine:
+        global_batch = c.num_workers * c.batch_size
+        _check(global_batch >= (c.num_workers + 1) * c.grad_accum_steps, "grad_accum_steps", c.grad_accum_steps,
+               f"at most num_workers x batch_size / world size = {global_batch // (c.num_workers + 1)} "
+               "(every rank needs a sample per micro-batch)")
 
 
 def default_config() -> RunConfig:

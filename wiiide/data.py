@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from wiiide.config import RunConfig
+from wiiide.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,14 @@ def load_dataset(cfg: RunConfig) -> Dataset:
     digits: ``sklearn.datasets.load_digits`` (1,797 8x8 images, 10 classes; UCI optdigits test set).
     synthetic: ``sklearn.datasets.make_classification`` with the configured samples/features/classes.
     """
+    try:
+        return _load(cfg)
+    except ValueError as exc:  # sklearn's refusal of a size combination RunConfig cannot foresee
+        raise ConfigError(f"data set {cfg.dataset!r} cannot be made from this config "
+                          f"(synthetic_samples/_features/_classes, test_fraction): {exc}") from None
+
+
+def _load(cfg: RunConfig) -> Dataset:
     from sklearn.model_selection import train_test_split
 
     if cfg.dataset == "digits":

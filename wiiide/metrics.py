@@ -27,6 +27,8 @@ from typing import Any, Iterable
 
 import psutil
 
+from wiiide.summary import training_summary
+
 SCHEMA_VERSION = 1
 
 
@@ -93,6 +95,9 @@ class NodeMetrics:
         self.socket_options: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.extra: dict[str, Any] = {}
+        self.warmup_steps = 0  # first steps left out of the Training Summary's timings (run_node sets it)
+        self.samples_per_step: float | None = None  # global batch of one step; None: samples / steps
+        self.rss_samples_bytes: list[int] = []
         self.sample_rss()
 
     def elapsed_s(self) -> float:
@@ -101,6 +106,7 @@ class NodeMetrics:
     def sample_rss(self) -> int:
         rss = self._proc.memory_info().rss
         self._rss_peak = max(self._rss_peak, rss)
+        self.rss_samples_bytes.append(rss)
         return rss
 
     def record_sent(self, frame: Any, seconds: float) -> None:
@@ -117,7 +123,7 @@ class NodeMetrics:
         """Account one received `wiiide.protocol.Message` and the seconds its receive took."""
         self.frames_received += 1
         self.payload_bytes_received += msg.raw_nbytes
-        self.encoded_bytes_received += msg.wire_nbytes
+        self.encoded_bytes_received += msg.payload_nbytes
         self.wire_bytes_received += msg.wire_nbytes
         self.decompression_time_s += msg.decode_s
         self.recv_time_s += seconds
@@ -153,6 +159,7 @@ class NodeMetrics:
             "payload_bytes_sent": self.payload_bytes_sent,
             "payload_bytes_received": self.payload_bytes_received,
             "encoded_bytes_sent": self.encoded_bytes_sent,
+            "encoded_bytes_received": self.encoded_bytes_received,
             "wire_bytes_sent": self.wire_bytes_sent,
             "wire_bytes_received": self.wire_bytes_received,
             "goodput_bps": (8 * (self.payload_bytes_sent + self.payload_bytes_received) / (self.train_time_s or wall)
@@ -172,6 +179,10 @@ class NodeMetrics:
             "step_time_s": summarize(self.step_times_s),
             "loss_avg": (sum(self.losses) / len(self.losses)) if self.losses else None,
             "loss_final": self.losses[-1] if self.losses else None,
+            "training_summary": training_summary(
+                self.step_times_s, self.losses, self.warmup_steps,
+                self.samples_per_step or (self.samples / self.steps if self.steps else None),
+                self.rss_samples_bytes, peak_rss),
             "events": self.events,
             **self.extra,
         }

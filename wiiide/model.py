@@ -32,10 +32,18 @@ def model_spec(num_features: int, hidden_sizes: Sequence[int], num_classes: int)
 
 def model_from_spec(spec: dict[str, Any]) -> nn.Sequential:
     """Build the model a coordinator described. Raises ValueError on a malformed description."""
+    def whole(value: Any) -> int:
+        # JSON integers only: no bools, floats (1e400 is inf), strings or lists of digits
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"expected an integer, got {type(value).__name__}")
+        return value
+
     try:
         if spec.get("type") != "mlp":
             raise ValueError(f"unknown model type {spec.get('type')!r}")
-        nf, hs, nc = int(spec["num_features"]), [int(h) for h in spec["hidden_sizes"]], int(spec["num_classes"])
+        if not isinstance(spec["hidden_sizes"], list):
+            raise TypeError("hidden_sizes must be a list")
+        nf, hs, nc = whole(spec["num_features"]), [whole(h) for h in spec["hidden_sizes"]], whole(spec["num_classes"])
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"malformed model description: {exc}") from None
     if not (0 < nf <= 1_000_000 and 0 < nc <= 100_000 and 0 < len(hs) <= 16 and all(0 < h <= 65536 for h in hs)):

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import signal
 import socket
+import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -18,7 +20,7 @@ from wiiide.config import RunConfig
 from wiiide.errors import ConfigError, ProtocolError, WiiideError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.protocol import Frame, FrameReader, Message, send_frames
+from wiiide.protocol import Frame, FrameReader, Message, encode_message, send_frames
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -26,6 +28,35 @@ EXIT_CONFIG = 2
 EXIT_CONNECT = 3  # a worker could not reach the coordinator / the coordinator's workers did not all come
 EXIT_PEER_LOST = 4  # a worker lost its coordinator, or a coordinator lost every worker
 EXIT_TERMINATED = 143  # SIGTERM, as a shell reports it
+
+
+HEARTBEAT = encode_message("heartbeat")
+
+
+class Heartbeats:
+    """A daemon thread that keeps idle connections alive: every `interval_s / 2` it sends a heartbeat
+    on each connection `connections()` returns that sent nothing for `interval_s`."""
+
+    def __init__(self, connections: Callable[[], Sequence["Connection"]], interval_s: float) -> None:
+        self._connections = connections
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="heartbeats", daemon=True)
+
+    def start(self) -> "Heartbeats":
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval_s / 2):
+            for conn in list(self._connections()):
+                try:
+                    conn.heartbeat_if_idle(self._interval_s)
+                except OSError:
+                    pass  # the main thread notices a broken connection on its next send or receive
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 class NodeFailure(WiiideError):
@@ -41,31 +72,58 @@ class Terminated(BaseException):
 
 
 class Connection:
-    """One peer connection with metrics. `name` is for messages (e.g. ``worker 2``)."""
+    """One peer connection with metrics. `name` is for messages (e.g. ``worker 2``).
 
-    def __init__(self, sock: socket.socket, cfg: RunConfig, metrics: NodeMetrics, log: TieredLog, name: str) -> None:
+    Sends are serialised by a lock, so a heartbeat thread may share the socket with the node's main
+    thread. `receive` passes over ``heartbeat`` frames: any frame proves the peer alive, and the
+    socket's timeout (``io_timeout_s``) bounds the silence before a peer counts as lost.
+    `max_frame_bytes` overrides the config's limit (the handshake reads with a small one).
+    """
+
+    def __init__(self, sock: socket.socket, cfg: RunConfig, metrics: NodeMetrics, log: TieredLog, name: str,
+                 max_frame_bytes: int | None = None) -> None:
         self.sock = sock
         self.name = name
         self.metrics = metrics
         self.log = log
         # reuse_buffers: the nodes consume each message before reading the next one on a connection.
-        self.reader = FrameReader(sock, cfg.max_frame_bytes, cfg.recv_chunk_bytes, quickack=cfg.tcp_quickack,
-                                  reuse_buffers=True)
+        self.reader = FrameReader(sock, max_frame_bytes or cfg.max_frame_bytes, cfg.recv_chunk_bytes,
+                                  quickack=cfg.tcp_quickack, reuse_buffers=True)
+        self._send_lock = threading.Lock()
+        self.last_send = time.monotonic()
 
     def send(self, frames: Sequence[Frame]) -> None:
+        with self._send_lock:
+            self._send_locked(frames)
+
+    def _send_locked(self, frames: Sequence[Frame]) -> None:
         t0 = time.perf_counter()
         send_frames(self.sock, frames)
         seconds = time.perf_counter() - t0
+        self.last_send = time.monotonic()
         for i, frame in enumerate(frames):
             self.metrics.record_sent(frame, seconds if i == 0 else 0.0)
             self.log.message("sent %s to %s: %d raw bytes, %d on the wire, codec %s",
                              frame.kind, self.name, frame.raw_nbytes, frame.wire_nbytes, frame.codec)
 
+    def heartbeat_if_idle(self, interval_s: float) -> None:
+        """Send a heartbeat when nothing was sent for `interval_s`; skip if a send is under way."""
+        if time.monotonic() - self.last_send < interval_s or not self._send_lock.acquire(blocking=False):
+            return
+        try:
+            self._send_locked([HEARTBEAT])
+        finally:
+            self._send_lock.release()
+
     def receive(self, expected_kinds: Sequence[str] | None = None) -> Message:
-        """Read one message; raises ProtocolError if its kind is not one of `expected_kinds`."""
-        t0 = time.perf_counter()
-        msg = self.reader.read_message()
-        self.metrics.record_received(msg, time.perf_counter() - t0)
+        """Read one message, passing over heartbeats; raises ProtocolError if its kind is not one of
+        `expected_kinds`, socket.timeout after `io_timeout_s` of silence."""
+        while True:
+            t0 = time.perf_counter()
+            msg = self.reader.read_message()
+            self.metrics.record_received(msg, time.perf_counter() - t0)
+            if msg.kind != "heartbeat":
+                break
         self.log.message("received %s from %s: %d raw bytes, %d on the wire, codec %s",
                          msg.kind, self.name, msg.raw_nbytes, msg.wire_nbytes, msg.codec)
         if expected_kinds is not None and msg.kind not in expected_kinds:
@@ -91,6 +149,7 @@ def run_node(cfg: RunConfig, metrics: NodeMetrics, log: TieredLog, main: Callabl
         import torch
 
         torch.set_num_threads(cfg.torch_threads)
+    metrics.warmup_steps = cfg.warmup_steps  # left out of the Training Summary's timings
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     status, error, code = "ok", None, EXIT_OK
     try:
@@ -105,6 +164,9 @@ def run_node(cfg: RunConfig, metrics: NodeMetrics, log: TieredLog, main: Callabl
         status, error, code = "failed", str(exc), EXIT_CONFIG
     except (WiiideError, OSError) as exc:
         status, error, code = "failed", f"{type(exc).__name__}: {exc}", EXIT_ERROR
+    except Exception as exc:  # a bug or an unforeseen input: still write the metrics, keep the trace
+        status, error, code = "failed", f"unexpected {type(exc).__name__}: {exc}", EXIT_ERROR
+        log.error("unexpected error:\n%s", traceback.format_exc())
     finally:
         signal.signal(signal.SIGTERM, previous)
     try:
@@ -122,3 +184,23 @@ def touch(path: str) -> None:
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text("ready\n")
+
+
+def wait_for_start_gate(cfg: RunConfig, metrics: NodeMetrics, log: TieredLog) -> None:
+    """Block until ``cfg.start_gate_file`` exists (no-op when it is empty).
+
+    The harness creates the file once the links are shaped, so no training traffic goes out before.
+    Raises NodeFailure (exit 3) when it does not appear within ``connect_timeout_s``.
+    """
+    path = cfg.start_gate_file
+    if not path:
+        return
+    t0 = time.monotonic()
+    log.info("waiting for the start gate %s", path)
+    while not Path(path).exists():
+        if time.monotonic() - t0 >= cfg.connect_timeout_s:
+            raise NodeFailure(f"the start gate file {path} did not appear within connect_timeout_s="
+                              f"{cfg.connect_timeout_s:g} s; the harness creates it once it has shaped the links "
+                              f"(set start_gate_file to '' to start at once)", EXIT_CONNECT)
+        time.sleep(0.02)
+    metrics.event("start_gate_opened", waited_s=round(time.monotonic() - t0, 3))

@@ -17,13 +17,14 @@ import time
 import torch
 from torch import nn
 
+from wiiide.auth import HANDSHAKE_MAX_FRAME_BYTES, check_nonce, hello_mac, load_secret, new_nonce, verify, welcome_mac
 from wiiide.codecs import CompressionPolicy
 from wiiide.config import RunConfig
 from wiiide.errors import PeerClosed, ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.model import FlatParams, model_from_spec
-from wiiide.node import EXIT_CONNECT, EXIT_PEER_LOST, Connection, NodeFailure, run_node
+from wiiide.node import EXIT_CONNECT, EXIT_PEER_LOST, Connection, Heartbeats, NodeFailure, run_node
 from wiiide.protocol import PROTOCOL_VERSION, encode_message
 from wiiide.sockets import configure_socket
 from wiiide.tensors import from_wire, to_wire
@@ -68,24 +69,46 @@ class Worker:
 
     def _main(self) -> None:
         cfg, metrics = self.cfg, self.metrics
-        conn = Connection(self._connect(), cfg, metrics, self.log, "coordinator")
+        secret = load_secret()  # ConfigError (exit 2) before connecting when there is none
+        conn = Connection(self._connect(), cfg, metrics, self.log, "coordinator", max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES)
+        heartbeats = None
         try:
-            conn.send([encode_message("hello", {"protocol_version": PROTOCOL_VERSION, "node_id": self.node_id,
-                                                "pid": os.getpid()})])
-            welcome = conn.receive(["welcome"])
+            conn.sock.settimeout(cfg.handshake_timeout_s)
+            challenge = conn.receive(["challenge"])
+            version = challenge.meta.get("protocol_version")
+            if version != PROTOCOL_VERSION:
+                raise ProtocolError(f"the coordinator speaks protocol version {version!r}, this worker {PROTOCOL_VERSION}")
+            nonce_c = check_nonce(challenge.meta.get("nonce"), "challenge")
+            nonce_w = new_nonce()
+            conn.send([encode_message("hello", {
+                "protocol_version": PROTOCOL_VERSION, "node_id": self.node_id[:128], "pid": os.getpid(),
+                "nonce": nonce_w, "mac": hello_mac(secret, PROTOCOL_VERSION, nonce_c, nonce_w, self.node_id[:128]),
+            })])
+            welcome = conn.receive(["welcome", "refused"])
+            if welcome.kind == "refused":
+                raise NodeFailure(f"the coordinator at {cfg.coordinator_host}:{cfg.port} refused this worker: "
+                                  f"{str(welcome.meta.get('reason'))[:300]}", EXIT_CONNECT)
             rank = welcome.meta.get("rank")
-            if not isinstance(rank, int) or rank < 1:
+            if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
                 raise ProtocolError(f"welcome carries a bad rank {rank!r}")
+            verify(welcome_mac(secret, PROTOCOL_VERSION, nonce_w, nonce_c, rank), welcome.meta.get("mac"),
+                   "the coordinator's welcome")
             try:
                 model = model_from_spec(welcome.meta.get("model") or {})
             except ValueError as exc:
                 raise ProtocolError(str(exc)) from None
+            conn.reader.max_frame_bytes = cfg.max_frame_bytes
+            conn.sock.settimeout(cfg.io_timeout_s)
             metrics.rank = rank
             self.log.info("joined as worker %d of %s", rank, welcome.meta.get("num_workers"))
+            heartbeats = Heartbeats(lambda: [conn], cfg.heartbeat_interval_s).start()
             self._train(conn, model)
         except (PeerClosed, ConnectionError, socket.timeout) as exc:
-            raise NodeFailure(f"lost the coordinator at {cfg.coordinator_host}:{cfg.port}: {exc}", EXIT_PEER_LOST) from None
+            cause = (f"no frame for io_timeout_s={cfg.io_timeout_s:g} s" if isinstance(exc, socket.timeout) else str(exc))
+            raise NodeFailure(f"lost the coordinator at {cfg.coordinator_host}:{cfg.port}: {cause}", EXIT_PEER_LOST) from None
         finally:
+            if heartbeats is not None:
+                heartbeats.stop()
             conn.close()
 
     def _train(self, conn: Connection, model: nn.Module) -> None:
