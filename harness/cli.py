@@ -81,6 +81,12 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_wire(args: argparse.Namespace) -> int:
+    from harness.bench_wire import main_from_args
+
+    return main_from_args(args, _log)
+
+
 def cmd_image(args: argparse.Namespace) -> int:
     from harness.image import build_image
 
@@ -123,6 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("down", help="remove the cluster's containers and network")
     p.set_defaults(func=cmd_down)
+
+    p = sub.add_parser("bench-wire", help="raw socket vs WIIIIIDE frames, codecs, policies on paced links (JSON)")
+    from harness.bench_wire import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=cmd_bench_wire)
 
     p = sub.add_parser("image", help="build the node image (wheelhouse, local base when no registry)")
     p.add_argument("--force", action="store_true")

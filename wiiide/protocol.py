@@ -95,8 +95,11 @@ class WireTensor:
                 raise ValueError(f"tensor {self.name!r}: dtype {self.array.dtype} is not in the wire whitelist") from None
         if self.dtype not in DTYPES:
             raise ValueError(f"tensor {self.name!r}: dtype {self.dtype!r} is not in the wire whitelist")
-        # np.require keeps a zero-dim array zero-dim (np.ascontiguousarray would make it shape (1,)).
-        self.array = np.require(self.array, dtype=DTYPES[self.dtype], requirements="C")
+        want = DTYPES[self.dtype]
+        array = self.array
+        if not (type(array) is np.ndarray and array.dtype == want and array.flags.c_contiguous):
+            # np.require keeps a zero-dim array zero-dim (np.ascontiguousarray would make it shape (1,)).
+            self.array = np.require(array, dtype=want, requirements="C")
 
 
 @dataclass

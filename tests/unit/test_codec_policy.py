@@ -18,7 +18,8 @@ GRAD = 1_204_264  # the digits MLP 64-512-512-10's gradient, bytes
 @pytest.mark.parametrize("name, mode, codec", [
     ("none", "fixed", "none"), ("zlib-3", "fixed", "zlib-3"), ("fixed:zstd-1", "fixed", "zstd-1"),
     ("fixed:topk-0.01", "fixed", "topk-0.01"), ("fixed:shuffle-lz4", "fixed", "shuffle-lz4"),
-    ("adaptive", "seed", None), ("seed", "seed", None), ("network-aware", "network-aware", None)])
+    ("adaptive", "seed", None), ("seed", "seed", None), ("network-aware", "network-aware", None),
+    ("network-aware+lossy", "network-aware", None)])
 def test_policy_names(name, mode, codec):
     assert parse_policy_name(name) == (mode, codec)
     assert check_policy_name(name) is None
@@ -101,6 +102,7 @@ def test_network_aware_lossy_only_when_allowed_and_after_warmup():
     assert not {"fp16", "bf16", "int8", "topk-0.01"} & set(p.candidates("params"))
     q = synthetic_policy(100e6, allow_lossy=False, lossy_warmup_steps=0)
     assert all(q.choose("gradients", GRAD).name == "shuffle-zstd" for _ in range(5))
+    assert CompressionPolicy("network-aware+lossy").allow_lossy and not CompressionPolicy("network-aware").allow_lossy
 
 
 def test_network_aware_tries_every_candidate_first_then_probes():

@@ -9,7 +9,8 @@ Policy names (the config's ``compression``):
 - ``seed`` (old name ``adaptive``): the seeds' rule (seeds 001/004, "Adaptive Compression Strategy"):
   gradient messages larger than `threshold_bytes` (1 MiB) at zlib level 1, smaller gradient messages
   uncompressed, every other message at zlib level 9.
-- ``network-aware``: per message, the codec minimising the estimated time to encode, send and
+- ``network-aware`` (``network-aware+lossy``: the same with ``allow_lossy`` on, so one sweep axis can
+  hold both): per message, the codec minimising the estimated time to encode, send and
   decode it::
 
       t(codec) = raw / encode_speed + (raw / ratio) * 8 / link_bps + raw / decode_speed
@@ -42,7 +43,8 @@ from wiiide.codecs.chunked import CodecPool, set_default_pool
 GRADIENT_KINDS = frozenset({"gradients"})
 LOSSLESS_CANDIDATES = ("none", "lz4", "zstd-1", "shuffle-lz4", "shuffle-zstd")
 LOSSY_CANDIDATES = ("fp16", "bf16", "int8")  # + topk-<topk_fraction>
-POLICY_NAME_FORMS = ("fixed:<codec>", "none", "zlib-1..9", "seed", "adaptive", "network-aware")
+POLICY_NAME_FORMS = ("fixed:<codec>", "none", "zlib-1..9", "seed", "adaptive", "network-aware",
+                     "network-aware+lossy")
 MIN_COMPRESS_BYTES = 4096
 ASSUMED_LINK_BPS = 1e9  # network-aware, before the first measurement when no bandwidth is configured
 MAX_DECISIONS_KEPT = 200
@@ -58,7 +60,7 @@ def parse_policy_name(name: str) -> tuple[str, str | None]:
         raise ValueError(f"compression policy must be a string, got {name!r}")
     if name in ("seed", "adaptive"):
         return "seed", None
-    if name == "network-aware":
+    if name in ("network-aware", "network-aware+lossy"):
         return "network-aware", None
     codec_name = name[len("fixed:"):] if name.startswith("fixed:") else name
     if codec_name != name or codec_name == "none" or codec_name.startswith("zlib-"):
@@ -131,7 +133,7 @@ class CompressionPolicy:
         if probe_every < 2:
             raise ValueError(f"probe_every must be >= 2, got {probe_every}")
         self.threshold_bytes = threshold_bytes
-        self.allow_lossy = allow_lossy
+        self.allow_lossy = allow_lossy or name == "network-aware+lossy"
         self.lossy_warmup_steps = lossy_warmup_steps
         self.link_bandwidth_bps = float(link_bandwidth_bps)
         self.probe_every, self.ema_alpha, self.clock = probe_every, ema_alpha, clock
@@ -152,7 +154,7 @@ class CompressionPolicy:
         self._last_choice: dict[str, str] = {}
         self.record: dict[str, Any] = {
             "policy": name, "mode": self.mode, "codec_threads": codec_threads, "chunk_bytes": self.pool.chunk_bytes,
-            "allow_lossy": allow_lossy, "lossy_warmup_steps": lossy_warmup_steps,
+            "allow_lossy": self.allow_lossy, "lossy_warmup_steps": lossy_warmup_steps,
             "link_bandwidth_bps_config": self.link_bandwidth_bps or None, "link_bandwidth_bps_measured": None,
             "choices": {}, "reasons": {}, "estimates": self._stats, "decisions": [],
         }
