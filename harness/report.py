@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError
+from harness.engines import engine_totals
 from wiiide.metrics import summarize, write_json_atomic
 
 SCHEMA_VERSION = 1
@@ -34,7 +35,8 @@ SCHEMA_VERSION = 1
 UNSTABLE_CV = 0.10
 SUMMARY_KEYS = ("batches_per_s", "samples_per_s", "goodput_bytes_per_s", "wire_bytes_per_s", "test_accuracy",
                 "loss_final", "step_time_median_s", "worker_network_time_s", "compression_ratio", "peak_rss_bytes",
-                "container_net_bytes")
+                "container_net_bytes", "throughput_samples_per_s", "step_time_avg_s", "comm_share",
+                "comm_measured_bytes_per_step", "rss_avg_bytes")
 
 
 def utc_now() -> str:
@@ -80,6 +82,7 @@ def run_totals(nodes: dict[str, dict[str, Any]], containers: dict[str, dict[str,
         "container_net_rx_bytes": sum(v or 0 for v in rx) if has_net else None,
         "container_net_tx_bytes": sum(v or 0 for v in tx) if has_net else None,
         "container_net_bytes": sum(v or 0 for v in rx + tx) if has_net else None,
+        **engine_totals(nodes, containers),  # the guide's Training Summary and the communication profile
     }
 
 

@@ -12,6 +12,9 @@ Format::
     axes:                             # the grid: every combination of these values is a point
       compression: [none, adaptive]
       buffer_bytes: [1MiB, 8MiB]      # alias: sets sndbuf_bytes and rcvbuf_bytes together
+      engine:                         # a mapping naming the axis's own field is a variant: one value
+        - wiiide                      # that sets several fields; `label` names it in params and tables
+        - {label: ddp-fp16, engine: ddp, ddp_comm_hook: fp16}
     reference:                        # optional: the seeds' figures, copied into the report
       ...
 
@@ -74,7 +77,25 @@ class SweepSpec:
 
 
 def _expand(name: str, value: Any) -> dict[str, Any]:
+    if _is_variant(name, value):  # several fields at once, e.g. engine: {engine: ddp, ddp_comm_hook: fp16}
+        fields: dict[str, Any] = {}
+        for key, val in value.items():
+            if key != "label":
+                fields.update(_expand(key, val))
+        return fields
     return {field_name: value for field_name in ALIASES.get(name, (name,))}
+
+
+def _is_variant(name: str, value: Any) -> bool:
+    """A mapping that names the axis's own field is a variant: one grid value setting several fields."""
+    return isinstance(value, dict) and name in value
+
+
+def _param_value(name: str, value: Any) -> Any:
+    """What a point's `params` record for an axis value: a variant's ``label`` (or its values joined by '/')."""
+    if _is_variant(name, value):
+        return str(value.get("label") or "/".join(str(v) for k, v in value.items() if k != "label"))
+    return value
 
 
 def build_spec(data: Any, source: str = "<dict>") -> SweepSpec:
@@ -142,7 +163,7 @@ def build_spec(data: Any, source: str = "<dict>") -> SweepSpec:
             config = RunConfig.from_dict(fields)
         except ConfigError as exc:
             raise fail(f"axes (point {dict(zip(names, combo))})", str(exc)) from None
-        spec.points.append(Point(index, dict(zip(names, combo)), config))
+        spec.points.append(Point(index, {n: _param_value(n, v) for n, v in zip(names, combo)}, config))
     return spec
 
 

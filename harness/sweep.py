@@ -73,7 +73,9 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
                 out_dir = run_dir / f"point-{p.index:03d}" / f"repeat-{repeat}"
                 started = utc_now()
                 try:
-                    result = backend.run(p.config, out_dir, spec.timeout_s or default_timeout_s(p.config), progress)
+                    # profile: true traces the first repeat only (the profiler slows the steps it records)
+                    config = p.config.replace(profile=False) if (repeat and p.config.profile) else p.config
+                    result = backend.run(config, out_dir, spec.timeout_s or default_timeout_s(config), progress)
                     record = {"repeat": repeat, "status": result.status, "error": result.error,
                               "started_at_utc": started, "elapsed_s": result.elapsed_s,
                               "totals": run_totals(result.nodes, result.containers),

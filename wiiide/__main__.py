@@ -30,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"wiiide {args.role}: configuration error: {exc}", file=sys.stderr)
         return 2
+    if cfg.engine in ("ddp", "fsdp"):  # PyTorch's engines on the same nodes: the coordinator is rank 0
+        from wiiide.engines.torch_dist import main as run_torch
+
+        return run_torch(cfg, args.role)
     if args.role == "coordinator":
         from wiiide.coordinator import main as run
     else:

@@ -1,0 +1,228 @@
+"""``harness compare A.json [B.json]``: engines (or two reports) side by side, with ratios and significance.
+
+One report with an ``engine`` axis: points are grouped by every other parameter (link, worker count,
+model...) and each engine is set against a baseline engine of the same group (``ddp`` by default).
+Two reports: points with the same parameters are set against each other (B over A).
+
+A ratio is called significant only when Welch's t-test over the repeats (unequal variances,
+``scipy.stats.ttest_ind(equal_var=False)``) gives p below ``alpha`` (0.05): a "1.3x faster" read from
+noise is marked as such. Fewer than two repeats on either side: no test ("n<2").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+from harness.errors import HarnessError
+
+ENGINE_PARAM = "engine"
+DEFAULT_METRIC = "throughput_samples_per_s"
+DEFAULT_BASELINE = "ddp"
+ALPHA = 0.05
+
+
+@dataclass
+class Side:
+    """One point's raw values of a metric over its ok repeats, and their statistics."""
+
+    label: str
+    values: list[float]
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.fmean(self.values) if self.values else None
+
+    @property
+    def stdev(self) -> float | None:
+        return statistics.stdev(self.values) if len(self.values) > 1 else None
+
+
+@dataclass
+class Row:
+    """A point set against its reference: ratio of means (point / reference) and Welch's t-test."""
+
+    group: dict[str, Any]
+    label: str
+    reference: str
+    n: int
+    mean: float | None
+    stdev: float | None
+    ref_mean: float | None
+    ratio: float | None
+    p_value: float | None
+    significant: bool | None  # None: no test possible
+    extra: dict[str, float | None]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def welch_p_value(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Two-sided p-value of Welch's t-test between samples `a` and `b`.
+
+    None when either has fewer than two values. When both have zero variance the test is undefined:
+    p is 1.0 if the means are equal and 0.0 if they differ (no spread at all separates them).
+    """
+    if len(a) < 2 or len(b) < 2:
+        return None
+    if statistics.pstdev(a) == 0 and statistics.pstdev(b) == 0:
+        return 1.0 if statistics.fmean(a) == statistics.fmean(b) else 0.0
+    from scipy.stats import ttest_ind
+
+    p = float(ttest_ind(list(a), list(b), equal_var=False).pvalue)
+    return None if math.isnan(p) else p
+
+
+def _values(point: dict[str, Any], metric: str) -> list[float]:
+    return [float(r["totals"][metric]) for r in point.get("repeats", [])
+            if r.get("status") == "ok" and (r.get("totals") or {}).get(metric) is not None]
+
+
+def _mean_of(point: dict[str, Any], key: str) -> float | None:
+    values = _values(point, key)
+    return statistics.fmean(values) if values else None
+
+
+EXTRA_KEYS = ("test_accuracy", "comm_share", "comm_expected_bytes_per_step", "comm_measured_bytes_per_step")
+
+
+def _row(group: dict[str, Any], label: str, point: dict[str, Any], ref_label: str, ref: dict[str, Any],
+         metric: str, alpha: float) -> Row:
+    side, ref_side = Side(label, _values(point, metric)), Side(ref_label, _values(ref, metric))
+    p = welch_p_value(side.values, ref_side.values)
+    ratio = (side.mean / ref_side.mean) if (side.mean is not None and ref_side.mean) else None
+    return Row(group, label, ref_label, side.n, side.mean, side.stdev, ref_side.mean, ratio, p,
+               None if p is None else p < alpha, {k: _mean_of(point, k) for k in EXTRA_KEYS})
+
+
+def compare_engines(report: dict[str, Any], metric: str = DEFAULT_METRIC, baseline: str | None = None,
+                    alpha: float = ALPHA) -> list[Row]:
+    """Each engine against the baseline engine of its group (all other params equal).
+
+    Raises HarnessError when the report has no ``engine`` axis or the baseline is in no group.
+    """
+    params = list(report.get("param_names") or [])
+    if ENGINE_PARAM not in params:
+        raise HarnessError(f"report '{report.get('name')}' has no '{ENGINE_PARAM}' axis (params: {params}); "
+                           "give two reports to compare them point by point")
+    others = [p for p in params if p != ENGINE_PARAM]
+    groups: dict[str, tuple[dict[str, Any], dict[str, dict[str, Any]]]] = {}
+    for point in report["points"]:
+        group = {k: point["params"].get(k) for k in others}
+        key = json.dumps(group, sort_keys=True, default=str)
+        groups.setdefault(key, (group, {}))[1][str(point["params"][ENGINE_PARAM])] = point
+    rows: list[Row] = []
+    for group, by_engine in groups.values():
+        ref_label = baseline or (DEFAULT_BASELINE if DEFAULT_BASELINE in by_engine else next(iter(by_engine)))
+        if ref_label not in by_engine:
+            raise HarnessError(f"baseline engine '{ref_label}' is not in group {group} "
+                               f"(engines: {', '.join(by_engine)})")
+        for label, point in by_engine.items():
+            rows.append(_row(group, label, point, ref_label, by_engine[ref_label], metric, alpha))
+    return rows
+
+
+def compare_reports(a: dict[str, Any], b: dict[str, Any], metric: str = DEFAULT_METRIC,
+                    alpha: float = ALPHA) -> tuple[list[Row], list[str]]:
+    """Every point of B against the point of A with the same params; also the params found in one only."""
+    def key(point: dict[str, Any]) -> str:
+        return json.dumps(point["params"], sort_keys=True, default=str)
+
+    a_points = {key(p): p for p in a["points"]}
+    rows, unmatched = [], []
+    for point in b["points"]:
+        ref = a_points.pop(key(point), None)
+        if ref is None:
+            unmatched.append(f"only in B: {point['params']}")
+            continue
+        rows.append(_row(dict(point["params"]), "B", point, "A", ref, metric, alpha))
+    unmatched += [f"only in A: {p['params']}" for p in a_points.values()]
+    return rows, unmatched
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def verdict(row: Row, alpha: float = ALPHA) -> str:
+    """``1.32x (p=0.004)`` when significant, ``~1.05x ns (p=0.41)`` when not, ``n<2`` with no test."""
+    if row.ratio is None:
+        return "-"
+    if row.label == row.reference:
+        return "baseline"
+    if row.p_value is None:
+        return f"{row.ratio:.2f}x n<2"
+    if row.significant:
+        return f"{row.ratio:.2f}x (p={row.p_value:.2g})"
+    return f"~{row.ratio:.2f}x ns (p={row.p_value:.2g})"
+
+
+def format_rows(rows: list[Row], metric: str, title: str, alpha: float = ALPHA) -> str:
+    """Rows as a fixed-width table: group params, label, n, mean ± stdev, verdict against the reference."""
+    group_keys = list(rows[0].group) if rows else []
+    header = [*group_keys, "engine", "n", f"{metric} mean±sd", "vs", "ratio (Welch)", "acc %", "comm %",
+              "exp MB/step", "meas MB/step"]
+    table = []
+    for r in rows:
+        sd = f"±{_num(r.stdev)}" if r.stdev is not None else ""
+        acc, share = r.extra.get("test_accuracy"), r.extra.get("comm_share")
+        exp_b, meas_b = r.extra.get("comm_expected_bytes_per_step"), r.extra.get("comm_measured_bytes_per_step")
+        table.append([*(str(r.group[k]) for k in group_keys), r.label, str(r.n), f"{_num(r.mean)}{sd}",
+                      r.reference, verdict(r, alpha),
+                      "-" if acc is None else f"{100 * acc:.1f}", "-" if share is None else f"{100 * share:.0f}",
+                      "-" if exp_b is None else f"{exp_b / 1e6:.3g}", "-" if meas_b is None else f"{meas_b / 1e6:.3g}"])
+    widths = [max(len(h), *(len(t[i]) for t in table)) if table else len(h) for i, h in enumerate(header)]
+    lines = [title, "  ".join(h.rjust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(t, widths)) for t in table]
+    lines.append(f"ratio: mean / reference mean; significant when Welch's t-test p < {alpha:g} over the repeats, "
+                 "'~... ns' otherwise; comm %: share of step time communicating; MB/step: expected from the "
+                 "model size vs measured on the nodes' interfaces (docker backend)")
+    return "\n".join(lines)
+
+
+def _title(report: dict[str, Any]) -> str:
+    machine = report.get("machine_info", {})
+    return (f"{report.get('name')} | backend {report.get('backend', {}).get('name')} | "
+            f"{machine.get('cpu_count_logical')} CPUs | commit {(report.get('commit_info', {}).get('id') or '?')[:10]}"
+            f"{'' if report.get('complete') else ' | INCOMPLETE'}")
+
+
+def compare(paths: Sequence[str], metric: str = DEFAULT_METRIC, baseline: str | None = None,
+            alpha: float = ALPHA, json_path: str | None = None) -> str:
+    """The table for one report (engines against the baseline) or two (B against A); optionally as JSON too.
+
+    Raises HarnessError (unreadable report, no engine axis, unknown baseline, no common point).
+    """
+    from harness.report import load_report
+    from wiiide.metrics import write_json_atomic
+
+    if not 1 <= len(paths) <= 2:
+        raise HarnessError(f"compare takes one or two reports, got {len(paths)}")
+    reports = [load_report(p) for p in paths]
+    unmatched: list[str] = []
+    if len(reports) == 1:
+        rows = compare_engines(reports[0], metric, baseline, alpha)
+        title = _title(reports[0])
+    else:
+        rows, unmatched = compare_reports(reports[0], reports[1], metric, alpha)
+        if not rows:
+            raise HarnessError("the two reports share no point (no equal params); nothing to compare")
+        title = f"A: {_title(reports[0])}\nB: {_title(reports[1])}"
+    if not any(r.n for r in rows):
+        raise HarnessError(f"no ok repeat carries '{metric}'; is it a key of the repeats' totals?")
+    if json_path:
+        from pathlib import Path
+
+        write_json_atomic(Path(json_path), {"reports": [str(p) for p in paths], "metric": metric, "alpha": alpha,
+                                             "rows": [r.to_dict() for r in rows], "unmatched": unmatched})
+    return "\n".join([format_rows(rows, metric, title, alpha), *unmatched])

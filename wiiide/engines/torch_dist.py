@@ -1,0 +1,418 @@
+"""PyTorch's engines on WIIIIIDE's nodes: DistributedDataParallel and FSDP2 over gloo.
+
+``python -m wiiide coordinator|worker`` runs this module when ``engine`` is ``ddp`` or ``fsdp``: the
+same image, containers and commands as the parameter server.
+
+Rendezvous and ranks
+    The coordinator is rank 0. It hosts the rendezvous, a `torch.distributed.TCPStore` on
+    ``bind_host:port`` (workers connect to ``coordinator_host:port``), and touches ``ready_file`` once
+    it listens (the container healthcheck). A worker does not know its index (Compose ``--scale`` does
+    not tell it), so it takes the next rank from an atomic counter in the store (`claim_rank`):
+    1..num_workers, in the order workers arrive. Gloo then connects every pair of ranks; in containers
+    ``GLOO_SOCKET_IFNAME=eth0`` (compose.yaml) puts it on the cluster's bridge, and when the coordinator
+    is a loopback address and the variable is unset, the loopback interface is chosen.
+
+Fairness with the parameter server
+    World size is num_workers + 1 and every rank trains: DDP and FSDP have no parameter server, and
+    the coordinator's container would otherwise idle. WIIIIIDE's step trains on num_workers x
+    batch_size samples (a batch per worker, drawn in turn from one seeded sampler). Here every rank
+    builds the same sampler, draws the same num_workers batches per step, concatenates them into the
+    same global batch and takes its own contiguous slice (`rank_slices`: sizes differ by at most one).
+    Each rank's loss is a *sum* over its samples scaled by W / global batch, so after the engine's
+    average over W ranks the gradient is exactly the mean over the global batch, as WIIIIIDE's average
+    of per-worker means is. Same initial weights (`build_mlp` with the seed), same SGD: the engines
+    follow the same trajectory up to floating-point rounding (checked by the integration test).
+
+Stopping
+    ``max_steps`` is known to every rank. The duration is judged by rank 0 alone and broadcast every
+    `STOP_CHECK_EVERY_STEPS` steps, outside the timed steps, so that every rank stops at the same step.
+
+Communication time
+    DDP: the comm hook (allreduce, fp16 or PowerSGD) is wrapped to record each bucket's launch and the
+    completion of its future. FSDP: custom all-gather and reduce-scatter (`set_custom_all_gather`,
+    `set_custom_reduce_scatter`) wrap the default ones the same way. Per step, the node records the
+    seconds during which at least one collective was in flight (`comm.union_length_s`); gloo runs them
+    on its own threads, so part of that time overlaps the backward pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import socket
+import statistics
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import psutil
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from wiiide.config import RunConfig
+from wiiide.coordinator import evaluate
+from wiiide.data import BatchSampler, load_dataset
+from wiiide.engines.comm import IntervalTimer, estimate
+from wiiide.log import TieredLog
+from wiiide.metrics import NodeMetrics, summarize
+from wiiide.model import build_mlp
+from wiiide.node import EXIT_CONNECT, EXIT_ERROR, EXIT_PEER_LOST, NodeFailure, run_node, touch
+
+RANK_KEY = "wiiide/next_rank"
+STOP_CHECK_EVERY_STEPS = 10
+RSS_SAMPLE_EVERY_STEPS = 10
+PROFILE_ACTIVE_STEPS = 5
+# WIIIIIDE's own socket knobs, which gloo's sockets do not take: recorded as not applied.
+NOT_APPLIED = ("sndbuf_bytes", "rcvbuf_bytes", "tcp_nodelay", "tcp_quickack", "keepalive", "recv_chunk_bytes",
+               "max_frame_bytes", "compression")
+
+
+def claim_rank(store: Any, role: str, num_workers: int) -> int:
+    """Rank of this node: 0 for the coordinator; a worker takes the next value of the store's counter.
+
+    `store` needs ``add(key, amount) -> int`` (atomic, as `torch.distributed.TCPStore` provides).
+    Raises NodeFailure when more workers arrive than ``num_workers``.
+    """
+    if role == "coordinator":
+        return 0
+    rank = int(store.add(RANK_KEY, 1))
+    if not 1 <= rank <= num_workers:
+        raise NodeFailure(f"this worker drew rank {rank} but the cluster has num_workers={num_workers}: "
+                          "more workers joined than the coordinator expects", EXIT_CONNECT)
+    return rank
+
+
+def rank_slices(total: int, parts: int) -> list[slice]:
+    """`parts` contiguous slices of ``range(total)``, sizes differing by at most one (larger first).
+
+    Raises ValueError when a part would be empty (total < parts) or parts < 1.
+    """
+    if parts < 1 or total < parts:
+        raise ValueError(f"cannot split {total} samples into {parts} non-empty parts")
+    base, extra = divmod(total, parts)
+    out, start = [], 0
+    for i in range(parts):
+        size = base + (1 if i < extra else 0)
+        out.append(slice(start, start + size))
+        start += size
+    return out
+
+
+def loopback_interface() -> str | None:
+    """Name of the interface holding 127.0.0.1 (``lo`` on Linux), None if there is none."""
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address.startswith("127.") for a in addrs):
+            return name
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def _track(timer: IntervalTimer, start: float, work: Any) -> None:
+    """Record a collective from `start` to its completion (now if it ran synchronously)."""
+    if work is None:
+        timer.add(start, timer.now())
+        return
+    work.get_future().add_done_callback(lambda _fut: timer.add(start, timer.now()))
+
+
+def timed_ddp_hook(inner: Callable, timer: IntervalTimer) -> Callable:
+    """A DDP comm hook that runs `inner` and records each bucket from launch to its future's completion."""
+
+    def hook(state, bucket):  # no annotations: DDP checks them against the real types  # noqa: ANN001, ANN202
+        start = timer.now()
+        fut = inner(state, bucket)
+
+        def done(f: torch.futures.Future) -> Any:
+            timer.add(start, timer.now())
+            return f.value()
+
+        return fut.then(done)
+
+    return hook
+
+
+def _timed_fsdp_comms(timer: IntervalTimer) -> tuple[Any, Any]:
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+    class TimedAllGather(DefaultAllGather):
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):  # noqa: ANN001
+            start = timer.now()
+            work = super().__call__(output_tensor, input_tensor, group, async_op)
+            _track(timer, start, work)
+            return work
+
+    class TimedReduceScatter(DefaultReduceScatter):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):  # noqa: ANN001
+            start = timer.now()
+            work = super().__call__(output_tensor, input_tensor, group, op, async_op)
+            _track(timer, start, work)
+            return work
+
+    return TimedAllGather(), TimedReduceScatter()
+
+
+def _failure(exc: BaseException, doing: str) -> NodeFailure:
+    text = str(exc).strip()
+    first = text.splitlines()[0][:300] if text else type(exc).__name__
+    lost = isinstance(exc, dist.DistError) or any(w in text.lower() for w in ("gloo", "connection", "timed out", "peer"))
+    return NodeFailure(f"{doing}: {type(exc).__name__}: {first}", EXIT_PEER_LOST if lost else EXIT_ERROR)
+
+
+class TorchNode:
+    """One rank of a DDP or FSDP run, writing the same metrics file as a WIIIIIDE node."""
+
+    def __init__(self, cfg: RunConfig, role: str) -> None:
+        if role not in ("coordinator", "worker"):
+            raise ValueError(f"role must be coordinator or worker, got {role!r}")
+        self.cfg = cfg
+        self.role = role
+        self.world_size = cfg.num_workers + 1
+        self.log = TieredLog(cfg, f"{cfg.engine}-{role}")
+        self.metrics = NodeMetrics(role, cfg.node_id or socket.gethostname())
+        self.metrics.rank = 0 if role == "coordinator" else None
+        self.timer = IntervalTimer()
+
+    def run(self) -> int:
+        return run_node(self.cfg, self.metrics, self.log, self._main)
+
+    # ------------------------------------------------------------------------------------------
+    def _main(self) -> None:
+        cfg, m = self.cfg, self.metrics
+        if not os.environ.get("GLOO_SOCKET_IFNAME") and _is_loopback(cfg.coordinator_host):
+            name = loopback_interface()
+            if name:
+                os.environ["GLOO_SOCKET_IFNAME"] = name
+        m.extra.update({"engine": cfg.engine, "world_size": self.world_size, "num_workers": cfg.num_workers,
+                        "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+                        "not_applied": {k: "gloo's own sockets" for k in NOT_APPLIED}})
+        store = self._rendezvous()
+        rank = claim_rank(store, self.role, cfg.num_workers)
+        m.rank = rank
+        timeout = timedelta(seconds=max(cfg.connect_timeout_s, cfg.io_timeout_s))
+        try:
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=self.world_size, timeout=timeout)
+        except (RuntimeError, ValueError) as exc:
+            raise _failure(exc, f"rank {rank}: gloo process group of {self.world_size} did not form") from None
+        m.event("joined", rank=rank, world_size=self.world_size)
+        self.log.info("rank %d of %d (%s)", rank, self.world_size, cfg.engine)
+        try:
+            self._train(rank)
+        except RuntimeError as exc:
+            raise _failure(exc, f"rank {rank}: {cfg.engine} training") from None
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+    def _rendezvous(self) -> Any:
+        cfg = self.cfg
+        timeout = timedelta(seconds=cfg.connect_timeout_s)
+        try:
+            if self.role == "coordinator":
+                store = dist.TCPStore(cfg.bind_host, cfg.port, is_master=True, timeout=timeout,
+                                      wait_for_workers=False)
+                touch(cfg.ready_file)
+                self.log.info("rendezvous on %s:%d for %d workers", cfg.bind_host, cfg.port, cfg.num_workers)
+            else:
+                store = dist.TCPStore(cfg.coordinator_host, cfg.port, is_master=False, timeout=timeout)
+        except (RuntimeError, ValueError) as exc:
+            where = f"{cfg.bind_host}:{cfg.port}" if self.role == "coordinator" else f"{cfg.coordinator_host}:{cfg.port}"
+            raise NodeFailure(f"rendezvous at {where} failed within connect_timeout_s={cfg.connect_timeout_s:g} s: "
+                              f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__}",
+                              EXIT_CONNECT) from None
+        return store
+
+    # ------------------------------------------------------------------------------------------
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        """The engine's wrapper around `model` (DDP) or `model` sharded in place (FSDP2)."""
+        cfg = self.cfg
+        if cfg.engine == "ddp":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            from torch.nn.parallel import DistributedDataParallel
+
+            ddp = DistributedDataParallel(model)
+            if cfg.ddp_comm_hook == "powersgd":
+                from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+                # Vanilla all-reduce for the warm-up steps, then PowerSGD (start must be >= 2).
+                state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=cfg.powersgd_rank,
+                                                    start_powerSGD_iter=max(2, cfg.warmup_steps))
+                ddp.register_comm_hook(state, timed_ddp_hook(powerSGD_hook.powerSGD_hook, self.timer))
+            else:
+                inner = default_hooks.fp16_compress_hook if cfg.ddp_comm_hook == "fp16" else default_hooks.allreduce_hook
+                ddp.register_comm_hook(None, timed_ddp_hook(inner, self.timer))
+            return ddp
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh("cpu", (self.world_size,))
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                  if cfg.mixed_precision == "bf16" else MixedPrecisionPolicy())
+        gather, scatter = _timed_fsdp_comms(self.timer)
+        # One FSDP unit per Linear, so FULL_SHARD reshards between forward and backward (FSDP2 never
+        # reshards the root after forward); the root then holds no parameters of its own.
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh, reshard_after_forward=cfg.fsdp_reshard_after_forward, mp_policy=policy)
+                layer.set_custom_all_gather(gather)
+                layer.set_custom_reduce_scatter(scatter)
+        fully_shard(model, mesh=mesh, reshard_after_forward=cfg.fsdp_reshard_after_forward, mp_policy=policy)
+        return model
+
+    def _sync(self, wrapped: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
+        """Gradient synchronisation on (last micro-batch) or off (the others), as each engine does it."""
+        if self.cfg.engine == "ddp":
+            return contextlib.nullcontext() if sync else wrapped.no_sync()
+        wrapped.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
+
+    def _stop_requested(self, rank: int, start: float) -> bool:
+        flag = torch.tensor([1 if rank == 0 and time.perf_counter() - start >= self.cfg.duration_s else 0])
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
+    def _profiler(self, rank: int) -> Any:
+        cfg = self.cfg
+        if not cfg.profile:
+            return None
+        from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+        out = Path(cfg.metrics_dir).resolve().parent / "profile"
+        out.mkdir(parents=True, exist_ok=True)
+        prof = profile(activities=[ProfilerActivity.CPU],
+                       schedule=schedule(wait=max(0, cfg.warmup_steps - 1), warmup=1, active=PROFILE_ACTIVE_STEPS,
+                                         repeat=1),
+                       on_trace_ready=tensorboard_trace_handler(str(out), worker_name=f"rank{rank}"))
+        prof.start()
+        self.metrics.extra["profile_dir"] = str(out)
+        self.metrics.extra["profile_steps"] = [cfg.warmup_steps, cfg.warmup_steps + PROFILE_ACTIVE_STEPS]
+        return prof
+
+    def _train(self, rank: int) -> None:
+        cfg, m = self.cfg, self.metrics
+        data = load_dataset(cfg)
+        model = build_mlp(data.num_features, cfg.hidden_sizes, data.num_classes, cfg.seed)
+        shapes = [tuple(p.shape) for p in model.parameters()]
+        numel = sum(p.numel() for p in model.parameters())
+        sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed)
+        global_batch = cfg.num_workers * sampler.batch_size
+        mine = rank_slices(global_batch, self.world_size)[rank]
+        micro = rank_slices(mine.stop - mine.start, cfg.grad_accum_steps)
+        wrapped = self._wrap(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.learning_rate, momentum=cfg.momentum)
+        bf16_autocast = cfg.mixed_precision == "bf16" and cfg.engine == "ddp"
+        half_bytes = 2 if cfg.mixed_precision == "bf16" else 4
+        expected = estimate(cfg.engine, shapes, cfg.num_workers, ddp_comm_hook=cfg.ddp_comm_hook,
+                            powersgd_rank=cfg.powersgd_rank, fsdp_reshard_after_forward=cfg.fsdp_reshard_after_forward,
+                            param_dtype_bytes=half_bytes if cfg.engine == "fsdp" else 4)
+        m.samples_per_step = global_batch  # the guide's batch_size x world_size
+        m.extra.update({
+            "dataset": data.name, "train_samples": len(data.y_train), "test_samples": len(data.y_test),
+            "num_parameters": numel, "gradient_bytes": numel * 4, "global_batch": global_batch,
+            "rank_batch": mine.stop - mine.start, "micro_batches": [s.stop - s.start for s in micro],
+            "grad_accum_steps": cfg.grad_accum_steps, "mixed_precision": cfg.mixed_precision,
+            "ddp_comm_hook": cfg.ddp_comm_hook if cfg.engine == "ddp" else None,
+            "fsdp_reshard_after_forward": cfg.fsdp_reshard_after_forward if cfg.engine == "fsdp" else None,
+        })
+        self.log.info("model %s: %d parameters (%.1f MB); global batch %d, this rank %d in %d micro-batch(es)",
+                      list(cfg.hidden_sizes), numel, numel * 4 / 1e6, global_batch, mine.stop - mine.start, len(micro))
+        scale = self.world_size / global_batch
+        loss_sums: list[float] = []
+        comm_s: list[float] = []
+        prof = self._profiler(rank)
+        net0 = psutil.net_io_counters()
+        start = time.perf_counter()
+        step = 0
+        while True:
+            if cfg.max_steps and step >= cfg.max_steps:
+                break
+            if step % STOP_CHECK_EVERY_STEPS == 0 and self._stop_requested(rank, start):
+                break
+            self.timer.take_step()  # drop the stop broadcast's and any stray interval
+            t0 = time.perf_counter()
+            idx = np.concatenate([sampler.next_indices() for _ in range(cfg.num_workers)])[mine]
+            x, y = torch.from_numpy(data.x_train[idx]), torch.from_numpy(data.y_train[idx])
+            optimizer.zero_grad()
+            loss_sum = 0.0
+            for j, part in enumerate(micro):
+                with self._sync(wrapped, j == len(micro) - 1):
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16_autocast):
+                        logits = wrapped(x[part])
+                    loss = nn.functional.cross_entropy(logits.float(), y[part], reduction="sum")
+                    (loss * scale).backward()
+                loss_sum += loss.item()
+            optimizer.step()
+            m.step_times_s.append(time.perf_counter() - t0)
+            comm_s.append(self.timer.take_step())
+            loss_sums.append(loss_sum)
+            step += 1
+            m.steps = step
+            if prof is not None:
+                prof.step()
+            if step % RSS_SAMPLE_EVERY_STEPS == 0:
+                m.sample_rss()
+            self.log.step(step, "step %d: local loss %.4f, %.1f ms", step, loss_sum / (mine.stop - mine.start),
+                          1000 * m.step_times_s[-1])
+        m.train_time_s = time.perf_counter() - start
+        net1 = psutil.net_io_counters()
+        if prof is not None:
+            prof.stop()
+        m.batches = step * cfg.num_workers if rank == 0 else step  # rank 0: in WIIIIIDE's unit, batch_size samples
+        m.samples = step * global_batch if rank == 0 else step * (mine.stop - mine.start)
+        m.losses = self._global_losses(loss_sums, global_batch)
+        self._record_comm(expected, comm_s, net0, net1)
+        eval_model = self._full_model(model, data) if cfg.engine == "fsdp" else model
+        if rank == 0:
+            accuracy, test_loss = evaluate(eval_model, data.x_test, data.y_test)
+            m.extra.update({"test_accuracy": accuracy, "test_loss": test_loss})
+            self.log.info("held-out accuracy %.4f, loss %.4f after %d steps", accuracy, test_loss, step)
+
+    def _global_losses(self, loss_sums: list[float], global_batch: int) -> list[float]:
+        """Mean loss over the global batch of every step (all ranks' sums added); checks the step counts agree."""
+        buf = torch.tensor(loss_sums + [float(len(loss_sums))], dtype=torch.float64)
+        dist.all_reduce(buf)
+        if buf[-1].item() != self.world_size * len(loss_sums):
+            raise NodeFailure(f"ranks ran different numbers of steps (this rank {len(loss_sums)}, "
+                              f"mean {buf[-1].item() / self.world_size:g})")
+        return (buf[:-1] / global_batch).tolist()
+
+    def _full_model(self, model: nn.Module, data: Any) -> nn.Module:
+        """A plain copy of the FSDP model with every parameter all-gathered (a collective on every rank)."""
+        full = {name: p.full_tensor() for name, p in model.named_parameters()}
+        plain = build_mlp(data.num_features, self.cfg.hidden_sizes, data.num_classes, self.cfg.seed)
+        plain.load_state_dict(full)
+        return plain
+
+    def _record_comm(self, expected: Any, comm_s: list[float], net0: Any, net1: Any) -> None:
+        m, warm = self.metrics, min(self.cfg.warmup_steps, len(comm_s))
+        timed_steps = m.step_times_s[warm:]
+        timed_comm = comm_s[warm:]
+        step_total = sum(timed_steps)
+        sent = (net1.bytes_sent - net0.bytes_sent) if net0 and net1 else None
+        recv = (net1.bytes_recv - net0.bytes_recv) if net0 and net1 else None
+        m.extra["comm"] = {
+            "expected": expected.to_dict(),
+            "method": "union of collective launch-to-completion intervals per step (comm hooks / custom "
+                      "all-gather and reduce-scatter), warm-up steps excluded",
+            "busy_s_per_step": summarize(timed_comm),
+            "share_of_step_time": (sum(timed_comm) / step_total) if step_total > 0 else None,
+            "collectives": self.timer.count,
+            "train_iface_bytes_sent": sent,
+            "train_iface_bytes_recv": recv,
+            "train_iface_bytes_sent_per_step": (sent / m.steps) if (sent is not None and m.steps) else None,
+        }
+        if timed_comm:
+            m.extra["comm"]["busy_s_median"] = statistics.median(timed_comm)
+
+
+def main(cfg: RunConfig, role: str) -> int:
+    return TorchNode(cfg, role).run()
