@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -40,6 +41,9 @@ from wiiide.node import (EXIT_CONNECT, EXIT_PEER_LOST, Connection, Heartbeats, N
 from wiiide.protocol import PROTOCOL_VERSION, WireTensor, encode_message
 from wiiide.sockets import configure_socket
 from wiiide.tensors import from_wire, to_wire
+
+TRAINING_MARKER = "coordinator.training"  # written into metrics_dir when the first step starts
+
 
 @dataclass
 class _Joining:
@@ -173,7 +177,7 @@ class Coordinator:
             conn.send([encode_message("challenge", {"protocol_version": PROTOCOL_VERSION, "nonce": nonce_c})])
             hello = conn.receive(["hello"])
             version = hello.meta.get("protocol_version")
-            if version != PROTOCOL_VERSION:
+            if type(version) is not int or version != PROTOCOL_VERSION:  # noqa: E721 (True == 1)
                 raise ProtocolError(f"protocol version {version!r}, this coordinator speaks {PROTOCOL_VERSION}")
             node_id = hello.meta.get("node_id")
             if not isinstance(node_id, str) or not 0 < len(node_id) <= 128:
@@ -287,6 +291,8 @@ class Coordinator:
         start = time.perf_counter()
         step = 0
         self.log.info("training for %g s%s", cfg.duration_s, f" or {cfg.max_steps} steps" if cfg.max_steps else "")
+        # a marker for whoever drives the run (the harness times its fault injection from it)
+        touch(str(Path(cfg.metrics_dir) / TRAINING_MARKER))
         while True:
             if time.perf_counter() - start >= cfg.duration_s or (cfg.max_steps and step >= cfg.max_steps):
                 break
@@ -313,12 +319,14 @@ class Coordinator:
                     grad = msg.tensor("grad")
                     if grad.shape != (flat.numel,) or grad.dtype != np.float32:
                         raise ProtocolError(f"gradient of shape {grad.shape} {grad.dtype}, expected ({flat.numel},) float32")
-                    loss = float(msg.meta.get("loss", float("nan")))
+                    loss = msg.meta.get("loss", float("nan"))
+                    if isinstance(loss, bool) or not isinstance(loss, (int, float)):
+                        raise ProtocolError(f"gradients: 'loss' must be a number, got {type(loss).__name__}")
                 except (ProtocolError, OSError) as exc:
                     self._drop(w, exc)
                     continue
                 grad_sum += torch.from_numpy(grad)
-                losses.append(loss)
+                losses.append(float(loss))
                 contributors += 1
                 w.batches += 1
             if contributors == 0:

@@ -30,6 +30,10 @@ from wiiide.sockets import configure_socket
 from wiiide.tensors import from_wire, to_wire
 
 
+class _Lost(Exception):
+    """The connection to the coordinator broke (closed, reset, or silent for io_timeout_s)."""
+
+
 class Worker:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -41,9 +45,9 @@ class Worker:
     def run(self) -> int:
         return run_node(self.cfg, self.metrics, self.log, self._main)
 
-    def _connect(self) -> socket.socket:
+    def _connect(self, timeout_s: float) -> socket.socket:
         cfg = self.cfg
-        deadline = time.monotonic() + cfg.connect_timeout_s
+        deadline = time.monotonic() + timeout_s
         delay_s, attempts, last_error = 0.2, 0, None
         while True:
             attempts += 1
@@ -62,21 +66,49 @@ class Worker:
             if time.monotonic() + delay_s > deadline:
                 raise NodeFailure(
                     f"could not reach the coordinator at {cfg.coordinator_host}:{cfg.port} within "
-                    f"connect_timeout_s={cfg.connect_timeout_s:g} s ({attempts} attempts; last error: {last_error})",
-                    EXIT_CONNECT)
+                    f"{timeout_s:g} s ({attempts} attempts; last error: {last_error})", EXIT_CONNECT)
             time.sleep(delay_s)
             delay_s = min(delay_s * 2, 2.0)
 
     def _main(self) -> None:
+        """Join and train; after losing the coordinator, try to rejoin for io_timeout_s, then give up.
+
+        So a worker dropped by the coordinator (paused, link cut) comes back at the next step, and a
+        lost coordinator ends every worker within 2 x io_timeout_s.
+        """
         cfg, metrics = self.cfg, self.metrics
         secret = load_secret()  # ConfigError (exit 2) before connecting when there is none
-        conn = Connection(self._connect(), cfg, metrics, self.log, "coordinator", max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES)
+        lost = None
+        while True:
+            try:
+                sock = self._connect(cfg.connect_timeout_s if lost is None else cfg.io_timeout_s)
+            except NodeFailure as exc:
+                if lost is None:
+                    raise
+                raise NodeFailure(f"lost the coordinator at {cfg.coordinator_host}:{cfg.port} ({lost}) and "
+                                  f"could not rejoin within io_timeout_s={cfg.io_timeout_s:g} s: {exc}",
+                                  EXIT_PEER_LOST) from None
+            try:
+                self._session(Connection(sock, cfg, metrics, self.log, "coordinator",
+                                         max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES), secret)
+                return
+            except _Lost as exc:
+                if metrics.rank is None:  # never joined: nothing to rejoin
+                    raise NodeFailure(f"lost the coordinator at {cfg.coordinator_host}:{cfg.port} during the "
+                                      f"handshake: {exc}", EXIT_PEER_LOST) from None
+                lost = str(exc)
+                metrics.event("coordinator_lost", cause=lost)
+                self.log.error("lost the coordinator (%s); trying to rejoin for %g s", lost, cfg.io_timeout_s)
+
+    def _session(self, conn: Connection, secret: bytes) -> None:
+        """One connection: handshake, then train until ``stop``. Raises _Lost when the link breaks."""
+        cfg, metrics = self.cfg, self.metrics
         heartbeats = None
         try:
             conn.sock.settimeout(cfg.handshake_timeout_s)
             challenge = conn.receive(["challenge"])
             version = challenge.meta.get("protocol_version")
-            if version != PROTOCOL_VERSION:
+            if type(version) is not int or version != PROTOCOL_VERSION:  # noqa: E721 (True == 1)
                 raise ProtocolError(f"the coordinator speaks protocol version {version!r}, this worker {PROTOCOL_VERSION}")
             nonce_c = check_nonce(challenge.meta.get("nonce"), "challenge")
             nonce_w = new_nonce()
@@ -105,7 +137,7 @@ class Worker:
             self._train(conn, model)
         except (PeerClosed, ConnectionError, socket.timeout) as exc:
             cause = (f"no frame for io_timeout_s={cfg.io_timeout_s:g} s" if isinstance(exc, socket.timeout) else str(exc))
-            raise NodeFailure(f"lost the coordinator at {cfg.coordinator_host}:{cfg.port}: {cause}", EXIT_PEER_LOST) from None
+            raise _Lost(cause) from None
         finally:
             if heartbeats is not None:
                 heartbeats.stop()
