@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+TEST_SECRET = "unit-tests-shared-secret-0123456789"  # test_nodes.SECRET, for in-process nodes
 
 
 @pytest.fixture
@@ -43,13 +44,14 @@ def node_env(tmp_path, free_port):
     def make(**fields: object) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("WIIIIIDE_")}
         env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        env["WIIIIIDE_SECRET"] = TEST_SECRET  # wiiide.auth: coordinator and workers share it
         base = {
             "port": free_port,
             "metrics_dir": tmp_path / "metrics",
             "log_tier": "silent",
             "max_steps": 200,
             "duration_s": 60,
-            "connect_timeout_s": 30,
+            "connect_timeout_s": 60,
             "io_timeout_s": 30,
         }
         base.update(fields)

@@ -78,10 +78,6 @@ def test_synthetic_has_configured_shape():
     assert not np.array_equal(d.x_train, load_dataset(cfg.replace(seed=6)).x_train)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG data.py:338-346 load_dataset raises sklearn's ValueError (uncaught by "
-                                       "run_node: coordinator traceback) for configs RunConfig validates, e.g. "
-                                       "synthetic_features=1, synthetic_features=8 with synthetic_classes=20, or "
-                                       "synthetic_samples=20 with test_fraction=0.05")
 @pytest.mark.parametrize("fields", [
     {"synthetic_features": 1},
     {"synthetic_features": 8, "synthetic_classes": 20},

@@ -71,9 +71,6 @@ def test_model_from_spec_rejects_malformed(spec):
         model_from_spec(spec)  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG model.py:423-424 model_from_spec: int(float('inf')) raises OverflowError, "
-                                       "which the except clause does not turn into ValueError (JSON 1e400 is inf); "
-                                       "the worker then exits 1 with an OverflowError traceback")
 @pytest.mark.parametrize("field", ["num_features", "num_classes"])
 def test_model_from_spec_infinite_number(field):
     spec = {"type": "mlp", "num_features": 4, "hidden_sizes": [4], "num_classes": 2, field: float("inf")}
@@ -81,8 +78,6 @@ def test_model_from_spec_infinite_number(field):
         model_from_spec(spec)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG model.py:423 model_from_spec accepts a string for hidden_sizes and reads "
-                                       "its digits: hidden_sizes='64' builds layers of width 6 and 4")
 def test_model_from_spec_string_hidden_sizes():
     with pytest.raises(ValueError):
         model_from_spec({"type": "mlp", "num_features": 8, "hidden_sizes": "64", "num_classes": 3})

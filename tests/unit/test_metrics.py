@@ -1,0 +1,179 @@
+"""wiiide.metrics: summaries of raw values, atomic JSON files, and the per-node counters."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+
+import numpy as np
+import pytest
+
+from wiiide.codecs import NoCodec, ZlibCodec
+from wiiide.metrics import SCHEMA_VERSION, NodeMetrics, summarize, write_json_atomic
+from wiiide.protocol import FrameReader, WireTensor, encode_message, send_frames
+
+
+@pytest.mark.parametrize("values", [
+    [1.0, 2.0, 3.0, 4.0],
+    [0.5, 0.1, 0.9, 0.3, 0.7],
+    list(np.random.default_rng(0).exponential(size=101)),
+    [3, 3, 3],
+])
+def test_summarize_matches_statistics(values):
+    s = summarize(values)
+    assert s["count"] == len(values)
+    assert s["mean"] == pytest.approx(statistics.fmean(values))
+    assert s["stdev"] == pytest.approx(statistics.stdev(values))
+    assert s["median"] == pytest.approx(statistics.median(values))
+    assert s["min"] == min(values) and s["max"] == max(values)
+    assert min(values) <= s["p95"] <= max(values)
+
+
+def test_summarize_p95_nearest_rank():
+    s = summarize(range(1, 101))  # 1..100
+    assert s["p95"] == 95.0  # index round(0.95 * 99) = 94 of the sorted values
+    assert summarize([5.0, 1.0])["p95"] == 5.0
+
+
+def test_summarize_unsorted_input():
+    s = summarize([9.0, 1.0, 5.0])
+    assert (s["min"], s["median"], s["max"]) == (1.0, 5.0, 9.0)
+
+
+def test_summarize_single_and_empty():
+    assert summarize([2.5]) == {"count": 1, "mean": 2.5, "stdev": 0.0, "median": 2.5, "min": 2.5, "max": 2.5,
+                                "p95": 2.5}
+    empty = summarize([])
+    assert empty["count"] == 0
+    assert all(empty[k] is None for k in ("mean", "stdev", "median", "min", "max", "p95"))
+    assert summarize(iter([1, 2]))["count"] == 2  # any iterable, consumed once
+
+
+def test_write_json_atomic(tmp_path):
+    path = tmp_path / "sub" / "node.json"
+    payload = {"a": 1, "nested": {"b": [1.5, None, "x"]}, "path": tmp_path}
+    write_json_atomic(path, payload)
+    assert os.listdir(path.parent) == ["node.json"]  # no temporary file left
+    assert json.loads(path.read_text()) == {"a": 1, "nested": {"b": [1.5, None, "x"]}, "path": str(tmp_path)}
+    write_json_atomic(path, {"a": 2})
+    assert json.loads(path.read_text()) == {"a": 2}
+    assert os.listdir(path.parent) == ["node.json"]
+
+
+def test_write_json_atomic_failure_keeps_old_file_and_no_temp(tmp_path):
+    path = tmp_path / "node.json"
+    write_json_atomic(path, {"ok": True})
+    circular: dict = {}
+    circular["self"] = circular
+    with pytest.raises(ValueError):
+        write_json_atomic(path, circular)
+    assert os.listdir(tmp_path) == ["node.json"]
+    assert json.loads(path.read_text()) == {"ok": True}
+
+
+def sent_frames():
+    zeros = [WireTensor("p", np.zeros(10_000, np.float32))]
+    return [encode_message("params", {}, zeros, ZlibCodec(9)),
+            encode_message("params", {}, zeros, ZlibCodec(9)),
+            encode_message("batch", {}, [WireTensor("x", np.ones(100, np.float32))], NoCodec()),
+            encode_message("stop")]
+
+
+def test_node_metrics_sent_counters_and_compression_ratio():
+    m = NodeMetrics("worker", "w1")
+    frames = sent_frames()
+    for f in frames:
+        m.record_sent(f, 0.25)
+    d = m.to_dict("ok")
+    payload = sum(f.raw_nbytes for f in frames)
+    encoded = sum(f.payload_nbytes for f in frames)
+    assert payload == 2 * 40_000 + 400
+    assert d["frames_sent"] == 4
+    assert d["payload_bytes_sent"] == payload
+    assert d["encoded_bytes_sent"] == encoded
+    assert d["wire_bytes_sent"] == sum(f.wire_nbytes for f in frames)
+    assert d["compression_ratio"] == pytest.approx(payload / encoded)
+    assert d["compression_ratio"] > 10  # zeros compress well
+    assert d["codec_counts"] == {"zlib-9": 2, "none": 2}
+    assert d["send_time_s"] == pytest.approx(1.0)
+    assert d["compression_time_s"] == pytest.approx(sum(f.encode_s for f in frames))
+
+
+def test_node_metrics_no_compression_ratio_without_sends():
+    assert NodeMetrics("coordinator", "c").to_dict("ok")["compression_ratio"] is None
+
+
+def test_node_metrics_received_counters(sock_pair):
+    writer, reader_sock = sock_pair
+    frames = sent_frames()
+    send_frames(writer, frames)
+    reader = FrameReader(reader_sock, 64 * 1024 * 1024)
+    m = NodeMetrics("coordinator", "c")
+    for _ in frames:
+        m.record_received(reader.read_message(), 0.5)
+    d = m.to_dict("ok")
+    assert d["frames_received"] == 4
+    assert d["payload_bytes_received"] == sum(f.raw_nbytes for f in frames)
+    assert d["wire_bytes_received"] == sum(f.wire_nbytes for f in frames)
+    assert d["recv_time_s"] == pytest.approx(2.0)
+    assert d["network_time_s"] == pytest.approx(2.0)
+
+
+def test_node_metrics_encoded_bytes_received(sock_pair):
+    writer, reader_sock = sock_pair
+    frames = sent_frames()
+    send_frames(writer, frames)
+    reader = FrameReader(reader_sock, 64 * 1024 * 1024)
+    m = NodeMetrics("coordinator", "c")
+    for _ in frames:
+        m.record_received(reader.read_message(), 0.0)
+    assert m.encoded_bytes_received == sum(f.payload_nbytes for f in frames)
+
+
+def test_node_metrics_to_dict_fields():
+    m = NodeMetrics("worker", "w7")
+    m.rank = 3
+    m.steps, m.batches, m.samples = 10, 10, 320
+    m.train_time_s = 2.0
+    m.step_times_s = [0.1, 0.3, 0.2]
+    m.losses = [2.0, 1.0, 0.5]
+    m.event("connected", attempts=2)
+    m.extra["test_accuracy"] = 0.9
+    m.payload_bytes_sent, m.payload_bytes_received = 1000, 3000
+    d = m.to_dict("failed", "boom")
+    assert d["schema_version"] == SCHEMA_VERSION
+    assert (d["role"], d["node_id"], d["rank"], d["status"], d["error"]) == ("worker", "w7", 3, "failed", "boom")
+    assert d["pid"] == os.getpid()
+    assert d["batches_per_s"] == pytest.approx(5.0)  # batches / train_time_s
+    assert d["goodput_bps"] == pytest.approx(8 * 4000 / 2.0)
+    assert d["step_time_s"] == summarize([0.1, 0.3, 0.2])
+    assert d["loss_avg"] == pytest.approx(3.5 / 3) and d["loss_final"] == 0.5
+    assert d["events"][0]["event"] == "connected" and d["events"][0]["attempts"] == 2
+    assert d["events"][0]["t_s"] >= 0
+    assert d["test_accuracy"] == 0.9
+    assert d["peak_rss_bytes"] > 1024 * 1024
+    assert d["wall_time_s"] >= 0
+    assert d["started_at_utc"] <= d["ended_at_utc"]
+    json.dumps(d, allow_nan=False)  # JSON-ready
+
+
+def test_node_metrics_empty_run():
+    d = NodeMetrics("worker", "w").to_dict("ok")
+    assert d["loss_avg"] is None and d["loss_final"] is None
+    assert d["step_time_s"]["count"] == 0
+
+
+@pytest.mark.parametrize("role, rank, node_id, expected", [
+    ("coordinator", 0, "host-a", "coordinator.json"),
+    ("worker", 2, "host-b", "worker-2.json"),
+    ("worker", None, "host-c", "worker-host-c.json"),
+])
+def test_node_metrics_write_file_name(tmp_path, role, rank, node_id, expected):
+    m = NodeMetrics(role, node_id)
+    m.rank = rank
+    path = m.write(tmp_path / "nodes", "ok")
+    assert path == tmp_path / "nodes" / expected
+    assert os.listdir(tmp_path / "nodes") == [expected]
+    data = json.loads(path.read_text())
+    assert data["role"] == role and data["status"] == "ok" and data["rank"] == rank
