@@ -56,12 +56,12 @@ def test_fixed_lossless_codec_for_every_message():
     assert {p.choose(k, GRAD).name for k in ("gradients", "params", "batch")} == {"shuffle-zstd"}
 
 
-def synthetic_policy(link_bps: float, **kw) -> CompressionPolicy:
+def synthetic_policy(link_bps: float, probe_every: int = 1000, **kw) -> CompressionPolicy:
     """A network-aware policy whose estimates are injected: gradients of GRAD bytes, every codec measured.
 
     Speeds (bytes/s) and ratios are this machine's order of magnitude on a real gradient.
     """
-    p = CompressionPolicy("network-aware", link_bandwidth_bps=link_bps, probe_every=1000, **kw)
+    p = CompressionPolicy("network-aware", link_bandwidth_bps=link_bps, probe_every=probe_every, **kw)
     table = {"none": (1.0, 0, 0), "lz4": (1.01, 1.5e9, 8e9), "zstd-1": (1.09, 500e6, 1e9),
              "shuffle-lz4": (1.05, 1.0e9, 5e9), "shuffle-zstd": (1.18, 400e6, 1.7e9),
              "fp16": (2.0, 1e9, 2e9), "bf16": (2.0, 800e6, 2e9), "int8": (3.9, 200e6, 1e9),
@@ -114,10 +114,19 @@ def test_network_aware_tries_every_candidate_first_then_probes():
         ratio = {"shuffle-zstd": 1.18}.get(codec.name, 1.0)
         p.observe("gradients", codec.name, GRAD, int(GRAD / ratio), 0.001 if codec.name != "none" else 0.0, 0.001)
     assert sorted(first) == sorted(p.candidates("gradients"))
-    picks = [p.choose("gradients", GRAD).name for _ in range(8)]
-    probes = [c for c in picks if c != "shuffle-zstd"]
-    assert len(probes) == 2  # every 4th message
+    picks = [p.choose("gradients", GRAD).name for _ in range(40)]  # messages 6..45
+    probes = [i + 6 for i, c in enumerate(picks) if c != "shuffle-zstd"]
+    # every 4th message at first, then 8, 16 (the best stays the same: the interval doubles)
+    assert probes == [10, 18, 34]
     assert p.choose("gradients", 100).name == "none"  # tiny messages are never compressed
+
+
+def test_network_aware_probes_only_codecs_near_the_best():
+    p = synthetic_policy(10e9, probe_every=2)
+    p.probe_every = 2
+    picks = {p.choose("gradients", GRAD).name for _ in range(40)}
+    # at 10 Gbit/s none takes 1 ms; zstd-1 (4 ms) and shuffle-zstd (4.7 ms) are never worth a probe
+    assert "zstd-1" not in picks and "shuffle-zstd" not in picks and "none" in picks
 
 
 def test_network_aware_records_choices_and_reasons():

@@ -17,10 +17,13 @@ Policy names (the config's ``compression``):
 
   ratio and speeds are exponential moving averages (weight `ema_alpha`) of this node's own messages,
   kept per message kind and codec; `link_bps` is the config's ``link_bandwidth_bps`` or, when that is
-  0, measured online (see `LinkEstimate`). Every candidate is tried once first; then every
-  `probe_every`-th message of a kind goes to the candidate tried longest ago, so estimates follow
-  changes. On first tries and probes the sender also decodes its own payload to measure the decode
-  speed (the receiver's figure is not sent back). Candidates: the lossless set, plus the lossy set for
+  0, measured online (see `LinkEstimate`). Every candidate is tried once first; then, every
+  `probe_every`-th message of a kind, the candidate tried longest ago among those estimated within
+  `PROBE_WITHIN` of the best is probed, so estimates follow changes. The probe interval doubles (up
+  to `PROBE_BACKOFF_MAX` x) while the best stays the same, so probing costs little on a steady link,
+  and starts again from `probe_every` when the choice moves. On first tries and probes the sender
+  also decodes its own payload to measure the decode speed (the receiver's figure is not sent back).
+  Candidates: the lossless set, plus the lossy set for
   float32 gradient messages when ``allow_lossy`` is on and warm-up is over. Messages under
   `MIN_COMPRESS_BYTES` go uncompressed. Every choice is counted per kind, codec and reason, and the
   first decisions and every change of choice are kept with the estimates that made them, in the node's
@@ -48,6 +51,8 @@ POLICY_NAME_FORMS = ("fixed:<codec>", "none", "zlib-1..9", "seed", "adaptive", "
 MIN_COMPRESS_BYTES = 4096
 ASSUMED_LINK_BPS = 1e9  # network-aware, before the first measurement when no bandwidth is configured
 MAX_DECISIONS_KEPT = 200
+PROBE_WITHIN = 1.5  # probe only codecs estimated at most 1.5x the best
+PROBE_BACKOFF_MAX = 16  # the probe interval doubles up to 16 x probe_every while the best stays the same
 
 
 def parse_policy_name(name: str) -> tuple[str, str | None]:
@@ -152,6 +157,9 @@ class CompressionPolicy:
         self._stats: dict[str, dict[str, dict[str, Any]]] = {}  # kind -> codec -> moving averages
         self._count: dict[str, int] = {}  # messages per kind (network-aware)
         self._last_choice: dict[str, str] = {}
+        self._best_choice: dict[str, str] = {}  # kind -> codec of lowest estimate last time
+        self._probe_interval: dict[str, int] = {}  # kind -> messages between probes (backs off)
+        self._next_probe: dict[str, int] = {}  # kind -> message count at the last probe
         self.record: dict[str, Any] = {
             "policy": name, "mode": self.mode, "codec_threads": codec_threads, "chunk_bytes": self.pool.chunk_bytes,
             "allow_lossy": self.allow_lossy, "lossy_warmup_steps": lossy_warmup_steps,
@@ -239,15 +247,23 @@ class CompressionPolicy:
         else:
             best = min(names, key=lambda c: estimates[c])
             choice, reason = best, "lowest estimate"
-            if n % self.probe_every == 0:
-                others = [c for c in names if c != best]
+            interval = self._probe_interval.get(kind, self.probe_every)
+            if best != self._best_choice.get(kind):  # the choice moved: watch closely again
+                self._best_choice[kind], interval = best, self.probe_every
+            if n >= self._next_probe.setdefault(kind, n) + interval:
+                # Worth probing: codecs whose estimate is within PROBE_WITHIN of the best (a codec's own
+                # speed and ratio move little; what moves is the link, which the estimates already use).
+                others = [c for c in names if c != best and estimates[c] <= PROBE_WITHIN * estimates[best]]
                 if others:
                     choice, reason = min(others, key=lambda c: stats[c]["last_used"]), "probe"
+                self._next_probe[kind] = n
+                interval = min(2 * interval, PROBE_BACKOFF_MAX * self.probe_every)  # backs off while nothing changes
+            self._probe_interval[kind] = interval
         stats.setdefault(choice, {"samples": 0, "ratio": 1.0, "encode_Bps": 0.0, "decode_Bps": 0.0,
                                   "last_used": 0})["last_used"] = n
+        # The full record (with every estimate) is only built if it is kept (see _account).
         decision = {"message": n, "kind": kind, "raw_nbytes": raw_nbytes, "codec": choice, "reason": reason,
-                    "link_bps": bps, "link_source": bps_source,
-                    "estimates_s": {c: (round(t, 7) if t is not None else None) for c, t in estimates.items()}}
+                    "link_bps": bps, "link_source": bps_source, "estimates_s": estimates}
         return self._codecs[choice], decision
 
     # ------------------------------------------------------------------------------------------
@@ -278,6 +294,8 @@ class CompressionPolicy:
         self.observe(kind, decision["codec"], frame.raw_nbytes, frame.payload_nbytes, frame.encode_s, decode_s)
         decisions = self.record["decisions"]
         if len(decisions) < MAX_DECISIONS_KEPT and (len(decisions) < 20 or self._last_choice.get(kind) != frame.codec):
+            decision["estimates_s"] = {c: (round(t, 7) if t is not None else None)
+                                       for c, t in decision["estimates_s"].items()}
             decisions.append(decision)
         self._last_choice[kind] = frame.codec
 
