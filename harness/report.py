@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError
+from harness.link import LINK_COLUMNS, link_cells
 from harness.engines import engine_totals
 from wiiide.metrics import summarize, write_json_atomic
 
@@ -36,7 +37,7 @@ UNSTABLE_CV = 0.10
 SUMMARY_KEYS = ("batches_per_s", "samples_per_s", "goodput_bytes_per_s", "wire_bytes_per_s", "test_accuracy",
                 "loss_final", "step_time_median_s", "worker_network_time_s", "compression_ratio", "peak_rss_bytes",
                 "container_net_bytes", "throughput_samples_per_s", "step_time_avg_s", "comm_share",
-                "comm_measured_bytes_per_step", "rss_avg_bytes")
+                "comm_measured_bytes_per_step", "rss_avg_bytes", "coordinator_egress_utilisation")
 
 
 def utc_now() -> str:
@@ -198,11 +199,13 @@ TABLE_COLUMNS = [
 def format_table(report: dict[str, Any]) -> str:
     """The points as a fixed-width table: params, status, repeats, then medians over repeats (± stdev)."""
     params = report.get("param_names") or sorted({k for p in report["points"] for k in p.get("params", {})})
-    header = ["#", *params, "status", "n", *[c[0] for c in TABLE_COLUMNS]]
+    has_links = any((p.get("cluster") or {}).get("link") for p in report["points"])  # shaped: show what was applied
+    header = ["#", *params, *(LINK_COLUMNS if has_links else []), "status", "n", *[c[0] for c in TABLE_COLUMNS]]
     rows = []
     for point in report["points"]:
         summary = point.get("summary", {})
-        cells = [str(point["index"]), *[_fmt(point["params"].get(p)) for p in params], point["status"],
+        cells = [str(point["index"]), *[_fmt(point["params"].get(p)) for p in params],
+                 *(link_cells(point) if has_links else []), point["status"],
                  str(sum(r["status"] == "ok" for r in point.get("repeats", [])))]
         for _, key, kind in TABLE_COLUMNS:
             stats = summary.get(key)

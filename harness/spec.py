@@ -12,6 +12,8 @@ Format::
     axes:                             # the grid: every combination of these values is a point
       compression: [none, adaptive]
       buffer_bytes: [1MiB, 8MiB]      # alias: sets sndbuf_bytes and rcvbuf_bytes together
+      link: [lan-1g, rate-100m]       # per-container settings (harness/cluster/settings.py): link
+      cpus: [0, {worker-2: 0.25}]     # profiles (presets in experiments/links.yaml), cpus, mem_limit
       engine:                         # a mapping naming the axis's own field is a variant: one value
         - wiiide                      # that sets several fields; `label` names it in params and tables
         - {label: ddp-fp16, engine: ddp, ddp_comm_hook: fp16}
@@ -31,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from harness.cluster.settings import CLUSTER_KEYS, ClusterSettings, load_presets, param_label, parse_cluster
 from harness.errors import SpecError
 from wiiide.config import RunConfig
 from wiiide.errors import ConfigError
@@ -40,7 +43,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "buffer_bytes": ("sndbuf_bytes", "rcvbuf_bytes"),
     "workers": ("num_workers",),
 }
-TOP_LEVEL_KEYS = {"name", "description", "repeats", "base", "axes", "reference", "timeout_s"}
+TOP_LEVEL_KEYS = {"name", "description", "repeats", "base", "axes", "reference", "timeout_s", "link_presets"}
 
 
 @dataclass
@@ -50,6 +53,8 @@ class Point:
     index: int
     params: dict[str, Any]
     config: RunConfig
+    # link, cpus, mem_limit: per-container settings that are not node knobs (harness/cluster/settings.py)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
 
 
 @dataclass
@@ -62,6 +67,7 @@ class SweepSpec:
     source: str
     reference: dict[str, Any] = field(default_factory=dict)
     timeout_s: float | None = None  # per repeat; default: derived from duration and connect timeout
+    link_presets: dict[str, Any] = field(default_factory=dict)  # the spec's own, beside experiments/links.yaml's
     points: list[Point] = field(default_factory=list)
 
     @property
@@ -72,7 +78,7 @@ class SweepSpec:
         return {
             "name": self.name, "description": self.description, "repeats": self.repeats,
             "base": self.base, "axes": self.axes, "reference": self.reference,
-            "timeout_s": self.timeout_s, "source": self.source,
+            "timeout_s": self.timeout_s, "source": self.source, "link_presets": self.link_presets,
         }
 
 
@@ -131,13 +137,17 @@ def build_spec(data: Any, source: str = "<dict>") -> SweepSpec:
     if not isinstance(reference, dict):
         raise fail("reference", "expected a mapping")
 
-    known = set(RunConfig.field_names()) | set(ALIASES)
+    link_presets = data.get("link_presets") or {}
+    if not isinstance(link_presets, dict):
+        raise fail("link_presets", "expected a mapping of preset name to link profile")
+    known = set(RunConfig.field_names()) | set(ALIASES) | set(CLUSTER_KEYS)
     for path, key in [(f"base.{k}", k) for k in base] + [(f"axes.{k}", k) for k in axes]:
         if key not in known:
             raise fail(path, f"unknown config field; allowed: {', '.join(sorted(known))}")
     base_fields: dict[str, Any] = {}
     for key, value in base.items():
-        base_fields.update(_expand(key, value))
+        if key not in CLUSTER_KEYS:
+            base_fields.update(_expand(key, value))
     try:
         RunConfig.from_dict(base_fields)
     except ConfigError as exc:
@@ -146,6 +156,8 @@ def build_spec(data: Any, source: str = "<dict>") -> SweepSpec:
         if not isinstance(values, list) or not values:
             raise fail(f"axes.{key}", "expected a non-empty list of values")
         for i, value in enumerate(values):
+            if key in CLUSTER_KEYS:
+                continue  # checked with the point below, where its worker count is known
             try:
                 RunConfig.from_dict({**base_fields, **_expand(key, value)})
             except ConfigError as exc:
@@ -153,17 +165,29 @@ def build_spec(data: Any, source: str = "<dict>") -> SweepSpec:
 
     spec = SweepSpec(name=name, description=str(data.get("description", "")), repeats=repeats,
                      base=base, axes=axes, source=source, reference=reference,
-                     timeout_s=float(timeout_s) if timeout_s is not None else None)
+                     timeout_s=float(timeout_s) if timeout_s is not None else None, link_presets=link_presets)
+    uses_link = "link" in base or "link" in axes
+    presets = {**(load_presets() if uses_link else {}), **link_presets}
     names = list(axes)
     for index, combo in enumerate(itertools.product(*(axes[n] for n in names))):
         fields = dict(base_fields)
+        cluster_values = {k: v for k, v in base.items() if k in CLUSTER_KEYS}
+        paths = {k: f"base.{k}" for k in cluster_values}
         for key, value in zip(names, combo):
-            fields.update(_expand(key, value))
+            if key in CLUSTER_KEYS:
+                cluster_values[key], paths[key] = value, f"axes.{key}[{axes[key].index(value)}]"
+            else:
+                fields.update(_expand(key, value))
         try:
             config = RunConfig.from_dict(fields)
         except ConfigError as exc:
             raise fail(f"axes (point {dict(zip(names, combo))})", str(exc)) from None
-        spec.points.append(Point(index, {n: _param_value(n, v) for n, v in zip(names, combo)}, config))
+        try:
+            cluster = parse_cluster(cluster_values, presets, config.num_workers, paths)
+        except SpecError as exc:
+            raise SpecError(f"{source}: {exc}") from None
+        params = {n: param_label(v) if n in CLUSTER_KEYS else _param_value(n, v) for n, v in zip(names, combo)}
+        spec.points.append(Point(index, params, config, cluster))
     return spec
 
 

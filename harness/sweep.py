@@ -19,6 +19,7 @@ from harness import REPO_ROOT
 from harness.cluster import select_backend
 from harness.cluster.base import Backend, default_timeout_s
 from harness.errors import ClusterError
+from harness.link import link_totals
 from harness.machine import commit_info, machine_info
 from harness.report import ReportWriter, run_totals, utc_now
 from harness.spec import SweepSpec
@@ -47,6 +48,8 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
     """
     results_dir = Path(results_dir or REPO_ROOT / "results")
     backend = backend or select_backend(backend_name, progress)
+    for p in spec.points:  # links and limits the backend cannot apply stop the sweep before anything runs
+        backend.check_cluster(p.cluster)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     run_dir = (results_dir / f"{spec.name}-{stamp}").resolve()
     run_dir.mkdir(parents=True, exist_ok=False)
@@ -65,6 +68,7 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
     try:
         for p in spec.points:
             point = writer.start_point(p.index, p.params, p.config.to_dict())
+            point["cluster"] = p.cluster.to_dict()  # link profiles, cpus, mem_limit as asked
             for repeat in range(spec.repeats):
                 elapsed = time.monotonic() - t_start
                 left = (elapsed / done * (total_runs - done)) if done else estimate_s
@@ -75,11 +79,14 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
                 try:
                     # profile: true traces the first repeat only (the profiler slows the steps it records)
                     config = p.config.replace(profile=False) if (repeat and p.config.profile) else p.config
-                    result = backend.run(config, out_dir, spec.timeout_s or default_timeout_s(config), progress)
+                    result = backend.run(config, out_dir, spec.timeout_s or default_timeout_s(config), progress,
+                                         cluster=p.cluster)
                     record = {"repeat": repeat, "status": result.status, "error": result.error,
                               "started_at_utc": started, "elapsed_s": result.elapsed_s,
-                              "totals": run_totals(result.nodes, result.containers),
+                              "totals": {**run_totals(result.nodes, result.containers),
+                                         **link_totals(result.links, result.nodes)},
                               "nodes": result.nodes, "containers": result.containers,
+                              "links": result.links, "limits": result.limits,
                               "exit_codes": result.exit_codes,
                               "logs_dir": str(Path(result.logs_dir).relative_to(run_dir)) if result.logs_dir else None}
                 except ClusterError as exc:

@@ -30,6 +30,10 @@ class RunResult:
     containers: dict[str, dict[str, Any]] = field(default_factory=dict)
     exit_codes: dict[str, int | None] = field(default_factory=dict)
     logs_dir: str | None = None
+    # link shaping per container: requested, applied (tc read-back), unsupported, end counters; and the
+    # CPU/memory limits in force (harness/cluster/shaping.py); empty when the point asks for none
+    links: dict[str, Any] = field(default_factory=dict)
+    limits: dict[str, Any] = field(default_factory=dict)
 
 
 class Backend:
@@ -41,8 +45,17 @@ class Backend:
         """What the report records about the backend (name, versions)."""
         return {"name": self.name}
 
-    def run(self, cfg: RunConfig, out_dir: Path, timeout_s: float | None, progress: Progress) -> RunResult:
-        """Run one cluster with `cfg` to its end; write logs and node metrics under `out_dir`."""
+    def check_cluster(self, cluster) -> None:
+        """Raise ClusterError when this backend cannot apply a point's `ClusterSettings` (links, CPU and
+        memory limits): they are never silently ignored. Only the docker backend applies them."""
+        if cluster is not None and not cluster.is_empty:
+            raise ClusterError(f"the {self.name} backend cannot shape links or limit CPUs and memory (asked: "
+                               f"{', '.join(k for k, v in cluster.to_dict().items() if v)}); use --backend docker")
+
+    def run(self, cfg: RunConfig, out_dir: Path, timeout_s: float | None, progress: Progress,
+            cluster=None) -> RunResult:
+        """Run one cluster with `cfg` to its end; write logs and node metrics under `out_dir`.
+        `cluster`: the point's `harness.cluster.settings.ClusterSettings` (None: nothing asked)."""
         raise NotImplementedError
 
     def teardown(self) -> None:

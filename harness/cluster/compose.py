@@ -20,7 +20,10 @@ from typing import Any
 
 from harness import REPO_ROOT
 from harness.cluster.base import Backend, Progress, RunResult, collect_nodes, default_timeout_s, judge
-from harness.errors import ClusterError
+from harness.cluster.settings import ClusterSettings
+from harness.cluster.shaping import START_GATE_FILE, ClusterConditions
+from harness.errors import ClusterError, LinkShapingError
+from harness.link import Capabilities, probe_capabilities
 from harness.stats import parse_sample, summarize_samples
 from wiiide.config import RunConfig
 
@@ -108,12 +111,17 @@ def project_containers(client=None) -> list:
     return client.containers.list(all=True, filters={"label": f"{PROJECT_LABEL}={PROJECT}"})
 
 
-def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE) -> list:
-    """Start the project's coordinator and `cfg.num_workers` workers detached; return the containers."""
+def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE,
+               extra_env: dict[str, str] | None = None) -> list:
+    """Start the project's coordinator and `cfg.num_workers` workers detached; return the containers.
+
+    `extra_env`: more Compose variables (e.g. WIIIIIDE_WORKER_CPUS from `ClusterSettings.compose_env`).
+    """
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "nodes").mkdir(exist_ok=True)
     compose(["up", "-d", "--no-build", "--scale", f"worker={cfg.num_workers}"],
-            env=compose_env(cfg, results_dir.resolve(), image), timeout_s=cfg.connect_timeout_s + 120)
+            env={**compose_env(cfg, results_dir.resolve(), image), **(extra_env or {})},
+            timeout_s=cfg.connect_timeout_s + 120)
     return project_containers()
 
 
@@ -180,7 +188,15 @@ class ComposeBackend(Backend):
                 "compose": " ".join(compose_command()), "compose_version": compose_version(), "image": self.image,
                 "project": PROJECT, "storage_driver": self.client.info().get("Driver")}
 
-    def run(self, cfg: RunConfig, out_dir: Path, timeout_s: float | None, progress: Progress) -> RunResult:
+    def check_cluster(self, cluster: ClusterSettings) -> None:
+        """Links, CPU and memory limits: all applied here (harness/cluster/shaping.py)."""
+
+    def _probe(self) -> Capabilities:
+        return probe_capabilities(self.client, self.image, {PROJECT_LABEL: PROJECT})
+
+    def run(self, cfg: RunConfig, out_dir: Path, timeout_s: float | None, progress: Progress,
+            cluster: ClusterSettings | None = None) -> RunResult:
+        conditions = ClusterConditions(cluster or ClusterSettings(), self._probe)
         out_dir = Path(out_dir).resolve()
         logs_dir = out_dir / "logs"
         logs_dir.mkdir(parents=True, exist_ok=True)
@@ -194,10 +210,15 @@ class ComposeBackend(Backend):
         try:
             cluster_down(progress)  # a clean slate: nothing left from an earlier, killed run
             self._started = True
-            containers = cluster_up(cfg, out_dir, self.image)
+            conditions.plan(cfg.num_workers)  # before any container starts: a profile the kernel cannot apply fails here
+            if conditions.gated:  # the coordinator waits until links and limits are in force
+                cfg = cfg.replace(start_gate_file=START_GATE_FILE)
+            containers = cluster_up(cfg, out_dir, self.image, conditions.settings.compose_env())
             for c in containers:
                 roles[c.name] = c.labels.get(SERVICE_LABEL, "?")
                 readers[c.name] = _StatsReader(c, t0)
+            if conditions.gated:
+                conditions.apply(containers, t0, progress)
             next_note = t0 + 10
             while True:
                 states = {}
@@ -215,9 +236,10 @@ class ComposeBackend(Backend):
                     progress(f"    running: {now - t0:.0f} s of about {cfg.duration_s:.0f} s, {running} containers up")
                     next_note = now + 10
                 time.sleep(0.5)
-        except ClusterError as exc:
+        except (ClusterError, LinkShapingError) as exc:
             status, error = "failed", str(exc)
         finally:
+            conditions.stop()
             for reader in readers.values():
                 reader.stop()
             for c in containers:
@@ -238,7 +260,8 @@ class ComposeBackend(Backend):
         stats = {name: {"role": roles.get(name), "kind": "container", "exit_code": exit_codes.get(name),
                         "samples": r.samples, "summary": summarize_samples(r.samples)}
                  for name, r in readers.items()}
-        return RunResult(status, error, time.monotonic() - t0, nodes, stats, exit_codes, str(logs_dir))
+        return RunResult(status, error, time.monotonic() - t0, nodes, stats, exit_codes, str(logs_dir),
+                         links=conditions.links, limits=conditions.limits)
 
     def teardown(self) -> None:
         if self._started:

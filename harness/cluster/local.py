@@ -42,7 +42,9 @@ class LocalBackend(Backend):
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "python": sys.executable, "host": "127.0.0.1"}
 
-    def run(self, cfg: RunConfig, out_dir: Path, timeout_s: float | None, progress: Progress) -> RunResult:
+    def run(self, cfg: RunConfig, out_dir: Path, timeout_s: float | None, progress: Progress,
+            cluster=None) -> RunResult:
+        self.check_cluster(cluster)  # processes on loopback: no links to shape, no limits (ClusterError)
         out_dir = Path(out_dir).resolve()
         nodes_dir, logs_dir = out_dir / "nodes", out_dir / "logs"
         nodes_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,150 @@
+"""Applies a point's per-container settings (links, CPU and memory limits) to a running Compose cluster.
+
+Order, for the docker backend (`harness.cluster.compose.ComposeBackend`):
+
+1. `ClusterConditions.plan`, before any container starts: probe once which qdiscs the kernel has
+   (`harness.link.probe_capabilities`) and plan every container's shaping. A profile the kernel cannot
+   apply fails the point here with `LinkShapingError`, unless its link setting allows partial shaping.
+2. Compose starts the cluster with the coordinator's start gate set (`START_GATE_FILE`): the workers
+   connect, and the coordinator waits before its first step.
+3. `ClusterConditions.apply`: per-worker CPU/memory limits through the Engine API, the tc commands in
+   each container, a read-back of ``tc -s qdisc/class show`` per interface, then ``touch`` of the gate
+   file in the coordinator: training traffic only ever sees the shaped links.
+4. While the run goes on, the qdisc counters are read every `COUNTER_INTERVAL_S` seconds; the last
+   reading before each container exits is its end counters (a container's qdiscs go with its network
+   namespace when it exits, so they cannot be read after the run).
+
+Teardown is Compose's: qdiscs and the ifb device live in the containers' network namespaces.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from harness.cluster.base import Sampler
+from harness.cluster.settings import ClusterSettings
+from harness.errors import ClusterError, LinkShapingError
+from harness.link import (Capabilities, ContainerExec, ShapingPlan, apply_plan, plan_shaping, rate_in_force_bps,
+                          read_back)
+
+START_GATE_FILE = "/tmp/wiiide-go"
+COUNTER_INTERVAL_S = 2.0
+SERVICE_LABEL = "com.docker.compose.service"
+NUMBER_LABEL = "com.docker.compose.container-number"
+
+Progress = Callable[[str], None]
+
+
+def container_identity(container) -> tuple[str, int | None]:
+    """(role, worker index): ``("coordinator", None)`` or ``("worker", n)``, n = Compose's container number."""
+    role = container.labels.get(SERVICE_LABEL, "?")
+    if role != "worker":
+        return role, None
+    return role, int(container.labels.get(NUMBER_LABEL, "0"))
+
+
+def limits_of(container) -> dict[str, Any]:
+    """CPU and memory limits in force, from the Engine API (cpus from NanoCpus or quota/period)."""
+    host = container.attrs.get("HostConfig", {})
+    nano, quota, period = host.get("NanoCpus") or 0, host.get("CpuQuota") or 0, host.get("CpuPeriod") or 0
+    cpus = nano / 1e9 if nano else (quota / period if quota > 0 and period else None)
+    return {"cpus": cpus, "mem_limit_bytes": host.get("Memory") or None,
+            "memswap_limit_bytes": host.get("MemorySwap") or None}
+
+
+class ClusterConditions:
+    """One run's link shaping and limits. `links` and `limits` are what the report records."""
+
+    def __init__(self, settings: ClusterSettings, probe: Callable[[], Capabilities]) -> None:
+        self.settings = settings
+        self._probe = probe
+        self.caps: Capabilities | None = None
+        self.plans: dict[tuple[str, int | None], ShapingPlan] = {}
+        self.links: dict[str, Any] = {}
+        self.limits: dict[str, Any] = {}
+        self._shaped: dict[str, tuple[ContainerExec, tuple[str, ...]]] = {}
+        self._sampler: Sampler | None = None
+
+    @property
+    def gated(self) -> bool:
+        """Whether the coordinator must wait for `apply` (anything to set up in the containers)."""
+        return not self.settings.is_empty
+
+    def plan(self, num_workers: int) -> None:
+        """Probe the kernel (cached) and plan every container's shaping. Raises LinkShapingError."""
+        link = self.settings.link
+        if link is None:
+            return
+        self.caps = self._probe()
+        self.links = {"label": link.label, "allow_partial": link.allow_partial, "capabilities": self.caps.to_dict(),
+                      "containers": {}}
+        for key in [("coordinator", None)] + [("worker", i) for i in range(1, num_workers + 1)]:
+            self.plans[key] = plan_shaping(link.profiles.for_container(*key), self.caps, link.allow_partial)
+
+    def apply(self, containers: list, t0: float, progress: Progress) -> None:
+        """Limits, shaping and read-back in every container, then open the coordinator's start gate.
+
+        Raises:
+            LinkShapingError: a tc command failed (with the command and tc's message).
+            ClusterError: a limit could not be set, or the gate could not be opened.
+        """
+        coordinator = None
+        for c in containers:
+            role, index = container_identity(c)
+            if role == "coordinator":
+                coordinator = c
+            update = self.settings.worker_updates(index) if role == "worker" else {}
+            if update:
+                try:
+                    c.update(**update)
+                except Exception as exc:  # docker.errors.APIError: the engine refused the limit
+                    raise ClusterError(f"{c.name}: cannot set {update}: {exc}") from None
+            c.reload()
+            self.limits[c.name] = {"role": role, "worker_index": index, **limits_of(c)}
+            if self.settings.link is not None:
+                self._shape(c, role, index, t0)
+        shaped = [f"{name}: {rec['summary']}" for name, rec in self.links.get("containers", {}).items()]
+        for line in shaped:
+            progress(f"    link {line}")
+        for rec in self.links.get("containers", {}).values():
+            for item in rec["unsupported"]:
+                progress(f"    link NOT APPLIED ({rec['role']}): {item}")
+        if coordinator is None:
+            raise ClusterError("no coordinator container to open the start gate in")
+        try:
+            ContainerExec(coordinator).run(["touch", START_GATE_FILE])
+        except LinkShapingError as exc:
+            raise ClusterError(f"cannot open the start gate: {exc}") from None
+        if self.links:
+            self.links["gate_opened_at_s"] = round(time.monotonic() - t0, 3)
+        if self._shaped:
+            self._sampler = Sampler(lambda t_s: self._read_counters(t0), COUNTER_INTERVAL_S).start()
+
+    def _shape(self, c, role: str, index: int | None, t0: float) -> None:
+        plan = self.plans[(role, index)]
+        runner = ContainerExec(c)
+        applied = apply_plan(runner, plan)
+        self.links["containers"][c.name] = {
+            "role": role, "worker_index": index, "hostname": c.attrs.get("Config", {}).get("Hostname"),
+            **plan.to_dict(), "devices": list(plan.devices), "applied": applied,
+            "applied_rate_bps": rate_in_force_bps(applied.get(plan.devices[0], [])),
+            "applied_at_s": round(time.monotonic() - t0, 3), "end_counters": None, "end_counters_at_s": None,
+            "counter_reads": 0,
+        }
+        self._shaped[c.name] = (runner, plan.devices)
+
+    def _read_counters(self, t0: float) -> None:
+        for name, (runner, devices) in list(self._shaped.items()):
+            try:
+                counters = read_back(runner, devices)
+            except LinkShapingError:
+                continue  # the container has exited: its last reading stands
+            record = self.links["containers"][name]
+            record.update(end_counters=counters, end_counters_at_s=round(time.monotonic() - t0, 3),
+                          counter_reads=record["counter_reads"] + 1)
+
+    def stop(self) -> None:
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler = None

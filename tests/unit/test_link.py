@@ -1,0 +1,359 @@
+"""harness.link: units, the profile's validation, the tc argv builders (every parameter combination),
+plans for kernels with and without netem, the ``tc -s qdisc/class show`` parser on real output, the
+runner's errors, the probe and the report's link figures."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from harness.errors import LinkShapingError, SpecError
+from harness.link import (ALL_CAPABILITIES, IFB_DEV, Capabilities, ContainerExec, LinkProfile, applied_rates_text,
+                          burst_bytes, describe, format_rate, htb_quantum_bytes, link_cells, link_totals,
+                          netem_args, netem_limit_packets, parse_pct, parse_rate_bps, parse_tc_show, parse_time_ms,
+                          plan_shaping, probe_with, profile_commands, rate_in_force_bps, tbf_limit_bytes,
+                          unsupported_text)
+
+FIXTURES = Path(__file__).parent / "tc_fixtures"
+NO_NETEM = Capabilities(netem=False, tbf=True, htb=True, ifb=True,
+                        errors={"netem": "Error: Specified qdisc kind is unknown."})
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+# ------------------------------------------------------------------------------------------ units
+
+@pytest.mark.parametrize("text, bps", [
+    ("100mbit", 100_000_000), ("100Mbit", 100_000_000), ("1gbit", 10**9), ("1Gbit/s", 10**9),
+    ("500kbit", 500_000), ("2.5gbit", 2_500_000_000), ("8000bit", 8000), ("10 mbit", 10_000_000),
+])
+def test_rates_parse_in_si_bits(text, bps):
+    assert parse_rate_bps(text) == bps
+
+
+@pytest.mark.parametrize("value, needle", [
+    (100, "needs a unit"), (1.5, "needs a unit"), ("100", "not a rate"), ("100mb", "not a rate"),
+    ("10mbps", "ambiguous"), ("fast", "not a rate"), (True, "needs a unit"),
+])
+def test_bad_rates_say_why(value, needle):
+    with pytest.raises(SpecError, match=needle):
+        parse_rate_bps(value)
+
+
+def test_times_and_percentages():
+    assert parse_time_ms("20ms", "delay") == 20.0
+    assert parse_time_ms("500us", "delay") == 0.5
+    assert parse_time_ms("1.5s", "delay") == 1500.0
+    for bad in (20, "20", "20min", None):
+        with pytest.raises(SpecError, match="delay"):
+            parse_time_ms(bad, "delay")
+    assert parse_pct("1%", "loss") == 1.0 and parse_pct(0.5, "loss") == 0.5 and parse_pct("25", "loss") == 25.0
+    for bad in ("a%", True, "-1%"):
+        with pytest.raises(SpecError, match="loss"):
+            parse_pct(bad, "loss")
+
+
+def test_format_rate_as_tc_prints_it():
+    assert [format_rate(r) for r in (10**10, 10**9, 100_000_000, 1_500_000, 500_000, 800, None)] == \
+        ["10Gbit", "1Gbit", "100Mbit", "1.5Mbit", "500Kbit", "800bit", "-"]
+
+
+# ----------------------------------------------------------------------------------- validation
+
+@pytest.mark.parametrize("data, field", [
+    ({"rate": "100mbit", "delay": "10ms", "jitter": "20ms"}, "jitter"),
+    ({"rate": "100mbit", "jitter": "1ms"}, "jitter"),
+    ({"rate": "100mbit", "loss": 101}, "loss"),
+    ({"rate": "100mbit", "loss": "-1"}, "loss"),
+    ({"rate": "100mbit", "loss": 1, "loss_correlation": 150}, "loss_correlation"),
+    ({"rate": "100mbit", "loss_correlation": 25}, "loss_correlation"),
+    ({"rate": "0mbit"}, "rate"),
+    ({"rate": "200gbit"}, "rate"),
+    ({"rate": "100mbit", "delay": "20ms", "jitter": "2ms", "distribution": "gaussian"}, "distribution"),
+    ({"rate": "100mbit", "distribution": "normal"}, "distribution"),
+    ({"rate": "100mbit", "limit_packets": 0}, "limit_packets"),
+    ({"rate": "100mbit", "limit_packets": 1.5}, "limit_packets"),
+    ({"rate": "100mbit", "ingress": "yes"}, "ingress"),
+    ({"rate": "100mbit", "qdisc": "cake"}, "qdisc"),
+    ({"delay": "90s"}, "delay"),
+    ({"ingress": True}, "does nothing"),
+    ({}, "does nothing"),
+    ({"rate": "100mbit", "bandwidth": "1gbit"}, "bandwidth"),
+])
+def test_validation_names_the_field(data, field):
+    with pytest.raises(SpecError) as info:
+        LinkProfile.from_mapping(data, "p")
+    assert field in str(info.value) and "'p'" in str(info.value)
+
+
+def test_a_valid_profile_reads_every_key():
+    p = LinkProfile.from_mapping({"rate": "50mbit", "delay": "5ms", "jitter": "3ms", "distribution": "paretonormal",
+                                  "loss": "1%", "loss_correlation": "25%", "limit_packets": 300, "ingress": True,
+                                  "qdisc": "tbf"}, "wifi")
+    assert (p.name, p.rate_bps, p.delay_ms, p.jitter_ms, p.jitter_distribution) == ("wifi", 50_000_000, 5.0, 3.0,
+                                                                                    "paretonormal")
+    assert (p.loss_pct, p.loss_corr_pct, p.limit_packets, p.ingress, p.root_qdisc) == (1.0, 25.0, 300, True, "tbf")
+    assert p.needs_netem and p.to_dict()["rate_bps"] == 50_000_000
+    assert describe(p) == ("50Mbit (tbf) 5ms delay 3ms paretonormal jitter 1% loss (25% correlated) limit 300p, "
+                           "both directions (ingress via ifb)")
+    assert describe(None) == "not shaped"
+
+
+# ---------------------------------------------------------------------------------------- sizes
+
+def test_sizes_from_rate_and_bandwidth_delay_product():
+    assert burst_bytes(10_000_000) == 16 * 1024  # 5,000 B of one tick is below the floor
+    assert burst_bytes(100_000_000) == 50_000  # 12.5 MB/s / 250 Hz
+    assert burst_bytes(1_000_000_000) == 500_000
+    assert netem_limit_packets(LinkProfile(rate_bps=100_000_000, delay_ms=20, jitter_ms=2)) == 1000  # 275 < 1000
+    assert netem_limit_packets(LinkProfile(rate_bps=10**9, delay_ms=80)) == 10_000  # 1.5 x 6,667
+    assert netem_limit_packets(LinkProfile(delay_ms=20)) == 25_000  # no rate: the nominal 10 Gbit/s
+    assert netem_limit_packets(LinkProfile(delay_ms=20, limit_packets=77)) == 77
+    assert tbf_limit_bytes(LinkProfile(rate_bps=100_000_000, root_qdisc="tbf")) == 1_250_000 + 50_000
+    assert tbf_limit_bytes(LinkProfile(rate_bps=100_000_000, root_qdisc="tbf", limit_packets=100)) == 151_400
+    assert htb_quantum_bytes(100_000_000) == 200_000 and htb_quantum_bytes(100_000) == 1514
+    assert htb_quantum_bytes(10_000_000) == 125_000
+
+
+# -------------------------------------------------------------------------------------- builders
+
+def test_golden_commands():
+    assert profile_commands(LinkProfile(rate_bps=100_000_000)) == [
+        ["tc", "qdisc", "replace", "dev", "eth0", "root", "handle", "1:", "htb", "default", "1"],
+        ["tc", "class", "replace", "dev", "eth0", "parent", "1:", "classid", "1:1", "htb", "rate", "100000000bit",
+         "ceil", "100000000bit", "burst", "50000b", "cburst", "50000b", "quantum", "200000"],
+    ]
+    assert profile_commands(LinkProfile(rate_bps=10_000_000, delay_ms=80, jitter_ms=8, jitter_distribution="normal",
+                                        loss_pct=0.5, loss_corr_pct=25, root_qdisc="tbf")) == [
+        ["tc", "qdisc", "replace", "dev", "eth0", "root", "handle", "1:", "tbf", "rate", "10000000bit",
+         "burst", "16384b", "limit", "141384b"],
+        ["tc", "qdisc", "replace", "dev", "eth0", "parent", "1:1", "handle", "10:", "netem", "limit", "1000",
+         "delay", "80000us", "8000us", "distribution", "normal", "loss", "0.5%", "25%"],
+    ]
+    assert profile_commands(LinkProfile(delay_ms=0.25), dev="eth1") == [
+        ["tc", "qdisc", "replace", "dev", "eth1", "root", "handle", "10:", "netem", "limit", "1000", "delay", "250us"]]
+    ingress = profile_commands(LinkProfile(rate_bps=50_000_000, ingress=True))
+    assert ingress[2:6] == [
+        ["ip", "link", "add", "ifb0", "type", "ifb"],
+        ["ip", "link", "set", "dev", "ifb0", "txqueuelen", "1000", "up"],
+        ["tc", "qdisc", "replace", "dev", "eth0", "handle", "ffff:", "ingress"],
+        ["tc", "filter", "add", "dev", "eth0", "parent", "ffff:", "protocol", "all", "u32", "match", "u32", "0", "0",
+         "action", "mirred", "egress", "redirect", "dev", "ifb0"],
+    ]
+    assert [c[:6] for c in ingress[6:]] == [["tc", "qdisc", "replace", "dev", "ifb0", "root"],
+                                            ["tc", "class", "replace", "dev", "ifb0", "parent"]]
+
+
+_RATES = [None, 100_000_000]
+_DELAYS = [(0.0, 0.0, None), (20.0, 0.0, None), (20.0, 2.0, None), *((20.0, 2.0, d) for d in
+                                                                      ("uniform", "normal", "pareto", "paretonormal"))]
+_LOSSES = [(0.0, 0.0), (1.0, 0.0), (1.0, 25.0)]
+COMBOS = list(itertools.product(_RATES, _DELAYS, _LOSSES, [None, 500], [False, True], ["htb", "tbf"]))
+
+
+@pytest.mark.parametrize("rate, delay, loss, limit, ingress, root", COMBOS)
+def test_every_parameter_combination(rate, delay, loss, limit, ingress, root):
+    (delay_ms, jitter_ms, dist), (loss_pct, corr_pct) = delay, loss
+    kwargs = dict(rate_bps=rate, delay_ms=delay_ms, jitter_ms=jitter_ms, jitter_distribution=dist, loss_pct=loss_pct,
+                  loss_corr_pct=corr_pct, limit_packets=limit, ingress=ingress, root_qdisc=root)
+    if rate is None and delay_ms == 0 and loss_pct == 0:
+        with pytest.raises(SpecError, match="does nothing"):
+            LinkProfile(**kwargs)
+        return
+    profile = LinkProfile(**kwargs)
+    commands = profile_commands(profile)
+    assert all(isinstance(a, str) for argv in commands for a in argv) and all(c[0] in ("tc", "ip") for c in commands)
+    trees = [commands] if not ingress else [commands[:len(commands) // 2 - 2], commands[len(commands) // 2 + 2:]]
+    if ingress:
+        assert len(commands) % 2 == 0 and ["ip", "link", "add", IFB_DEV, "type", "ifb"] in commands
+    for dev, tree in zip(["eth0", IFB_DEV], trees):
+        assert all(argv[4] == dev for argv in tree if argv[0] == "tc")
+        kinds = [a for argv in tree for a in argv if a in ("htb", "tbf", "netem", "pfifo")]
+        netem = [argv for argv in tree if "netem" in argv]
+        if rate is None:
+            assert kinds == ["netem"] and netem[0][5] == "root"
+        else:
+            assert kinds[0] == root and any(f"{rate}bit" in argv for argv in tree)
+            assert (netem[0][5:7] == ["parent", "1:1"]) if netem else True
+            assert ("pfifo" in kinds) == (root == "htb" and limit is not None and not profile.needs_netem)
+        assert bool(netem) == profile.needs_netem
+        if netem:
+            args = netem[0][netem[0].index("netem") + 1:]
+            assert args[:2] == ["limit", str(limit if limit is not None else netem_limit_packets(profile))]
+            assert ("delay" in args) == (delay_ms > 0) and ("loss" in args) == (loss_pct > 0)
+            assert ("distribution" in args) == (dist not in (None, "uniform"))
+            if jitter_ms:
+                assert args[args.index("delay") + 2] == "2000us"
+            if corr_pct:
+                assert args[args.index("loss") + 2] == "25%"
+            assert args == netem_args(profile)
+
+
+# ----------------------------------------------------------------------------------------- plans
+
+def test_plan_with_every_qdisc_is_the_whole_profile():
+    profile = LinkProfile(rate_bps=100_000_000, delay_ms=20, loss_pct=1, ingress=True)
+    plan = plan_shaping(profile, ALL_CAPABILITIES)
+    assert plan.applied == profile and plan.unsupported == ()
+    assert [list(c) for c in plan.commands] == profile_commands(profile)
+    assert plan.devices == ("eth0", "ifb0")
+    assert plan_shaping(None, ALL_CAPABILITIES).commands == ()
+
+
+def test_delay_without_netem_fails_clearly_by_default():
+    profile = LinkProfile(name="wan", rate_bps=100_000_000, delay_ms=20, jitter_ms=2, loss_pct=1)
+    with pytest.raises(LinkShapingError) as info:
+        plan_shaping(profile, NO_NETEM)
+    message = str(info.value)
+    for needle in ("'wan'", "delay 20 ms", "jitter 2 ms", "loss 1 %", "no netem", "Specified qdisc kind is unknown",
+                   "allow_partial: true"):
+        assert needle in message
+
+
+def test_allow_partial_applies_the_rate_and_records_the_rest():
+    profile = LinkProfile(rate_bps=100_000_000, delay_ms=20, jitter_ms=2, jitter_distribution="normal", loss_pct=1)
+    plan = plan_shaping(profile, NO_NETEM, allow_partial=True)
+    assert plan.applied == LinkProfile(rate_bps=100_000_000)
+    assert [list(c) for c in plan.commands] == profile_commands(LinkProfile(rate_bps=100_000_000))
+    assert len(plan.unsupported) == 1 and plan.unsupported[0].startswith("delay 20 ms, jitter 2 ms, loss 1 %: ")
+    record = plan.to_dict()
+    assert record["requested"]["delay_ms"] == 20 and record["applied_profile"]["delay_ms"] == 0
+    assert record["summary"] == "100Mbit (htb), egress"
+    delay_only = plan_shaping(LinkProfile(delay_ms=5), NO_NETEM, allow_partial=True)
+    assert delay_only.commands == () and delay_only.applied is None and delay_only.unsupported
+
+
+def test_missing_root_qdisc_or_ifb():
+    no_htb = Capabilities(netem=True, tbf=True, htb=False, ifb=False)
+    with pytest.raises(LinkShapingError, match="htb"):
+        plan_shaping(LinkProfile(rate_bps=10**8), no_htb)
+    assert plan_shaping(LinkProfile(rate_bps=10**8, root_qdisc="tbf"), no_htb).unsupported == ()
+    partial = plan_shaping(LinkProfile(rate_bps=10**8, delay_ms=5), no_htb, allow_partial=True)
+    assert partial.applied == LinkProfile(delay_ms=5) and "htb" in partial.unsupported[0]
+    with pytest.raises(LinkShapingError, match="ifb"):
+        plan_shaping(LinkProfile(rate_bps=10**8, ingress=True, root_qdisc="tbf"), no_htb)
+    partial = plan_shaping(LinkProfile(rate_bps=10**8, ingress=True, root_qdisc="tbf"), no_htb, allow_partial=True)
+    assert partial.devices == ("eth0",) and "ingress" in partial.unsupported[0]
+
+
+# ---------------------------------------------------------------------------------------- parser
+
+def test_parse_htb_qdisc_and_class():
+    qdisc = parse_tc_show(fixture("htb-100mbit-qdisc-eth0.txt"))
+    assert qdisc == [{"type": "qdisc", "kind": "htb", "handle": "1:", "parent": "root", "sent_bytes": 27409512,
+                      "sent_packets": 18108, "drops": 0, "overlimits": 462, "requeues": 0, "backlog_bytes": 0,
+                      "backlog_packets": 0}]
+    (cls,) = parse_tc_show(fixture("htb-100mbit-class-eth0.txt"))
+    assert (cls["type"], cls["kind"], cls["handle"], cls["parent"]) == ("class", "htb", "1:1", "root")
+    assert (cls["rate_bps"], cls["ceil_bps"], cls["burst_bytes"], cls["cburst_bytes"]) == (10**8, 10**8, 50_000, 50_000)
+    assert cls["sent_bytes"] == qdisc[0]["sent_bytes"]
+    assert rate_in_force_bps(qdisc + [cls]) == 100_000_000
+
+
+def test_parse_tbf_with_drops_and_backlog():
+    (tbf,) = parse_tc_show(fixture("tbf-10mbit-qdisc-eth0.txt"))
+    assert (tbf["kind"], tbf["rate_bps"], tbf["burst_bytes"], tbf["latency_ms"]) == ("tbf", 10**7, 16384, 100.0)
+    assert tbf["drops"] > 0 and tbf["overlimits"] > 0
+    (busy,) = parse_tc_show(fixture("tbf-10mbit-busy-qdisc-eth0.txt"))
+    assert (busy["backlog_bytes"], busy["backlog_packets"]) == (18168, 5)
+    (cls,) = parse_tc_show(fixture("tbf-10mbit-class-eth0.txt"))
+    assert (cls["type"], cls["kind"], cls["handle"], cls["parent"]) == ("class", "tbf", "1:1", "1:")
+    assert "sent_bytes" not in cls
+
+
+def test_parse_pfifo_ingress_ifb_and_unshaped():
+    htb, pfifo = parse_tc_show(fixture("htb-1gbit-pfifo-qdisc-eth0.txt"))
+    assert (pfifo["kind"], pfifo["parent"], pfifo["limit_packets"]) == ("pfifo", "1:1", 500)
+    assert parse_tc_show(fixture("htb-1gbit-pfifo-class-eth0.txt"))[0]["rate_bps"] == 10**9
+    root, ingress = parse_tc_show(fixture("htb-50mbit-ingress-qdisc-eth0.txt"))
+    assert (ingress["kind"], ingress["handle"], ingress["parent"]) == ("ingress", "ffff:", "ffff:fff1")
+    assert ingress["sent_bytes"] > 0
+    ifb = parse_tc_show(fixture("htb-50mbit-ingress-qdisc-ifb0.txt")) + \
+        parse_tc_show(fixture("htb-50mbit-ingress-class-ifb0.txt"))
+    assert rate_in_force_bps(ifb) == 50_000_000 and ifb[0]["sent_bytes"] > 0
+    (noqueue,) = parse_tc_show(fixture("unshaped-qdisc-eth0.txt"))
+    assert (noqueue["kind"], noqueue["handle"], noqueue["sent_bytes"]) == ("noqueue", "0:", 0)
+    assert parse_tc_show(fixture("unshaped-class-eth0.txt")) == []
+    assert rate_in_force_bps([noqueue]) is None
+
+
+def test_parse_netem_in_iproute2s_format():
+    htb, child, root = parse_tc_show(fixture("netem-composed-qdisc-eth0.txt"))
+    assert (child["kind"], child["parent"], child["limit_packets"]) == ("netem", "1:1", 2500)
+    assert (child["delay_ms"], child["jitter_ms"], child["loss_pct"], child["loss_corr_pct"]) == (20.0, 2.0, 1.0, 25.0)
+    assert (child["drops"], child["backlog_bytes"], child["backlog_packets"]) == (17, 3028, 2)
+    assert (root["parent"], root["delay_ms"], root["jitter_ms"], root["loss_pct"]) == ("root", 80.0, 8.0, 0.5)
+    assert "loss_corr_pct" not in root
+
+
+# ---------------------------------------------------------------------------------------- runner
+
+class FakeContainer:
+    """exec_run answers from a table: argv tuple -> (exit code, stdout, stderr); default success."""
+
+    name = "fake_coordinator_1"
+
+    def __init__(self, answers=None, fail_kinds=(), raises=None):
+        self.answers, self.fail_kinds, self.raises, self.calls = answers or {}, fail_kinds, raises, []
+
+    def exec_run(self, argv, demux=False):
+        assert demux is True and isinstance(argv, list)
+        self.calls.append(argv)
+        if self.raises:
+            raise self.raises
+        if any(kind in argv for kind in self.fail_kinds):
+            return 2, (None, fixture("netem-missing-stderr.txt").encode())
+        code, out, err = self.answers.get(tuple(argv), (0, "", ""))
+        return code, (out.encode() or None, err.encode() or None)
+
+
+def test_runner_returns_stdout_and_raises_with_command_and_tcs_message():
+    show = ("tc", "-s", "qdisc", "show", "dev", "eth0")
+    runner = ContainerExec(FakeContainer({show: (0, fixture("unshaped-qdisc-eth0.txt"), "")}, fail_kinds=("netem",)))
+    assert "noqueue" in runner.run(list(show))
+    with pytest.raises(LinkShapingError) as info:
+        runner.run(["tc", "qdisc", "replace", "dev", "eth0", "root", "handle", "10:", "netem", "delay", "20000us"])
+    assert str(info.value) == ("fake_coordinator_1: `tc qdisc replace dev eth0 root handle 10: netem delay 20000us` "
+                               "failed (exit 2): Error: Specified qdisc kind is unknown.")
+    with pytest.raises(LinkShapingError, match="could not run: container gone"):
+        ContainerExec(FakeContainer(raises=RuntimeError("container gone"))).run(["tc", "-V"])
+
+
+def test_probe_reports_what_the_kernel_lacks_and_cleans_up():
+    container = FakeContainer(fail_kinds=("netem",))
+    caps = probe_with(ContainerExec(container))
+    assert (caps.netem, caps.tbf, caps.htb, caps.ifb) == (False, True, True, True)
+    assert caps.errors == {"netem": "Error: Specified qdisc kind is unknown."}
+    assert ["ip", "link", "del", "ifbprobe"] in container.calls
+    assert probe_with(ContainerExec(FakeContainer())) == Capabilities(True, True, True, True)
+
+
+# ---------------------------------------------------------------------------------------- report
+
+def _links(rates, unsupported=(), ingress=False):
+    containers = {}
+    for i, rate in enumerate(rates):
+        role = "coordinator" if i == 0 else "worker"
+        containers[f"c{i}"] = {"role": role, "worker_index": i or None, "applied_rate_bps": rate,
+                               "unsupported": list(unsupported), "applied_profile": {"ingress": ingress}}
+    return {"containers": containers}
+
+
+def test_link_figures_for_the_report():
+    nodes = {"coordinator": {"train_time_s": 10.0, "wire_bytes_sent": 100_000_000}}
+    totals = link_totals(_links([100_000_000, 100_000_000]), nodes)
+    assert totals == {"link_rate_bps": 100_000_000, "coordinator_egress_utilisation": pytest.approx(0.8)}
+    assert link_totals({}, nodes) == {}
+    assert applied_rates_text(_links([10**8, 10**8, 10**8])) == "100Mbit"
+    assert applied_rates_text(_links([10**8, 10**9, 10**7], ingress=True)) == "ps 100Mbit, w1 1Gbit, w2 10Mbit (+ingress)"
+    assert applied_rates_text(_links([None, None])) == "-"
+    missing = ["delay 20 ms: this kernel has no netem", "delay 20 ms: this kernel has no netem"]
+    assert unsupported_text(_links([10**8, 10**8], missing)) == "delay 20 ms"
+    point = {"repeats": [{"links": {}}, {"links": _links([10**8], missing)}],
+             "summary": {"coordinator_egress_utilisation": {"median": 0.5}}}
+    assert link_cells(point) == ["100Mbit", "delay 20 ms", "50"]
+    assert link_cells({"repeats": [{"links": {}}], "summary": {}}) == ["-", "-", "-"]
