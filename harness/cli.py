@@ -27,7 +27,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)  # validated before anything starts
     if args.repeats:
         spec.repeats = args.repeats
-    path = run_sweep(spec, args.backend, Path(args.results_dir) if args.results_dir else None)
+    path = run_sweep(spec, args.backend, Path(args.results_dir) if args.results_dir else None,
+                     resume_dir=Path(args.resume) if args.resume else None)
     print(format_table(load_report(path)))
     print(path)
     return 0
@@ -111,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: docker when an engine answers, else local (default)")
     p.add_argument("--repeats", type=int, help="override the spec's repeats")
     p.add_argument("--results-dir", help="where results/<name>-<timestamp>/ go (default: results/)")
+    p.add_argument("--resume", metavar="DIR",
+                   help="continue an interrupted run of this spec in DIR: finished points are skipped")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("report", help="print reports as tables (default: the newest); --html: a page with charts")

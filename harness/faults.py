@@ -87,6 +87,7 @@ class Controller(Protocol):
     def resume(self, target: str) -> None: ...
     def disconnect(self, target: str) -> None: ...
     def reconnect(self, target: str) -> None: ...
+    def node_id(self, target: str) -> str: ...
 
 
 class FaultInjector:
@@ -99,7 +100,10 @@ class FaultInjector:
         self.marker = Path(nodes_dir) / MARKER
         self.wait_s = wait_s
         self.events: list[dict[str, Any]] = []
-        self.killed: set[str] = set()  # targets killed and not restarted: their exit is expected
+        # every target a fault hit: its own exit (killed, or gave up after a cut) is the fault's effect,
+        # not a failure of the run; the coordinator's outcome decides (harness.cluster.base.judge)
+        self.affected: set[str] = set()
+        self.affected_node_ids: set[str] = set()  # the same, as the node ids in their metrics files
         self._clock = clock
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="faults", daemon=True)
@@ -141,8 +145,9 @@ class FaultInjector:
             except Exception as exc:  # a failed injection is recorded, never fatal to the run
                 self._record(self._clock() - t0, action, fault.target, f"{type(exc).__name__}: {exc}")
                 continue
-            if action == "kill":
-                self.killed.add(fault.target)
-            elif action == "restart":
-                self.killed.discard(fault.target)
+            self.affected.add(fault.target)
+            try:
+                self.affected_node_ids.add(self.controller.node_id(fault.target))
+            except Exception:  # the node id only serves judging; a target without one is judged by name
+                pass
             self._record(self._clock() - t0, action, fault.target)

@@ -110,10 +110,28 @@ class ReportWriter:
         self.data: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **header, "created_at_utc": utc_now(),
                                      "complete": False, "points": []}
 
+    @classmethod
+    def resume(cls, path: Path) -> "ReportWriter":
+        """Continue an existing report (``sweep --resume``). Raises HarnessError if it cannot be read."""
+        writer = cls.__new__(cls)
+        writer.path = path
+        writer.data = load_report(path)
+        writer.data["resumed_at_utc"] = [*writer.data.get("resumed_at_utc", []), utc_now()]
+        return writer
+
+    def finished_point(self, index: int, params: dict[str, Any]) -> dict[str, Any] | None:
+        """The point with this index and params if it finished ok (a resumed sweep skips it)."""
+        for point in self.data["points"]:
+            if point["index"] == index and point["params"] == params and point["status"] == "ok":
+                return point
+        return None
+
     def start_point(self, index: int, params: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+        """A new entry for a point, replacing an unfinished one of the same index (kept in index order)."""
         point = {"index": index, "params": params, "config": config, "status": "running", "error": None,
                  "repeats": [], "summary": {}, "unstable": []}
-        self.data["points"].append(point)
+        self.data["points"] = sorted([p for p in self.data["points"] if p["index"] != index] + [point],
+                                     key=lambda p: p["index"])
         return point
 
     def add_repeat(self, point: dict[str, Any], repeat: dict[str, Any]) -> None:

@@ -35,6 +35,7 @@ import yaml
 
 from harness.cluster.settings import CLUSTER_KEYS, ClusterSettings, load_presets, param_label, parse_cluster
 from harness.errors import SpecError
+from harness.faults import Fault, parse_faults
 from wiiide.config import RunConfig
 from wiiide.errors import ConfigError
 
@@ -43,7 +44,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "buffer_bytes": ("sndbuf_bytes", "rcvbuf_bytes"),
     "workers": ("num_workers",),
 }
-TOP_LEVEL_KEYS = {"name", "description", "repeats", "base", "axes", "reference", "timeout_s", "link_presets"}
+TOP_LEVEL_KEYS = {"name", "description", "repeats", "base", "axes", "reference", "timeout_s", "link_presets",
+                  "faults"}
 
 
 @dataclass
@@ -68,6 +70,7 @@ class SweepSpec:
     reference: dict[str, Any] = field(default_factory=dict)
     timeout_s: float | None = None  # per repeat; default: derived from duration and connect timeout
     link_presets: dict[str, Any] = field(default_factory=dict)  # the spec's own, beside experiments/links.yaml's
+    faults: list[Fault] = field(default_factory=list)  # injected in every run (harness.faults)
     points: list[Point] = field(default_factory=list)
 
     @property
@@ -79,6 +82,7 @@ class SweepSpec:
             "name": self.name, "description": self.description, "repeats": self.repeats,
             "base": self.base, "axes": self.axes, "reference": self.reference,
             "timeout_s": self.timeout_s, "source": self.source, "link_presets": self.link_presets,
+            "faults": [f.to_dict() for f in self.faults],
         }
 
 
@@ -188,6 +192,8 @@ def build_spec(data: Any, source: str = "<dict>") -> SweepSpec:
             raise SpecError(f"{source}: {exc}") from None
         params = {n: param_label(v) if n in CLUSTER_KEYS else _param_value(n, v) for n, v in zip(names, combo)}
         spec.points.append(Point(index, params, config, cluster))
+    min_workers = min((p.config.num_workers for p in spec.points), default=None)
+    spec.faults = parse_faults(data.get("faults"), source, min_workers)
     return spec
 
 

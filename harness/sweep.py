@@ -18,7 +18,7 @@ from typing import Callable
 from harness import REPO_ROOT
 from harness.cluster import select_backend
 from harness.cluster.base import Backend, default_timeout_s
-from harness.errors import ClusterError
+from harness.errors import ClusterError, HarnessError
 from harness.link import link_totals
 from harness.machine import commit_info, machine_info
 from harness.report import ReportWriter, run_totals, utc_now
@@ -40,23 +40,35 @@ def _raise_interrupted(signum, frame) -> None:
 
 
 def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | None = None,
-              progress: Progress = _print, backend: Backend | None = None) -> Path:
+              progress: Progress = _print, backend: Backend | None = None, resume_dir: Path | None = None) -> Path:
     """Run `spec`; return the path of its report.json.
+
+    `resume_dir`: the folder of an interrupted run of the same spec; its finished points are kept and
+    skipped, the others run again into the same report.
 
     Raises:
         ClusterError: the requested backend cannot be had (before anything runs).
+        HarnessError: `resume_dir` holds no report of this spec.
     """
     results_dir = Path(results_dir or REPO_ROOT / "results")
     backend = backend or select_backend(backend_name, progress)
     for p in spec.points:  # links and limits the backend cannot apply stop the sweep before anything runs
         backend.check_cluster(p.cluster)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    run_dir = (results_dir / f"{spec.name}-{stamp}").resolve()
-    run_dir.mkdir(parents=True, exist_ok=False)
-    writer = ReportWriter(run_dir / "report.json", {
-        "name": spec.name, "machine_info": machine_info(), "commit_info": commit_info(),
-        "backend": backend.describe(), "spec": spec.to_dict(), "param_names": spec.param_names,
-    })
+    backend.check_faults(spec.faults)
+    if resume_dir is not None:
+        run_dir = Path(resume_dir).resolve()
+        writer = ReportWriter.resume(run_dir / "report.json")
+        if writer.data.get("name") != spec.name or writer.data.get("param_names") != spec.param_names:
+            raise HarnessError(f"{run_dir}: its report is of sweep {writer.data.get('name')!r} "
+                               f"{writer.data.get('param_names')}, not {spec.name!r} {spec.param_names}")
+    else:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        run_dir = (results_dir / f"{spec.name}-{stamp}").resolve()
+        run_dir.mkdir(parents=True, exist_ok=False)
+        writer = ReportWriter(run_dir / "report.json", {
+            "name": spec.name, "machine_info": machine_info(), "commit_info": commit_info(),
+            "backend": backend.describe(), "spec": spec.to_dict(), "param_names": spec.param_names,
+        })
     writer.save()
     total_runs = len(spec.points) * spec.repeats
     estimate_s = sum(p.config.duration_s + 10 for p in spec.points) * spec.repeats
@@ -67,6 +79,10 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
     point = None
     try:
         for p in spec.points:
+            if writer.finished_point(p.index, p.params) is not None:
+                progress(f"skipping point {p.index + 1}/{len(spec.points)} {p.params}: finished in the run resumed")
+                done += spec.repeats
+                continue
             point = writer.start_point(p.index, p.params, p.config.to_dict())
             point["cluster"] = p.cluster.to_dict()  # link profiles, cpus, mem_limit as asked
             for repeat in range(spec.repeats):
@@ -80,13 +96,13 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
                     # profile: true traces the first repeat only (the profiler slows the steps it records)
                     config = p.config.replace(profile=False) if (repeat and p.config.profile) else p.config
                     result = backend.run(config, out_dir, spec.timeout_s or default_timeout_s(config), progress,
-                                         cluster=p.cluster)
+                                         cluster=p.cluster, faults=spec.faults)
                     record = {"repeat": repeat, "status": result.status, "error": result.error,
                               "started_at_utc": started, "elapsed_s": result.elapsed_s,
                               "totals": {**run_totals(result.nodes, result.containers),
                                          **link_totals(result.links, result.nodes)},
                               "nodes": result.nodes, "containers": result.containers,
-                              "links": result.links, "limits": result.limits,
+                              "links": result.links, "limits": result.limits, "faults": result.faults,
                               "exit_codes": result.exit_codes,
                               "logs_dir": str(Path(result.logs_dir).relative_to(run_dir)) if result.logs_dir else None}
                 except ClusterError as exc:

@@ -34,6 +34,7 @@ class RunResult:
     # CPU/memory limits in force (harness/cluster/shaping.py); empty when the point asks for none
     links: dict[str, Any] = field(default_factory=dict)
     limits: dict[str, Any] = field(default_factory=dict)
+    faults: list[dict[str, Any]] = field(default_factory=list)  # injected faults and when (harness.faults)
 
 
 class Backend:
@@ -58,6 +59,9 @@ class Backend:
         `cluster`: the point's `harness.cluster.settings.ClusterSettings` (None: nothing asked)."""
         raise NotImplementedError
 
+    def check_faults(self, faults) -> None:
+        """Raise ClusterError when this backend cannot inject one of `faults` (harness.faults)."""
+
     def teardown(self) -> None:
         """Stop and remove whatever this backend started. Idempotent; safe after a failure."""
 
@@ -81,11 +85,19 @@ def collect_nodes(nodes_dir: Path) -> dict[str, dict[str, Any]]:
     return nodes
 
 
-def judge(nodes: dict[str, dict[str, Any]], exit_codes: dict[str, int | None], num_workers: int) -> tuple[str, str | None]:
-    """A run is ok when every node exited 0 and the coordinator and all workers wrote ok metrics."""
+def judge(nodes: dict[str, dict[str, Any]], exit_codes: dict[str, int | None], num_workers: int,
+          expected_dead: set[str] | frozenset[str] = frozenset(),
+          expected_node_ids: set[str] | frozenset[str] = frozenset()) -> tuple[str, str | None]:
+    """A run is ok when every node exited 0 and the coordinator and all workers wrote ok metrics.
+
+    `expected_dead`: workers (``worker-N``) a fault injection hit, and `expected_node_ids` the node ids
+    of their metrics: their exit, failed or missing metrics are the fault's effect, not a failure;
+    whether the cluster kept training is the coordinator's to say.
+    """
+    expected_dead = {n for n in expected_dead if n.startswith("worker-")}  # a lost coordinator fails the run
     problems = []
     for name, code in sorted(exit_codes.items()):
-        if code != 0:
+        if code != 0 and _node_name(name) not in expected_dead:
             problems.append(f"{name} exited {code}")
     coordinator = nodes.get("coordinator")
     if coordinator is None:
@@ -94,11 +106,19 @@ def judge(nodes: dict[str, dict[str, Any]], exit_codes: dict[str, int | None], n
         problems.append(f"coordinator: {coordinator.get('error') or coordinator.get('status')}")
     workers = [n for name, n in nodes.items() if name.startswith("worker")]
     for node in workers:
-        if node.get("status") != "ok":
+        if node.get("status") != "ok" and node.get("node_id") not in expected_node_ids:
             problems.append(f"worker {node.get('rank') or node.get('node_id')}: {node.get('error') or node.get('status')}")
-    if len(workers) < num_workers:
+    if len(workers) < num_workers - len(expected_dead):
         problems.append(f"{len(workers)} of {num_workers} workers wrote metrics")
     return ("ok", None) if not problems else ("failed", "; ".join(problems))
+
+
+def _node_name(name: str) -> str:
+    """``wiiide_worker_2`` / ``wiiide-worker-2`` / ``worker-2`` -> ``worker-2``; coordinators -> ``coordinator``."""
+    parts = name.replace("_", "-").split("-")
+    if "coordinator" in parts:
+        return "coordinator"
+    return f"worker-{parts[-1]}" if "worker" in parts else name
 
 
 class Sampler:

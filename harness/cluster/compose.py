@@ -23,13 +23,16 @@ from harness.cluster.base import Backend, Progress, RunResult, collect_nodes, de
 from harness.cluster.settings import ClusterSettings
 from harness.cluster.shaping import START_GATE_FILE, ClusterConditions
 from harness.errors import ClusterError, LinkShapingError
+from harness.faults import FaultInjector
 from harness.link import Capabilities, probe_capabilities
 from harness.stats import parse_sample, summarize_samples
+from wiiide.auth import generate_secret
 from wiiide.config import RunConfig
 
 PROJECT = os.environ.get("WIIIIIDE_PROJECT", "wiiide")
 COMPOSE_FILE = REPO_ROOT / "compose.yaml"
 DEFAULT_IMAGE = "wiiide:latest"
+SECRET_FILE = REPO_ROOT / "build" / "secrets" / f"{PROJECT}-secret"
 PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
 
@@ -103,7 +106,18 @@ def compose_env(cfg: RunConfig, results_dir: Path, image: str) -> dict[str, str]
     env.update(node_env)
     env["WIIIIIDE_RESULTS_DIR"] = str(results_dir)
     env["WIIIIIDE_IMAGE"] = image
+    env["WIIIIIDE_SECRET_FILE_HOST"] = str(SECRET_FILE)
     return env
+
+
+def write_cluster_secret() -> Path:
+    """A fresh shared secret for the next cluster (wiiide.auth), in a 0600 file Compose mounts as a
+    Docker secret. It stays out of the reports and out of `docker inspect`."""
+    SECRET_FILE.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(SECRET_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(generate_secret() + "\n")
+    return SECRET_FILE
 
 
 def project_containers(client=None) -> list:
@@ -119,6 +133,7 @@ def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE,
     """
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "nodes").mkdir(exist_ok=True)
+    write_cluster_secret()
     compose(["up", "-d", "--no-build", "--scale", f"worker={cfg.num_workers}"],
             env={**compose_env(cfg, results_dir.resolve(), image), **(extra_env or {})},
             timeout_s=cfg.connect_timeout_s + 120)
@@ -166,6 +181,54 @@ class _StatsReader:
         self._thread.join(timeout=3)
 
 
+class _ContainerController:
+    """Fault actions on the project's containers (harness.faults.Controller), through the Engine API.
+
+    `disconnect` sets the target's eth0 down inside it (``ip link``, NET_ADMIN) and `reconnect` up
+    again: the address and its connected route stay, so TCP connections survive a cut shorter than
+    io_timeout_s and are declared lost after it.
+    """
+
+    def __init__(self, containers: list) -> None:
+        self._by_target = {}
+        for c in containers:
+            service = c.labels.get(SERVICE_LABEL)
+            number = c.labels.get("com.docker.compose.container-number", "1")
+            self._by_target["coordinator" if service == "coordinator" else f"worker-{number}"] = c
+
+    def _get(self, target: str):
+        try:
+            return self._by_target[target]
+        except KeyError:
+            raise ClusterError(f"no container for {target}; have {sorted(self._by_target)}") from None
+
+    def kill(self, target: str) -> None:
+        self._get(target).kill()
+
+    def restart(self, target: str) -> None:
+        self._get(target).start()
+
+    def pause(self, target: str) -> None:
+        self._get(target).pause()
+
+    def resume(self, target: str) -> None:
+        self._get(target).unpause()
+
+    def _link(self, target: str, state: str) -> None:
+        code, out = self._get(target).exec_run(["ip", "link", "set", "eth0", state])
+        if code != 0:
+            raise ClusterError(f"`ip link set eth0 {state}` in {target} failed ({code}): {out.decode(errors='replace')[:300]}")
+
+    def node_id(self, target: str) -> str:
+        return self._get(target).attrs["Config"]["Hostname"]  # a worker's node id is its hostname
+
+    def disconnect(self, target: str) -> None:
+        self._link(target, "down")
+
+    def reconnect(self, target: str) -> None:
+        self._link(target, "up")
+
+
 class ComposeBackend(Backend):
     name = "docker"
 
@@ -195,8 +258,9 @@ class ComposeBackend(Backend):
         return probe_capabilities(self.client, self.image, {PROJECT_LABEL: PROJECT})
 
     def run(self, cfg: RunConfig, out_dir: Path, timeout_s: float | None, progress: Progress,
-            cluster: ClusterSettings | None = None) -> RunResult:
+            cluster: ClusterSettings | None = None, faults=()) -> RunResult:
         conditions = ClusterConditions(cluster or ClusterSettings(), self._probe)
+        injector = None
         out_dir = Path(out_dir).resolve()
         logs_dir = out_dir / "logs"
         logs_dir.mkdir(parents=True, exist_ok=True)
@@ -219,6 +283,8 @@ class ComposeBackend(Backend):
                 readers[c.name] = _StatsReader(c, t0)
             if conditions.gated:
                 conditions.apply(containers, t0, progress)
+            injector = FaultInjector(list(faults), _ContainerController(containers), out_dir / "nodes",
+                                     wait_s=cfg.connect_timeout_s + 60).start()
             next_note = t0 + 10
             while True:
                 states = {}
@@ -239,6 +305,8 @@ class ComposeBackend(Backend):
         except (ClusterError, LinkShapingError) as exc:
             status, error = "failed", str(exc)
         finally:
+            if injector is not None:
+                injector.stop()
             conditions.stop()
             for reader in readers.values():
                 reader.stop()
@@ -252,7 +320,9 @@ class ComposeBackend(Backend):
                     progress(f"    could not read {c.name}: {exc}")
             self.teardown()
         nodes = collect_nodes(out_dir / "nodes")
-        judged_status, judged_error = judge(nodes, exit_codes, cfg.num_workers)
+        judged_status, judged_error = judge(nodes, exit_codes, cfg.num_workers,
+                                            expected_dead=injector.affected if injector else frozenset(),
+                                            expected_node_ids=injector.affected_node_ids if injector else frozenset())
         if status == "ok":
             status, error = judged_status, judged_error
         elif judged_error:
@@ -261,7 +331,8 @@ class ComposeBackend(Backend):
                         "samples": r.samples, "summary": summarize_samples(r.samples)}
                  for name, r in readers.items()}
         return RunResult(status, error, time.monotonic() - t0, nodes, stats, exit_codes, str(logs_dir),
-                         links=conditions.links, limits=conditions.limits)
+                         links=conditions.links, limits=conditions.limits,
+                         faults=injector.events if injector else [])
 
     def teardown(self) -> None:
         if self._started:
