@@ -36,6 +36,7 @@ import yaml
 from harness.cluster.settings import CLUSTER_KEYS, ClusterSettings, load_presets, param_label, parse_cluster
 from harness.errors import SpecError
 from harness.faults import Fault, parse_faults
+from harness.sysctl import parse_sysctls
 from wiiide.config import RunConfig
 from wiiide.errors import ConfigError
 
@@ -45,7 +46,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "workers": ("num_workers",),
 }
 TOP_LEVEL_KEYS = {"name", "description", "repeats", "base", "axes", "reference", "timeout_s", "link_presets",
-                  "faults"}
+                  "faults", "host_sysctls"}
 
 
 @dataclass
@@ -71,6 +72,7 @@ class SweepSpec:
     timeout_s: float | None = None  # per repeat; default: derived from duration and connect timeout
     link_presets: dict[str, Any] = field(default_factory=dict)  # the spec's own, beside experiments/links.yaml's
     faults: list[Fault] = field(default_factory=list)  # injected in every run (harness.faults)
+    host_sysctls: dict[str, int] = field(default_factory=dict)  # set for the sweep (harness.sysctl)
     points: list[Point] = field(default_factory=list)
 
     @property
@@ -82,7 +84,7 @@ class SweepSpec:
             "name": self.name, "description": self.description, "repeats": self.repeats,
             "base": self.base, "axes": self.axes, "reference": self.reference,
             "timeout_s": self.timeout_s, "source": self.source, "link_presets": self.link_presets,
-            "faults": [f.to_dict() for f in self.faults],
+            "faults": [f.to_dict() for f in self.faults], "host_sysctls": self.host_sysctls,
         }
 
 
@@ -194,6 +196,7 @@ def build_spec(data: Any, source: str = "<dict>") -> SweepSpec:
         spec.points.append(Point(index, params, config, cluster))
     min_workers = min((p.config.num_workers for p in spec.points), default=None)
     spec.faults = parse_faults(data.get("faults"), source, min_workers)
+    spec.host_sysctls = parse_sysctls(data.get("host_sysctls"), source)
     return spec
 
 

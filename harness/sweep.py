@@ -8,6 +8,7 @@ and Ctrl-C (or SIGTERM) tears the cluster down and leaves a report marked incomp
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -23,6 +24,7 @@ from harness.link import link_totals
 from harness.machine import commit_info, machine_info
 from harness.report import ReportWriter, run_totals, utc_now
 from harness.spec import SweepSpec
+from harness.sysctl import HostSysctls
 
 Progress = Callable[[str], None]
 
@@ -55,6 +57,8 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
     for p in spec.points:  # links and limits the backend cannot apply stop the sweep before anything runs
         backend.check_cluster(p.cluster)
     backend.check_faults(spec.faults)
+    if spec.host_sysctls and os.geteuid() != 0:
+        raise HarnessError(f"{spec.source}: host_sysctls {spec.host_sysctls} need root; run as root or drop them")
     if resume_dir is not None:
         run_dir = Path(resume_dir).resolve()
         writer = ReportWriter.resume(run_dir / "report.json")
@@ -74,6 +78,10 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
     estimate_s = sum(p.config.duration_s + 10 for p in spec.points) * spec.repeats
     progress(f"sweep {spec.name}: {len(spec.points)} points x {spec.repeats} repeats on the {backend.name} "
              f"backend, about {estimate_s / 60:.1f} min; report: {run_dir / 'report.json'}")
+    sysctls = HostSysctls(spec.host_sysctls).__enter__()  # restored in the finally below
+    if spec.host_sysctls:
+        writer.data["host_sysctls"] = sysctls.record()
+        progress(f"host sysctls for this sweep: {sysctls.record()} (restored at the end)")
     previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     done, t_start = 0, time.monotonic()
     point = None
@@ -131,4 +139,5 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         backend.teardown()
+        sysctls.__exit__(None, None, None)
     return writer.path
