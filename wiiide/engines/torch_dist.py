@@ -10,7 +10,9 @@ Rendezvous and ranks
     not tell it), so it takes the next rank from an atomic counter in the store (`claim_rank`):
     1..num_workers, in the order workers arrive. Gloo then connects every pair of ranks; in containers
     ``GLOO_SOCKET_IFNAME=eth0`` (compose.yaml) puts it on the cluster's bridge, and when the coordinator
-    is a loopback address and the variable is unset, the loopback interface is chosen.
+    is a loopback address and the variable is unset, the loopback interface is chosen. When the harness
+    shapes links it gates the start (``start_gate_file``): rank 0 waits for the gate before it joins
+    the process group, so the other ranks wait too and no training traffic leaves unshaped.
 
 Fairness with the parameter server
     World size is num_workers + 1 and every rank trains: DDP and FSDP have no parameter server, and
@@ -60,7 +62,8 @@ from wiiide.engines.comm import IntervalTimer, estimate
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics, summarize
 from wiiide.model import build_mlp
-from wiiide.node import EXIT_CONNECT, EXIT_ERROR, EXIT_PEER_LOST, NodeFailure, run_node, touch
+from wiiide.node import (EXIT_CONNECT, EXIT_ERROR, EXIT_PEER_LOST, NodeFailure, run_node, touch,
+                         wait_for_start_gate)
 
 RANK_KEY = "wiiide/next_rank"
 STOP_CHECK_EVERY_STEPS = 10
@@ -198,6 +201,8 @@ class TorchNode:
         store = self._rendezvous()
         rank = claim_rank(store, self.role, cfg.num_workers)
         m.rank = rank
+        if rank == 0:  # the other ranks wait for rank 0 in init_process_group
+            wait_for_start_gate(cfg, m, self.log)  # links shaped before any training traffic
         timeout = timedelta(seconds=max(cfg.connect_timeout_s, cfg.io_timeout_s))
         try:
             dist.init_process_group("gloo", store=store, rank=rank, world_size=self.world_size, timeout=timeout)
