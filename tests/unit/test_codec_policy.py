@@ -67,8 +67,26 @@ def synthetic_policy(link_bps: float, probe_every: int = 1000, **kw) -> Compress
              "fp16": (2.0, 1e9, 2e9), "bf16": (2.0, 800e6, 2e9), "int8": (3.9, 200e6, 1e9),
              "topk-0.01": (50.0, 20e6, 1e9)}
     for name, (ratio, enc, dec) in table.items():
-        p.observe("gradients", name, GRAD, int(GRAD / ratio), GRAD / enc if enc else 0.0, GRAD / dec if dec else None)
+        for _ in range(2):  # measured twice: the second sample replaces the first (cold start)
+            p.observe("gradients", name, GRAD, int(GRAD / ratio), GRAD / enc if enc else 0.0, GRAD / dec if dec else None)
     return p
+
+
+def test_a_cold_first_sample_is_replaced_and_probed_again():
+    p = CompressionPolicy("network-aware", link_bandwidth_bps=100e6, probe_every=2)
+    p.observe("gradients", "none", GRAD, GRAD, 0.0)
+    p.observe("gradients", "none", GRAD, GRAD, 0.0)
+    for name in ("lz4", "zstd-1", "shuffle-lz4"):
+        for _ in range(2):
+            p.observe("gradients", name, GRAD, GRAD, 0.001, 0.001)
+    p.observe("gradients", "shuffle-zstd", GRAD, int(GRAD / 1.18), 0.7, 0.001)  # first use: an import, 0.7 s
+    assert p.choose("gradients", GRAD).name == "none"  # shuffle-zstd looks 8x slower than it is
+    picks = [p.choose("gradients", GRAD).name for _ in range(6)]
+    assert "shuffle-zstd" in picks  # measured once only: still worth a probe
+    p.observe("gradients", "shuffle-zstd", GRAD, int(GRAD / 1.18), 0.003, 0.001)
+    assert p.estimate_s("gradients", "shuffle-zstd", GRAD) == pytest.approx(0.003 + 8 * GRAD / 1.18 / 100e6 + 0.001,
+                                                                           rel=1e-3)
+    assert p.choose("gradients", GRAD).name == "shuffle-zstd"
 
 
 @pytest.mark.parametrize("link_bps, expected", [

@@ -19,7 +19,8 @@ Policy names (the config's ``compression``):
   kept per message kind and codec; `link_bps` is the config's ``link_bandwidth_bps`` or, when that is
   0, measured online (see `LinkEstimate`). Every candidate is tried once first; then, every
   `probe_every`-th message of a kind, the candidate tried longest ago among those estimated within
-  `PROBE_WITHIN` of the best is probed, so estimates follow changes. The probe interval doubles (up
+  `PROBE_WITHIN` of the best (or measured only once: a first use pays one-off costs, so the second
+  sample replaces the first) is probed, so estimates follow changes. The probe interval doubles (up
   to `PROBE_BACKOFF_MAX` x) while the best stays the same, so probing costs little on a steady link,
   and starts again from `probe_every` when the choice moves. On first tries and probes the sender
   also decodes its own payload to measure the decode speed (the receiver's figure is not sent back).
@@ -154,6 +155,10 @@ class CompressionPolicy:
         self._lossy_names = [*LOSSY_CANDIDATES, f"topk-{topk_fraction:g}"]
         self._codecs: dict[str, Codec] = {n: codec_from_name(n) for n in names + self._lossy_names}
         self._lossless_names = names
+        if self.mode == "network-aware":
+            from wiiide.codecs.lossless import _blosc2
+
+            _blosc2()  # import now (about 0.6 s), not inside the first message timed with a shuffle codec
         self._stats: dict[str, dict[str, dict[str, Any]]] = {}  # kind -> codec -> moving averages
         self._count: dict[str, int] = {}  # messages per kind (network-aware)
         self._last_choice: dict[str, str] = {}
@@ -253,9 +258,11 @@ class CompressionPolicy:
             if n >= self._next_probe.setdefault(kind, n) + interval:
                 # Worth probing: codecs whose estimate is within PROBE_WITHIN of the best (a codec's own
                 # speed and ratio move little; what moves is the link, which the estimates already use).
-                others = [c for c in names if c != best and estimates[c] <= PROBE_WITHIN * estimates[best]]
+                others = [c for c in names if c != best and (estimates[c] <= PROBE_WITHIN * estimates[best]
+                                                             or stats[c]["samples"] < 2)]
                 if others:
-                    choice, reason = min(others, key=lambda c: stats[c]["last_used"]), "probe"
+                    # codecs measured once first, then the one tried longest ago
+                    choice, reason = min(others, key=lambda c: (stats[c]["samples"] >= 2, stats[c]["last_used"])), "probe"
                 self._next_probe[kind] = n
                 interval = min(2 * interval, PROBE_BACKOFF_MAX * self.probe_every)  # backs off while nothing changes
             self._probe_interval[kind] = interval
@@ -313,14 +320,15 @@ class CompressionPolicy:
         """Fold one message's measured ratio and speeds into the moving averages of (kind, codec)."""
         s = self._stats.setdefault(kind, {}).setdefault(
             codec_name, {"samples": 0, "ratio": 1.0, "encode_Bps": 0.0, "decode_Bps": 0.0, "last_used": 0})
-        a = self.ema_alpha if s["samples"] else 1.0
+        # The second sample replaces the first: a first use pays one-off costs (imports, page faults).
+        a = self.ema_alpha if s["samples"] >= 2 else 1.0
         ratio = raw_nbytes / payload_nbytes if payload_nbytes else 1.0
         s["ratio"] += a * (ratio - s["ratio"])
         if codec_name != "none":
             if encode_s > 0:
                 s["encode_Bps"] += a * (raw_nbytes / encode_s - s["encode_Bps"])
             if decode_s is not None and decode_s > 0:
-                b = self.ema_alpha if s["decode_Bps"] else 1.0
+                b = self.ema_alpha if s["decode_Bps"] and s["samples"] >= 2 else 1.0
                 s["decode_Bps"] += b * (raw_nbytes / decode_s - s["decode_Bps"])
         s["samples"] += 1
 
