@@ -9,7 +9,9 @@ first, raw values kept, statistics computed from them)::
               repeats: [{repeat, status, error, started_at_utc, elapsed_s, totals,
                          nodes: {coordinator: {...}, worker-1: {...}},     # each node's own metrics
                          containers: {<name>: {role, exit_code, samples, summary}},
-                         logs_dir}],
+                         links: {capabilities, containers: {<name>: {requested, applied, unsupported,
+                                 end_counters, ...}}}, limits: {<name>: {cpus, mem_limit_bytes}},
+                         logs_dir}],                           # links/limits: harness/cluster/shaping.py
               summary: {<total>: {count, mean, stdev, median, min, max, p95}}, unstable: [...]}]
 
 `totals` of a repeat (units in the names): batches, batches_per_s, samples_per_s, steps, train_time_s,
