@@ -491,7 +491,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 def run_bench(backend: str = "local", sizes: Sequence[int] = DEFAULT_SIZES, frame_codecs: Sequence[str] = DEFAULT_FRAME_CODECS,
               table_codecs: Sequence[str] = DEFAULT_TABLE_CODECS, link_rates: Sequence[float] = DEFAULT_LINK_RATES_BPS,
               link_policies: Sequence[str] = DEFAULT_LINK_POLICIES, repeats: int = 5,
-              bytes_per_trial: int = 256 * MIB, link_messages: int = 40, codec_threads: int = 1,
+              bytes_per_trial: int = 256 * MIB, link_messages: int = 100, codec_threads: int = 1,
               table_threads: Sequence[int] = (1, 2), small: bool = False, recv_chunk_bytes: int = 256 * KIB,
               results_dir: Path | None = None,
               progress: Callable[[str], None] = print) -> Path:
@@ -596,7 +596,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                         "100mbit,200mbit,500mbit,1gbit,2.5gbit,0)")
     p.add_argument("--repeats", type=int, default=5, help="interleaved repeats of every frame trial (default 5)")
     p.add_argument("--bytes-per-trial-mib", type=int, default=256, help="bytes per raw / uncompressed trial")
-    p.add_argument("--link-messages", type=int, default=40, help="gradient round trips per policy and rate")
+    p.add_argument("--link-messages", type=int, default=100, help="gradient round trips per policy and rate")
     p.add_argument("--codec-threads", type=int, default=1, help="codec threads for frames and links (default 1)")
     p.add_argument("--small", action="store_true", help="a small synthetic model (for tests)")
     p.add_argument("--recv-chunk-bytes", default="256KiB",
