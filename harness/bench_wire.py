@@ -285,7 +285,8 @@ def frames_section(sock, reader, grad: np.ndarray, sizes: Sequence[int], codecs:
 def links_section(sock, reader, grad: np.ndarray, rates: Sequence[float], policies: Sequence[str], messages: int,
                   pool_threads: int, progress) -> list[dict[str, Any]]:
     """Per rate, `messages` synchronous round trips per policy, the policies taking turns message by
-    message (so a burst of load on this shared machine hits them all alike)."""
+    message in a shuffled order each round (so a burst of load on this shared machine hits them all
+    alike, and no policy always follows the same one: seed's 45 ms of zlib leaves cold caches)."""
     rows = []
     tensors = [WireTensor("grad", grad)]
     for rate in rates:
@@ -294,8 +295,10 @@ def links_section(sock, reader, grad: np.ndarray, rates: Sequence[float], polici
                  "_p": CompressionPolicy(name, link_bandwidth_bps=rate or 0, codec_threads=pool_threads,
                                          probe_every=20)} for name in policies]
         _send_control(sock, "trial", mode="roundtrip", count=messages * len(runs), size=grad.nbytes)
+        rng = np.random.default_rng(0)
         for _ in range(messages):
-            for run in runs:
+            for i in rng.permutation(len(runs)):
+                run = runs[i]
                 t0 = time.perf_counter()
                 frame = run["_p"].encode("gradients", {"step": 0}, tensors)
                 send_frames(target, [frame])
