@@ -204,3 +204,14 @@ def test_from_config_reads_every_codec_knob():
         assert extra["compression_policy"]["allow_lossy"] is True
     finally:
         p.close()
+
+
+def test_one_slow_sample_does_not_change_a_codecs_speed():
+    p = synthetic_policy(200e6)
+    before = p.estimate_s("gradients", "shuffle-zstd", GRAD)
+    p.observe("gradients", "shuffle-zstd", GRAD, int(GRAD / 1.18), 0.050, 0.001)  # a burst of other work
+    assert p.estimate_s("gradients", "shuffle-zstd", GRAD) == pytest.approx(before)
+    assert p.choose("gradients", GRAD).name == "shuffle-zstd"
+    for _ in range(5):  # but a codec that really got slower is seen as slower once its fast samples age out
+        p.observe("gradients", "shuffle-zstd", GRAD, int(GRAD / 1.18), 0.050, 0.001)
+    assert p.estimate_s("gradients", "shuffle-zstd", GRAD) > before + 0.04

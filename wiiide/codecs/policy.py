@@ -15,12 +15,13 @@ Policy names (the config's ``compression``):
 
       t(codec) = raw / encode_speed + (raw / ratio) * 8 / link_bps + raw / decode_speed
 
-  ratio and speeds are exponential moving averages (weight `ema_alpha`) of this node's own messages,
-  kept per message kind and codec; `link_bps` is the config's ``link_bandwidth_bps`` or, when that is
+  the ratio (a moving average, weight `ema_alpha`) and the speeds are measured on this node's own
+  messages, per message kind and codec; `link_bps` is the config's ``link_bandwidth_bps`` or, when that is
   0, measured online (see `LinkEstimate`). Every candidate is tried once first; then, every
   `probe_every`-th message of a kind, the candidate tried longest ago among those estimated within
-  `PROBE_WITHIN` of the best (or measured only once: a first use pays one-off costs, so the second
-  sample replaces the first) is probed, so estimates follow changes. The probe interval doubles (up
+  `PROBE_WITHIN` of the best (or measured only once) is probed, so estimates follow changes.
+  Speeds are the fastest of the last `SPEED_WINDOW` samples (load on a shared machine only slows a
+  codec down; one slow sample must not keep it out). The probe interval doubles (up
   to `PROBE_BACKOFF_MAX` x) while the best stays the same, so probing costs little on a steady link,
   and starts again from `probe_every` when the choice moves. On first tries and probes the sender
   also decodes its own payload to measure the decode speed (the receiver's figure is not sent back).
@@ -52,6 +53,7 @@ POLICY_NAME_FORMS = ("fixed:<codec>", "none", "zlib-1..9", "seed", "adaptive", "
 MIN_COMPRESS_BYTES = 4096
 ASSUMED_LINK_BPS = 1e9  # network-aware, before the first measurement when no bandwidth is configured
 MAX_DECISIONS_KEPT = 200
+SPEED_WINDOW = 5  # a codec's speed: the fastest of its last 5 samples
 PROBE_WITHIN = 1.5  # probe only codecs estimated at most 1.5x the best
 PROBE_BACKOFF_MAX = 16  # the probe interval doubles up to 16 x probe_every while the best stays the same
 
@@ -317,19 +319,24 @@ class CompressionPolicy:
 
     def observe(self, kind: str, codec_name: str, raw_nbytes: int, payload_nbytes: int, encode_s: float,
                 decode_s: float | None = None) -> None:
-        """Fold one message's measured ratio and speeds into the moving averages of (kind, codec)."""
+        """Fold one message's measured ratio and speeds into the estimates of (kind, codec).
+
+        The ratio is a moving average. A speed is the fastest of the last `SPEED_WINDOW` samples: on a
+        shared machine load only ever slows a codec down, and one slow sample (a first use paying an
+        import, a burst of other work) would otherwise keep a good codec out for many messages.
+        """
         s = self._stats.setdefault(kind, {}).setdefault(
             codec_name, {"samples": 0, "ratio": 1.0, "encode_Bps": 0.0, "decode_Bps": 0.0, "last_used": 0})
-        # The second sample replaces the first: a first use pays one-off costs (imports, page faults).
-        a = self.ema_alpha if s["samples"] >= 2 else 1.0
+        a = self.ema_alpha if s["samples"] else 1.0
         ratio = raw_nbytes / payload_nbytes if payload_nbytes else 1.0
         s["ratio"] += a * (ratio - s["ratio"])
         if codec_name != "none":
-            if encode_s > 0:
-                s["encode_Bps"] += a * (raw_nbytes / encode_s - s["encode_Bps"])
-            if decode_s is not None and decode_s > 0:
-                b = self.ema_alpha if s["decode_Bps"] and s["samples"] >= 2 else 1.0
-                s["decode_Bps"] += b * (raw_nbytes / decode_s - s["decode_Bps"])
+            for key, seconds in (("encode", encode_s), ("decode", decode_s)):
+                if seconds is not None and seconds > 0:
+                    recent = s.setdefault(f"{key}_Bps_recent", [])
+                    recent.append(raw_nbytes / seconds)
+                    del recent[:-SPEED_WINDOW]
+                    s[f"{key}_Bps"] = max(recent)
         s["samples"] += 1
 
     def observe_received(self, msg: Any) -> None:
