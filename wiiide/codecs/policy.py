@@ -17,7 +17,7 @@ Policy names (the config's ``compression``):
 
   the ratio (a moving average, weight `ema_alpha`) and the speeds are measured on this node's own
   messages, per message kind and codec; `link_bps` is the config's ``link_bandwidth_bps`` or, when that is
-  0, measured online (see `LinkEstimate`). Every candidate is tried once first; then, every
+  0, measured online (see `LinkEstimate`). Every candidate is tried `FIRST_TRIES` times first; then, every
   `probe_every`-th message of a kind, the candidate tried longest ago among those estimated within
   `PROBE_WITHIN` of the best (or measured only once) is probed, so estimates follow changes.
   Speeds are the fastest of the last `SPEED_WINDOW` samples (load on a shared machine only slows a
@@ -53,6 +53,7 @@ POLICY_NAME_FORMS = ("fixed:<codec>", "none", "zlib-1..9", "seed", "adaptive", "
 MIN_COMPRESS_BYTES = 4096
 ASSUMED_LINK_BPS = 1e9  # network-aware, before the first measurement when no bandwidth is configured
 MAX_DECISIONS_KEPT = 200
+FIRST_TRIES = 2  # network-aware tries every candidate twice before choosing
 SPEED_WINDOW = 5  # a codec's speed: the fastest of its last 5 samples
 PROBE_WITHIN = 1.5  # probe only codecs estimated at most 1.5x the best
 PROBE_BACKOFF_MAX = 16  # the probe interval doubles up to 16 x probe_every while the best stays the same
@@ -248,9 +249,12 @@ class CompressionPolicy:
         stats = self._stats.setdefault(kind, {})
         bps, bps_source = self.link_bps()
         estimates = {c: self.estimate_s(kind, c, raw_nbytes, bps) for c in names}
-        untried = [c for c in names if estimates[c] is None]
+        # Every candidate is tried FIRST_TRIES times, round robin, before any estimate is trusted: one
+        # sample taken during a burst of load would otherwise misjudge a codec for long.
+        untried = [c for c in names if estimates[c] is None or stats[c]["samples"] < FIRST_TRIES]
         if untried:
-            choice, reason = untried[0], "first try"
+            choice = min(untried, key=lambda c: stats[c]["samples"] if c in stats else 0)
+            reason = "first try"
         else:
             best = min(names, key=lambda c: estimates[c])
             choice, reason = best, "lowest estimate"
