@@ -16,21 +16,10 @@ from wiiide.codecs.chunked import CodecPool
 from wiiide.errors import ProtocolError
 from wiiide.protocol import DTYPES, WireTensor, decode_payload, encode_message, parse_header
 
+from tests.unit.test_protocol import random_array  # dtype-spanning values, inf/nan/-0.0 for floats
+
 LOSSLESS = ["none", "zlib-1", "zstd-1", "zstd-9", "lz4", "shuffle-zstd", "shuffle-lz4", "shuffle-zstd-5"]
 LOSSY = ["fp16", "bf16", "int8", "int8-64", "topk-0.1", "topk-1"]
-
-
-def random_array(dtype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    dt = DTYPES[dtype]
-    if dtype == "bool":
-        return rng.integers(0, 2, size=shape).astype(bool)
-    if dtype == "bfloat16":
-        return rng.integers(0, 2**16, size=shape, dtype=np.uint16)
-    if dt.kind == "f":
-        return (rng.standard_normal(size=shape) * 1e-2).astype(dt)
-    info = np.iinfo(dt)
-    return rng.integers(info.min, info.max, size=shape, dtype=dt, endpoint=True)
 
 
 def through_wire(tensors, codec, pool=None):
