@@ -161,7 +161,6 @@ class PacedSocket:
             view = memoryview(b)[:budget]
             picked.append(view)
             budget -= view.nbytes
-        nbytes = sum(v.nbytes for v in picked)
         now = time.perf_counter()
         start = max(now, self._t_free)
         if start > now:

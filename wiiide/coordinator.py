@@ -40,7 +40,7 @@ from wiiide.node import (EXIT_CONNECT, EXIT_PEER_LOST, Connection, Heartbeats, N
                          wait_for_start_gate)
 from wiiide.protocol import PROTOCOL_VERSION, WireTensor, encode_message
 from wiiide.sockets import configure_socket
-from wiiide.tensors import from_wire, to_wire
+from wiiide.tensors import to_wire
 
 TRAINING_MARKER = "coordinator.training"  # written into metrics_dir when the first step starts
 
