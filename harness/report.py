@@ -18,7 +18,10 @@ first, raw values kept, statistics computed from them)::
 goodput_bytes_per_s (tensor bytes through the coordinator per second of training, both directions),
 wire_bytes_per_s (whole frames), test_accuracy, loss_final, step_time_median_s,
 worker_network_time_s (mean over workers), compression_ratio, peak_rss_bytes (largest node), and the
-containers' net_rx_bytes / net_tx_bytes summed (docker backend).
+containers' net_rx_bytes / net_tx_bytes summed (docker backend); then, for every engine
+(`harness.engines`), the guide's Training Summary (throughput_samples_per_s, step_time_avg/min/max_s
+after warm-up, rss_avg_bytes) and the communication profile (comm_expected/measured_bytes_per_step,
+comm_share).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ from harness.sweep import run_sweep
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STEPS = 30
 VARIANTS = ["wiiide", "ddp", "fsdp",
-            {"label": "ddp-fp16-accum2", "engine": "ddp", "ddp_comm_hook": "fp16", "grad_accum_steps": 2},
+            {"label": "ddp-fp16-accum2", "engine": "ddp", "ddp_comm_hook": "fp16", "grad_accum_steps": 2,
+             "profile": True},
             {"label": "fsdp-gradop-bf16", "engine": "fsdp", "fsdp_reshard_after_forward": False,
              "mixed_precision": "bf16"}]
 
@@ -89,6 +90,16 @@ def test_options_are_applied(engines_report):
     assert gradop["comm"]["expected"]["scheme"] == "fsdp-shard-grad-op"
     assert gradop["mixed_precision"] == "bf16" and gradop["fsdp_reshard_after_forward"] is False
     assert gradop["gloo_socket_ifname"]  # loopback chosen on the local backend
+
+
+def test_profile_writes_a_trace_per_rank_into_the_run_folder(engines_report):
+    path, _, by_engine = engines_report
+    node = by_engine["ddp-fp16-accum2"]["nodes"]["coordinator"]
+    traces = sorted(Path(node["profile_dir"]).glob("*.pt.trace.json"))
+    assert [t.name.split(".")[0] for t in traces] == ["rank0", "rank1", "rank2"]
+    assert Path(node["profile_dir"]).parent.parent.parent == path.parent  # <run>/point-NNN/repeat-0/profile
+    assert all(t.stat().st_size > 1000 for t in traces)
+    assert "profile_dir" not in by_engine["ddp"]["nodes"]["coordinator"]
 
 
 def test_communication_profile(engines_report):
