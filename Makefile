@@ -13,8 +13,9 @@ STAMP := build/.setup-stamp
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt
-	$(PYTHON) -m pip install -q -r requirements.txt
+# The project and everything it needs, from pyproject.toml (the one list), with the test extras.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m pip install -q -e '.[test]'
 	@mkdir -p build && touch $(STAMP)
 
 # Headless chromium for the HTML report's browser test, from Debian's packages (never another download).

@@ -13,7 +13,7 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="$REPO_ROOT/build"
 PIDFILE="$BUILD_DIR/dockerd.pid"
 LOGFILE="$BUILD_DIR/dockerd.log"
-START_TIMEOUT="${WIIIDE_DOCKERD_TIMEOUT:-60}"
+START_TIMEOUT="${WIIIIIDE_DOCKERD_TIMEOUT:-60}"
 STOP_TIMEOUT=30
 
 log() { echo "[engine] $*"; }

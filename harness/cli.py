@@ -20,8 +20,9 @@ def _log(line: str) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from harness.report import format_table, load_report
-    from harness.spec import load_spec
+    from harness.present.table import format_table
+    from harness.results.report import load_report
+    from harness.spec.points import load_spec
     from harness.sweep import run_sweep
 
     spec = load_spec(args.spec)  # validated before anything starts
@@ -35,8 +36,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from harness.report import format_table, load_report, newest_report
-
+    from harness.present.table import format_table
+    from harness.results.report import load_report, newest_report
     if args.out and not args.html:
         raise SpecError("--out names the HTML page: use it with --html")
     paths = [Path(p) for p in args.paths] or [newest_report(REPO_ROOT / "results")]
@@ -45,15 +46,15 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(format_table(load_report(path)))
         print(path)
     if args.html:
-        from harness.html import write_html
-
+        from harness.present.html import write_html
         print(write_html(paths, args.out))
     return 0
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from harness.cluster.compose import cluster_up, engine_problem
-    from harness.image import ensure_image
+    from harness.run.compose import cluster_up
+    from harness.run.docker_client import engine_problem
+    from harness.run.image import ensure_image
     from wiiide.config import RunConfig
 
     problem = engine_problem()
@@ -71,8 +72,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from harness.cluster.compose import cluster_down, engine_problem
-
+    from harness.run.compose import cluster_down
+    from harness.run.docker_client import engine_problem
     problem = engine_problem()
     if problem:
         _log(f"no Docker engine answered ({problem}): nothing to remove")
@@ -83,27 +84,24 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_wire(args: argparse.Namespace) -> int:
-    from harness.bench_wire import main_from_args
-
+    from harness.bench.wire import main_from_args
     return main_from_args(args, _log)
 
 
 def cmd_image(args: argparse.Namespace) -> int:
-    from harness.image import build_image
-
+    from harness.run.image import build_image
     print(build_image(force=args.force, log=_log))
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from harness.compare import compare
-
+    from harness.present.compare import compare
     print(compare(args.reports, args.metric, args.baseline, args.alpha, args.json))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m harness", description="WIIIIIDE lab harness")
+    parser = argparse.ArgumentParser(prog="wiiide-lab", description="WIIIIIDE lab: run, shape, sweep and report WIIIIIDE clusters (also: python -m harness)")
     sub = parser.add_subparsers(dest="verb", required=True)
 
     p = sub.add_parser("sweep", help="run a sweep spec and write its JSON report")
@@ -134,8 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_down)
 
     p = sub.add_parser("bench-wire", help="raw socket vs WIIIIIDE frames, codecs, policies on paced links (JSON)")
-    from harness.bench_wire import add_arguments
-
+    from harness.bench.wire import add_arguments
     add_arguments(p)
     p.set_defaults(func=cmd_bench_wire)
 

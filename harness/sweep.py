@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Callable
 
 from harness import REPO_ROOT
-from harness.cluster import select_backend
-from harness.cluster.base import Backend, default_timeout_s
 from harness.errors import ClusterError, HarnessError
-from harness.link import link_totals
-from harness.machine import commit_info, machine_info
-from harness.report import ReportWriter, run_totals, utc_now
-from harness.spec import SweepSpec
-from harness.sysctl import HostSysctls
+from harness.results.report import ReportWriter, utc_now
+from harness.results.totals import link_totals, run_totals
+from harness.run.backend import Backend, default_timeout_s
+from harness.run.machine import commit_info, machine_info
+from harness.run.select import select_backend
+from harness.run.sysctls import HostSysctls
+from harness.spec.points import SweepSpec
 
 Progress = Callable[[str], None]
 

@@ -17,8 +17,7 @@ if str(REPO_ROOT) not in sys.path:
 def pytest_collection_modifyitems(config, items):
     if not any(item.get_closest_marker("docker") for item in items):
         return
-    from harness.cluster.compose import engine_problem
-
+    from harness.run.docker_client import engine_problem
     problem = engine_problem()
     if problem is None:
         return
@@ -33,12 +32,10 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def docker_ready(request):
     """The engine answers and the node image exists (built if missing). Fails when required and absent."""
-    from harness.cluster.compose import engine_problem
-
+    from harness.run.docker_client import engine_problem
     problem = engine_problem()
     if problem is not None:
         pytest.fail(f"WIIIIIDE_REQUIRE_DOCKER=1 but no Docker engine answered: {problem}")
-    from harness.image import build_image
-
+    from harness.run.image import build_image
     build_image(log=lambda line: print(line, file=sys.stderr))  # seconds when cached; never stale
     return True

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from harness.report import point_summary
+from harness.results.report import point_summary
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

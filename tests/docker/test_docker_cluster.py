@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.report import load_report
-from harness.spec import build_spec
+from harness.results.report import load_report
+from harness.spec.points import build_spec
 from harness.sweep import run_sweep
 
 pytestmark = pytest.mark.docker
@@ -52,11 +52,17 @@ def test_batches_add_up_and_accuracy_beats_chance(docker_report):
 
 
 def test_cluster_up_then_down_leaves_nothing(docker_ready):
-    from harness.cluster.compose import PROJECT, PROJECT_LABEL, _client, cluster_down, cluster_up
     from harness import REPO_ROOT
+    from harness.run.compose import (
+        PROJECT,
+        PROJECT_LABEL,
+        cluster_down,
+        cluster_up,
+    )
+    from harness.run.docker_client import docker_client
     from wiiide.config import RunConfig
 
-    client = _client()
+    client = docker_client()
     try:
         containers = cluster_up(RunConfig(num_workers=4, duration_s=60), (REPO_ROOT / "results" / "cluster-test").resolve())
         assert len(containers) == 5

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from harness.report import load_report
-from harness.spec import build_spec
+from harness.results.report import load_report
+from harness.spec.points import build_spec
 from harness.sweep import run_sweep
 
 pytestmark = pytest.mark.docker

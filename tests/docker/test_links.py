@@ -11,13 +11,21 @@ import threading
 
 import pytest
 
-from harness.cluster.compose import (PROJECT, PROJECT_LABEL, _client, cluster_down, cluster_up)
-from harness.cluster.shaping import START_GATE_FILE, container_identity
-from harness.image import DEFAULT_TAG
-from harness.link import (ContainerExec, LinkProfile, apply_plan, plan_shaping, probe_capabilities,
-                          rate_in_force_bps, read_back)
-from harness.report import load_report
-from harness.spec import build_spec
+from harness.links.plan import plan_shaping
+from harness.links.readback import rate_in_force_bps
+from harness.results.report import load_report
+from harness.run.compose import (
+    PROJECT,
+    PROJECT_LABEL,
+    cluster_down,
+    cluster_up,
+)
+from harness.run.docker_client import docker_client
+from harness.run.image import DEFAULT_TAG
+from harness.run.shaping import START_GATE_FILE, container_identity
+from harness.run.tc_exec import ContainerExec, apply_plan, probe_capabilities, read_back
+from harness.spec.links import LinkProfile
+from harness.spec.points import build_spec
 from harness.sweep import run_sweep
 from wiiide.config import RunConfig
 
@@ -85,13 +93,13 @@ def shaped_pair(docker_ready, tmp_path_factory):
     containers = cluster_up(cfg, tmp_path_factory.mktemp("links-cluster"), os.environ.get("WIIIIIDE_IMAGE", DEFAULT_TAG))
     try:
         by_role = {container_identity(c)[0]: c for c in containers}
-        caps = probe_capabilities(_client(), os.environ.get("WIIIIIDE_IMAGE", DEFAULT_TAG))
+        caps = probe_capabilities(docker_client(), os.environ.get("WIIIIIDE_IMAGE", DEFAULT_TAG))
         plan = plan_shaping(LinkProfile(rate_bps=RATE_BPS, ingress=True), caps)
         readback = apply_plan(ContainerExec(by_role["coordinator"]), plan)
         yield by_role, readback, caps
     finally:
         cluster_down(print)
-        client = _client()
+        client = docker_client()
         assert client.containers.list(all=True, filters={"label": f"{PROJECT_LABEL}={PROJECT}"}) == []
         assert client.networks.list(filters={"label": f"{PROJECT_LABEL}={PROJECT}"}) == []
         assert host_ifbs() == ifbs_before  # the ifb lived in the coordinator's namespace and went with it

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from harness import REPO_ROOT
-from harness.bench_wire import format_table, run_bench, summarize
+from harness.bench.wire import format_table, run_bench, summarize
 
 
 def test_bench_wire_tiny_local_run_writes_the_report(tmp_path):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.report import load_report
-from harness.spec import build_spec
+from harness.results.report import load_report
+from harness.spec.points import build_spec
 from harness.sweep import run_sweep
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

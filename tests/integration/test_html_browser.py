@@ -25,7 +25,7 @@ import pytest
 
 matplotlib_image = pytest.importorskip("matplotlib.image")
 
-from harness.html import render_page  # noqa: E402
+from harness.present.html import render_page  # noqa: E402
 from tests.report_samples import buffers_report  # noqa: E402
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

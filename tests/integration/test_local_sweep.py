@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from harness.report import format_table, load_report
-from harness.spec import build_spec
+from harness.present.table import format_table
+from harness.results.report import load_report
+from harness.spec.points import build_spec
 from harness.sweep import run_sweep
 
 REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]

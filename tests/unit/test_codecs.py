@@ -7,8 +7,15 @@ import zlib
 import numpy as np
 import pytest
 
-from wiiide.codecs import (REGISTRY, Codec, CompressionPolicy, NoCodec, ZlibCodec, codec_from_name,
-                           decoder_for)
+from wiiide.codecs import (
+    REGISTRY,
+    Codec,
+    CompressionPolicy,
+    NoCodec,
+    ZlibCodec,
+    codec_from_name,
+    decoder_for,
+)
 from wiiide.errors import ProtocolError
 
 ALL_CODECS = ["none"] + [f"zlib-{level}" for level in range(1, 10)]

@@ -12,7 +12,6 @@ import pytest
 from wiiide.config import COMPRESSION_CHOICES, ENV_PREFIX, RunConfig, default_config
 from wiiide.errors import ConfigError
 
-
 MIB = 1024 * 1024
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

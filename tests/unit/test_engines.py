@@ -12,13 +12,26 @@ from pathlib import Path
 
 import pytest
 
-from harness.compare import compare, compare_engines, compare_reports, verdict, welch_p_value
-from harness.engines import engine_totals
 from harness.errors import HarnessError
-from harness.spec import build_spec
+from harness.present.compare import (
+    compare,
+    compare_engines,
+    compare_reports,
+    verdict,
+    welch_p_value,
+)
+from harness.results.totals import engine_totals
+from harness.spec.points import build_spec
 from wiiide.config import RunConfig
-from wiiide.engines.comm import (IntervalTimer, estimate, fsdp_padded_elements, parameter_server, powersgd_elements,
-                                 ring_factor, union_length_s)
+from wiiide.engines.comm import (
+    IntervalTimer,
+    estimate,
+    fsdp_padded_elements,
+    parameter_server,
+    powersgd_elements,
+    ring_factor,
+    union_length_s,
+)
 from wiiide.errors import ConfigError
 from wiiide.summary import format_summary, training_summary
 

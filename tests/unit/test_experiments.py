@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.spec import load_spec
+from harness.spec.points import load_spec
 from wiiide.config import RunConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -23,7 +23,15 @@ from wiiide import protocol
 from wiiide.auth import hello_mac
 from wiiide.config import RunConfig
 from wiiide.errors import ProtocolError
-from wiiide.protocol import MAGIC, PREFIX, PROTOCOL_VERSION, FrameReader, decode_payload, encode_message, parse_header
+from wiiide.protocol import (
+    MAGIC,
+    PREFIX,
+    PROTOCOL_VERSION,
+    FrameReader,
+    decode_payload,
+    encode_message,
+    parse_header,
+)
 
 EXAMPLES = int(os.environ.get("WIIIIIDE_FUZZ_EXAMPLES", "200"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -16,8 +16,19 @@ import pytest
 
 matplotlib_image = pytest.importorskip("matplotlib.image")
 
-from harness.html import CHART_METRICS, default_html_path, reference_figures, render_page, write_html  # noqa: E402
-from tests.report_samples import FAILED_ERROR, PARTIAL_ERROR, buffers_report, compression_report  # noqa: E402
+from harness.present.html import (  # noqa: E402
+    CHART_METRICS,
+    default_html_path,
+    reference_figures,
+    render_page,
+    write_html,
+)
+from tests.report_samples import (  # noqa: E402
+    FAILED_ERROR,
+    PARTIAL_ERROR,
+    buffers_report,
+    compression_report,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 IMG_SRC = re.compile(r'<img\b[^>]*\bsrc="([^"]*)"')

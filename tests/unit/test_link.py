@@ -10,11 +10,29 @@ from pathlib import Path
 import pytest
 
 from harness.errors import LinkShapingError, SpecError
-from harness.link import (ALL_CAPABILITIES, IFB_DEV, Capabilities, ContainerExec, LinkProfile, applied_rates_text,
-                          burst_bytes, describe, format_rate, htb_quantum_bytes, link_cells, link_totals,
-                          netem_args, netem_limit_packets, parse_pct, parse_rate_bps, parse_tc_show, parse_time_ms,
-                          plan_shaping, probe_with, profile_commands, rate_in_force_bps, tbf_limit_bytes,
-                          unsupported_text)
+from harness.links.plan import ALL_CAPABILITIES, Capabilities, plan_shaping
+from harness.links.readback import parse_tc_show, rate_in_force_bps
+from harness.links.tc import (
+    IFB_DEV,
+    burst_bytes,
+    describe,
+    htb_quantum_bytes,
+    netem_args,
+    netem_limit_packets,
+    profile_commands,
+    tbf_limit_bytes,
+)
+from harness.present.links_text import applied_rates_text, link_cells, unsupported_text
+from harness.results.totals import link_totals
+from harness.run.tc_exec import ContainerExec, probe_with
+from harness.spec.links import LinkProfile
+from wiiide.units import (
+    UnitError,
+    format_rate,
+    parse_pct,
+    parse_rate_bps,
+    parse_time_ms,
+)
 
 FIXTURES = Path(__file__).parent / "tc_fixtures"
 NO_NETEM = Capabilities(netem=False, tbf=True, htb=True, ifb=True,
@@ -40,7 +58,7 @@ def test_rates_parse_in_si_bits(text, bps):
     ("10mbps", "ambiguous"), ("fast", "not a rate"), (True, "needs a unit"),
 ])
 def test_bad_rates_say_why(value, needle):
-    with pytest.raises(SpecError, match=needle):
+    with pytest.raises(UnitError, match=needle):
         parse_rate_bps(value)
 
 
@@ -49,11 +67,11 @@ def test_times_and_percentages():
     assert parse_time_ms("500us", "delay") == 0.5
     assert parse_time_ms("1.5s", "delay") == 1500.0
     for bad in (20, "20", "20min", None):
-        with pytest.raises(SpecError, match="delay"):
+        with pytest.raises(UnitError, match="delay"):
             parse_time_ms(bad, "delay")
     assert parse_pct("1%", "loss") == 1.0 and parse_pct(0.5, "loss") == 0.5 and parse_pct("25", "loss") == 25.0
     for bad in ("a%", True, "-1%"):
-        with pytest.raises(SpecError, match="loss"):
+        with pytest.raises(UnitError, match="loss"):
             parse_pct(bad, "loss")
 
 

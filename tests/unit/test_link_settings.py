@@ -10,12 +10,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.cluster.local import LocalBackend
-from harness.cluster.settings import ClusterSettings, load_presets, param_label, parse_cluster, parse_link
 from harness.errors import ClusterError, SpecError
-from harness.link import Capabilities, LinkProfile, plan_shaping
-from harness.report import format_table
-from harness.spec import build_spec, load_spec
+from harness.links.plan import Capabilities, plan_shaping
+from harness.present.table import format_table
+from harness.run.local import LocalBackend
+from harness.spec.cluster import (
+    ClusterSettings,
+    load_presets,
+    param_label,
+    parse_cluster,
+    parse_link,
+)
+from harness.spec.links import LinkProfile
+from harness.spec.points import build_spec, load_spec
 from harness.sweep import run_sweep
 from wiiide.config import RunConfig
 from wiiide.log import TieredLog

@@ -9,7 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from wiiide.model import FlatParams, build_mlp, model_from_spec, model_spec, num_parameters
+from wiiide.model import (
+    FlatParams,
+    build_mlp,
+    model_from_spec,
+    model_spec,
+    num_parameters,
+)
 
 
 def batch(features: int = 64, n: int = 16, classes: int = 10, seed: int = 0):

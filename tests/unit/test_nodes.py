@@ -33,9 +33,25 @@ from wiiide.errors import ConfigError, PeerClosed, ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.model import FlatParams, build_mlp, model_spec
-from wiiide.node import (EXIT_CONNECT, EXIT_ERROR, EXIT_OK, EXIT_PEER_LOST, EXIT_TERMINATED, NodeFailure,
-                         run_node)
-from wiiide.protocol import MAGIC, PREFIX, PROTOCOL_VERSION, FrameReader, Message, WireTensor, encode_message, send_frames
+from wiiide.node import (
+    EXIT_CONNECT,
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_PEER_LOST,
+    EXIT_TERMINATED,
+    NodeFailure,
+    run_node,
+)
+from wiiide.protocol import (
+    MAGIC,
+    PREFIX,
+    PROTOCOL_VERSION,
+    FrameReader,
+    Message,
+    WireTensor,
+    encode_message,
+    send_frames,
+)
 
 MIB = 1024 * 1024
 SECRET = "unit-tests-shared-secret-0123456789"  # what node_env gives the subprocesses, too

@@ -14,8 +14,19 @@ import torch
 from wiiide import protocol
 from wiiide.codecs import NoCodec, ZlibCodec
 from wiiide.errors import PeerClosed, ProtocolError
-from wiiide.protocol import (DTYPES, MAGIC, MAX_HEADER_BYTES, MAX_TENSOR_RANK, PREFIX, PREFIX_NBYTES,
-                             PROTOCOL_VERSION, FrameReader, WireTensor, encode_message, send_frames)
+from wiiide.protocol import (
+    DTYPES,
+    MAGIC,
+    MAX_HEADER_BYTES,
+    MAX_TENSOR_RANK,
+    PREFIX,
+    PREFIX_NBYTES,
+    PROTOCOL_VERSION,
+    FrameReader,
+    WireTensor,
+    encode_message,
+    send_frames,
+)
 from wiiide.tensors import from_wire, to_wire
 
 MIB = 1024 * 1024

@@ -7,8 +7,9 @@ import os
 import pytest
 
 from harness.errors import SpecError
-from harness.spec import build_spec
-from harness.sysctl import HostSysctls, parse_sysctls, read
+from harness.run.sysctls import HostSysctls, read
+from harness.spec.points import build_spec
+from harness.spec.sysctls import parse_sysctls
 
 
 def test_only_allowed_keys_and_ranges():

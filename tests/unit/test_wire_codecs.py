@@ -11,12 +11,25 @@ import numpy as np
 import pytest
 import zstandard
 
-from wiiide.codecs import CODEC_NAME_FORMS, REGISTRY, TopKCodec, codec_from_name, decoder_for
+from tests.unit.test_protocol import (
+    random_array,  # dtype-spanning values, inf/nan/-0.0 for floats
+)
+from wiiide.codecs import (
+    CODEC_NAME_FORMS,
+    REGISTRY,
+    TopKCodec,
+    codec_from_name,
+    decoder_for,
+)
 from wiiide.codecs.chunked import CodecPool
 from wiiide.errors import ProtocolError
-from wiiide.protocol import DTYPES, WireTensor, decode_payload, encode_message, parse_header
-
-from tests.unit.test_protocol import random_array  # dtype-spanning values, inf/nan/-0.0 for floats
+from wiiide.protocol import (
+    DTYPES,
+    WireTensor,
+    decode_payload,
+    encode_message,
+    parse_header,
+)
 
 LOSSLESS = ["none", "zlib-1", "zstd-1", "zstd-9", "lz4", "shuffle-zstd", "shuffle-lz4", "shuffle-zstd-5"]
 LOSSY = ["fp16", "bf16", "int8", "int8-64", "topk-0.1", "topk-1"]

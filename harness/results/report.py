@@ -19,7 +19,7 @@ goodput_bytes_per_s (tensor bytes through the coordinator per second of training
 wire_bytes_per_s (whole frames), test_accuracy, loss_final, step_time_median_s,
 worker_network_time_s (mean over workers), compression_ratio, peak_rss_bytes (largest node), and the
 containers' net_rx_bytes / net_tx_bytes summed (docker backend); then, for every engine
-(`harness.engines`), the guide's Training Summary (throughput_samples_per_s, step_time_avg/min/max_s
+(`harness.results.totals`), the guide's Training Summary (throughput_samples_per_s, step_time_avg/min/max_s
 after warm-up, rss_avg_bytes) and the communication profile (comm_expected/measured_bytes_per_step,
 comm_share).
 """
@@ -32,13 +32,18 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError
-from harness.link import LINK_COLUMNS, link_cells
-from harness.engines import engine_totals
+from harness.present.links_text import LINK_COLUMNS, link_cells
+from harness.results.totals import engine_totals
 from wiiide.metrics import summarize, write_json_atomic
 
+
 SCHEMA_VERSION = 1
+
+
 # A summary whose stdev is above this fraction of its mean is flagged "unstable" (as pyperf does).
 UNSTABLE_CV = 0.10
+
+
 SUMMARY_KEYS = ("batches_per_s", "samples_per_s", "goodput_bytes_per_s", "wire_bytes_per_s", "test_accuracy",
                 "loss_final", "step_time_median_s", "worker_network_time_s", "compression_ratio", "peak_rss_bytes",
                 "container_net_bytes", "throughput_samples_per_s", "step_time_avg_s", "comm_share",
@@ -47,49 +52,6 @@ SUMMARY_KEYS = ("batches_per_s", "samples_per_s", "goodput_bytes_per_s", "wire_b
 
 def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def run_totals(nodes: dict[str, dict[str, Any]], containers: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The per-repeat figures people compare, computed from the nodes' own metrics and container stats."""
-    coord = nodes.get("coordinator") or {}
-    workers = [n for name, n in nodes.items() if name.startswith("worker")]
-    train_s = coord.get("train_time_s") or coord.get("wall_time_s") or 0.0
-    batches = coord.get("batches") or 0
-
-    def per_s(value: float | None) -> float | None:
-        return value / train_s if (value is not None and train_s) else None
-
-    payload = (coord.get("payload_bytes_sent") or 0) + (coord.get("payload_bytes_received") or 0)
-    wire = (coord.get("wire_bytes_sent") or 0) + (coord.get("wire_bytes_received") or 0)
-    encoded = sum(n.get("encoded_bytes_sent") or 0 for n in nodes.values())
-    raw = sum(n.get("payload_bytes_sent") or 0 for n in nodes.values())
-    net_times = [n.get("network_time_s") for n in workers if n.get("network_time_s") is not None]
-    rx = [c.get("summary", {}).get("net_rx_bytes") for c in containers.values()]
-    tx = [c.get("summary", {}).get("net_tx_bytes") for c in containers.values()]
-    has_net = any(v is not None for v in rx + tx)
-    return {
-        "steps": coord.get("steps"),
-        "batches": batches,
-        "train_time_s": train_s or None,
-        "batches_per_s": per_s(batches),
-        "samples_per_s": per_s(coord.get("samples")),
-        "goodput_bytes_per_s": per_s(payload),
-        "wire_bytes_per_s": per_s(wire),
-        "test_accuracy": coord.get("test_accuracy"),
-        "loss_final": coord.get("loss_final"),
-        "loss_avg": coord.get("loss_avg"),
-        "step_time_median_s": (coord.get("step_time_s") or {}).get("median"),
-        "worker_network_time_s": sum(net_times) / len(net_times) if net_times else None,
-        "compression_ratio": raw / encoded if encoded else None,
-        "compression_time_s": sum(n.get("compression_time_s") or 0 for n in nodes.values()),
-        "peak_rss_bytes": max((n.get("peak_rss_bytes") or 0 for n in nodes.values()), default=None),
-        "batches_per_worker": coord.get("batches_per_worker"),
-        "worker_batches_sum": sum(n.get("batches") or 0 for n in workers),
-        "container_net_rx_bytes": sum(v or 0 for v in rx) if has_net else None,
-        "container_net_tx_bytes": sum(v or 0 for v in tx) if has_net else None,
-        "container_net_bytes": sum(v or 0 for v in rx + tx) if has_net else None,
-        **engine_totals(nodes, containers),  # the guide's Training Summary and the communication profile
-    }
 
 
 def point_summary(repeats: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
@@ -189,69 +151,3 @@ def newest_report(results_dir: Path) -> Path:
     if not reports:
         raise HarnessError(f"no report.json under {results_dir}; run a sweep first (make demo)")
     return reports[-1]
-
-
-def _fmt(value: Any, kind: str = "") -> str:
-    if value is None:
-        return "-"
-    if kind == "bytes_per_s":
-        return f"{value / 1e6:.2f}"
-    if kind == "pct":
-        return f"{100 * value:.1f}"
-    if kind == "ms":
-        return f"{1000 * value:.2f}"
-    if kind == "mb":
-        return f"{value / 1e6:.0f}"
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
-    return str(value)
-
-
-# (column title, summary key, format)
-TABLE_COLUMNS = [
-    ("batches/s", "batches_per_s", ""),
-    ("goodput MB/s", "goodput_bytes_per_s", "bytes_per_s"),
-    ("step ms", "step_time_median_s", "ms"),
-    ("net s/worker", "worker_network_time_s", ""),
-    ("ratio", "compression_ratio", ""),
-    ("acc %", "test_accuracy", "pct"),
-    ("RSS MB", "peak_rss_bytes", "mb"),
-]
-
-
-def format_table(report: dict[str, Any]) -> str:
-    """The points as a fixed-width table: params, status, repeats, then medians over repeats (± stdev)."""
-    params = report.get("param_names") or sorted({k for p in report["points"] for k in p.get("params", {})})
-    has_links = any((p.get("cluster") or {}).get("link") for p in report["points"])  # shaped: show what was applied
-    header = ["#", *params, *(LINK_COLUMNS if has_links else []), "status", "n", *[c[0] for c in TABLE_COLUMNS]]
-    rows = []
-    for point in report["points"]:
-        summary = point.get("summary", {})
-        cells = [str(point["index"]), *[_fmt(point["params"].get(p)) for p in params],
-                 *(link_cells(point) if has_links else []), point["status"],
-                 str(sum(r["status"] == "ok" for r in point.get("repeats", [])))]
-        for _, key, kind in TABLE_COLUMNS:
-            stats = summary.get(key)
-            text = _fmt(stats["median"], kind) if stats else "-"
-            if stats and stats["count"] > 1 and stats["stdev"]:
-                text += "±" + _fmt(stats["stdev"], kind)
-            if key in point.get("unstable", []):
-                text += "!"
-            cells.append(text)
-        rows.append(cells)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
-    backend = report.get("backend", {})
-    machine = report.get("machine_info", {})
-    title = (f"{report.get('name')} ({report.get('spec', {}).get('description', '')}) | backend {backend.get('name')} | "
-             f"{machine.get('cpu_count_logical')} CPUs, {(machine.get('memory_total_bytes') or 0) / 2**30:.0f} GiB | "
-             f"commit {(report.get('commit_info', {}).get('id') or '?')[:10]}"
-             f"{'' if report.get('complete') else ' | INCOMPLETE'}")
-    notes = []
-    for point in report["points"]:
-        if point["status"] != "ok" and point.get("error"):
-            notes.append(f"point {point['index']} {point['status']}: {point['error']}")
-    legend = "medians over repeats, ±stdev; '!' marks a spread over 10 % of the mean (unstable)"
-    return "\n".join([title, *lines, legend, *notes])

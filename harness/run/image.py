@@ -2,8 +2,9 @@
 
 Steps, each logged with the seconds it took:
 
-1. Wheelhouse: ``pip download`` of ``docker/requirements-node.txt`` into ``build/wheelhouse`` on the
-   host, so that the image installs its Python packages with ``--no-index`` (no network, and no
+1. Wheelhouse: ``pip download`` of the node's requirements (derived from ``pyproject.toml``: the
+   ``[tool.wiiide-lab] node-packages`` with their versions from ``[project] dependencies``, written to
+   ``build/wheelhouse/requirements-node.txt``) into ``build/wheelhouse`` on the host, so that the image installs its Python packages with ``--no-index`` (no network, and no
    HTTPS, needed inside the build).
 2. Base image: ``python:3.11-slim`` if it is present or can be pulled; otherwise (no registry) a
    local Debian bookworm base ``wiiide-base:bookworm`` made with ``debootstrap`` and ``docker import``.
@@ -14,7 +15,7 @@ docker-compose and debootstrap when they are missing).
 
 Command line::
 
-    python -m harness.image [--force] [--base IMAGE] [--tag TAG]
+    wiiide-lab image [--force] [--base IMAGE] [--tag TAG]
 """
 
 from __future__ import annotations
@@ -31,27 +32,28 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
+from harness import REPO_ROOT
 from harness.errors import ClusterError
+from harness.run.docker_client import docker_client
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_DIR = REPO_ROOT / "build"
 WHEELHOUSE = BUILD_DIR / "wheelhouse"
 ROOTFS = BUILD_DIR / "rootfs"
 DOCKERFILE = "docker/Dockerfile"  # relative to the build context (REPO_ROOT)
-NODE_REQUIREMENTS = REPO_ROOT / "docker" / "requirements-node.txt"
+PYPROJECT = REPO_ROOT / "pyproject.toml"
+NODE_REQUIREMENTS = WHEELHOUSE / "requirements-node.txt"  # derived from PYPROJECT, see node_requirements()
 
 DEFAULT_TAG = "wiiide:latest"
 DEFAULT_BASE = "python:3.11-slim"
 LOCAL_BASE = "wiiide-base:bookworm"
 DEBIAN_SUITE = "bookworm"
-DEBIAN_MIRROR = os.environ.get("WIIIDE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+DEBIAN_MIRROR = os.environ.get("WIIIIIDE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 DEBOOTSTRAP_PACKAGES = "python3,python3-venv,iproute2,ca-certificates"
 # The image's Python must match the wheels: bookworm's python3 and python:3.11-slim are both 3.11.
 IMAGE_PYTHON = (3, 11)
 
-PULL_TIMEOUT_S = float(os.environ.get("WIIIDE_PULL_TIMEOUT", "60"))
+PULL_TIMEOUT_S = float(os.environ.get("WIIIIIDE_PULL_TIMEOUT", "60"))
 BUILD_TIMEOUT_S = 3600
-ENGINE_HINT = "start one with `bash docker/engine.sh start` (or `make docker-engine`)"
 
 Log = Callable[[str], None]
 
@@ -118,20 +120,6 @@ def _run(cmd: Sequence[str], log: Log, *, echo: bool = True, cwd: Optional[Path]
         )
 
 
-def _client(timeout: float = 60):
-    """A docker SDK client talking to a live engine, or ClusterError saying how to get one."""
-    try:
-        import docker  # the SDK; imported here so that the module loads without it
-    except ImportError as e:
-        raise ClusterError("the Python package `docker` is missing: pip install -r requirements.txt") from e
-    try:
-        client = docker.from_env(timeout=timeout)
-        client.ping()
-    except Exception as e:  # DockerException, requests errors: all mean "no engine here"
-        raise ClusterError(f"no Docker engine answers ({e}); {ENGINE_HINT}") from e
-    return client
-
-
 def _image_exists(client, name: str) -> bool:
     import docker.errors
 
@@ -148,8 +136,31 @@ def _image_exists(client, name: str) -> bool:
 # step 1: wheelhouse
 
 
-def _requirements_digest() -> str:
-    h = hashlib.sha256(NODE_REQUIREMENTS.read_bytes())
+def node_requirements(pyproject: Path = PYPROJECT) -> list[str]:
+    """The requirement strings the node image installs, e.g. ``["torch==2.13.0", "numpy>=1.26", ...]``:
+    every name of ``[tool.wiiide-lab] node-packages`` with its specifier from ``[project] dependencies``.
+
+    Raises:
+        ClusterError: pyproject.toml is missing, or names a node package that is not a dependency.
+    """
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    try:
+        data = tomllib.loads(pyproject.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ClusterError(f"cannot read the project's dependencies from {pyproject}: {e}") from e
+    deps = {Requirement(d).name.lower(): d for d in data["project"]["dependencies"]}
+    wanted = data.get("tool", {}).get("wiiide-lab", {}).get("node-packages", [])
+    missing = [n for n in wanted if n.lower() not in deps]
+    if missing:
+        raise ClusterError(f"{pyproject}: node-packages {missing} are not in [project] dependencies")
+    return [deps[n.lower()] for n in wanted]
+
+
+def _requirements_digest(requirements: list[str]) -> str:
+    h = hashlib.sha256("\n".join(requirements).encode())
     h.update(f"cp{IMAGE_PYTHON[0]}{IMAGE_PYTHON[1]}-x86_64".encode())
     return h.hexdigest()
 
@@ -174,12 +185,15 @@ def _platform_args() -> list:
 
 
 def build_wheelhouse(force: bool = False, log: Log = print) -> Path:
-    """Fills build/wheelhouse with wheels for everything docker/requirements-node.txt needs."""
+    """Fills build/wheelhouse with wheels for everything the node needs (`node_requirements`), and
+    writes those requirements to build/wheelhouse/requirements-node.txt for the Dockerfile."""
     with _Step(log, f"wheelhouse {WHEELHOUSE.relative_to(REPO_ROOT)}") as step:
-        if not NODE_REQUIREMENTS.is_file():
-            raise ClusterError(f"missing {NODE_REQUIREMENTS}")
+        requirements = node_requirements()
+        WHEELHOUSE.mkdir(parents=True, exist_ok=True)
+        NODE_REQUIREMENTS.write_text("# derived from pyproject.toml by harness/run/image.py\n"
+                                     + "\n".join(requirements) + "\n")
         stamp = WHEELHOUSE / _STAMP
-        digest = _requirements_digest()
+        digest = _requirements_digest(requirements)
         if (
             not force
             and stamp.is_file()
@@ -207,7 +221,7 @@ def _try_pull(name: str, log: Log) -> bool:
     """Pulls name (short timeout). False, with the reason logged, if that does not work."""
     repo, _, tag = name.rpartition(":") if ":" in name.split("/")[-1] else (name, "", "latest")
     try:
-        client = _client(timeout=PULL_TIMEOUT_S)
+        client = docker_client(timeout_s=PULL_TIMEOUT_S)
         for event in client.api.pull(repo, tag=tag, stream=True, decode=True):
             if "error" in event:
                 log(f"[image] pull {name} failed: {event['error']}")
@@ -250,7 +264,7 @@ def _remove_rootfs(log: Log) -> None:
 
 def build_local_base(force: bool = False, log: Log = print) -> str:
     """Makes LOCAL_BASE (Debian bookworm minbase + python3, venv, iproute2) without any registry."""
-    client = _client()
+    client = docker_client()
     if not force and _image_exists(client, LOCAL_BASE):
         log(f"[image] local base {LOCAL_BASE} exists")
         return LOCAL_BASE
@@ -308,9 +322,9 @@ def _import_rootfs(name: str, log: Log) -> None:
 
 def resolve_base(base_image: Optional[str] = None, force: bool = False, log: Log = print) -> str:
     """The base image to build FROM: present locally, pulled, or (default only) made locally."""
-    wanted = base_image or os.environ.get("WIIIDE_BASE_IMAGE") or DEFAULT_BASE
+    wanted = base_image or os.environ.get("WIIIIIDE_BASE_IMAGE") or DEFAULT_BASE
     with _Step(log, f"base image {wanted}") as step:
-        client = _client()
+        client = docker_client()
         if wanted == LOCAL_BASE:
             base = build_local_base(force=force, log=log)
             step.done(base)
@@ -339,7 +353,7 @@ def resolve_base(base_image: Optional[str] = None, force: bool = False, log: Log
 def _docker_build(tag: str, base: str, nocache: bool, log: Log) -> str:
     import docker.errors
 
-    client = _client(timeout=BUILD_TIMEOUT_S)
+    client = docker_client(timeout_s=BUILD_TIMEOUT_S)
     tail: collections.deque = collections.deque(maxlen=40)
     image_id = ""
     try:
@@ -384,12 +398,12 @@ def build_image(tag: str = DEFAULT_TAG, base_image: Optional[str] = None, force:
     Raises ClusterError (with the failing command and its last output) on any failure.
     """
     t0 = time.monotonic()
-    _client()  # fail early and clearly when there is no engine
+    docker_client()  # fail early and clearly when there is no engine
     build_wheelhouse(force=force, log=log)
     base = resolve_base(base_image, force=force, log=log)
     with _Step(log, f"docker build {tag} FROM {base}") as step:
         image_id = _docker_build(tag, base, nocache=force, log=log)
-        size = _client().images.get(tag).attrs.get("Size", 0)
+        size = docker_client().images.get(tag).attrs.get("Size", 0)
         step.done(f"{image_id[:19] or tag}, {size / 1e6:.0f} MB")
     log(f"[image] {tag} ready ({time.monotonic() - t0:.1f}s in all)")
     return tag
@@ -397,14 +411,14 @@ def build_image(tag: str = DEFAULT_TAG, base_image: Optional[str] = None, force:
 
 def ensure_image(tag: str = DEFAULT_TAG, log: Log = print) -> str:
     """Returns tag, building the image first only if the engine does not have it yet."""
-    if _image_exists(_client(), tag):
+    if _image_exists(docker_client(), tag):
         return tag
     log(f"[image] {tag} missing: building it")
     return build_image(tag=tag, log=log)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.image", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m harness.run.image", description=__doc__.split("\n\n")[0])
     parser.add_argument("--force", action="store_true",
                         help="re-download wheels, rebuild the local base if used, build without cache")
     parser.add_argument("--base", metavar="IMAGE", default=None,

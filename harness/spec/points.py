@@ -33,10 +33,16 @@ from typing import Any
 
 import yaml
 
-from harness.cluster.settings import CLUSTER_KEYS, ClusterSettings, load_presets, param_label, parse_cluster
 from harness.errors import SpecError
-from harness.faults import Fault, parse_faults
-from harness.sysctl import parse_sysctls
+from harness.spec.cluster import (
+    CLUSTER_KEYS,
+    ClusterSettings,
+    load_presets,
+    param_label,
+    parse_cluster,
+)
+from harness.spec.faults import Fault, parse_faults
+from harness.spec.sysctls import parse_sysctls
 from wiiide.config import RunConfig
 from wiiide.errors import ConfigError
 
@@ -71,8 +77,8 @@ class SweepSpec:
     reference: dict[str, Any] = field(default_factory=dict)
     timeout_s: float | None = None  # per repeat; default: derived from duration and connect timeout
     link_presets: dict[str, Any] = field(default_factory=dict)  # the spec's own, beside experiments/links.yaml's
-    faults: list[Fault] = field(default_factory=list)  # injected in every run (harness.faults)
-    host_sysctls: dict[str, int] = field(default_factory=dict)  # set for the sweep (harness.sysctl)
+    faults: list[Fault] = field(default_factory=list)  # injected in every run (harness.spec.faults, harness.run.faults)
+    host_sysctls: dict[str, int] = field(default_factory=dict)  # set for the sweep (harness.spec.sysctls)
     points: list[Point] = field(default_factory=list)
 
     @property

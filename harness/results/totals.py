@@ -3,7 +3,7 @@
 Computed from the nodes' own metrics files (every engine writes the same ones: ``coordinator`` is the
 parameter server or rank 0) and, for measured bytes, from each node's interface counters, which are
 the container's own on the docker backend (the local backend's processes share the host's counters,
-so measured bytes are left out there). `harness.report.run_totals` merges these into a repeat's totals.
+so measured bytes are left out there). `run_totals` below merges these into a repeat's totals.
 
 - ``throughput_samples_per_s``: the guide's ``batch_size x world_size / step time``: the global batch of
   one step over the coordinator's (rank 0's) mean step time, warm-up steps excluded.
@@ -21,7 +21,7 @@ so measured bytes are left out there). `harness.report.run_totals` merges these 
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import Any, Mapping
 
 from wiiide.engines.comm import parameter_server
 
@@ -81,3 +81,76 @@ def engine_totals(nodes: dict[str, dict[str, Any]], containers: dict[str, dict[s
         "comm_measured_over_expected": (measured / exp_total) if (measured is not None and exp_total) else None,
         "comm_share": comm_share,
     }
+
+
+
+
+
+
+def run_totals(nodes: dict[str, dict[str, Any]], containers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The per-repeat figures people compare, computed from the nodes' own metrics and container stats."""
+    coord = nodes.get("coordinator") or {}
+    workers = [n for name, n in nodes.items() if name.startswith("worker")]
+    train_s = coord.get("train_time_s") or coord.get("wall_time_s") or 0.0
+    batches = coord.get("batches") or 0
+
+    def per_s(value: float | None) -> float | None:
+        return value / train_s if (value is not None and train_s) else None
+
+    payload = (coord.get("payload_bytes_sent") or 0) + (coord.get("payload_bytes_received") or 0)
+    wire = (coord.get("wire_bytes_sent") or 0) + (coord.get("wire_bytes_received") or 0)
+    encoded = sum(n.get("encoded_bytes_sent") or 0 for n in nodes.values())
+    raw = sum(n.get("payload_bytes_sent") or 0 for n in nodes.values())
+    net_times = [n.get("network_time_s") for n in workers if n.get("network_time_s") is not None]
+    rx = [c.get("summary", {}).get("net_rx_bytes") for c in containers.values()]
+    tx = [c.get("summary", {}).get("net_tx_bytes") for c in containers.values()]
+    has_net = any(v is not None for v in rx + tx)
+    return {
+        "steps": coord.get("steps"),
+        "batches": batches,
+        "train_time_s": train_s or None,
+        "batches_per_s": per_s(batches),
+        "samples_per_s": per_s(coord.get("samples")),
+        "goodput_bytes_per_s": per_s(payload),
+        "wire_bytes_per_s": per_s(wire),
+        "test_accuracy": coord.get("test_accuracy"),
+        "loss_final": coord.get("loss_final"),
+        "loss_avg": coord.get("loss_avg"),
+        "step_time_median_s": (coord.get("step_time_s") or {}).get("median"),
+        "worker_network_time_s": sum(net_times) / len(net_times) if net_times else None,
+        "compression_ratio": raw / encoded if encoded else None,
+        "compression_time_s": sum(n.get("compression_time_s") or 0 for n in nodes.values()),
+        "peak_rss_bytes": max((n.get("peak_rss_bytes") or 0 for n in nodes.values()), default=None),
+        "batches_per_worker": coord.get("batches_per_worker"),
+        "worker_batches_sum": sum(n.get("batches") or 0 for n in workers),
+        "container_net_rx_bytes": sum(v or 0 for v in rx) if has_net else None,
+        "container_net_tx_bytes": sum(v or 0 for v in tx) if has_net else None,
+        "container_net_bytes": sum(v or 0 for v in rx + tx) if has_net else None,
+        **engine_totals(nodes, containers),  # the guide's Training Summary and the communication profile
+    }
+
+
+
+
+
+
+def _coordinator_record(links: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    return next((r for r in (links.get("containers") or {}).values() if r.get("role") == "coordinator"), None)
+
+
+def link_totals(links: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Per-repeat link figures ({} for an unshaped run).
+
+    link_rate_bps: the rate in force on the coordinator's egress (the parameter server's link; read
+    back from tc). coordinator_egress_utilisation: the coordinator's frame bytes sent per second of
+    training over that rate; TCP/IP and Ethernet headers are not counted, so a full link reads
+    about 0.95 (1448 payload bytes per 1514-byte frame).
+    """
+    if not links:
+        return {}
+    record = _coordinator_record(links)
+    rate = record.get("applied_rate_bps") if record else None
+    coord = nodes.get("coordinator") or {}
+    train_s, sent = coord.get("train_time_s"), coord.get("wire_bytes_sent")
+    utilisation = sent * 8 / train_s / rate if (rate and train_s and sent is not None) else None
+    return {"link_rate_bps": rate, "coordinator_egress_utilisation": utilisation}

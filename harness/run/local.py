@@ -19,10 +19,18 @@ from typing import Any
 import psutil
 
 from harness import REPO_ROOT
-from harness.cluster.base import Backend, Progress, RunResult, Sampler, collect_nodes, default_timeout_s, judge
 from harness.errors import ClusterError
-from harness.faults import FaultInjector
-from harness.stats import summarize_samples
+from harness.run.backend import (
+    Backend,
+    Progress,
+    RunResult,
+    Sampler,
+    collect_nodes,
+    default_timeout_s,
+    judge,
+)
+from harness.run.faults import FaultInjector
+from harness.run.stats import summarize_samples
 from wiiide.auth import generate_secret
 from wiiide.config import RunConfig
 
@@ -151,7 +159,7 @@ class LocalBackend(Backend):
 
 
 class _ProcessController:
-    """Fault actions on the local backend's processes (harness.faults.Controller)."""
+    """Fault actions on the local backend's processes (harness.run.faults.Controller)."""
 
     def __init__(self, procs: dict[str, subprocess.Popen], spawn) -> None:
         self._procs = procs

@@ -21,7 +21,7 @@ the node image on a user-defined bridge (``--backend docker``):
 Writes ``results/bench-wire-<UTC stamp>.json`` (``machine_info`` and ``commit_info`` at the top as in
 the sweep reports, every raw trial value kept, statistics from them) and prints a table.
 
-The peer (``python -m harness.bench_wire peer``) needs only the standard library, numpy and `wiiide`,
+The peer (``python -m harness.bench.wire peer``) needs only the standard library, numpy and `wiiide`,
 so it runs in the node image with this file mounted at /app/harness.
 """
 
@@ -340,8 +340,8 @@ def source(sock: socket.socket, plan: dict[str, Any], progress: Callable[[str], 
 
 
 def peer_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m harness.bench_wire peer --role sink|source ...`` (what runs in each container or process)."""
-    p = argparse.ArgumentParser(prog="python -m harness.bench_wire peer")
+    """``python -m harness.bench.wire peer --role sink|source ...`` (what runs in each container or process)."""
+    p = argparse.ArgumentParser(prog="python -m harness.bench.wire peer")
     p.add_argument("--role", choices=["sink", "source"], required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=PORT)
@@ -390,11 +390,10 @@ def _connect(host: str, port: int, timeout_s: float) -> socket.socket:
 # ------------------------------------------------------------------------------------------------
 def _run_local(plan: dict[str, Any], out: Path, progress) -> dict[str, Any]:
     from harness import REPO_ROOT
-    from harness.cluster.local import free_port
-
+    from harness.run.local import free_port
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    sink_proc = subprocess.Popen([sys.executable, "-m", "harness.bench_wire", "peer", "--role", "sink",
+    sink_proc = subprocess.Popen([sys.executable, "-m", "harness.bench.wire", "peer", "--role", "sink",
                                   "--port", str(port), "--recv-chunk-bytes", str(plan["recv_chunk_bytes"])], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True)
     try:
         sink_proc.stdout.readline()  # "listening"
@@ -412,15 +411,17 @@ def _run_local(plan: dict[str, Any], out: Path, progress) -> dict[str, Any]:
 def _run_docker(plan: dict[str, Any], out: Path, progress) -> dict[str, Any]:
     """Sink and source in two containers of the node image on a bridge of this project, removed after."""
     from harness import REPO_ROOT
-    from harness.cluster.compose import DEFAULT_IMAGE, PROJECT, PROJECT_LABEL, SERVICE_LABEL, _client, engine_problem
     from harness.errors import ClusterError
-    from harness.image import build_image
-
-    problem = engine_problem()
-    if problem:
-        raise ClusterError(f"no Docker engine answered ({problem}); start one with `make docker-engine`")
+    from harness.run.compose import (
+        DEFAULT_IMAGE,
+        PROJECT,
+        PROJECT_LABEL,
+        SERVICE_LABEL,
+    )
+    from harness.run.docker_client import docker_client
+    from harness.run.image import build_image
+    client = docker_client(timeout_s=600)  # ClusterError, with how to start an engine, when none answers
     build_image(log=progress)  # seconds when cached; never stale
-    client = _client(timeout=600)
     labels = {PROJECT_LABEL: PROJECT, SERVICE_LABEL: "bench-wire"}
     stamp = datetime.now(timezone.utc).strftime("%H%M%S")
     network = client.networks.create(f"{PROJECT}-bench-wire-{stamp}", driver="bridge", labels=labels)
@@ -429,13 +430,13 @@ def _run_docker(plan: dict[str, Any], out: Path, progress) -> dict[str, Any]:
                str(out.resolve()): {"bind": "/out", "mode": "rw"}}
     containers = []
     try:
-        sink_c = client.containers.run(DEFAULT_IMAGE, ["python", "-m", "harness.bench_wire", "peer", "--role", "sink",
+        sink_c = client.containers.run(DEFAULT_IMAGE, ["python", "-m", "harness.bench.wire", "peer", "--role", "sink",
                                                        "--host", "0.0.0.0", "--port", str(PORT),
                                                        "--recv-chunk-bytes", str(plan["recv_chunk_bytes"])],
                                        name=f"{PROJECT}-bench-sink-{stamp}", hostname="sink", detach=True,
                                        network=network.name, labels=labels, volumes=volumes)
         containers.append(sink_c)
-        src_c = client.containers.run(DEFAULT_IMAGE, ["python", "-m", "harness.bench_wire", "peer", "--role", "source",
+        src_c = client.containers.run(DEFAULT_IMAGE, ["python", "-m", "harness.bench.wire", "peer", "--role", "source",
                                                       "--host", "sink", "--port", str(PORT), "--plan", json.dumps(plan),
                                                       "--out", "/out/source.json"],
                                       name=f"{PROJECT}-bench-source-{stamp}", detach=True, network=network.name,
@@ -506,7 +507,7 @@ def run_bench(backend: str = "local", sizes: Sequence[int] = DEFAULT_SIZES, fram
               progress: Callable[[str], None] = print) -> Path:
     """Run the benchmark; return the path of its JSON. Raises HarnessError/ClusterError (docker) or ValueError."""
     from harness import REPO_ROOT
-    from harness.machine import commit_info, machine_info
+    from harness.run.machine import commit_info, machine_info
     from wiiide.metrics import write_json_atomic
 
     for name in (*frame_codecs, *table_codecs):
@@ -645,5 +646,5 @@ def _size(nbytes: int) -> str:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "peer":
         sys.exit(peer_main(sys.argv[2:]))
-    print("usage: python -m harness bench-wire ... (or: python -m harness.bench_wire peer ...)", file=sys.stderr)
+    print("usage: python -m harness bench-wire ... (or: python -m harness.bench.wire peer ...)", file=sys.stderr)
     sys.exit(2)

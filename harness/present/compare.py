@@ -203,7 +203,7 @@ def compare(paths: Sequence[str], metric: str = DEFAULT_METRIC, baseline: str | 
 
     Raises HarnessError (unreadable report, no engine axis, unknown baseline, no common point).
     """
-    from harness.report import load_report
+    from harness.results.report import load_report
     from wiiide.metrics import write_json_atomic
 
     if not 1 <= len(paths) <= 2:

@@ -15,6 +15,7 @@ from wiiide.metrics import SCHEMA_VERSION as NODE_SCHEMA_VERSION
 
 Progress = Callable[[str], None]
 
+
 # Seconds allowed beyond the run's duration and connect timeout before a run counts as hung.
 RUN_MARGIN_S = 60.0
 
@@ -34,7 +35,7 @@ class RunResult:
     # CPU/memory limits in force (harness/cluster/shaping.py); empty when the point asks for none
     links: dict[str, Any] = field(default_factory=dict)
     limits: dict[str, Any] = field(default_factory=dict)
-    faults: list[dict[str, Any]] = field(default_factory=list)  # injected faults and when (harness.faults)
+    faults: list[dict[str, Any]] = field(default_factory=list)  # injected faults and when (harness.spec.faults, harness.run.faults)
 
 
 class Backend:
@@ -56,11 +57,11 @@ class Backend:
     def run(self, cfg: RunConfig, out_dir: Path, timeout_s: float | None, progress: Progress,
             cluster=None) -> RunResult:
         """Run one cluster with `cfg` to its end; write logs and node metrics under `out_dir`.
-        `cluster`: the point's `harness.cluster.settings.ClusterSettings` (None: nothing asked)."""
+        `cluster`: the point's `harness.spec.cluster.ClusterSettings` (None: nothing asked)."""
         raise NotImplementedError
 
     def check_faults(self, faults) -> None:
-        """Raise ClusterError when this backend cannot inject one of `faults` (harness.faults)."""
+        """Raise ClusterError when this backend cannot inject one of `faults` (harness.spec.faults, harness.run.faults)."""
 
     def teardown(self) -> None:
         """Stop and remove whatever this backend started. Idempotent; safe after a failure."""
@@ -143,27 +144,3 @@ class Sampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
-
-
-def select_backend(name: str, progress: Progress, image_tag: str | None = None) -> Backend:
-    """``docker``, ``local`` or ``auto`` (docker when an engine answers, else local, saying which).
-
-    Raises:
-        ClusterError: ``docker`` asked for and no engine, no Compose or no image can be had.
-    """
-    from harness.cluster.local import LocalBackend
-
-    if name == "local":
-        return LocalBackend()
-    from harness.cluster.compose import ComposeBackend, engine_problem
-
-    problem = engine_problem()
-    if problem is None:
-        backend = ComposeBackend(image_tag=image_tag)
-        backend.prepare(progress)
-        return backend
-    if name == "docker":
-        raise ClusterError(f"the docker backend needs a Docker engine: {problem}; "
-                           "start one with `make docker-engine` (root) or use --backend local")
-    progress(f"no Docker engine answered ({problem}): running on the local backend (processes on 127.0.0.1)")
-    return LocalBackend()

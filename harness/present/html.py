@@ -23,7 +23,8 @@ from string import Template
 from typing import Any, Iterable, Sequence
 
 from harness.errors import HarnessError
-from harness.report import TABLE_COLUMNS, _fmt, load_report
+from harness.present.table import TABLE_COLUMNS, _fmt
+from harness.results.report import load_report
 
 try:  # the Agg canvas is used through Figure.savefig; pyplot (and its global state) is never imported
     from matplotlib.figure import Figure

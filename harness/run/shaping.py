@@ -1,9 +1,9 @@
 """Applies a point's per-container settings (links, CPU and memory limits) to a running Compose cluster.
 
-Order, for the docker backend (`harness.cluster.compose.ComposeBackend`):
+Order, for the docker backend (`harness.run.compose.ComposeBackend`):
 
 1. `ClusterConditions.plan`, before any container starts: probe once which qdiscs the kernel has
-   (`harness.link.probe_capabilities`) and plan every container's shaping. A profile the kernel cannot
+   (`harness.run.tc_exec.probe_capabilities`) and plan every container's shaping. A profile the kernel cannot
    apply fails the point here with `LinkShapingError`, unless its link setting allows partial shaping.
 2. Compose starts the cluster with the coordinator's start gate set (`START_GATE_FILE`): the workers
    connect, and the coordinator waits before its first step.
@@ -22,11 +22,12 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from harness.cluster.base import Sampler
-from harness.cluster.settings import ClusterSettings
 from harness.errors import ClusterError, LinkShapingError
-from harness.link import (Capabilities, ContainerExec, ShapingPlan, apply_plan, plan_shaping, rate_in_force_bps,
-                          read_back)
+from harness.links.plan import Capabilities, ShapingPlan, plan_shaping
+from harness.links.readback import rate_in_force_bps
+from harness.run.backend import Sampler
+from harness.run.tc_exec import ContainerExec, apply_plan, read_back
+from harness.spec.cluster import ClusterSettings
 
 START_GATE_FILE = "/tmp/wiiide-go"
 COUNTER_INTERVAL_S = 2.0

@@ -3,7 +3,7 @@
 Works with Compose v2 (``docker compose``) and v1 (``docker-compose`` 1.29); `compose_command`
 detects which is present. Container stats come from the Docker Engine API through the docker SDK
 (one streaming reader per container), turned into figures with docker's own CLI formulas
-(`harness.stats`). Every container of the project carries the Compose project label, so teardown
+(`harness.run.stats`). Every container of the project carries the Compose project label, so teardown
 finds what a killed run left behind.
 """
 
@@ -19,13 +19,22 @@ from pathlib import Path
 from typing import Any
 
 from harness import REPO_ROOT
-from harness.cluster.base import Backend, Progress, RunResult, collect_nodes, default_timeout_s, judge
-from harness.cluster.settings import ClusterSettings
-from harness.cluster.shaping import START_GATE_FILE, ClusterConditions
 from harness.errors import ClusterError, LinkShapingError
-from harness.faults import FaultInjector
-from harness.link import Capabilities, probe_capabilities
-from harness.stats import parse_sample, summarize_samples
+from harness.links.plan import Capabilities
+from harness.run.backend import (
+    Backend,
+    Progress,
+    RunResult,
+    collect_nodes,
+    default_timeout_s,
+    judge,
+)
+from harness.run.docker_client import docker_client
+from harness.run.faults import FaultInjector
+from harness.run.shaping import START_GATE_FILE, ClusterConditions
+from harness.run.stats import parse_sample, summarize_samples
+from harness.run.tc_exec import probe_capabilities
+from harness.spec.cluster import ClusterSettings
 from wiiide.auth import generate_secret
 from wiiide.config import RunConfig
 
@@ -35,27 +44,6 @@ DEFAULT_IMAGE = "wiiide:latest"
 SECRET_FILE = REPO_ROOT / "build" / "secrets" / f"{PROJECT}-secret"
 PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
-
-
-def _client(timeout: int = 30):
-    import docker
-
-    return docker.from_env(timeout=timeout)
-
-
-def engine_problem() -> str | None:
-    """None when a Docker engine answers a ping, else why not (one line)."""
-    try:
-        import docker
-    except ImportError:
-        return "the docker Python package is not installed (pip install docker)"
-    try:
-        client = docker.from_env(timeout=5)
-        client.ping()
-        client.close()
-        return None
-    except Exception as exc:  # docker raises several types for "no engine"
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else 'no answer'}"
 
 
 @lru_cache(maxsize=1)
@@ -121,7 +109,7 @@ def write_cluster_secret() -> Path:
 
 
 def project_containers(client=None) -> list:
-    client = client or _client()
+    client = client or docker_client()
     return client.containers.list(all=True, filters={"label": f"{PROJECT_LABEL}={PROJECT}"})
 
 
@@ -147,7 +135,7 @@ def cluster_down(progress: Progress = print) -> None:
                 env=compose_env(RunConfig(), REPO_ROOT / "results" / "cluster", DEFAULT_IMAGE), timeout_s=120)
     except ClusterError as exc:
         progress(f"compose down failed, removing by label instead: {exc}")
-    client = _client()
+    client = docker_client()
     for container in project_containers(client):
         container.remove(force=True)
     for network in client.networks.list(filters={"label": f"{PROJECT_LABEL}={PROJECT}"}):
@@ -182,7 +170,7 @@ class _StatsReader:
 
 
 class _ContainerController:
-    """Fault actions on the project's containers (harness.faults.Controller), through the Engine API.
+    """Fault actions on the project's containers (harness.run.faults.Controller), through the Engine API.
 
     `disconnect` sets the target's eth0 down inside it (``ip link``, NET_ADMIN) and `reconnect` up
     again: the address and its connected route stay, so TCP connections survive a cut shorter than
@@ -234,15 +222,14 @@ class ComposeBackend(Backend):
 
     def __init__(self, image_tag: str | None = None) -> None:
         self.image = image_tag or os.environ.get("WIIIIIDE_IMAGE", DEFAULT_IMAGE)
-        self.client = _client()
+        self.client = docker_client()
         self._started = False
 
     def prepare(self, progress: Progress) -> None:
         """Check Compose and (re)build the image: minutes the first time, seconds when cached, and
         never a stale copy of `wiiide/`."""
         compose_command()
-        from harness.image import build_image
-
+        from harness.run.image import build_image
         build_image(self.image, log=lambda line: progress(f"    image: {line}"))
 
     def describe(self) -> dict[str, Any]:

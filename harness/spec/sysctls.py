@@ -13,13 +13,13 @@ sweep ends, however it ends. The report records both.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
-from harness.errors import HarnessError, SpecError
+from harness.errors import SpecError
 
 ALLOWED = ("net.core.rmem_max", "net.core.wmem_max")
+
+
 MAX_VALUE = 1 << 30
 
 
@@ -37,42 +37,3 @@ def parse_sysctls(value: Any, source: str) -> dict[str, int]:
             raise SpecError(f"{source}: host_sysctls.{key}: {number!r}; allowed: an integer 4096..{MAX_VALUE}")
         out[key] = number
     return out
-
-
-def _path(key: str) -> Path:
-    return Path("/proc/sys") / key.replace(".", "/")
-
-
-def read(key: str) -> int:
-    return int(_path(key).read_text().split()[0])
-
-
-class HostSysctls:
-    """Context manager: set the values on entry, restore the old ones on exit."""
-
-    def __init__(self, values: dict[str, int]) -> None:
-        self.values = values
-        self.previous: dict[str, int] = {}
-
-    def __enter__(self) -> "HostSysctls":
-        if self.values and os.geteuid() != 0:
-            raise HarnessError(f"host_sysctls {self.values} need root (the kernel's socket buffer caps are "
-                               "host-wide); run as root or drop host_sysctls from the spec")
-        try:
-            for key, value in self.values.items():
-                self.previous[key] = read(key)
-                _path(key).write_text(f"{value}\n")
-        except OSError as exc:
-            self.__exit__(None, None, None)
-            raise HarnessError(f"cannot set host sysctl {key}={value}: {exc}") from None
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        for key, value in self.previous.items():
-            try:
-                _path(key).write_text(f"{value}\n")
-            except OSError:
-                pass
-
-    def record(self) -> dict[str, Any]:
-        return {key: {"set": value, "previous": self.previous.get(key)} for key, value in self.values.items()}

@@ -32,7 +32,7 @@ import yaml
 
 from harness import REPO_ROOT
 from harness.errors import SpecError
-from harness.link import PROFILE_KEYS, LinkProfile
+from harness.spec.links import PROFILE_KEYS, LinkProfile
 
 PRESETS_FILE = REPO_ROOT / "experiments" / "links.yaml"
 CLUSTER_KEYS = ("link", "cpus", "mem_limit")

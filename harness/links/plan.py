@@ -1,0 +1,95 @@
+"""The shaping plan: a link profile turned into tc commands for what this kernel has (netem, tbf, htb,
+ifb), with the parts it cannot apply listed as unsupported, or `LinkShapingError` unless
+``allow_partial`` is set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from harness.errors import LinkShapingError
+from harness.links.tc import DEFAULT_DEV, describe, profile_commands, shaped_devices
+from harness.spec.links import LinkProfile
+from wiiide.units import format_rate
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Which qdisc kinds this kernel has. `errors` keeps tc's message for each missing one."""
+
+    netem: bool
+    tbf: bool
+    htb: bool
+    ifb: bool
+    errors: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def has(self, kind: str) -> bool:
+        return bool(getattr(self, kind))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"netem": self.netem, "tbf": self.tbf, "htb": self.htb, "ifb": self.ifb, "errors": dict(self.errors)}
+
+
+ALL_CAPABILITIES = Capabilities(netem=True, tbf=True, htb=True, ifb=True)
+
+
+@dataclass(frozen=True)
+class ShapingPlan:
+    """What will be applied to one container: the profile asked for, the part this kernel can do, the
+    commands, the devices to read back and what is not applied (each with why)."""
+
+    requested: LinkProfile | None
+    applied: LinkProfile | None
+    commands: tuple[tuple[str, ...], ...]
+    devices: tuple[str, ...]
+    unsupported: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"requested": self.requested.to_dict() if self.requested else None,
+                "applied_profile": self.applied.to_dict() if self.applied else None,
+                "summary": describe(self.applied), "commands": [list(c) for c in self.commands],
+                "unsupported": list(self.unsupported)}
+
+
+def _missing(caps: Capabilities, kind: str) -> str:
+    why = caps.errors.get(kind)
+    return f"this kernel has no {kind}" + (f" (tc: {why})" if why else "")
+
+
+def plan_shaping(profile: LinkProfile | None, caps: Capabilities, allow_partial: bool = False,
+                 dev: str = DEFAULT_DEV) -> ShapingPlan:
+    """The commands for `profile` given what the kernel has.
+
+    Raises:
+        LinkShapingError: the profile needs netem, ifb or its root qdisc and the kernel lacks it, and
+        `allow_partial` is false. With `allow_partial`, the missing parts are left out and listed.
+    """
+    if profile is None:
+        return ShapingPlan(None, None, (), (dev,), ())
+    unsupported: list[str] = []
+    applied: LinkProfile | None = profile
+
+    def drop(what: str, kind: str) -> None:
+        if not allow_partial:
+            raise LinkShapingError(
+                f"link profile {profile.name!r} asks for {what} but {_missing(caps, kind)}; set "
+                f"allow_partial: true in the link setting to apply the rest and record this as unsupported"
+                + (", or run on a kernel with sch_netem" if kind == "netem" else ""))
+        unsupported.append(f"{what}: {_missing(caps, kind)}")
+
+    if profile.needs_netem and not caps.netem:
+        asked = [f"delay {profile.delay_ms:g} ms"] if profile.delay_ms else []
+        asked += [f"jitter {profile.jitter_ms:g} ms"] if profile.jitter_ms else []
+        asked += [f"loss {profile.loss_pct:g} %"] if profile.loss_pct else []
+        drop(", ".join(asked), "netem")
+        applied = profile.without_netem()
+    if applied is not None and applied.rate_bps is not None and not caps.has(applied.root_qdisc):
+        drop(f"rate {format_rate(applied.rate_bps)} ({applied.root_qdisc})", applied.root_qdisc)
+        applied = None if not applied.needs_netem else dataclasses.replace(applied, rate_bps=None)
+    if applied is not None and applied.ingress and not caps.ifb:
+        drop("ingress shaping (ifb)", "ifb")
+        applied = dataclasses.replace(applied, ingress=False)
+    commands = tuple(tuple(c) for c in profile_commands(applied, dev)) if applied is not None else ()
+    return ShapingPlan(profile, applied, commands, tuple(shaped_devices(applied, dev)), tuple(unsupported))

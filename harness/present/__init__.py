@@ -1,0 +1,2 @@
+"""The present stage: turns reports (`harness.results`) into text tables, comparisons and HTML pages.
+"""

@@ -1,0 +1,89 @@
+"""Fault injection during a run: kill, restart, pause or disconnect a node at a time after training
+starts, through a backend's `Controller`, recording what was done and when.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from harness.spec.faults import Fault
+
+MARKER = "coordinator.training"
+
+
+class Controller(Protocol):
+    """What a backend offers the injector, by target name (``coordinator``, ``worker-N``)."""
+
+    def kill(self, target: str) -> None: ...
+    def restart(self, target: str) -> None: ...
+    def pause(self, target: str) -> None: ...
+    def resume(self, target: str) -> None: ...
+    def disconnect(self, target: str) -> None: ...
+    def reconnect(self, target: str) -> None: ...
+    def node_id(self, target: str) -> str: ...
+
+
+class FaultInjector:
+    """Runs `faults` against a `Controller` on a daemon thread, timed from the training marker."""
+
+    def __init__(self, faults: list[Fault], controller: Controller, nodes_dir: Path, wait_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.faults = sorted(faults, key=lambda f: f.at_s)
+        self.controller = controller
+        self.marker = Path(nodes_dir) / MARKER
+        self.wait_s = wait_s
+        self.events: list[dict[str, Any]] = []
+        # every target a fault hit: its own exit (killed, or gave up after a cut) is the fault's effect,
+        # not a failure of the run; the coordinator's outcome decides (harness.run.backend.judge)
+        self.affected: set[str] = set()
+        self.affected_node_ids: set[str] = set()  # the same, as the node ids in their metrics files
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="faults", daemon=True)
+
+    def start(self) -> "FaultInjector":
+        if self.faults:
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _record(self, t_s: float, action: str, target: str, error: str | None = None) -> None:
+        self.events.append({"t_s": round(t_s, 3), "action": action, "target": target,
+                            "ok": error is None, "error": error})
+
+    def _run(self) -> None:
+        deadline = self._clock() + self.wait_s
+        while not self.marker.exists():
+            if self._stop.wait(0.05) or self._clock() > deadline:
+                self._record(0.0, "wait", "coordinator", f"training never started ({self.marker} absent)")
+                return
+        t0 = self._clock()
+        plan: list[tuple[float, str, Fault]] = []
+        for fault in self.faults:
+            plan.append((fault.at_s, fault.action, fault))
+            if fault.action == "pause":
+                plan.append((fault.at_s + fault.duration_s, "resume", fault))
+            elif fault.action == "disconnect":
+                plan.append((fault.at_s + fault.duration_s, "reconnect", fault))
+        plan.sort(key=lambda item: item[0])
+        for at_s, action, fault in plan:
+            if self._stop.wait(max(0.0, t0 + at_s - self._clock())):
+                return
+            try:
+                getattr(self.controller, action)(fault.target)
+            except Exception as exc:  # a failed injection is recorded, never fatal to the run
+                self._record(self._clock() - t0, action, fault.target, f"{type(exc).__name__}: {exc}")
+                continue
+            self.affected.add(fault.target)
+            try:
+                self.affected_node_ids.add(self.controller.node_id(fault.target))
+            except Exception:  # the node id only serves judging; a target without one is judged by name
+                pass
+            self._record(self._clock() - t0, action, fault.target)

@@ -1,0 +1,30 @@
+"""Choosing a backend: ``docker``, ``local``, or ``auto``.
+"""
+
+from __future__ import annotations
+
+from harness.errors import ClusterError
+from harness.run.backend import Backend, Progress
+
+
+def select_backend(name: str, progress: Progress, image_tag: str | None = None) -> Backend:
+    """``docker``, ``local`` or ``auto`` (docker when an engine answers, else local, saying which).
+
+    Raises:
+        ClusterError: ``docker`` asked for and no engine, no Compose or no image can be had.
+    """
+    from harness.run.local import LocalBackend
+    if name == "local":
+        return LocalBackend()
+    from harness.run.compose import ComposeBackend
+    from harness.run.docker_client import engine_problem
+    problem = engine_problem()
+    if problem is None:
+        backend = ComposeBackend(image_tag=image_tag)
+        backend.prepare(progress)
+        return backend
+    if name == "docker":
+        raise ClusterError(f"the docker backend needs a Docker engine: {problem}; "
+                           "start one with `make docker-engine` (root) or use --backend local")
+    progress(f"no Docker engine answered ({problem}): running on the local backend (processes on 127.0.0.1)")
+    return LocalBackend()

@@ -1,0 +1,136 @@
+"""Running tc inside containers: a thin runner of argv lists that raises `TcCommandError` with the
+command and tc's own message, applying a `ShapingPlan`, reading back what is in force, and probing which
+qdiscs the kernel has in a throwaway container.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Iterable, Mapping
+
+from harness.errors import LinkShapingError
+from harness.links.plan import Capabilities, ShapingPlan
+from harness.links.readback import parse_tc_show, read_commands
+from harness.links.tc import ingress_commands
+
+
+class TcCommandError(LinkShapingError):
+    """A command run in a container failed: `argv`, `exit_code` and the tool's own `tool_message`."""
+
+    def __init__(self, message: str, argv: list[str], exit_code: int | None, tool_message: str) -> None:
+        super().__init__(message)
+        self.argv, self.exit_code, self.tool_message = argv, exit_code, tool_message
+
+
+class ContainerExec:
+    """Runs argv lists in a running container through the Engine API (``exec_run``, no shell).
+
+    `container` is a docker SDK container (or anything with ``name`` and ``exec_run(argv, demux=True)``).
+    """
+
+    def __init__(self, container) -> None:
+        self.container = container
+
+    def run(self, argv: Iterable[str]) -> str:
+        """Run `argv`; return its stdout.
+
+        Raises:
+            LinkShapingError: with the container, the command and tc's own message, when it exits
+            non-zero or the container cannot run it (e.g. it has exited).
+        """
+        argv = list(argv)
+        where = getattr(self.container, "name", "container")
+        try:
+            code, output = self.container.exec_run(argv, demux=True)
+        except Exception as exc:  # docker.errors.APIError and friends: the container is not running
+            raise TcCommandError(f"{where}: `{shlex.join(argv)}` could not run: {exc}", argv, None, str(exc)) from None
+        out, err = output if isinstance(output, tuple) else (output, b"")
+        stdout = (out or b"").decode(errors="replace")
+        if code != 0:
+            message = ((err or b"").decode(errors="replace").strip() or stdout.strip() or "no message")
+            raise TcCommandError(f"{where}: `{shlex.join(argv)}` failed (exit {code}): {message}", argv, code, message)
+        return stdout
+
+
+def read_back(runner: ContainerExec, devices: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
+    """``{dev: [qdiscs..., classes...]}`` parsed from ``tc -s qdisc/class show`` in the container."""
+    return {dev: [e for argv in read_commands(dev) for e in parse_tc_show(runner.run(argv))] for dev in devices}
+
+
+def apply_plan(runner: ContainerExec, plan: ShapingPlan) -> dict[str, list[dict[str, Any]]]:
+    """Run the plan's commands in order, then read back every shaped device.
+
+    Raises LinkShapingError (command and tc's message) at the first command that fails.
+    """
+    for argv in plan.commands:
+        runner.run(argv)
+    return read_back(runner, plan.devices)
+
+
+PROBE_DEV = "lo"  # the probe container has no network: only its own loopback
+
+
+PROBE_IFB = "ifbprobe"
+
+
+PROBES: dict[str, list[list[str]]] = {
+    "netem": [["tc", "qdisc", "add", "dev", PROBE_DEV, "root", "handle", "1:", "netem", "delay", "1ms"]],
+    "tbf": [["tc", "qdisc", "add", "dev", PROBE_DEV, "root", "handle", "1:", "tbf", "rate", "1mbit",
+             "burst", "16kb", "limit", "32kb"]],
+    "htb": [["tc", "qdisc", "add", "dev", PROBE_DEV, "root", "handle", "1:", "htb", "default", "1"],
+            ["tc", "class", "add", "dev", PROBE_DEV, "parent", "1:", "classid", "1:1", "htb", "rate", "1mbit"]],
+    "ifb": ingress_commands(PROBE_DEV, PROBE_IFB),
+}
+
+
+PROBE_CLEANUP = [["tc", "qdisc", "del", "dev", PROBE_DEV, "root"], ["tc", "qdisc", "del", "dev", PROBE_DEV, "ingress"],
+                 ["ip", "link", "del", PROBE_IFB]]
+
+
+def probe_with(runner: ContainerExec) -> Capabilities:
+    """Try each qdisc kind on the container's loopback; a kind is present when all its commands work."""
+    found: dict[str, bool] = {}
+    errors: dict[str, str] = {}
+    for kind, commands in PROBES.items():
+        try:
+            for argv in commands:
+                runner.run(argv)
+            found[kind] = True
+        except TcCommandError as exc:
+            found[kind] = False
+            errors[kind] = exc.tool_message
+        for argv in PROBE_CLEANUP:
+            try:
+                runner.run(argv)
+            except TcCommandError:
+                pass  # nothing of that kind was left to remove
+    return Capabilities(errors=errors, **found)
+
+
+_probe_cache: dict[str, Capabilities] = {}
+
+
+def probe_capabilities(client, image: str, labels: Mapping[str, str] | None = None) -> Capabilities:
+    """What this kernel has, tried in a throwaway container of `image` (NET_ADMIN, no network); cached
+    per image id for the life of the process (once per sweep).
+
+    Raises:
+        LinkShapingError: the probe container cannot be started.
+    """
+    try:
+        image_id = client.images.get(image).id
+    except Exception as exc:
+        raise LinkShapingError(f"cannot probe the kernel's qdiscs: image {image} not found: {exc}") from None
+    if image_id in _probe_cache:
+        return _probe_cache[image_id]
+    try:
+        container = client.containers.run(image, ["sleep", "120"], detach=True, cap_add=["NET_ADMIN"],
+                                          network_mode="none", labels=dict(labels or {}))
+    except Exception as exc:
+        raise LinkShapingError(f"cannot start a probe container of {image}: {exc}") from None
+    try:
+        caps = probe_with(ContainerExec(container))
+    finally:
+        container.remove(force=True)
+    _probe_cache[image_id] = caps
+    return caps
