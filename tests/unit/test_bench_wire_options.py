@@ -153,3 +153,20 @@ def test_summary_of_a_known_report():
     assert unpaced["within_5pct_of_best_fixed"] is False and unpaced["beats_seed"] is False
     assert summarize({"frames": [report["frames"][1] | {"frames": {"none": {"vs_raw": 0.89}}}]})[
         "uncompressed_frames_target_0_90_met"] is False
+
+
+def test_the_peer_loads_without_the_host_only_packages():
+    """The node image has no rich, docker, scipy, PyYAML, Jinja2 or matplotlib: the peer must not need them."""
+    import subprocess
+    import sys
+
+    from harness import REPO_ROOT
+
+    code = ("import sys\n"
+            "for name in ('rich', 'docker', 'scipy', 'yaml', 'jinja2', 'matplotlib'):\n"
+            "    sys.modules[name] = None\n"
+            "sys.argv = ['x', 'peer', '--help']\n"
+            "import runpy; runpy.run_module('harness.bench.wire', run_name='__main__')\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--role {sink,source}" in out.stdout
