@@ -84,7 +84,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_wire(args: argparse.Namespace) -> int:
-    from harness.bench.wire import main_from_args
+    from harness.bench.wire.cli import main_from_args
     return main_from_args(args, _log)
 
 
@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_down)
 
     p = sub.add_parser("bench-wire", help="raw socket vs WIIIIIDE frames, codecs, policies on paced links (JSON)")
-    from harness.bench.wire import add_arguments
+    from harness.bench.wire.cli import add_arguments
     add_arguments(p)
     p.set_defaults(func=cmd_bench_wire)
 
