@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping
 
 from harness.errors import LinkShapingError
 from harness.links.plan import Capabilities, ShapingPlan
-from harness.links.readback import parse_tc_show, read_commands
+from harness.links.readback import parse_classes, parse_tc_json, show_commands
 from harness.links.tc import ingress_commands
 
 
@@ -53,8 +53,20 @@ class ContainerExec:
 
 
 def read_back(runner: ContainerExec, devices: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
-    """``{dev: [qdiscs..., classes...]}`` parsed from ``tc -s qdisc/class show`` in the container."""
-    return {dev: [e for argv in read_commands(dev) for e in parse_tc_show(runner.run(argv))] for dev in devices}
+    """What tc has in force on each of `devices` in the container: ``{dev: [qdiscs..., classes...]}``,
+    read with ``tc -j -s qdisc show`` and ``tc -j -s class show`` (records: `harness.links.readback`;
+    rates in bit/s, sizes in bytes, times in ms, counters since the qdisc was made).
+
+    Raises:
+        LinkShapingError: a show command failed (the device is gone, the container has exited) or
+        printed something that is not tc's read-back.
+    """
+    records: dict[str, list[dict[str, Any]]] = {}
+    for dev in devices:
+        commands = show_commands(dev)
+        records[dev] = [*parse_tc_json(runner.run(commands["qdisc"]), "qdisc", dev),
+                        *parse_classes(runner.run(commands["class"]), dev)]
+    return records
 
 
 def apply_plan(runner: ContainerExec, plan: ShapingPlan) -> dict[str, list[dict[str, Any]]]:
