@@ -10,12 +10,16 @@ from pathlib import Path
 import pytest
 
 from harness.errors import LinkShapingError, SpecError
-from harness.links.plan import ALL_CAPABILITIES, Capabilities, plan_shaping
-from harness.links.readback import parse_class_text, parse_classes, parse_tc_json, rate_in_force_bps
+from harness.links.plan import ALL_CAPABILITIES, Capabilities, describe, plan_shaping
+from harness.links.readback import (
+    parse_class_text,
+    parse_classes,
+    parse_tc_json,
+    rate_in_force_bps,
+)
 from harness.links.tc import (
     IFB_DEV,
     burst_bytes,
-    describe,
     htb_quantum_bytes,
     netem_args,
     netem_limit_packets,
@@ -135,6 +139,8 @@ def test_sizes_from_rate_and_bandwidth_delay_product():
     assert tbf_limit_bytes(LinkProfile(rate_bps=100_000_000, root_qdisc="tbf", limit_packets=100)) == 151_400
     assert htb_quantum_bytes(100_000_000) == 200_000 and htb_quantum_bytes(100_000) == 1514
     assert htb_quantum_bytes(10_000_000) == 125_000
+    with pytest.raises(LinkShapingError, match="tbf needs a rate"):
+        tbf_limit_bytes(LinkProfile(name="lan", delay_ms=5, root_qdisc="tbf"))
 
 
 # -------------------------------------------------------------------------------------- builders
