@@ -70,9 +70,12 @@ def read_back(runner: ContainerExec, devices: Iterable[str]) -> dict[str, list[d
 
 
 def apply_plan(runner: ContainerExec, plan: ShapingPlan) -> dict[str, list[dict[str, Any]]]:
-    """Run the plan's commands in order, then read back every shaped device.
+    """Run the plan's commands in order in the container, then read back every shaped device
+    (`read_back`: ``{dev: [records]}``, rates in bit/s, sizes in bytes, times in ms).
 
-    Raises LinkShapingError (command and tc's message) at the first command that fails.
+    Raises:
+        LinkShapingError: at the first command that fails (with the command and tc's message), or
+        when the read-back fails.
     """
     for argv in plan.commands:
         runner.run(argv)
@@ -100,7 +103,11 @@ PROBE_CLEANUP = [["tc", "qdisc", "del", "dev", PROBE_DEV, "root"], ["tc", "qdisc
 
 
 def probe_with(runner: ContainerExec) -> Capabilities:
-    """Try each qdisc kind on the container's loopback; a kind is present when all its commands work."""
+    """Try each qdisc kind (`PROBES`) on the container's loopback; a kind is present when all its
+    commands work, and tc's message is kept for each missing one. Everything tried is removed again.
+    Raises nothing: a container that cannot run commands shows as a kernel without any, with the reason
+    in `Capabilities.errors`.
+    """
     found: dict[str, bool] = {}
     errors: dict[str, str] = {}
     for kind, commands in PROBES.items():
