@@ -63,21 +63,22 @@ def _number(value: Any, key: str, where: str) -> float:
     return float(value)
 
 
+# netem's JSON objects (tc/q_netem.c netem_print_opt) -> (their key, our key, factor) for the value and
+# for its companion, recorded only when non-zero: seconds -> ms, fractions of 1 -> percent
+_NETEM = {"delay": (("delay", "delay_ms", 1000), ("jitter", "jitter_ms", 1000)),
+          "loss-random": (("loss", "loss_pct", 100), ("correlation", "loss_corr_pct", 100))}
+
+
 def _netem_options(options: Mapping[str, Any], where: str) -> dict[str, Any]:
     """netem's delay object (seconds) and loss-random object (fractions) -> ms and percent."""
     out: dict[str, Any] = {}
-    delay = options.get("delay")
-    if isinstance(delay, Mapping):
-        out["delay_ms"] = round(_number(delay.get("delay"), "delay.delay", where) * 1000, 6)
-        jitter_ms = round(_number(delay.get("jitter", 0), "delay.jitter", where) * 1000, 6)
-        if jitter_ms:
-            out["jitter_ms"] = jitter_ms
-    loss = options.get("loss-random")
-    if isinstance(loss, Mapping):
-        out["loss_pct"] = round(_number(loss.get("loss"), "loss-random.loss", where) * 100, 6)
-        corr_pct = round(_number(loss.get("correlation", 0), "loss-random.correlation", where) * 100, 6)
-        if corr_pct:
-            out["loss_corr_pct"] = corr_pct
+    for name, ((key, ours, factor), (companion, companion_ours, companion_factor)) in _NETEM.items():
+        values = options.get(name)
+        if isinstance(values, Mapping):
+            out[ours] = round(_number(values.get(key), f"{name}.{key}", where) * factor, 6)
+            extra = round(_number(values.get(companion, 0), f"{name}.{companion}", where) * companion_factor, 6)
+            if extra:
+                out[companion_ours] = extra
     return out
 
 
