@@ -240,26 +240,26 @@ _Cpus = float | None
 _Mem = Annotated[int | str | None, Field(description="bytes or an IEC size (512MiB, 2GiB); 0 or none: no limit")]
 
 
-class _LinkByRole(BaseModel):
-    """Schema only: a ``link`` mapping by role, e.g. ``{coordinator: rate-100m, worker: lan-1g}``."""
+class LinkByRole(BaseModel):
+    """Schema only (the validator is `_link`): a ``link`` mapping by role, e.g. ``{coordinator: rate-100m, worker: lan-1g}``."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"patternProperties": {
-        r"^worker-[1-9][0-9]*$": {"anyOf": [{"type": "string"}, {"type": "null"}, {"$ref": "#/$defs/LinkProfile"}]}}})
+    model_config = ConfigDict(extra="forbid", json_schema_extra=lambda s: s.update(patternProperties={
+        r"^worker-[1-9][0-9]*$": {"anyOf": s["properties"]["worker"]["anyOf"]}}))
     all: str | LinkProfile | None = None
     coordinator: str | LinkProfile | None = None
     worker: str | LinkProfile | None = None
     allow_partial: bool = False
 
 
-class _InlineLink(LinkProfile):
-    """Schema only: an inline profile for every container, with ``allow_partial`` beside its keys."""
+class InlineLink(LinkProfile):
+    """Schema only (the validator is `_link`): an inline profile for every container, with ``allow_partial`` beside its keys."""
 
     yaml_keys = (*PROFILE_KEYS, "allow_partial")
     allow_partial: bool = False
 
 
 LinkValue = Annotated[LinkSetting | None, PlainValidator(_link, json_schema_input_type=(
-    str | None | _InlineLink | _LinkByRole))]
+    str | None | InlineLink | LinkByRole))]
 """A ``link`` value: a preset name, none, an inline profile or a mapping by role (context: ``presets``)."""
 CpusValue = Annotated[PerContainer[float] | None, PlainValidator(
     lambda v: _none_if_empty(_per_container(v, _cpus)), json_schema_input_type=_Cpus | dict[RoleKey, _Cpus]),
