@@ -18,7 +18,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, ValidationInfo, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from harness.errors import SpecError

@@ -28,7 +28,14 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Generic, Mapping, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, ValidationInfo
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    TypeAdapter,
+    ValidationInfo,
+)
 from pydantic_core import PydanticCustomError
 
 from harness import REPO_ROOT

@@ -35,8 +35,17 @@ from pathlib import Path
 from typing import Annotated, Any, Mapping
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, InstanceOf, StrictFloat, \
-    StrictInt, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    InstanceOf,
+    StrictFloat,
+    StrictInt,
+    model_validator,
+)
 from pydantic.json_schema import SkipJsonSchema
 
 from harness.errors import SpecError
