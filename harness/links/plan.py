@@ -122,9 +122,9 @@ def plan_shaping(profile: LinkProfile | None, caps: Capabilities, allow_partial:
         applied = profile.without_netem()
     if applied is not None and applied.rate_bps is not None and not caps.has(applied.root_qdisc):
         drop(f"rate {format_rate(applied.rate_bps)} ({applied.root_qdisc})", applied.root_qdisc)
-        applied = None if not applied.needs_netem else dataclasses.replace(applied, rate_bps=None)
+        applied = None if not applied.needs_netem else applied.replace(rate_bps=None)
     if applied is not None and applied.ingress and not caps.ifb:
         drop("ingress shaping (ifb)", "ifb")
-        applied = dataclasses.replace(applied, ingress=False)
+        applied = applied.replace(ingress=False)
     commands = tuple(tuple(c) for c in profile_commands(applied, dev)) if applied is not None else ()
     return ShapingPlan(profile, applied, commands, tuple(shaped_devices(applied, dev)), tuple(unsupported))
