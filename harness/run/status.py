@@ -37,6 +37,7 @@ RESULTS_MOUNT = "/results"  # where compose.yaml mounts the run's results folder
 _STEP_LINE = re.compile(r"^(?P<asctime>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (?P<name>\S+) INFO step (?P<step>\d+):"
                         r"(?P<rest>.*)$")
 _BATCHES_PER_S = re.compile(r"(?P<value>[0-9]+(?:\.[0-9]+)?) batches/s")
+_CONTRIBUTORS = re.compile(r", (?P<workers>[0-9]+) workers,")
 _FINAL_LINE = re.compile(r" INFO held-out accuracy \S+, loss \S+ after (?P<step>\d+) steps")
 _ASCTIME_FORMAT = "%Y-%m-%d %H:%M:%S,%f"
 
@@ -44,6 +45,9 @@ _ASCTIME_FORMAT = "%Y-%m-%d %H:%M:%S,%f"
 # run's whole log is not read on every refresh.
 LOG_TAIL_LINES = 400
 LOG_TAIL_BYTES = 256 * 1024
+# Rates span the last this many progress lines (fewer when the log has fewer): one interval of
+# `log_every_steps` steps is a fraction of a second on a small model, and noisy.
+RATE_SPAN_LINES = 5
 
 
 @dataclass(frozen=True)
@@ -52,10 +56,13 @@ class Training:
 
     Attributes:
         step: the last step the node reported (None: none yet, or a silent log tier).
-        batches_per_s: for the coordinator, the cluster's batches/s since training started as its
-            last progress line says (its metrics file once it has ended); for a worker, its own
-            steps/s between its last two progress lines (one batch a step). None: not known yet.
-        steps_per_s: steps/s between the node's last two progress lines (None: fewer than two).
+        steps_per_s: steps/s over the node's last `RATE_SPAN_LINES` progress lines (at least two),
+            from their timestamps (millisecond resolution); None with fewer than two.
+        batches_per_s: batches/s now: `steps_per_s` times the batches of a step (the coordinator's
+            ``<k> workers`` of its last line; 1 for a worker); with fewer than two lines, or once the
+            node has ended, `mean_batches_per_s`. None: not known.
+        mean_batches_per_s: the coordinator's batches/s since training started, as its last line
+            (or, once ended, its metrics file) says; None for a worker's log.
         source: ``log`` (progress lines), ``metrics`` (the node's metrics file, written at its end),
             or ``none``.
     """
@@ -63,6 +70,7 @@ class Training:
     step: int | None = None
     batches_per_s: float | None = None
     steps_per_s: float | None = None
+    mean_batches_per_s: float | None = None
     source: str = "none"
 
 
@@ -74,12 +82,31 @@ class ContainerFigures:
         cpu_percent: % of one host core (100 = one core busy) between the sample and the one before.
         memory_bytes: memory usage without page cache, bytes.
         net_rx_bytes, net_tx_bytes: bytes received/sent on all the container's interfaces since it started.
+        read_at_s: when the engine read the sample (its ``read`` field), seconds since the epoch;
+            None when the sample has no readable time.
     """
 
     cpu_percent: float
     memory_bytes: int
     net_rx_bytes: int
     net_tx_bytes: int
+    read_at_s: float | None = None
+
+
+def engine_time_s(stamp: str | None) -> float | None:
+    """An Engine API time (RFC 3339 with up to nanoseconds, e.g. ``2026-11-23T07:58:33.877490674Z``)
+    as seconds since the epoch (microsecond resolution); None for a missing, zero or unreadable one."""
+    if not stamp or stamp.startswith("0001-"):
+        return None
+    match = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$", stamp)
+    if not match:
+        return None
+    zone = "+00:00" if match[3] == "Z" else match[3]
+    try:
+        whole = datetime.fromisoformat(match[1] + zone).timestamp()
+    except ValueError:
+        return None
+    return whole + (int((match[2] or "0")[:6].ljust(6, "0")) / 1e6)
 
 
 @dataclass(frozen=True)
@@ -134,9 +161,9 @@ def parse_progress_lines(lines: Iterable[str]) -> Training:
         lines: the node's log lines, oldest first (a tail is enough).
 
     Returns:
-        `Training` from the last ``step <n>:`` line (its ``<r> batches/s`` when the line has one, else
-        the steps/s between the last two lines), or from the coordinator's final ``held-out accuracy
-        ... after <n> steps`` line when that comes later; ``source="none"`` when there is neither.
+        `Training` from the last ``step <n>:`` lines (the rate over up to `RATE_SPAN_LINES`), or from the coordinator's final ``held-out
+        accuracy ... after <n> steps`` line when that comes last (the run has ended: step from it,
+        batches/s the last logged mean); ``Training()`` (source ``none``) when there is neither.
         Lines that match neither pattern (other messages, tracebacks) are skipped; no error is raised.
     """
     steps: list[tuple[datetime, int, str]] = []
@@ -154,20 +181,23 @@ def parse_progress_lines(lines: Iterable[str]) -> Training:
         final = _FINAL_LINE.search(line)
         if final:
             final_step = int(final["step"])
-    if final_step is not None and (not steps or final_step >= steps[-1][1]):
-        last_rate = _BATCHES_PER_S.search(steps[-1][2]) if steps else None
-        return Training(final_step, float(last_rate["value"]) if last_rate else None, None, "log")
+    logged = _BATCHES_PER_S.search(steps[-1][2]) if steps else None
+    mean_batches_per_s = float(logged["value"]) if logged else None
+    if final_step is not None:
+        return Training(final_step, mean_batches_per_s, None, mean_batches_per_s, "log")
     if not steps:
         return Training()
     stamp, step, rest = steps[-1]
-    steps_per_s = None
+    steps_per_s = batches_per_s = None
     if len(steps) >= 2:
-        stamp0, step0, _ = steps[-2]
+        stamp0, step0, _ = steps[-min(len(steps), RATE_SPAN_LINES)]
         dt_s = (stamp - stamp0).total_seconds()
         if dt_s > 0 and step > step0:
             steps_per_s = (step - step0) / dt_s
-    logged = _BATCHES_PER_S.search(rest)
-    return Training(step, float(logged["value"]) if logged else steps_per_s, steps_per_s, "log")
+            contributors = _CONTRIBUTORS.search(rest)
+            batches_per_s = steps_per_s * (int(contributors["workers"]) if contributors else 1)
+    return Training(step, batches_per_s if batches_per_s is not None else mean_batches_per_s, steps_per_s,
+                    mean_batches_per_s, "log")
 
 
 def log_file_training(path: Path) -> Training:
@@ -221,7 +251,8 @@ def metrics_training(nodes_dir: Path, node_id: str) -> Training | None:
         except (OSError, ValueError):
             continue
         if isinstance(data, dict) and data.get("node_id") == node_id:
-            return Training(data.get("steps"), data.get("batches_per_s"), None, "metrics")
+            mean = data.get("batches_per_s") if data.get("role") == "coordinator" else None
+            return Training(data.get("steps"), data.get("batches_per_s"), None, mean, "metrics")
     return None
 
 
@@ -232,11 +263,18 @@ def container_figures(container) -> ContainerFigures | None:
         sample = container.stats(stream=False)
     except Exception:  # the container ended meanwhile
         return None
+    return figures_from_sample(sample)
+
+
+def figures_from_sample(sample: dict[str, Any]) -> ContainerFigures | None:
+    """`ContainerFigures` of one Engine API stats sample (``GET /containers/{id}/stats?stream=false``),
+    with docker's CLI formulas (`harness.run.stats.parse_sample`); None for the empty sample of a
+    container that is not running."""
     record = parse_sample(sample, 0.0)
     if record is None:
         return None
     return ContainerFigures(record["cpu_percent"], record["memory_bytes"], record["net_rx_bytes"],
-                            record["net_tx_bytes"])
+                            record["net_tx_bytes"], engine_time_s(sample.get("read")))
 
 
 def _exit_code(container) -> int | None:
