@@ -15,7 +15,12 @@ from rich.console import Console
 
 from harness.cli import main
 from harness.errors import ClusterError
-from harness.present.status import network_rates, plain_status, status_view, watch_status
+from harness.present.status import (
+    network_rates,
+    plain_status,
+    status_view,
+    watch_status,
+)
 from harness.run.status import (
     ClusterStatus,
     ContainerFigures,
