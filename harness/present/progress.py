@@ -268,7 +268,8 @@ class RichProgress:
                      Text(f"{info.points} points x {info.repeats} repeats on the {info.backend} backend"))
         bar = Table.grid(padding=(0, 2))
         bar.add_row(ProgressBar(total=max(1, total), completed=done, width=30),
-                    Text(f"{done}/{total} runs"), Text(f"elapsed {_hms(self.clock.elapsed_s())}"),
+                    Text(f"{done // max(1, info.repeats)}/{info.points} points"), Text(f"{done}/{total} runs"),
+                    Text(f"elapsed {_hms(self.clock.elapsed_s())}"),
                     Text(f"left ~{_hms(self.clock.left_s())}", style="cyan"))
         rows: list[Any] = [head, bar]
         if self._running is not None:

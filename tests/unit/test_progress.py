@@ -105,13 +105,18 @@ def test_rich_display_rendered():
     clock.t_s += 18.0
     p.end_point(run1, OK)
     done = render(p)
-    assert "1/4 runs" in done and "left ~0:01:30" in done  # 30 s a run, 3 left
+    assert "0/2 points" in done and "1/4 runs" in done and "left ~0:01:30" in done  # 30 s a run, 3 left
     assert "last: point 1/2 {'compression': 'none'} repeat 1/2: ok: 512 batches/s" in done
     assert "running:" not in done
+    p.start_point(RunInfo(2, 1, 2, {"compression": "none"}, 30.0))
+    clock.t_s += 20.0
+    p.end_point(RunInfo(2, 1, 2, {"compression": "none"}, 30.0), FAILED)
+    assert "1/2 points" in render(p) and "2/4 runs" in render(p) and "left ~0:00:50" in render(p)
     p.end_sweep(False)
     printed = out.getvalue()
     # each run's result is printed above the display and stays; the last frame stays on screen
     assert "point 1/2 {'compression': 'none'} repeat 1/2: ok: 512 batches/s, 1.23 MB/s goodput" in printed
+    assert "point 1/2 {'compression': 'none'} repeat 2/2: FAILED: worker 1: exit 1" in printed
     assert "sweep incomplete" in printed and "report: /r/quick/report.json" in printed
 
 
