@@ -37,11 +37,12 @@ docker-engine-stop:
 image: setup docker-engine
 	$(PYTHON) -m harness image
 
+# BACKEND=swarm: a stack on Docker Swarm (started on this node when the engine is in none)
 cluster-up: setup
-	$(PYTHON) -m harness up --workers $(WORKERS)
+	$(PYTHON) -m harness up --workers $(WORKERS) $(if $(filter swarm,$(BACKEND)),--backend swarm)
 
 cluster-down: setup
-	$(PYTHON) -m harness down
+	$(PYTHON) -m harness down $(if $(filter swarm,$(BACKEND)),--backend swarm)
 
 # The running cluster live (Ctrl-C stops watching, the cluster keeps running); ARGS=--once: one snapshot.
 cluster-status: setup

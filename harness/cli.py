@@ -60,9 +60,18 @@ def cmd_up(args: argparse.Namespace) -> int:
     problem = engine_problem()
     if problem:
         raise HarnessError(f"no Docker engine answered ({problem}); start one with `make docker-engine`")
-    ensure_image(log=_log)
     cfg = RunConfig(num_workers=args.workers, duration_s=args.duration_s)
     results = (REPO_ROOT / "results" / "cluster").resolve()
+    if args.backend == "swarm":
+        from harness.run import swarm
+        containers = swarm.cluster_up(cfg, results, progress=_log)
+        for c in containers:
+            print(f"{c.name}\t{c.status}\tnode {c.node}")
+        _log(f"stack {swarm.stack_name()} up: 1 coordinator + {args.workers} workers training for "
+             f"{args.duration_s:g} s; node metrics in {results / 'nodes'}; `python -m harness down --backend swarm` "
+             "removes it (and leaves a swarm the harness started)")
+        return 0
+    ensure_image(log=_log)
     containers = cluster_up(cfg, results)
     for c in containers:
         print(f"{c.name}\t{c.status}")
@@ -77,6 +86,11 @@ def cmd_down(args: argparse.Namespace) -> int:
     problem = engine_problem()
     if problem:
         _log(f"no Docker engine answered ({problem}): nothing to remove")
+        return 0
+    if args.backend == "swarm":
+        from harness.run import swarm
+        swarm.cluster_down(_log)
+        _log(f"stack down: no service, network or secret of stack {swarm.stack_name()} is left")
         return 0
     cluster_down(_log)
     _log("cluster down: no container or network of the project is left")
@@ -122,8 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="run a sweep spec and write its JSON report")
     p.add_argument("spec", help="a YAML sweep spec, e.g. experiments/quick.yaml")
-    p.add_argument("--backend", choices=["auto", "docker", "local"], default="auto",
-                   help="auto: docker when an engine answers, else local (default)")
+    p.add_argument("--backend", choices=["auto", "docker", "swarm", "local"], default="auto",
+                   help="auto: docker when an engine answers, else local (default); swarm: a Docker Swarm stack")
     p.add_argument("--repeats", type=int, help="override the spec's repeats")
     p.add_argument("--results-dir", help="where results/<name>-<timestamp>/ go (default: results/)")
     p.add_argument("--resume", metavar="DIR",
@@ -142,9 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("up", help="start a cluster in containers (1 coordinator + N workers)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--duration-s", type=float, default=300.0, help="how long the cluster trains (s)")
+    p.add_argument("--backend", choices=["docker", "swarm"], default="docker",
+                   help="docker: Compose containers (default); swarm: a stack on Docker Swarm")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("down", help="remove the cluster's containers and network")
+    p.add_argument("--backend", choices=["docker", "swarm"], default="docker",
+                   help="swarm: remove the project's stack and leave a swarm the harness started")
     p.set_defaults(func=cmd_down)
 
     p = sub.add_parser("status", help="show the running cluster live: every node's state, step, batches/s, "

@@ -1,4 +1,4 @@
-"""Choosing a backend: ``docker``, ``local``, or ``auto``.
+"""Choosing a backend: ``docker``, ``swarm``, ``local``, or ``auto``.
 """
 
 from __future__ import annotations
@@ -8,14 +8,24 @@ from harness.run.backend import Backend, Progress
 
 
 def select_backend(name: str, progress: Progress, image_tag: str | None = None) -> Backend:
-    """``docker``, ``local`` or ``auto`` (docker when an engine answers, else local, saying which).
+    """``docker``, ``swarm``, ``local`` or ``auto`` (docker when an engine answers, else local, saying which).
 
     Raises:
-        ClusterError: ``docker`` asked for and no engine, no Compose or no image can be had.
+        ClusterError: ``docker`` or ``swarm`` asked for and no engine, no Compose, no swarm or no image
+            can be had.
     """
     from harness.run.local import LocalBackend
     if name == "local":
         return LocalBackend()
+    if name == "swarm":
+        from harness.run.docker_client import engine_problem
+        problem = engine_problem()
+        if problem is not None:
+            raise ClusterError(f"the swarm backend needs a Docker engine: {problem}")
+        from harness.run.swarm import SwarmBackend
+        swarm = SwarmBackend(image_tag=image_tag, progress=progress)
+        swarm.prepare(progress)
+        return swarm
     from harness.run.compose import ComposeBackend
     from harness.run.docker_client import engine_problem
     problem = engine_problem()
