@@ -1,14 +1,58 @@
-"""The report as a text table: medians over repeats, stdev and an unstable mark per figure.
+"""Text tables of the present stage, drawn with `rich`: `render_table` (any rows; also used by
+bench-wire) and `format_table` (a sweep report: medians over repeats, ± stdev, ``!`` for unstable).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import io
+from typing import Any, Collection, Iterable, Sequence
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
 
 from harness.present.links_text import LINK_COLUMNS, link_cells
 
+# Wide enough that no table is ever wrapped: a report table is read in a terminal or a log file,
+# where a wrapped row is worse than a long one.
+_CONSOLE_WIDTH = 100_000
 
-def _fmt(value: Any, kind: str = "") -> str:
+
+def render_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]],
+                 left_columns: Collection[str] = (), footer: Sequence[str] = ()) -> str:
+    """Rows as plain text: an optional title line, a header, a rule, one line per row, footer lines.
+
+    `columns`: the header cells; `rows`: one sequence of cells per row, as many as `columns`
+    (a cell is printed with ``str``; ``None`` prints as ``-``). Cells are right-aligned (numbers)
+    except in the columns named in `left_columns`. No colour, no box, no trailing spaces, never
+    wrapped, so the text is the same on a terminal, in a pipe and in a test. Returns the text
+    without a final newline.
+
+    Raises:
+        ValueError: a row has more or fewer cells than there are columns.
+    """
+    table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False, padding=(0, 1))
+    for name in columns:
+        table.add_column(name, justify="left" if name in left_columns else "right", no_wrap=True)
+    for i, row in enumerate(rows):
+        cells = ["-" if c is None else str(c) for c in row]
+        if len(cells) != len(columns):
+            raise ValueError(f"row {i} has {len(cells)} cells, the table has {len(columns)} columns: {cells}")
+        table.add_row(*cells)
+    out = io.StringIO()
+    Console(file=out, width=_CONSOLE_WIDTH, color_system=None, force_terminal=False, highlight=False,
+            emoji=False, markup=False).print(table)
+    lines = [line.rstrip() for line in out.getvalue().splitlines()]
+    return "\n".join([*([title] if title else []), *lines, *footer])
+
+
+def format_value(value: Any, kind: str = "") -> str:
+    """A figure as the report's tables print it.
+
+    `kind`: ``bytes_per_s`` (printed in MB/s, 1 MB = 1e6 bytes), ``pct`` (a fraction printed in %),
+    ``ms`` (seconds printed in ms), ``mb`` (bytes printed in MB), or ``""`` (3 significant digits,
+    no decimals from 1000 up; non-floats as ``str``). ``None`` prints as ``-``.
+    """
     if value is None:
         return "-"
     if kind == "bytes_per_s":
@@ -24,6 +68,9 @@ def _fmt(value: Any, kind: str = "") -> str:
     return str(value)
 
 
+_fmt = format_value  # the old private name, until html.py reads the typed report
+
+
 # (column title, summary key, format)
 TABLE_COLUMNS = [
     ("batches/s", "batches_per_s", ""),
@@ -37,7 +84,7 @@ TABLE_COLUMNS = [
 
 
 def format_table(report: dict[str, Any]) -> str:
-    """The points as a fixed-width table: params, status, repeats, then medians over repeats (± stdev)."""
+    """The points as a table: params, status, repeats, then medians over repeats (± stdev)."""
     params = report.get("param_names") or sorted({k for p in report["points"] for k in p.get("params", {})})
     has_links = any((p.get("cluster") or {}).get("link") for p in report["points"])  # shaped: show what was applied
     header = ["#", *params, *(LINK_COLUMNS if has_links else []), "status", "n", *[c[0] for c in TABLE_COLUMNS]]
@@ -56,10 +103,6 @@ def format_table(report: dict[str, Any]) -> str:
                 text += "!"
             cells.append(text)
         rows.append(cells)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
     backend = report.get("backend", {})
     machine = report.get("machine_info", {})
     title = (f"{report.get('name')} ({report.get('spec', {}).get('description', '')}) | backend {backend.get('name')} | "
@@ -71,4 +114,4 @@ def format_table(report: dict[str, Any]) -> str:
         if point["status"] != "ok" and point.get("error"):
             notes.append(f"point {point['index']} {point['status']}: {point['error']}")
     legend = "medians over repeats, ±stdev; '!' marks a spread over 10 % of the mean (unstable)"
-    return "\n".join([title, *lines, legend, *notes])
+    return render_table(title, header, rows, footer=[legend, *notes])
