@@ -19,7 +19,7 @@ from typing import Callable
 from harness import REPO_ROOT
 from harness.errors import ClusterError, HarnessError
 from harness.results.report import ReportWriter, utc_now
-from harness.results.totals import link_totals, run_totals
+from harness.results.totals import repeat_totals
 from harness.run.backend import Backend, default_timeout_s
 from harness.run.machine import commit_info, machine_info
 from harness.run.select import select_backend
@@ -62,9 +62,9 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
     if resume_dir is not None:
         run_dir = Path(resume_dir).resolve()
         writer = ReportWriter.resume(run_dir / "report.json")
-        if writer.data.get("name") != spec.name or writer.data.get("param_names") != spec.param_names:
-            raise HarnessError(f"{run_dir}: its report is of sweep {writer.data.get('name')!r} "
-                               f"{writer.data.get('param_names')}, not {spec.name!r} {spec.param_names}")
+        if writer.report.name != spec.name or writer.report.param_names != spec.param_names:
+            raise HarnessError(f"{run_dir}: its report is of sweep {writer.report.name!r} "
+                               f"{writer.report.param_names}, not {spec.name!r} {spec.param_names}")
     else:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         run_dir = (results_dir / f"{spec.name}-{stamp}").resolve()
@@ -80,7 +80,7 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
              f"backend, about {estimate_s / 60:.1f} min; report: {run_dir / 'report.json'}")
     sysctls = HostSysctls(spec.host_sysctls).__enter__()  # restored in the finally below
     if spec.host_sysctls:
-        writer.data["host_sysctls"] = sysctls.record()
+        writer.report.host_sysctls = sysctls.record()
         progress(f"host sysctls for this sweep: {sysctls.record()} (restored at the end)")
     previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     done, t_start = 0, time.monotonic()
@@ -91,8 +91,7 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
                 progress(f"skipping point {p.index + 1}/{len(spec.points)} {p.params}: finished in the run resumed")
                 done += spec.repeats
                 continue
-            point = writer.start_point(p.index, p.params, p.config.to_dict())
-            point["cluster"] = p.cluster.to_dict()  # link profiles, cpus, mem_limit as asked
+            point = writer.start_point(p.index, p.params, p.config.to_dict(), cluster=p.cluster.to_dict())
             for repeat in range(spec.repeats):
                 elapsed = time.monotonic() - t_start
                 left = (elapsed / done * (total_runs - done)) if done else estimate_s
@@ -107,24 +106,23 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
                                          cluster=p.cluster, faults=spec.faults)
                     record = {"repeat": repeat, "status": result.status, "error": result.error,
                               "started_at_utc": started, "elapsed_s": result.elapsed_s,
-                              "totals": {**run_totals(result.nodes, result.containers),
-                                         **link_totals(result.links, result.nodes)},
+                              "totals": repeat_totals(result.nodes, result.containers, result.links),
                               "nodes": result.nodes, "containers": result.containers,
                               "links": result.links, "limits": result.limits, "faults": result.faults,
                               "exit_codes": result.exit_codes,
                               "logs_dir": str(Path(result.logs_dir).relative_to(run_dir)) if result.logs_dir else None}
                 except ClusterError as exc:
                     record = {"repeat": repeat, "status": "failed", "error": str(exc), "started_at_utc": started,
-                              "elapsed_s": None, "totals": {}, "nodes": {}, "containers": {}, "exit_codes": {}}
-                writer.add_repeat(point, record)
+                              "elapsed_s": None, "nodes": {}, "containers": {}, "exit_codes": {}}
+                rep = writer.add_repeat(point, record)
                 done += 1
-                totals = record["totals"]
-                if record["status"] == "ok":
-                    progress(f"    ok: {totals['batches_per_s']:.0f} batches/s, "
-                             f"{(totals['goodput_bytes_per_s'] or 0) / 1e6:.2f} MB/s goodput, "
-                             f"held-out accuracy {100 * (totals['test_accuracy'] or 0):.1f} %")
+                totals = rep.totals
+                if rep.ok:
+                    progress(f"    ok: {totals.batches_per_s or 0:.0f} batches/s, "
+                             f"{(totals.goodput_bytes_per_s or 0) / 1e6:.2f} MB/s goodput, "
+                             f"held-out accuracy {100 * (totals.test_accuracy or 0):.1f} %")
                 else:
-                    progress(f"    FAILED: {record['error']}")
+                    progress(f"    FAILED: {rep.error}")
             writer.finish_point(point)
             point = None
         writer.finish(complete=True)

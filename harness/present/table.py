@@ -5,13 +5,19 @@ bench-wire) and `format_table` (a sweep report: medians over repeats, ± stdev, 
 from __future__ import annotations
 
 import io
-from typing import Any, Collection, Iterable, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from harness.present.links_text import LINK_COLUMNS, link_cells
+from harness.present.links_text import (
+    LINK_COLUMNS,
+    applied_rates_text,
+    unsupported_text,
+)
+from harness.results.models import Point, Report
+from harness.results.report import as_report
 
 # Wide enough that no table is ever wrapped: a report table is read in a terminal or a log file,
 # where a wrapped row is worse than a long one.
@@ -68,10 +74,7 @@ def format_value(value: Any, kind: str = "") -> str:
     return str(value)
 
 
-_fmt = format_value  # the old private name, until html.py reads the typed report
-
-
-# (column title, summary key, format)
+# (column title, summary key, format): the figures of the report's tables (text and HTML), in order
 TABLE_COLUMNS = [
     ("batches/s", "batches_per_s", ""),
     ("goodput MB/s", "goodput_bytes_per_s", "bytes_per_s"),
@@ -82,36 +85,58 @@ TABLE_COLUMNS = [
     ("RSS MB", "peak_rss_bytes", "mb"),
 ]
 
+UNSTABLE_LEGEND = "'!' marks a spread over 10 % of the mean (unstable)"
 
-def format_table(report: dict[str, Any]) -> str:
-    """The points as a table: params, status, repeats, then medians over repeats (± stdev)."""
-    params = report.get("param_names") or sorted({k for p in report["points"] for k in p.get("params", {})})
-    has_links = any((p.get("cluster") or {}).get("link") for p in report["points"])  # shaped: show what was applied
+
+def stats_cell(point: Point, key: str, kind: str = "", sep: str = "") -> str:
+    """A figure's cell: its median over the point's ok repeats, ``±stdev`` when several repeats
+    spread, ``!`` when unstable (`Stats.unstable`); ``-`` when no ok repeat has it. `kind`: as in
+    `format_value`; `sep`: put around ``±`` and before ``!`` (the HTML page uses a space)."""
+    stats = point.summary.get(key)
+    text = format_value(stats.median, kind) if stats else "-"
+    if stats and stats.count > 1 and stats.stdev:
+        text += f"{sep}±{sep}" + format_value(stats.stdev, kind)
+    if key in point.unstable:
+        text += f"{sep}!"
+    return text
+
+
+def _link_cells(point: Point) -> list[str]:
+    """The point's cells under `LINK_COLUMNS`: the rates in force and what was not applied (from its
+    first repeat that shaped anything), and the median coordinator egress utilisation in %."""
+    links = next((r.links for r in point.repeats if r.links.get("containers")), None)
+    utilisation = point.summary.get("coordinator_egress_utilisation")
+    return [applied_rates_text(links) if links else "-", unsupported_text(links) if links else "-",
+            f"{100 * utilisation.median:.0f}" if utilisation and utilisation.median is not None else "-"]
+
+
+def report_title(report: Report) -> str:
+    """One line on where the numbers come from: name, backend, CPUs, commit, INCOMPLETE if not finished."""
+    return (f"{report.name} | backend {report.backend.name} | {report.machine_info.cpu_count_logical} CPUs | "
+            f"commit {(report.commit_info.id or '?')[:10]}{'' if report.complete else ' | INCOMPLETE'}")
+
+
+def format_table(report: Report | Mapping[str, Any]) -> str:
+    """The report's points as a text table: index, params, the links applied (when a point shapes
+    links), status, ok repeats, then each `TABLE_COLUMNS` figure as median ± stdev over the ok
+    repeats with ``!`` for unstable; then a legend and each failed point's error.
+
+    Raises:
+        HarnessError: `report` is a mapping that is not a report.
+    """
+    report = as_report(report)
+    params = report.axes
+    has_links = any((p.cluster or {}).get("link") for p in report.points)  # shaped: show what was applied
     header = ["#", *params, *(LINK_COLUMNS if has_links else []), "status", "n", *[c[0] for c in TABLE_COLUMNS]]
     rows = []
-    for point in report["points"]:
-        summary = point.get("summary", {})
-        cells = [str(point["index"]), *[_fmt(point["params"].get(p)) for p in params],
-                 *(link_cells(point) if has_links else []), point["status"],
-                 str(sum(r["status"] == "ok" for r in point.get("repeats", [])))]
-        for _, key, kind in TABLE_COLUMNS:
-            stats = summary.get(key)
-            text = _fmt(stats["median"], kind) if stats else "-"
-            if stats and stats["count"] > 1 and stats["stdev"]:
-                text += "±" + _fmt(stats["stdev"], kind)
-            if key in point.get("unstable", []):
-                text += "!"
-            cells.append(text)
-        rows.append(cells)
-    backend = report.get("backend", {})
-    machine = report.get("machine_info", {})
-    title = (f"{report.get('name')} ({report.get('spec', {}).get('description', '')}) | backend {backend.get('name')} | "
-             f"{machine.get('cpu_count_logical')} CPUs, {(machine.get('memory_total_bytes') or 0) / 2**30:.0f} GiB | "
-             f"commit {(report.get('commit_info', {}).get('id') or '?')[:10]}"
-             f"{'' if report.get('complete') else ' | INCOMPLETE'}")
-    notes = []
-    for point in report["points"]:
-        if point["status"] != "ok" and point.get("error"):
-            notes.append(f"point {point['index']} {point['status']}: {point['error']}")
-    legend = "medians over repeats, ±stdev; '!' marks a spread over 10 % of the mean (unstable)"
+    for point in report.points:
+        rows.append([point.index, *[format_value(point.params.get(p)) for p in params],
+                     *(_link_cells(point) if has_links else []), point.status, len(point.ok_repeats),
+                     *[stats_cell(point, key, kind) for _, key, kind in TABLE_COLUMNS]])
+    machine = report.machine_info
+    title = (f"{report.name} ({report.spec.description}) | backend {report.backend.name} | "
+             f"{machine.cpu_count_logical} CPUs, {(machine.memory_total_bytes or 0) / 2**30:.0f} GiB | "
+             f"commit {(report.commit_info.id or '?')[:10]}{'' if report.complete else ' | INCOMPLETE'}")
+    notes = [f"point {p.index} {p.status}: {p.error}" for p in report.points if p.status != "ok" and p.error]
+    legend = f"medians over repeats, ±stdev; {UNSTABLE_LEGEND}"
     return render_table(title, header, rows, footer=[legend, *notes])
