@@ -9,7 +9,7 @@ BACKEND ?= auto
 PYTEST_ARGS ?=
 STAMP := build/.setup-stamp
 
-.PHONY: setup browser image docker-engine docker-engine-stop cluster-up cluster-down sweep report test demo clean
+.PHONY: setup browser image docker-engine docker-engine-stop cluster-up cluster-down cluster-status sweep report test demo clean
 
 setup: $(STAMP)
 
@@ -42,6 +42,10 @@ cluster-up: setup
 
 cluster-down: setup
 	$(PYTHON) -m harness down
+
+# The running cluster live (Ctrl-C stops watching, the cluster keeps running); ARGS=--once: one snapshot.
+cluster-status: setup
+	$(PYTHON) -m harness status $(ARGS)
 
 sweep: setup
 	$(PYTHON) -m harness sweep $(CONFIG) --backend $(BACKEND)

@@ -1,4 +1,4 @@
-"""``python -m harness VERB``: up, down, sweep, report, image, compare.
+"""``python -m harness VERB``: up, down, status, sweep, report, image, compare, bench-wire.
 
 Errors the harness raises on purpose (bad spec, no engine, a failed Compose call) end as one line on
 stderr and exit code 2 (bad input) or 1 (anything else), not a traceback.
@@ -83,8 +83,24 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """`status`: the running cluster (Compose project WIIIIIDE_PROJECT), live on a terminal, plain text
+    otherwise. Raises ClusterError (exit 1) when no engine answers or the project has no container,
+    SpecError (exit 2) for an interval <= 0."""
+    from rich.console import Console
+
+    from harness.present.status import watch_status
+    from harness.run.docker_client import docker_client
+    from harness.run.status import read_cluster_status
+
+    if args.interval_s <= 0:
+        raise SpecError(f"--interval-s must be > 0 seconds, got {args.interval_s:g}")
+    client = docker_client(timeout_s=30)
+    return watch_status(lambda: read_cluster_status(client), Console(), args.interval_s, once=args.once)
+
+
 def cmd_bench_wire(args: argparse.Namespace) -> int:
-    from harness.bench.wire import main_from_args
+    from harness.bench.wire.cli import main_from_args
     return main_from_args(args, _log)
 
 
@@ -131,8 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("down", help="remove the cluster's containers and network")
     p.set_defaults(func=cmd_down)
 
+    p = sub.add_parser("status", help="show the running cluster live: every node's state, step, batches/s, "
+                                      "and every container's CPU, memory and network (Engine API)")
+    p.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    p.add_argument("--interval-s", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    p.set_defaults(func=cmd_status)
+
     p = sub.add_parser("bench-wire", help="raw socket vs WIIIIIDE frames, codecs, policies on paced links (JSON)")
-    from harness.bench.wire import add_arguments
+    from harness.bench.wire.cli import add_arguments
     add_arguments(p)
     p.set_defaults(func=cmd_bench_wire)
 

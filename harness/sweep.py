@@ -10,27 +10,50 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
-import time
+import threading
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
 from harness import REPO_ROOT
 from harness.errors import ClusterError, HarnessError
+from harness.present.progress import (
+    PlainProgress,
+    RunInfo,
+    SweepInfo,
+    SweepProgress,
+    choose_progress,
+)
 from harness.results.report import ReportWriter, utc_now
 from harness.results.totals import repeat_totals
 from harness.run.backend import Backend, default_timeout_s
 from harness.run.machine import commit_info, machine_info
 from harness.run.select import select_backend
+from harness.run.status import LIVE_SOURCES, Training, live_training_source
 from harness.run.sysctls import HostSysctls
 from harness.spec.points import SweepSpec
 
 Progress = Callable[[str], None]
 
+LIVE_POLL_S = 1.0  # how often the running point's coordinator progress is read
 
-def _print(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+
+class _LivePoller:
+    """Reads `read()` every `interval_s` on a daemon thread and hands each `Training` to `update`."""
+
+    def __init__(self, read: Callable[[], Training], update: Callable[[Training], None], interval_s: float) -> None:
+        self._read, self._update, self._interval_s = read, update, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sweep live poller", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self._update(self._read())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
 
 
 class _Interrupted(Exception):
@@ -42,9 +65,13 @@ def _raise_interrupted(signum, frame) -> None:
 
 
 def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | None = None,
-              progress: Progress = _print, backend: Backend | None = None, resume_dir: Path | None = None) -> Path:
+              progress: Progress | SweepProgress | None = None, backend: Backend | None = None,
+              resume_dir: Path | None = None) -> Path:
     """Run `spec`; return the path of its report.json.
 
+    `progress`: where the sweep says what it does: a `harness.present.progress.SweepProgress`, or a
+    function of one line (plain lines, as `PlainProgress`); None: `choose_progress()` (a live rich
+    display when stdout is a terminal, else plain lines on stderr).
     `resume_dir`: the folder of an interrupted run of the same spec; its finished points are kept and
     skipped, the others run again into the same report.
 
@@ -52,8 +79,16 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
         ClusterError: the requested backend cannot be had (before anything runs).
         HarnessError: `resume_dir` holds no report of this spec.
     """
+    display: SweepProgress
+    if progress is None:
+        display = choose_progress()
+    elif callable(progress):
+        display = PlainProgress(progress)
+    else:
+        display = progress
+    note = display.note
     results_dir = Path(results_dir or REPO_ROOT / "results")
-    backend = backend or select_backend(backend_name, progress)
+    backend = backend or select_backend(backend_name, note)
     for p in spec.points:  # links and limits the backend cannot apply stop the sweep before anything runs
         backend.check_cluster(p.cluster)
     backend.check_faults(spec.faults)
@@ -76,66 +111,68 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
     writer.save()
     total_runs = len(spec.points) * spec.repeats
     estimate_s = sum(p.config.duration_s + 10 for p in spec.points) * spec.repeats
-    progress(f"sweep {spec.name}: {len(spec.points)} points x {spec.repeats} repeats on the {backend.name} "
-             f"backend, about {estimate_s / 60:.1f} min; report: {run_dir / 'report.json'}")
-    sysctls = HostSysctls(spec.host_sysctls).__enter__()  # restored in the finally below
-    if spec.host_sysctls:
-        writer.report.host_sysctls = sysctls.record()
-        progress(f"host sysctls for this sweep: {sysctls.record()} (restored at the end)")
-    previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
-    done, t_start = 0, time.monotonic()
-    point = None
+    display.start_sweep(SweepInfo(spec.name, len(spec.points), spec.repeats, backend.name, estimate_s,
+                                  str(run_dir / "report.json"), LIVE_SOURCES.get(backend.name)))
+    complete = False
     try:
-        for p in spec.points:
-            if writer.finished_point(p.index, p.params) is not None:
-                progress(f"skipping point {p.index + 1}/{len(spec.points)} {p.params}: finished in the run resumed")
-                done += spec.repeats
-                continue
-            point = writer.start_point(p.index, p.params, p.config.to_dict(), cluster=p.cluster.to_dict())
-            for repeat in range(spec.repeats):
-                elapsed = time.monotonic() - t_start
-                left = (elapsed / done * (total_runs - done)) if done else estimate_s
-                progress(f"[{done + 1}/{total_runs}] point {p.index + 1}/{len(spec.points)} {p.params} "
-                         f"repeat {repeat + 1}/{spec.repeats}, about {left / 60:.1f} min left")
-                out_dir = run_dir / f"point-{p.index:03d}" / f"repeat-{repeat}"
-                started = utc_now()
-                try:
-                    # profile: true traces the first repeat only (the profiler slows the steps it records)
-                    config = p.config.replace(profile=False) if (repeat and p.config.profile) else p.config
-                    result = backend.run(config, out_dir, spec.timeout_s or default_timeout_s(config), progress,
-                                         cluster=p.cluster, faults=spec.faults)
-                    record = {"repeat": repeat, "status": result.status, "error": result.error,
-                              "started_at_utc": started, "elapsed_s": result.elapsed_s,
-                              "totals": repeat_totals(result.nodes, result.containers, result.links),
-                              "nodes": result.nodes, "containers": result.containers,
-                              "links": result.links, "limits": result.limits, "faults": result.faults,
-                              "exit_codes": result.exit_codes,
-                              "logs_dir": str(Path(result.logs_dir).relative_to(run_dir)) if result.logs_dir else None}
-                except ClusterError as exc:
-                    record = {"repeat": repeat, "status": "failed", "error": str(exc), "started_at_utc": started,
-                              "elapsed_s": None, "nodes": {}, "containers": {}, "exit_codes": {}}
-                rep = writer.add_repeat(point, record)
-                done += 1
-                totals = rep.totals
-                if rep.ok:
-                    progress(f"    ok: {totals.batches_per_s or 0:.0f} batches/s, "
-                             f"{(totals.goodput_bytes_per_s or 0) / 1e6:.2f} MB/s goodput, "
-                             f"held-out accuracy {100 * (totals.test_accuracy or 0):.1f} %")
-                else:
-                    progress(f"    FAILED: {rep.error}")
-            writer.finish_point(point)
-            point = None
-        writer.finish(complete=True)
-    except _Interrupted as exc:
-        progress(f"interrupted ({exc}): tearing the cluster down; the report keeps every finished run")
-        backend.teardown()
-        if point is not None:
-            writer.finish_point(point)
-        writer.finish(complete=False, note=f"interrupted by {exc} after {done} of {total_runs} runs")
-        raise KeyboardInterrupt from None
+        sysctls = HostSysctls(spec.host_sysctls).__enter__()  # restored in the finally below
+        if spec.host_sysctls:
+            writer.report.host_sysctls = sysctls.record()
+            note(f"host sysctls for this sweep: {sysctls.record()} (restored at the end)")
+        previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+        done = 0
+        point = None
+        try:
+            for p in spec.points:
+                if writer.finished_point(p.index, p.params) is not None:
+                    display.skip_point(p.index + 1, p.params)
+                    done += spec.repeats
+                    continue
+                point = writer.start_point(p.index, p.params, p.config.to_dict(), cluster=p.cluster.to_dict())
+                for repeat in range(spec.repeats):
+                    run = RunInfo(done + 1, p.index + 1, repeat + 1, p.params, p.config.duration_s)
+                    display.start_point(run)
+                    out_dir = run_dir / f"point-{p.index:03d}" / f"repeat-{repeat}"
+                    started = utc_now()
+                    live_read = live_training_source(backend.name, out_dir)
+                    poller = _LivePoller(live_read, display.live_update, LIVE_POLL_S) if live_read else None
+                    try:
+                        # profile: true traces the first repeat only (the profiler slows the steps it records)
+                        config = p.config.replace(profile=False) if (repeat and p.config.profile) else p.config
+                        result = backend.run(config, out_dir, spec.timeout_s or default_timeout_s(config), note,
+                                             cluster=p.cluster, faults=spec.faults)
+                        record = {"repeat": repeat, "status": result.status, "error": result.error,
+                                  "started_at_utc": started, "elapsed_s": result.elapsed_s,
+                                  "totals": repeat_totals(result.nodes, result.containers, result.links),
+                                  "nodes": result.nodes, "containers": result.containers,
+                                  "links": result.links, "limits": result.limits, "faults": result.faults,
+                                  "exit_codes": result.exit_codes,
+                                  "logs_dir": str(Path(result.logs_dir).relative_to(run_dir)) if result.logs_dir else None}
+                    except ClusterError as exc:
+                        record = {"repeat": repeat, "status": "failed", "error": str(exc), "started_at_utc": started,
+                                  "elapsed_s": None, "totals": {}, "nodes": {}, "containers": {}, "exit_codes": {}}
+                    finally:
+                        if poller is not None:
+                            poller.stop()
+                    rep = writer.add_repeat(point, record)
+                    done += 1
+                    display.end_point(run, rep.model_dump(include={"status", "error", "totals"}))
+                writer.finish_point(point)
+                point = None
+            writer.finish(complete=True)
+            complete = True
+        except _Interrupted as exc:
+            note(f"interrupted ({exc}): tearing the cluster down; the report keeps every finished run")
+            backend.teardown()
+            if point is not None:
+                writer.finish_point(point)
+            writer.finish(complete=False, note=f"interrupted by {exc} after {done} of {total_runs} runs")
+            raise KeyboardInterrupt from None
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            backend.teardown()
+            sysctls.__exit__(None, None, None)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        backend.teardown()
-        sysctls.__exit__(None, None, None)
+        display.end_sweep(complete)
     return writer.path

@@ -1,6 +1,12 @@
 """The shaping plan: a link profile turned into tc commands for what this kernel has (netem, tbf, htb,
 ifb), with the parts it cannot apply listed as unsupported, or `LinkShapingError` unless
-``allow_partial`` is set.
+``allow_partial`` is set; and the plan's record, with its one-line summary (`describe`), as the report
+stores it per container.
+
+Capabilities differ between kernels: `harness.run.tc_exec.probe_capabilities` tries netem, tbf, htb
+and ifb in a throwaway container, and `plan_shaping` turns a profile into commands for what this kernel
+has. A missing part is never silently dropped: it fails the point, or (``allow_partial``) the rest is
+applied and the missing part is listed as unsupported.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from harness.errors import LinkShapingError
-from harness.links.tc import DEFAULT_DEV, describe, profile_commands, shaped_devices
+from harness.links.tc import DEFAULT_DEV, profile_commands, shaped_devices
 from harness.spec.links import LinkProfile
 from wiiide.units import format_rate
 
@@ -26,13 +32,40 @@ class Capabilities:
     errors: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def has(self, kind: str) -> bool:
+        """Whether the kernel has `kind` (``netem``, ``tbf``, ``htb`` or ``ifb``).
+
+        Raises:
+            AttributeError: `kind` is none of those.
+        """
         return bool(getattr(self, kind))
 
     def to_dict(self) -> dict[str, Any]:
+        """The report's ``capabilities`` record: one bool per kind and tc's message for each missing one."""
         return {"netem": self.netem, "tbf": self.tbf, "htb": self.htb, "ifb": self.ifb, "errors": dict(self.errors)}
 
 
 ALL_CAPABILITIES = Capabilities(netem=True, tbf=True, htb=True, ifb=True)
+
+
+def describe(profile: LinkProfile | None) -> str:
+    """What `profile` does in one line for people, as Mininet's summary of a link, e.g. ``100Mbit (htb)
+    20ms delay 2ms normal jitter 1% loss, egress``; ``not shaped`` for None. It is the plan's
+    ``summary`` in the report and the progress line of each shaped container. Raises nothing."""
+    if profile is None:
+        return "not shaped"
+    parts = []
+    if profile.rate_bps is not None:
+        parts.append(f"{format_rate(profile.rate_bps)} ({profile.root_qdisc})")
+    if profile.delay_ms:
+        parts.append(f"{profile.delay_ms:g}ms delay")
+    if profile.jitter_ms:
+        parts.append(f"{profile.jitter_ms:g}ms {profile.jitter_distribution or 'uniform'} jitter")
+    if profile.loss_pct:
+        corr = f" ({profile.loss_corr_pct:g}% correlated)" if profile.loss_corr_pct else ""
+        parts.append(f"{profile.loss_pct:g}% loss{corr}")
+    if profile.limit_packets is not None:
+        parts.append(f"limit {profile.limit_packets}p")
+    return " ".join(parts) + (", both directions (ingress via ifb)" if profile.ingress else ", egress")
 
 
 @dataclass(frozen=True)
@@ -47,6 +80,8 @@ class ShapingPlan:
     unsupported: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
+        """The report's record of the plan: ``requested`` and ``applied_profile`` (profile dicts or None),
+        ``summary`` (`describe` of what is applied), ``commands`` (argv lists) and ``unsupported``."""
         return {"requested": self.requested.to_dict() if self.requested else None,
                 "applied_profile": self.applied.to_dict() if self.applied else None,
                 "summary": describe(self.applied), "commands": [list(c) for c in self.commands],
@@ -87,9 +122,9 @@ def plan_shaping(profile: LinkProfile | None, caps: Capabilities, allow_partial:
         applied = profile.without_netem()
     if applied is not None and applied.rate_bps is not None and not caps.has(applied.root_qdisc):
         drop(f"rate {format_rate(applied.rate_bps)} ({applied.root_qdisc})", applied.root_qdisc)
-        applied = None if not applied.needs_netem else dataclasses.replace(applied, rate_bps=None)
+        applied = None if not applied.needs_netem else applied.replace(rate_bps=None)
     if applied is not None and applied.ingress and not caps.ifb:
         drop("ingress shaping (ifb)", "ifb")
-        applied = dataclasses.replace(applied, ingress=False)
+        applied = applied.replace(ingress=False)
     commands = tuple(tuple(c) for c in profile_commands(applied, dev)) if applied is not None else ()
     return ShapingPlan(profile, applied, commands, tuple(shaped_devices(applied, dev)), tuple(unsupported))

@@ -1,37 +1,36 @@
-"""Link shaping with tc: one value object per link profile, pure builders of tc argv lists, a parser
-of ``tc -s qdisc show`` / ``tc -s class show``, and a thin runner that executes argv lists inside a
-container and raises `LinkShapingError` with the command and tc's own message.
+"""Pure builders of the tc and ip argv lists that shape one container's links, and the sizes they
+derive. Nothing here runs a command or formats report text: `harness.run.tc_exec` runs the lists in a
+container, `harness.links.plan` chooses them for a kernel's qdiscs, `harness.links.readback` reads back
+what tc has in force, and `harness.present.links_text` writes the report's cells.
 
 The qdisc tree of one interface is built in one go, as Mininet's ``TCIntf.config()`` does
 (mininet/link.py): a rate class at the root (htb, or tbf) and netem as its child for delay, jitter
 and loss. Without a rate, netem is the root. Ingress shaping redirects the interface's ingress to an
 ifb device (``ifb0``, made inside the container's network namespace) and builds the same tree there.
-Each profile is one frozen value object validated when built, with pure functions returning the tc
-commands (after Pumba's netem commands, alexei-led/pumba), so every command is tested without root
-and a dry run shows exactly what would run.
+Each profile (`harness.spec.links.LinkProfile`) is one frozen value object validated when built, and
+pure functions return its tc commands (after Pumba's netem commands, alexei-led/pumba), so every
+command is tested without root and a dry run shows exactly what would run.
 
 Sizes the tree derives (every one documented where it is computed):
 
 - tbf and htb burst: ``rate / KERNEL_HZ`` bytes, at least `MIN_BURST_BYTES`. A token bucket must hold
-  at least one timer tick of traffic (tc-tbf(8)); with 16 KiB at 1 Gbit/s tbf reached only 75 % of
-  the rate on this machine, with rate/HZ it reached 95 % (TCP/IP headers are the other 4.4 %).
+  at least one timer tick of traffic (tc-tbf(8), "burst": "the minimum buffer size can be calculated
+  by dividing the rate by HZ"); with 16 KiB at 1 Gbit/s tbf reached only 75 % of the rate on this
+  machine, with rate/HZ it reached 95 % (TCP/IP headers are the other 4.4 %).
 - netem limit: the bandwidth-delay product in packets, times `NETEM_LIMIT_HEADROOM`, at least netem's
   default of 1,000 packets, which throttles long fat links (tc-netem(8), "limit").
 - tbf limit (bytes of queue): `TBF_QUEUE_S` seconds of the rate plus the burst, or
-  ``limit_packets`` full-size frames when the profile sets it.
-
-Capabilities differ between kernels: `probe_capabilities` tries netem, tbf, htb and ifb in a throwaway
-container, and `plan_shaping` turns a profile into commands for what this kernel has. A profile that
-needs a missing qdisc fails with `LinkShapingError` unless ``allow_partial`` is set, in which case the
-rest is applied and the missing parts are listed as unsupported, never silently dropped.
+  ``limit_packets`` full-size frames when the profile sets it (tc-tbf(8), "limit or latency").
+- htb quantum: rate / r2q (tc-htb(8), r2q 10), clamped below the 200,000 bytes above which the kernel
+  warns "quantum of class ... is big" (net/sched/sch_htb.c).
 """
 
 from __future__ import annotations
 
 import math
 
+from harness.errors import LinkShapingError
 from harness.spec.links import LinkProfile
-from wiiide.units import format_rate
 
 DEFAULT_DEV = "eth0"  # the one interface of a container on one Compose network
 
@@ -77,17 +76,21 @@ def _us(ms: float) -> str:
 
 
 def _pct_arg(pct: float) -> str:
+    """A percentage as a tc argument (``0.5%``, ``25%``), without float noise."""
     return f"{pct:.6f}".rstrip("0").rstrip(".") + "%"
 
 
 def burst_bytes(rate_bps: int) -> int:
-    """Token-bucket burst for tbf and htb: one timer tick of the rate (rate / HZ), at least 16 KiB."""
+    """Token-bucket burst for tbf and htb, in bytes, for a rate in bit/s: one timer tick of the rate
+    (rate / 8 / `KERNEL_HZ`, tc-tbf(8)), at least `MIN_BURST_BYTES` (16 KiB). Raises nothing."""
     return max(math.ceil(rate_bps / 8 / KERNEL_HZ), MIN_BURST_BYTES)
 
 
 def netem_limit_packets(profile: LinkProfile) -> int:
-    """netem's queue in packets: the profile's limit_packets, else 1.5 x the bandwidth-delay product
-    (rate x (delay + jitter) / MTU; the nominal 10 Gbit/s when no rate), at least netem's 1,000."""
+    """netem's queue in packets: the profile's limit_packets, else `NETEM_LIMIT_HEADROOM` (1.5) x the
+    bandwidth-delay product in packets (rate / 8 x (delay + jitter) / `MTU_BYTES`; the nominal
+    10 Gbit/s when the profile has no rate), at least netem's default of 1,000 (tc-netem(8), "limit").
+    Raises nothing."""
     if profile.limit_packets is not None:
         return profile.limit_packets
     rate = profile.rate_bps or NOMINAL_LINE_RATE_BPS
@@ -96,20 +99,28 @@ def netem_limit_packets(profile: LinkProfile) -> int:
 
 
 def tbf_limit_bytes(profile: LinkProfile) -> int:
-    """tbf's queue in bytes: limit_packets full frames, else 100 ms of the rate plus the burst."""
-    assert profile.rate_bps is not None
+    """tbf's queue in bytes (tc-tbf(8), "limit"): limit_packets full frames (`FRAME_BYTES`) when the
+    profile sets it and has no netem child, else `TBF_QUEUE_S` (100 ms) of the rate plus the burst.
+
+    Raises:
+        LinkShapingError: the profile has no rate (tbf is a rate limiter).
+    """
+    if profile.rate_bps is None:
+        raise LinkShapingError(f"link profile {profile.name!r}: tbf needs a rate; this profile has none")
     if profile.limit_packets is not None and not profile.needs_netem:
         return profile.limit_packets * FRAME_BYTES
     return math.ceil(profile.rate_bps / 8 * TBF_QUEUE_S) + burst_bytes(profile.rate_bps)
 
 
 def htb_quantum_bytes(rate_bps: int) -> int:
-    """htb's quantum: rate / r2q (10) bytes, clamped to 1 frame .. 200,000 (htb's own warning bound)."""
+    """htb's quantum in bytes for a rate in bit/s: rate / 8 / r2q (10, tc-htb(8)), clamped to one frame
+    (`FRAME_BYTES`) .. `HTB_MAX_QUANTUM_BYTES` (above it net/sched/sch_htb.c warns). Raises nothing."""
     return min(max(rate_bps // 8 // 10, FRAME_BYTES), HTB_MAX_QUANTUM_BYTES)
 
 
 def netem_args(profile: LinkProfile) -> list[str]:
-    """The options after ``netem``: limit, delay [jitter [distribution]], loss [correlation]."""
+    """The options after ``netem`` (tc-netem(8)): ``limit`` packets, ``delay`` and jitter in whole
+    microseconds [``distribution``], ``loss`` [correlation] in percent. Raises nothing."""
     args = ["limit", str(netem_limit_packets(profile))]
     if profile.delay_ms > 0:
         args += ["delay", _us(profile.delay_ms)]
@@ -130,6 +141,7 @@ def tree_commands(profile: LinkProfile, dev: str = DEFAULT_DEV) -> list[list[str
     With a rate: ``htb`` root (handle 1:) with class 1:1 at the rate, or a ``tbf`` root (handle 1:,
     whose one class is 1:1); netem (handle 10:) under 1:1 when the profile has delay or loss, else
     for htb with limit_packets a ``pfifo`` of that many packets. Without a rate: netem at the root.
+    Rates are written in bit/s (``100000000bit``), sizes in bytes (``50000b``). Raises nothing.
     """
     base = ["tc", "qdisc", "replace", "dev", dev]
     if profile.rate_bps is None:
@@ -152,7 +164,9 @@ def tree_commands(profile: LinkProfile, dev: str = DEFAULT_DEV) -> list[list[str
 
 
 def ingress_commands(dev: str = DEFAULT_DEV, ifb: str = IFB_DEV) -> list[list[str]]:
-    """Redirect `dev`'s ingress to a new ifb device (the tree then goes on the ifb's egress)."""
+    """Redirect `dev`'s ingress to a new ifb device `ifb` (the tree then goes on the ifb's egress):
+    ``ip link add``, its txqueuelen (`IFB_TXQUEUELEN` packets), the ingress qdisc (handle ffff:) and a
+    u32 match-all filter with a mirred redirect (tc-mirred(8)). Raises nothing."""
     return [
         ["ip", "link", "add", ifb, "type", "ifb"],
         # ifb's default queue is 32 packets, and htb's leaf takes the device's; 1000 as on veth
@@ -164,7 +178,8 @@ def ingress_commands(dev: str = DEFAULT_DEV, ifb: str = IFB_DEV) -> list[list[st
 
 
 def profile_commands(profile: LinkProfile, dev: str = DEFAULT_DEV) -> list[list[str]]:
-    """Every command for `profile` on `dev`: the egress tree, then (ingress) the ifb redirect and tree."""
+    """Every command for `profile` on `dev`, in order: the egress tree, then (with ingress) the ifb
+    redirect and the same tree on `IFB_DEV`. Raises nothing."""
     commands = tree_commands(profile, dev)
     if profile.ingress:
         commands += ingress_commands(dev) + tree_commands(profile, IFB_DEV)
@@ -172,23 +187,5 @@ def profile_commands(profile: LinkProfile, dev: str = DEFAULT_DEV) -> list[list[
 
 
 def shaped_devices(profile: LinkProfile | None, dev: str = DEFAULT_DEV) -> list[str]:
+    """The interfaces `profile` puts qdiscs on (to read back): `dev`, and `IFB_DEV` with ingress."""
     return [dev, IFB_DEV] if profile is not None and profile.ingress else [dev]
-
-
-def describe(profile: LinkProfile | None) -> str:
-    """One line for people, as Mininet's summary: ``100Mbit 20ms delay 2ms normal jitter 1% loss``."""
-    if profile is None:
-        return "not shaped"
-    parts = []
-    if profile.rate_bps is not None:
-        parts.append(f"{format_rate(profile.rate_bps)} ({profile.root_qdisc})")
-    if profile.delay_ms:
-        parts.append(f"{profile.delay_ms:g}ms delay")
-    if profile.jitter_ms:
-        parts.append(f"{profile.jitter_ms:g}ms {profile.jitter_distribution or 'uniform'} jitter")
-    if profile.loss_pct:
-        corr = f" ({profile.loss_corr_pct:g}% correlated)" if profile.loss_corr_pct else ""
-        parts.append(f"{profile.loss_pct:g}% loss{corr}")
-    if profile.limit_packets is not None:
-        parts.append(f"limit {profile.limit_packets}p")
-    return " ".join(parts) + (", both directions (ingress via ifb)" if profile.ingress else ", egress")

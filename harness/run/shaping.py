@@ -8,7 +8,7 @@ Order, for the docker backend (`harness.run.compose.ComposeBackend`):
 2. Compose starts the cluster with the coordinator's start gate set (`START_GATE_FILE`): the workers
    connect, and the coordinator waits before its first step.
 3. `ClusterConditions.apply`: per-worker CPU/memory limits through the Engine API, the tc commands in
-   each container, a read-back of ``tc -s qdisc/class show`` per interface, then ``touch`` of the gate
+   each container, a read-back of ``tc -j -s qdisc/class show`` per interface, then ``touch`` of the gate
    file in the coordinator: training traffic only ever sees the shaped links.
 4. While the run goes on, the qdisc counters are read every `COUNTER_INTERVAL_S` seconds; the last
    reading before each container exits is its end counters (a container's qdiscs go with its network

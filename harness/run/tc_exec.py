@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping
 
 from harness.errors import LinkShapingError
 from harness.links.plan import Capabilities, ShapingPlan
-from harness.links.readback import parse_tc_show, read_commands
+from harness.links.readback import parse_classes, parse_tc_json, show_commands
 from harness.links.tc import ingress_commands
 
 
@@ -53,14 +53,29 @@ class ContainerExec:
 
 
 def read_back(runner: ContainerExec, devices: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
-    """``{dev: [qdiscs..., classes...]}`` parsed from ``tc -s qdisc/class show`` in the container."""
-    return {dev: [e for argv in read_commands(dev) for e in parse_tc_show(runner.run(argv))] for dev in devices}
+    """What tc has in force on each of `devices` in the container: ``{dev: [qdiscs..., classes...]}``,
+    read with ``tc -j -s qdisc show`` and ``tc -j -s class show`` (records: `harness.links.readback`;
+    rates in bit/s, sizes in bytes, times in ms, counters since the qdisc was made).
+
+    Raises:
+        LinkShapingError: a show command failed (the device is gone, the container has exited) or
+        printed something that is not tc's read-back.
+    """
+    records: dict[str, list[dict[str, Any]]] = {}
+    for dev in devices:
+        commands = show_commands(dev)
+        records[dev] = [*parse_tc_json(runner.run(commands["qdisc"]), "qdisc", dev),
+                        *parse_classes(runner.run(commands["class"]), dev)]
+    return records
 
 
 def apply_plan(runner: ContainerExec, plan: ShapingPlan) -> dict[str, list[dict[str, Any]]]:
-    """Run the plan's commands in order, then read back every shaped device.
+    """Run the plan's commands in order in the container, then read back every shaped device
+    (`read_back`: ``{dev: [records]}``, rates in bit/s, sizes in bytes, times in ms).
 
-    Raises LinkShapingError (command and tc's message) at the first command that fails.
+    Raises:
+        LinkShapingError: at the first command that fails (with the command and tc's message), or
+        when the read-back fails.
     """
     for argv in plan.commands:
         runner.run(argv)
@@ -88,7 +103,11 @@ PROBE_CLEANUP = [["tc", "qdisc", "del", "dev", PROBE_DEV, "root"], ["tc", "qdisc
 
 
 def probe_with(runner: ContainerExec) -> Capabilities:
-    """Try each qdisc kind on the container's loopback; a kind is present when all its commands work."""
+    """Try each qdisc kind (`PROBES`) on the container's loopback; a kind is present when all its
+    commands work, and tc's message is kept for each missing one. Everything tried is removed again.
+    Raises nothing: a container that cannot run commands shows as a kernel without any, with the reason
+    in `Capabilities.errors`.
+    """
     found: dict[str, bool] = {}
     errors: dict[str, str] = {}
     for kind, commands in PROBES.items():

@@ -8,7 +8,7 @@ A sweep spec sets them under ``base:`` or ``axes:`` with the keys ``link``, ``cp
     link: {coordinator: rate-100m, worker: lan-1g, worker-2: {rate: 10mbit}, allow_partial: true}
     cpus: 0.5                                 # Compose `cpus` (0: no limit)
     cpus: {worker-2: 0.25}                    # one slow worker: a straggler
-    mem_limit: {coordinator: 2GiB}            # Compose `mem_limit` (0: no limit)
+    mem_limit: {coordinator: 2GiB}            # Compose `mem_limit` (0: no limit), IEC (wiiide.units)
 
 Keys of a mapping: ``all``, ``coordinator``, ``worker`` (every worker) and ``worker-N`` (the Nth
 worker container, Compose's container number, e.g. ``<project>_worker_2``); the most specific key
@@ -24,36 +24,44 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Generic, Mapping, TypeVar
+from typing import Annotated, Any, Callable, Generic, Mapping, TypeVar
 
 import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    TypeAdapter,
+    ValidationInfo,
+)
+from pydantic_core import PydanticCustomError
 
 from harness import REPO_ROOT
 from harness.errors import SpecError
+from harness.spec.base import SpecModel, fail, shown, unit, validate
 from harness.spec.links import PROFILE_KEYS, LinkProfile
+from wiiide.units import parse_size_bytes
 
 PRESETS_FILE = REPO_ROOT / "experiments" / "links.yaml"
 CLUSTER_KEYS = ("link", "cpus", "mem_limit")
 ROLE_KEYS = ("all", "coordinator", "worker")
+ROLE_KEY_PATTERN = r"^(all|coordinator|worker|worker-[1-9][0-9]*)$"
 _WORKER_KEY = re.compile(r"^worker-(\d+)$")
 MIN_MEM_BYTES = 6 * 1024 * 1024  # Docker refuses less
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|k|kb|kib|m|mb|mib|g|gb|gib)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {None: 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
-               "g": 2**30, "gb": 2**30, "gib": 2**30}
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class PerContainer(Generic[T]):
+class PerContainer(SpecModel, Generic[T]):
     """Values by ``all`` / ``coordinator`` / ``worker`` / ``worker-N``; `for_container` picks the most
     specific. A key present with None means "explicitly none" and overrides a broader key."""
 
-    values: Mapping[str, T | None]
+    values: dict[str, T | None]
 
     def for_container(self, role: str, index: int | None = None) -> T | None:
+        """The value for the ``coordinator`` or for worker `index` (1-based); None: nothing asked."""
         keys = ["coordinator", "all"] if role == "coordinator" else [f"worker-{index}", "worker", "all"]
         for key in keys:
             if key in self.values:
@@ -62,52 +70,73 @@ class PerContainer(Generic[T]):
 
     @property
     def has_worker_keys(self) -> bool:
+        """Whether some ``worker-N`` key is set (then limits go through the Engine API per worker)."""
         return any(_WORKER_KEY.match(k) for k in self.values)
 
     def max_worker_index(self) -> int:
+        """The largest N of the ``worker-N`` keys (0: none)."""
         return max((int(m.group(1)) for m in map(_WORKER_KEY.match, self.values) if m), default=0)
 
     def to_dict(self, leaf: Callable[[T], Any] = lambda v: v) -> dict[str, Any]:
+        """key -> `leaf(value)` (None stays None), as reports record it."""
         return {k: (leaf(v) if v is not None else None) for k, v in self.values.items()}
 
 
-def _per_container(value: Any, parse_leaf: Callable[[Any, str], T], path: str,
-                   extra_keys: tuple[str, ...] = ()) -> PerContainer[T]:
-    """A scalar applies to ``all``; a mapping is read by role keys. Raises SpecError naming the path."""
-    if not isinstance(value, dict):
-        return PerContainer({"all": parse_leaf(value, path)})
+def _is_none(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and value.lower() == "none")
+
+
+def _per_container(value: Any, parse_leaf: Callable[[Any], T], extra_keys: tuple[str, ...] = ()) -> PerContainer[T]:
+    """A scalar applies to ``all``; a mapping is read by role keys. Raises ValueError / `fail` (validators)."""
+    if not isinstance(value, Mapping):
+        return PerContainer(values={"all": parse_leaf(value)})
     values: dict[str, T | None] = {}
     for key, leaf in value.items():
         key = str(key)
         if key in extra_keys:
             continue
-        if key not in ROLE_KEYS and not _WORKER_KEY.match(key):
-            raise SpecError(f"{path}.{key}: unknown key; allowed: {', '.join(ROLE_KEYS + extra_keys)}, worker-N")
-        if _WORKER_KEY.match(key) and int(_WORKER_KEY.match(key).group(1)) < 1:
-            raise SpecError(f"{path}.{key}: workers are numbered from 1")
-        values[key] = parse_leaf(leaf, f"{path}.{key}")
-    return PerContainer(values)
+        worker = _WORKER_KEY.match(key)
+        if key not in ROLE_KEYS and not worker:
+            raise fail(f"unknown key; allowed: {', '.join(ROLE_KEYS + extra_keys)}, worker-N", key)
+        if worker and int(worker.group(1)) < 1:
+            raise fail("workers are numbered from 1", key)
+        try:
+            values[key] = parse_leaf(leaf)
+        except PydanticCustomError as exc:
+            raise fail(exc.message(), key, *(exc.context or {}).get("path", ())) from None
+        except ValueError as exc:
+            raise fail(str(exc), key) from None
+    return PerContainer(values=values)
+
+
+def _none_if_empty(values: PerContainer) -> PerContainer | None:
+    return values if any(v is not None for v in values.values.values()) else None
 
 
 # --------------------------------------------------------------------------------------------
 # link
 
 
-@dataclass(frozen=True)
-class LinkSetting:
-    """The link profiles of one point, by container, and whether missing kernel features may be skipped."""
+class LinkSetting(SpecModel):
+    """The link profiles of one point, by container, whether missing kernel features may be skipped
+    (`allow_partial`), and the label a point's params show for it."""
 
     profiles: PerContainer[LinkProfile]
     allow_partial: bool = False
     label: str = ""
 
     def to_dict(self) -> dict[str, Any]:
+        """``{"label", "allow_partial", "profiles": {key: LinkProfile.to_dict() or None}}``."""
         return {"label": self.label, "allow_partial": self.allow_partial,
                 "profiles": self.profiles.to_dict(LinkProfile.to_dict)}
 
 
 def load_presets(path: Path = PRESETS_FILE) -> dict[str, Any]:
-    """The ``link_presets`` mapping of `path` (experiments/links.yaml). Raises SpecError if unreadable."""
+    """The ``link_presets`` mapping of `path` (experiments/links.yaml), as written ({} when it has none).
+
+    Raises:
+        SpecError: the file is unreadable or not YAML, or ``link_presets`` is not a mapping.
+    """
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
@@ -118,53 +147,52 @@ def load_presets(path: Path = PRESETS_FILE) -> dict[str, Any]:
     return presets
 
 
-def parse_profile(value: Any, presets: Mapping[str, Any], path: str) -> LinkProfile | None:
-    """A preset name, ``none``/null (unshaped) or an inline mapping of profile keys."""
-    if value is None or (isinstance(value, str) and value.lower() == "none"):
+def _profile(value: Any, presets: Mapping[str, Any]) -> LinkProfile | None:
+    """A preset name, ``none``/null (unshaped) or an inline mapping of profile keys. Raises ValueError."""
+    if _is_none(value):
         return None
     if isinstance(value, str):
         if value not in presets:
-            raise SpecError(f"{path}: unknown link preset {value!r}; known: {', '.join(sorted(presets)) or 'none'}"
-                            f" (link_presets in {PRESETS_FILE.relative_to(REPO_ROOT)} or in the spec)")
-        preset = presets[value]
-        if not isinstance(preset, dict):
-            raise SpecError(f"{path}: link preset {value!r} must be a mapping of profile keys")
-        name = value
-    elif isinstance(value, dict):
+            raise ValueError(f"unknown link preset {value!r}; known: {', '.join(sorted(presets)) or 'none'}"
+                             f" (link_presets in {PRESETS_FILE.relative_to(REPO_ROOT)} or in the spec)")
+        preset, name = presets[value], value
+        if not isinstance(preset, Mapping):
+            raise ValueError(f"link preset {value!r} must be a mapping of profile keys")
+    elif isinstance(value, Mapping):
         preset, name = value, "inline"
     else:
-        raise SpecError(f"{path}: {value!r}: expected a preset name or a mapping of profile keys")
+        raise ValueError(f"{shown(value)}: expected a preset name or a mapping of profile keys")
     try:
         return LinkProfile.from_mapping(preset, name)
     except SpecError as exc:
-        raise SpecError(f"{path}: {exc}") from None
+        raise ValueError(str(exc)) from None
 
 
-def parse_link(value: Any, presets: Mapping[str, Any], path: str) -> LinkSetting | None:
-    """A ``link`` value: one profile for every container, or a mapping by role (see the module doc)."""
-    if value is None or (isinstance(value, str) and value.lower() == "none"):
+def _link(value: Any, info: ValidationInfo) -> LinkSetting | None:
+    """Validator of a ``link`` value (see the module doc); the presets come in ``info.context``."""
+    presets: Mapping[str, Any] = (info.context or {}).get("presets", {})
+    if _is_none(value):
         return None
     allow_partial = False
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         allow_partial = value.get("allow_partial", False)
         if not isinstance(allow_partial, bool):
-            raise SpecError(f"{path}.allow_partial: {allow_partial!r} must be true or false")
-        profile_keys = set(value) & set(PROFILE_KEYS)
-        if profile_keys:  # an inline profile for every container (with allow_partial beside it)
+            raise fail(f"{shown(allow_partial)}; allowed: true or false", "allow_partial")
+        if set(value) & set(PROFILE_KEYS):  # an inline profile for every container (with allow_partial beside it)
             stray = sorted(set(value) - set(PROFILE_KEYS) - {"allow_partial"})
             if stray:
-                raise SpecError(f"{path}.{stray[0]}: a profile mapping takes only profile keys "
-                                f"({', '.join(PROFILE_KEYS)}) and allow_partial; for roles use all/coordinator/worker")
+                raise fail(f"a profile mapping takes only profile keys ({', '.join(PROFILE_KEYS)}) and "
+                           f"allow_partial; for roles use all/coordinator/worker", stray[0])
             inline = {k: v for k, v in value.items() if k != "allow_partial"}
-            profiles = PerContainer({"all": parse_profile(inline, presets, path)})
-            return LinkSetting(profiles, allow_partial, str(param_label(value)))
-    profiles = _per_container(value, lambda v, p: parse_profile(v, presets, p), path, extra_keys=("allow_partial",))
+            profiles = PerContainer(values={"all": _profile(inline, presets)})
+            return LinkSetting(profiles=profiles, allow_partial=allow_partial, label=str(param_label(value)))
+    profiles = _per_container(value, lambda v: _profile(v, presets), extra_keys=("allow_partial",))
     if not profiles.values:
-        raise SpecError(f"{path}: no profile: give a preset name, profile keys ({', '.join(PROFILE_KEYS)}) "
-                        f"or all/coordinator/worker/worker-N keys")
+        raise ValueError(f"no profile: give a preset name, profile keys ({', '.join(PROFILE_KEYS)}) "
+                         f"or all/coordinator/worker/worker-N keys")
     if all(p is None for p in profiles.values.values()):
         return None  # every container explicitly unshaped
-    return LinkSetting(profiles, allow_partial, str(param_label(value)))
+    return LinkSetting(profiles=profiles, allow_partial=allow_partial, label=str(param_label(value)))
 
 
 def param_label(value: Any) -> Any:
@@ -174,10 +202,10 @@ def param_label(value: Any) -> Any:
         return value
     parts = []
     for key, leaf in value.items():
-        shown = "inline" if isinstance(leaf, dict) else leaf
+        shown_leaf = "inline" if isinstance(leaf, dict) else leaf
         if key == "allow_partial":
             continue
-        parts.append(str(shown) if key == "all" else f"{key}={shown}")
+        parts.append(str(shown_leaf) if key == "all" else f"{key}={shown_leaf}")
     return " ".join(parts) + (" (partial)" if value.get("allow_partial") else "")
 
 
@@ -185,41 +213,98 @@ def param_label(value: Any) -> Any:
 # cpus and mem_limit
 
 
-def parse_cpus(value: Any, path: str) -> float | None:
-    """CPUs (Compose ``cpus``): 0 or none for no limit, else 0.01 .. this machine's cores."""
-    if value is None or (isinstance(value, str) and value.lower() == "none"):
+def _cpus(value: Any) -> float | None:
+    """CPUs (Compose ``cpus``): 0 or none for no limit, else 0.01 .. this machine's cores. Raises ValueError."""
+    if _is_none(value):
         return None
     try:
         cpus = float(value)
     except (TypeError, ValueError):
-        raise SpecError(f"{path}: {value!r} is not a number of CPUs (e.g. 0.5; 0: no limit)") from None
+        raise ValueError(f"{shown(value)} is not a number of CPUs (e.g. 0.5; 0: no limit)") from None
     cores = os.cpu_count() or 1
     if isinstance(value, bool) or not (cpus == 0 or 0.01 <= cpus <= cores):
-        raise SpecError(f"{path}: {value!r} CPUs; allowed: 0 (no limit) or 0.01..{cores} (this machine's cores)")
+        raise ValueError(f"{shown(value)} CPUs; allowed: 0 (no limit) or 0.01..{cores} (this machine's cores)")
     return cpus or None
 
 
-def parse_mem_bytes(value: Any, path: str) -> int | None:
-    """Memory limit (Compose ``mem_limit``): ``512MiB``, ``2g`` or bytes; 0 or none for no limit."""
-    if value is None or (isinstance(value, str) and value.lower() == "none"):
+def _mem_bytes(value: Any) -> int | None:
+    """Memory limit (Compose ``mem_limit``), IEC: ``512MiB``, ``2g`` or bytes; 0 or none for no limit.
+    Raises ValueError."""
+    if _is_none(value):
         return None
-    match = _SIZE_RE.match(str(value)) if not isinstance(value, bool) else None
-    if not match:
-        raise SpecError(f"{path}: {value!r} is not a size: write e.g. 512MiB, 2GiB (0: no limit)")
-    unit = match.group(2).lower() if match.group(2) else None
-    size = int(float(match.group(1)) * _SIZE_UNITS[unit])
+    size = unit(parse_size_bytes, value)
     if size and size < MIN_MEM_BYTES:
-        raise SpecError(f"{path}: {value!r} is below Docker's minimum of 6 MiB")
+        raise ValueError(f"{shown(value)} is below Docker's minimum of 6 MiB")
     return size or None
+
+
+# ---------------------------------------------------------------------------- the YAML forms (typed)
+# What a spec file may write for each key; the validators above read it, the JSON Schema
+# (harness.spec.schema) shows it. RoleKey: all / coordinator / worker / worker-N.
+
+RoleKey = Annotated[str, Field(pattern=ROLE_KEY_PATTERN)]
+_Cpus = float | None
+_Mem = Annotated[int | str | None, Field(description="bytes or an IEC size (512MiB, 2GiB); 0 or none: no limit")]
+
+
+class LinkByRole(BaseModel):
+    """Schema only (the validator is `_link`): a ``link`` mapping by role, e.g. ``{coordinator: rate-100m, worker: lan-1g}``."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=lambda s: s.update(patternProperties={
+        r"^worker-[1-9][0-9]*$": {"anyOf": s["properties"]["worker"]["anyOf"]}}))
+    all: str | LinkProfile | None = None
+    coordinator: str | LinkProfile | None = None
+    worker: str | LinkProfile | None = None
+    allow_partial: bool = False
+
+
+class InlineLink(LinkProfile):
+    """Schema only (the validator is `_link`): an inline profile for every container, with ``allow_partial`` beside its keys."""
+
+    yaml_keys = (*PROFILE_KEYS, "allow_partial")
+    allow_partial: bool = False
+
+
+LinkValue = Annotated[LinkSetting | None, PlainValidator(_link, json_schema_input_type=(
+    str | None | InlineLink | LinkByRole))]
+"""A ``link`` value: a preset name, none, an inline profile or a mapping by role (context: ``presets``)."""
+CpusValue = Annotated[PerContainer[float] | None, PlainValidator(
+    lambda v: _none_if_empty(_per_container(v, _cpus)), json_schema_input_type=_Cpus | dict[RoleKey, _Cpus]),
+    Field(description="CPUs (0 or none: no limit), for every container or by role")]
+MemValue = Annotated[PerContainer[int] | None, PlainValidator(
+    lambda v: _none_if_empty(_per_container(v, _mem_bytes)), json_schema_input_type=_Mem | dict[RoleKey, _Mem]),
+    Field(description="memory limit (0 or none: no limit), for every container or by role")]
+_ADAPTERS = {"link": TypeAdapter(LinkValue), "cpus": TypeAdapter(CpusValue), "mem_limit": TypeAdapter(MemValue)}
+
+
+def parse_link(value: Any, presets: Mapping[str, Any], path: str) -> LinkSetting | None:
+    """A ``link`` value: one profile for every container, or a mapping by role (see the module doc).
+    `presets` maps preset names to profile mappings; `path` is the value's place in the spec.
+
+    Returns None when no container is shaped. Raises SpecError: ``<path>[.<key>]: ...``.
+    """
+    return validate(_ADAPTERS["link"], value, path=path, context={"yaml": True, "presets": presets})
+
+
+def parse_cpus(value: Any, path: str) -> float | None:
+    """One CPU limit (Compose ``cpus``): 0 or none -> None, else 0.01 .. this machine's cores.
+    Raises SpecError naming `path`."""
+    return validate(TypeAdapter(Annotated[float | None, PlainValidator(_cpus)]), value, path=path)
+
+
+def parse_mem_bytes(value: Any, path: str) -> int | None:
+    """One memory limit (Compose ``mem_limit``) in bytes: ``512MiB``, ``2g`` (IEC, wiiide.units) or a
+    byte count; 0 or none -> None. Raises SpecError naming `path` (below 6 MiB: Docker's minimum)."""
+    return validate(TypeAdapter(Annotated[int | None, PlainValidator(_mem_bytes)]), value, path=path)
 
 
 # --------------------------------------------------------------------------------------------
 # the point's settings
 
 
-@dataclass(frozen=True)
-class ClusterSettings:
-    """What a point asks of its containers besides node knobs (None: nothing asked)."""
+class ClusterSettings(SpecModel):
+    """What a point asks of its containers besides node knobs (None: nothing asked): `link` profiles,
+    `cpus` (CPUs) and `mem_limit` (bytes), each by container."""
 
     link: LinkSetting | None = None
     cpus: PerContainer[float] | None = None
@@ -227,19 +312,23 @@ class ClusterSettings:
 
     @property
     def is_empty(self) -> bool:
+        """Whether nothing is asked (no link shaping, no limits)."""
         return self.link is None and self.cpus is None and self.mem_limit is None
 
     def to_dict(self) -> dict[str, Any]:
+        """``{"link": LinkSetting.to_dict() | None, "cpus": {key: CPUs} | None, "mem_limit_bytes": ...}``."""
         return {"link": self.link.to_dict() if self.link else None,
                 "cpus": self.cpus.to_dict() if self.cpus else None,
                 "mem_limit_bytes": self.mem_limit.to_dict() if self.mem_limit else None}
 
     def max_worker_index(self) -> int:
+        """The largest N of any ``worker-N`` key (0: none)."""
         parts = [self.link.profiles if self.link else None, self.cpus, self.mem_limit]
         return max((p.max_worker_index() for p in parts if p is not None), default=0)
 
     def compose_env(self) -> dict[str, str]:
-        """Compose variables for role-wide limits (compose.yaml's defaults mean no limit)."""
+        """Compose variables for role-wide limits (compose.yaml's defaults mean no limit): CPUs as a
+        decimal, memory in bytes."""
         env = {}
         for name, values in (("CPUS", self.cpus), ("MEM_LIMIT", self.mem_limit)):
             if values is None:
@@ -254,7 +343,8 @@ class ClusterSettings:
 
     def worker_updates(self, index: int) -> dict[str, Any]:
         """docker SDK ``container.update`` arguments for worker `index` when limits are set per worker
-        (Compose cannot: ``--scale`` gives every worker the same); {} when none apply."""
+        (Compose cannot: ``--scale`` gives every worker the same); {} when none apply. CPUs become a
+        CFS quota per 100,000 us period; swap is set equal to memory (memswap = 2 x memory), Docker's default."""
         update: dict[str, Any] = {}
         if self.cpus is not None and self.cpus.has_worker_keys:
             cpus = self.cpus.for_container("worker", index)
@@ -263,28 +353,26 @@ class ClusterSettings:
         if self.mem_limit is not None and self.mem_limit.has_worker_keys:
             mem = self.mem_limit.for_container("worker", index)
             if mem:
-                update.update(mem_limit=mem, memswap_limit=2 * mem)  # swap = memory, Docker's default
+                update.update(mem_limit=mem, memswap_limit=2 * mem)
         return update
 
 
 def parse_cluster(values: Mapping[str, Any], presets: Mapping[str, Any], num_workers: int,
                   paths: Mapping[str, str]) -> ClusterSettings:
-    """Build a point's settings from its ``link``/``cpus``/``mem_limit`` values.
+    """Build a point's settings from its ``link``/``cpus``/``mem_limit`` values (as written in YAML).
 
-    `paths` gives each key's place in the spec for messages (e.g. ``axes.link[2]``).
-    Raises SpecError naming that path, including a ``worker-N`` beyond the point's `num_workers`.
+    `presets` maps link preset names to profile mappings; `paths` gives each key's place in the spec
+    for messages (e.g. ``axes.link[2]``).
+
+    Raises:
+        SpecError: naming that path and what is allowed, including a ``worker-N`` beyond the point's
+        `num_workers`.
     """
-    link = parse_link(values["link"], presets, paths["link"]) if "link" in values else None
-    cpus = _none_if_empty(_per_container(values["cpus"], parse_cpus, paths["cpus"])) if "cpus" in values else None
-    mem = (_none_if_empty(_per_container(values["mem_limit"], parse_mem_bytes, paths["mem_limit"]))
-           if "mem_limit" in values else None)
-    settings = ClusterSettings(link, cpus, mem)
+    parsed = {key: validate(_ADAPTERS[key], values[key], path=paths[key], context={"yaml": True, "presets": presets})
+              for key in CLUSTER_KEYS if key in values}
+    settings = ClusterSettings(**parsed)
     top = settings.max_worker_index()
     if top > num_workers:
         key = next(k for k in CLUSTER_KEYS if k in values and f"worker-{top}" in str(values[k]))
         raise SpecError(f"{paths[key]}: worker-{top} but the point has {num_workers} workers")
     return settings
-
-
-def _none_if_empty(values: PerContainer) -> PerContainer | None:
-    return values if any(v is not None for v in values.values.values()) else None

@@ -10,67 +10,90 @@ A spec's top-level ``faults:`` list applies to every point::
 
 `at_s` counts from the first training step (the coordinator writes `coordinator.training` into its
 metrics folder then). Targets are ``coordinator`` or ``worker-N`` (the Nth worker, 1-based). The
-injector runs on a thread, records what it did and when (`events`), and never raises into the run.
+injector (harness.run.faults) runs on a thread, records what it did and when, and never raises into the run.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, StrictFloat, TypeAdapter, model_validator
 
 from harness.errors import SpecError
+from harness.spec.base import SpecModel, fail, validate
 
 ACTIONS = ("kill", "restart", "pause", "disconnect")
-
-
 NEEDS_DURATION = ("pause", "disconnect")
+MAX_TIME_S = 86_400.0
+TARGET_PATTERN = r"^(coordinator|worker-[1-9][0-9]*)$"
 
 
-@dataclass(frozen=True)
-class Fault:
-    """One fault: `action` on `target` at `at_s` seconds after training starts, for `duration_s`."""
+def _target(target: str) -> str:
+    if not re.match(TARGET_PATTERN, target):
+        raise ValueError(f"{target!r}; allowed: coordinator or worker-N (N >= 1)")
+    return target
 
-    action: str
-    target: str
-    at_s: float
-    duration_s: float = 0.0
+
+def _seconds(value: float) -> float:
+    if not 0 <= value <= MAX_TIME_S:
+        raise ValueError(f"{value!r}; allowed: seconds, 0..{MAX_TIME_S:g}")
+    return value
+
+
+Seconds = Annotated[StrictFloat, AfterValidator(_seconds),
+                    Field(json_schema_extra={"minimum": 0, "maximum": MAX_TIME_S})]
+
+
+class Fault(SpecModel):
+    """One fault: `action` on `target` at `at_s` seconds after training starts, for `duration_s` seconds
+    (pause and disconnect only; both 0..86,400 s).
+
+    Raises:
+        SpecError: an unknown action or key, a target other than coordinator / worker-N, a time out of
+        range, or a pause / disconnect without a duration.
+    """
+
+    action: Literal[ACTIONS]  # type: ignore[valid-type]
+    target: Annotated[str, AfterValidator(_target), Field(json_schema_extra={"pattern": TARGET_PATTERN})]
+    at_s: Seconds
+    duration_s: Seconds = 0.0
+
+    @model_validator(mode="after")
+    def _duration(self) -> "Fault":
+        if self.action in NEEDS_DURATION and self.duration_s <= 0:
+            raise fail(f"{self.action} needs a duration > 0 s", "duration_s")
+        return self
+
+    @property
+    def worker_index(self) -> int | None:
+        """N of a ``worker-N`` target (1-based); None for the coordinator."""
+        return None if self.target == "coordinator" else int(self.target.removeprefix("worker-"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"action": self.action, "target": self.target, "at_s": self.at_s, "duration_s": self.duration_s}
+        """``{"action", "target", "at_s", "duration_s"}``, as reports record it."""
+        return self.model_dump()
+
+
+FAULTS = TypeAdapter(list[Fault])
 
 
 def parse_faults(value: Any, source: str, num_workers: int | None = None) -> list[Fault]:
-    """Validate a spec's ``faults`` list. Raises SpecError naming the file, the entry and what is allowed."""
+    """Validate a spec's ``faults`` list (None: no faults). `num_workers`, when given, is the fewest
+    workers of any point: a ``worker-N`` target beyond it is refused.
+
+    Raises:
+        SpecError: ``<source>: faults[i].<key>: ...`` naming the entry and what is allowed.
+    """
     if value is None:
         return []
-    if not isinstance(value, list):
-        raise SpecError(f"{source}: faults: expected a list of {{action, target, at_s[, duration_s]}}")
-    faults = []
-    for i, entry in enumerate(value):
-        path = f"{source}: faults[{i}]"
-        if not isinstance(entry, dict):
-            raise SpecError(f"{path}: expected a mapping with action, target, at_s")
-        unknown = sorted(set(entry) - {"action", "target", "at_s", "duration_s"})
-        if unknown:
-            raise SpecError(f"{path}.{unknown[0]}: unknown key; allowed: action, target, at_s, duration_s")
-        action, target = entry.get("action"), entry.get("target")
-        if action not in ACTIONS:
-            raise SpecError(f"{path}.action: {action!r}; allowed: {', '.join(ACTIONS)}")
-        if not isinstance(target, str) or not (target == "coordinator" or _worker_index(target)):
-            raise SpecError(f"{path}.target: {target!r}; allowed: coordinator or worker-N (N >= 1)")
-        if num_workers is not None and target != "coordinator" and _worker_index(target) > num_workers:
-            raise SpecError(f"{path}.target: {target} but the point has {num_workers} workers")
-        at_s, duration_s = entry.get("at_s"), entry.get("duration_s", 0.0)
-        for name, number in (("at_s", at_s), ("duration_s", duration_s)):
-            if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 <= number <= 86400:
-                raise SpecError(f"{path}.{name}: {number!r}; allowed: seconds, 0..86400")
-        if action in NEEDS_DURATION and duration_s <= 0:
-            raise SpecError(f"{path}.duration_s: {action} needs a duration > 0 s")
-        faults.append(Fault(action, target, float(at_s), float(duration_s)))
+    faults = validate(FAULTS, value, source, "faults")
+    check_targets(faults, source, num_workers)
     return faults
 
 
-def _worker_index(target: str) -> int:
-    if target.startswith("worker-") and target[7:].isdigit() and int(target[7:]) >= 1:
-        return int(target[7:])
-    return 0
+def check_targets(faults: list[Fault], source: str, num_workers: int | None) -> None:
+    """Raise SpecError when a fault targets ``worker-N`` with N > `num_workers` (None: no check)."""
+    for i, fault in enumerate(faults):
+        if num_workers is not None and (fault.worker_index or 0) > num_workers:
+            raise SpecError(f"{source}: faults[{i}].target: {fault.target} but the point has {num_workers} workers")

@@ -1,35 +1,44 @@
 """Link profiles: one frozen value object per link's conditions (rate, delay, jitter, loss, queue limit),
 validated when built, after Pumba's one value object per network effect (alexei-led/pumba).
 
+In a spec (``link_presets``, ``link``) a profile is a mapping of YAML keys with units::
+
+    {rate: 100mbit, delay: 20ms, jitter: 2ms, distribution: normal, loss: 1%, loss_correlation: 25%,
+     limit_packets: 1000, ingress: true, qdisc: htb}
+
 Raises `harness.errors.SpecError` for a value out of range; the tc commands that realise a profile are
 built by `harness.links.tc`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Annotated, Any, Literal, Mapping
+
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationInfo,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic.json_schema import SkipJsonSchema
 
 from harness.errors import SpecError
-from wiiide.units import UnitError, parse_pct, parse_rate_bps, parse_time_ms
+from harness.spec.base import YAML, SpecModel, fail, from_yaml, shown, unit, validate
+from wiiide.units import format_rate, parse_pct, parse_rate_bps, parse_time_ms
 
 ROOT_QDISCS = ("htb", "tbf")
-
-
 DISTRIBUTIONS = ("uniform", "normal", "pareto", "paretonormal")
-
-
+MIN_RATE_BPS = 1000
 MAX_RATE_BPS = 100 * 10**9
-
-
 MAX_DELAY_MS = 60_000.0
-
-
 MAX_LIMIT_PACKETS = 10_000_000
 
-
-# YAML key -> (field, parser)
+# YAML key -> field
 PROFILE_KEYS = {
     "rate": "rate_bps", "delay": "delay_ms", "jitter": "jitter_ms", "distribution": "jitter_distribution",
     "loss": "loss_pct", "loss_correlation": "loss_corr_pct", "limit_packets": "limit_packets",
@@ -37,93 +46,134 @@ PROFILE_KEYS = {
 }
 
 
-@dataclass(frozen=True)
-class LinkProfile:
-    """What one container's link does to its traffic. Units are in the field names.
+def _rate_bps(value: Any, info: ValidationInfo) -> Any:
+    """YAML: ``100mbit`` (SI, as tc); Python: a number of bit/s or such a string."""
+    if value is None or not (isinstance(value, str) or from_yaml(info)):
+        return value
+    return unit(parse_rate_bps, value)
 
-    rate_bps: the rate class at the root (None: no rate limit). delay_ms, jitter_ms,
-    jitter_distribution (None: uniform, netem's draw without a table), loss_pct and loss_corr_pct
-    (0..100): netem. limit_packets: netem's queue (None: from the bandwidth-delay product); with a
+
+def _time_ms(value: Any, info: ValidationInfo) -> Any:
+    """YAML: ``20ms``, ``500us``, ``1s``; Python: a number of ms or such a string."""
+    if not (isinstance(value, str) or from_yaml(info)):
+        return value
+    return unit(parse_time_ms, value)
+
+
+def _pct(value: Any) -> Any:
+    """``1``, ``0.5``, ``"1%"`` -> percent."""
+    return unit(parse_pct, value)
+
+
+def _check_rate(rate_bps: int | None) -> int | None:
+    if rate_bps is not None and not MIN_RATE_BPS <= rate_bps <= MAX_RATE_BPS:
+        raise ValueError(f"{format_rate(rate_bps)} ({rate_bps} bit/s); allowed: 1kbit..100gbit")
+    return rate_bps
+
+
+def _between(low: float, high: float, unit_name: str) -> AfterValidator:
+    def check(value: float) -> float:
+        if not low <= value <= high:
+            raise ValueError(f"{value:g} {unit_name}; allowed: {low:g}..{high:g} {unit_name}")
+        return value
+    return AfterValidator(check)
+
+
+def _string(description: str, *examples: str) -> WithJsonSchema:
+    return WithJsonSchema({"type": "string", "description": description, "examples": list(examples)})
+
+
+_PCT_SCHEMA = WithJsonSchema({"anyOf": [{"type": "number", "minimum": 0, "maximum": 100},
+                                        {"type": "string", "examples": ["1%", "0.5%"]}],
+                              "description": "percent, 0..100: 1, 0.5 or '1%'"})
+
+
+class LinkProfile(SpecModel):
+    """What one container's link does to its traffic. Units are in the field names; the YAML key of
+    each field is its alias (``rate`` for `rate_bps`).
+
+    rate_bps: the rate class at the root (None: no rate limit), 1 kbit/s .. 100 Gbit/s.
+    delay_ms (0..60,000), jitter_ms (<= delay), jitter_distribution (None: uniform, netem's draw
+    without a table), loss_pct and loss_corr_pct (0..100, correlation only with a loss): netem.
+    limit_packets: netem's queue (None: from the bandwidth-delay product, harness.links.tc); with a
     rate and no netem, the rate class's queue. ingress: shape traffic coming in too, through ifb.
-    root_qdisc: ``htb`` (a rate class, as Mininet) or ``tbf``.
+    root_qdisc: ``htb`` (a rate class, as Mininet) or ``tbf``. `name` is the preset's name (or
+    ``inline``), for messages.
 
     Raises:
-        SpecError: naming the field, when a value is out of range (jitter > delay, loss outside
-        0..100, rate <= 0) or the profile does nothing.
+        SpecError: ``link profile '<name>': <key>: <what is allowed>``, when a value is out of range
+        (jitter > delay, loss outside 0..100, rate outside 1kbit..100gbit), of the wrong type, or the
+        profile does nothing.
     """
 
-    name: str = "inline"
-    rate_bps: int | None = None
-    delay_ms: float = 0.0
-    jitter_ms: float = 0.0
-    jitter_distribution: str | None = None
-    loss_pct: float = 0.0
-    loss_corr_pct: float = 0.0
-    limit_packets: int | None = None
-    ingress: bool = False
-    root_qdisc: str = "htb"
+    yaml_keys = tuple(PROFILE_KEYS)
 
-    def __post_init__(self) -> None:
-        def check(ok: bool, field: str, message: str) -> None:
-            if not ok:
-                raise SpecError(f"link profile {self.name!r}: {field}: {message}")
+    name: SkipJsonSchema[str] = "inline"
+    rate_bps: Annotated[StrictInt | None, Field(alias="rate"), BeforeValidator(_rate_bps), AfterValidator(_check_rate),
+                        _string("bit rate, SI as tc reads it (k = 1000); unset: no rate limit",
+                                "100mbit", "1gbit", "500kbit")] = None
+    delay_ms: Annotated[StrictFloat, Field(alias="delay"), BeforeValidator(_time_ms), _between(0, MAX_DELAY_MS, "ms"),
+                        _string("one-way delay added by netem, 0..60s", "20ms", "500us")] = 0.0
+    jitter_ms: Annotated[StrictFloat, Field(alias="jitter"), BeforeValidator(_time_ms),
+                         _between(0, MAX_DELAY_MS, "ms"),
+                         _string("delay variation, at most the delay", "2ms")] = 0.0
+    jitter_distribution: Annotated[Literal[DISTRIBUTIONS] | None, Field(  # type: ignore[valid-type]
+        alias="distribution", description="netem's jitter distribution (unset: uniform)")] = None
+    loss_pct: Annotated[StrictFloat, Field(alias="loss"), BeforeValidator(_pct), _between(0, 100, "%"),
+                        _PCT_SCHEMA] = 0.0
+    loss_corr_pct: Annotated[StrictFloat, Field(alias="loss_correlation"), BeforeValidator(_pct),
+                             _between(0, 100, "%"), _PCT_SCHEMA] = 0.0
+    limit_packets: Annotated[StrictInt | None, Field(ge=1, le=MAX_LIMIT_PACKETS, description=(
+        "netem's queue in packets (unset: from the bandwidth-delay product)"))] = None
+    ingress: Annotated[StrictBool, Field(description="shape incoming traffic too, through ifb")] = False
+    root_qdisc: Annotated[Literal[ROOT_QDISCS], Field(  # type: ignore[valid-type]
+        alias="qdisc", description="the rate class at the root")] = "htb"
 
-        r, d, j = self.rate_bps, self.delay_ms, self.jitter_ms
-        check(r is None or (isinstance(r, int) and not isinstance(r, bool) and 1000 <= r <= MAX_RATE_BPS),
-              "rate", f"{r!r} must be 1kbit..100gbit")
-        check(isinstance(d, (int, float)) and 0 <= d <= MAX_DELAY_MS, "delay", f"{d!r} ms must be 0..60000 ms")
-        check(isinstance(j, (int, float)) and 0 <= j, "jitter", f"{j!r} ms must be >= 0")
-        check(j <= d, "jitter", f"{j:g} ms must be <= delay ({d:g} ms)")
-        check(self.jitter_distribution is None or self.jitter_distribution in DISTRIBUTIONS, "distribution",
-              f"{self.jitter_distribution!r}; allowed: {' | '.join(DISTRIBUTIONS)}")
-        check(self.jitter_distribution is None or j > 0, "distribution", "needs a jitter > 0")
-        for field, value in (("loss", self.loss_pct), ("loss_correlation", self.loss_corr_pct)):
-            check(isinstance(value, (int, float)) and 0 <= value <= 100, field, f"{value!r} % must be 0..100")
-        check(self.loss_corr_pct == 0 or self.loss_pct > 0, "loss_correlation", "needs a loss > 0")
-        n = self.limit_packets
-        check(n is None or (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_LIMIT_PACKETS),
-              "limit_packets", f"{n!r} must be 1..{MAX_LIMIT_PACKETS}")
-        check(isinstance(self.ingress, bool), "ingress", f"{self.ingress!r} must be true or false")
-        check(self.root_qdisc in ROOT_QDISCS, "qdisc", f"{self.root_qdisc!r}; allowed: {' | '.join(ROOT_QDISCS)}")
-        check(r is not None or self.needs_netem, "(profile)", "does nothing: set a rate, a delay or a loss")
+    @model_validator(mode="after")
+    def _consistent(self) -> "LinkProfile":
+        d, j = self.delay_ms, self.jitter_ms
+        if j > d:
+            raise fail(f"{j:g} ms; allowed: <= delay ({d:g} ms)", "jitter")
+        if self.jitter_distribution is not None and j <= 0:
+            raise fail(f"{self.jitter_distribution!r} needs a jitter > 0", "distribution")
+        if self.loss_corr_pct and not self.loss_pct:
+            raise fail(f"{self.loss_corr_pct:g} % needs a loss > 0", "loss_correlation")
+        if self.rate_bps is None and not self.needs_netem:
+            raise ValueError("does nothing: set a rate, a delay or a loss")
+        return self
+
+    @classmethod
+    def _where(cls, data: Mapping[str, Any]) -> str:
+        return f"link profile {data.get('name', 'inline')!r}"
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], name: str = "inline") -> "LinkProfile":
         """Build from YAML keys: rate (``100mbit``), delay / jitter (``20ms``), distribution, loss and
-        loss_correlation (percent), limit_packets, ingress, qdisc. Raises SpecError naming the key."""
-        unknown = sorted(set(data) - set(PROFILE_KEYS))
-        if unknown:
-            raise SpecError(f"link profile {name!r}: {unknown[0]}: unknown key; allowed: {', '.join(PROFILE_KEYS)}")
-        values: dict[str, Any] = {"name": name}
-        try:
-            for key, raw in data.items():
-                if key == "rate":
-                    values["rate_bps"] = parse_rate_bps(raw, "rate")
-                elif key in ("delay", "jitter"):
-                    values[PROFILE_KEYS[key]] = parse_time_ms(raw, key)
-                elif key in ("loss", "loss_correlation"):
-                    values[PROFILE_KEYS[key]] = parse_pct(raw, key)
-                else:
-                    values[PROFILE_KEYS[key]] = raw
-        except (SpecError, UnitError) as exc:
-            raise SpecError(f"link profile {name!r}: {exc}") from None
-        try:
-            return cls(**values)
-        except SpecError:
-            raise
-        except (TypeError, ValueError) as exc:  # a wrong type the checks compare against
-            raise SpecError(f"link profile {name!r}: {exc}") from None
+        loss_correlation (percent), limit_packets, ingress, qdisc (see the class doc for ranges).
+
+        Raises:
+            SpecError: ``link profile '<name>': <key>: ...`` naming the key and what is allowed.
+        """
+        if not isinstance(data, Mapping):
+            raise SpecError(f"link profile {name!r}: {shown(data)}; allowed: a mapping of {', '.join(PROFILE_KEYS)}")
+        profile = validate(cls, data, f"link profile {name!r}", context=YAML)
+        return profile.model_copy(update={"name": str(name)})
 
     @property
     def needs_netem(self) -> bool:
+        """Whether a netem qdisc is needed (a delay or a loss)."""
         return self.delay_ms > 0 or self.loss_pct > 0
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field by its Python name (``rate_bps``, ``delay_ms``, ...), as reports record it."""
+        return self.model_dump()
+
+    def replace(self, **changes: Any) -> "LinkProfile":
+        """A copy with `changes` (field names), validated like a new profile. Raises SpecError."""
+        return type(self)(**{**self.model_dump(), **changes})
 
     def without_netem(self) -> "LinkProfile | None":
         """The rate part alone (None when there is no rate)."""
         if self.rate_bps is None:
             return None
-        return dataclasses.replace(self, delay_ms=0.0, jitter_ms=0.0, jitter_distribution=None,
-                                   loss_pct=0.0, loss_corr_pct=0.0)
+        return self.replace(delay_ms=0.0, jitter_ms=0.0, jitter_distribution=None, loss_pct=0.0, loss_corr_pct=0.0)

@@ -10,12 +10,16 @@ from pathlib import Path
 import pytest
 
 from harness.errors import LinkShapingError, SpecError
-from harness.links.plan import ALL_CAPABILITIES, Capabilities, plan_shaping
-from harness.links.readback import parse_tc_show, rate_in_force_bps
+from harness.links.plan import ALL_CAPABILITIES, Capabilities, describe, plan_shaping
+from harness.links.readback import (
+    parse_class_text,
+    parse_classes,
+    parse_tc_json,
+    rate_in_force_bps,
+)
 from harness.links.tc import (
     IFB_DEV,
     burst_bytes,
-    describe,
     htb_quantum_bytes,
     netem_args,
     netem_limit_packets,
@@ -24,7 +28,7 @@ from harness.links.tc import (
 )
 from harness.present.links_text import applied_rates_text, link_cells, unsupported_text
 from harness.results.totals import repeat_totals
-from harness.run.tc_exec import ContainerExec, probe_with
+from harness.run.tc_exec import ContainerExec, probe_with, read_back
 from harness.spec.links import LinkProfile
 from wiiide.units import (
     UnitError,
@@ -135,6 +139,8 @@ def test_sizes_from_rate_and_bandwidth_delay_product():
     assert tbf_limit_bytes(LinkProfile(rate_bps=100_000_000, root_qdisc="tbf", limit_packets=100)) == 151_400
     assert htb_quantum_bytes(100_000_000) == 200_000 and htb_quantum_bytes(100_000) == 1514
     assert htb_quantum_bytes(10_000_000) == 125_000
+    with pytest.raises(LinkShapingError, match="tbf needs a rate"):
+        tbf_limit_bytes(LinkProfile(name="lan", delay_ms=5, root_qdisc="tbf"))
 
 
 # -------------------------------------------------------------------------------------- builders
@@ -258,54 +264,92 @@ def test_missing_root_qdisc_or_ifb():
     assert partial.devices == ("eth0",) and "ingress" in partial.unsupported[0]
 
 
-# ---------------------------------------------------------------------------------------- parser
+# -------------------------------------------------------------------------------------- read-back
+# Fixtures: `tc -j -s qdisc/class show` captured on this machine (tc_fixtures/README.md); every figure
+# below is the one tc printed (rates x 8: iproute2's JSON prints bytes/s).
 
-def test_parse_htb_qdisc_and_class():
-    qdisc = parse_tc_show(fixture("htb-100mbit-qdisc-eth0.txt"))
-    assert qdisc == [{"type": "qdisc", "kind": "htb", "handle": "1:", "parent": "root", "sent_bytes": 27409512,
-                      "sent_packets": 18108, "drops": 0, "overlimits": 462, "requeues": 0, "backlog_bytes": 0,
-                      "backlog_packets": 0}]
-    (cls,) = parse_tc_show(fixture("htb-100mbit-class-eth0.txt"))
-    assert (cls["type"], cls["kind"], cls["handle"], cls["parent"]) == ("class", "htb", "1:1", "root")
-    assert (cls["rate_bps"], cls["ceil_bps"], cls["burst_bytes"], cls["cburst_bytes"]) == (10**8, 10**8, 50_000, 50_000)
-    assert cls["sent_bytes"] == qdisc[0]["sent_bytes"]
-    assert rate_in_force_bps(qdisc + [cls]) == 100_000_000
+def qdiscs(name: str) -> list[dict]:
+    return parse_tc_json(fixture(f"{name}.json"), "qdisc", "eth0")
 
 
-def test_parse_tbf_with_drops_and_backlog():
-    (tbf,) = parse_tc_show(fixture("tbf-10mbit-qdisc-eth0.txt"))
-    assert (tbf["kind"], tbf["rate_bps"], tbf["burst_bytes"], tbf["latency_ms"]) == ("tbf", 10**7, 16384, 100.0)
-    assert tbf["drops"] > 0 and tbf["overlimits"] > 0
-    (busy,) = parse_tc_show(fixture("tbf-10mbit-busy-qdisc-eth0.txt"))
-    assert (busy["backlog_bytes"], busy["backlog_packets"]) == (18168, 5)
-    (cls,) = parse_tc_show(fixture("tbf-10mbit-class-eth0.txt"))
-    assert (cls["type"], cls["kind"], cls["handle"], cls["parent"]) == ("class", "tbf", "1:1", "1:")
-    assert "sent_bytes" not in cls
+def classes(name: str) -> list[dict]:
+    return parse_tc_json(fixture(f"{name}.json"), "class", "eth0")
 
 
-def test_parse_pfifo_ingress_ifb_and_unshaped():
-    htb, pfifo = parse_tc_show(fixture("htb-1gbit-pfifo-qdisc-eth0.txt"))
-    assert (pfifo["kind"], pfifo["parent"], pfifo["limit_packets"]) == ("pfifo", "1:1", 500)
-    assert parse_tc_show(fixture("htb-1gbit-pfifo-class-eth0.txt"))[0]["rate_bps"] == 10**9
-    root, ingress = parse_tc_show(fixture("htb-50mbit-ingress-qdisc-eth0.txt"))
+def test_read_htb_qdisc_and_class_from_json():
+    assert qdiscs("htb-100mbit-qdisc-eth0") == [
+        {"type": "qdisc", "kind": "htb", "handle": "1:", "parent": "root", "sent_bytes": 38784994,
+         "sent_packets": 25629, "drops": 0, "overlimits": 865, "requeues": 0, "backlog_bytes": 0, "backlog_packets": 0}]
+    assert classes("htb-100mbit-class-eth0") == [
+        {"type": "class", "kind": "htb", "handle": "1:1", "parent": "root", "rate_bps": 100_000_000,
+         "ceil_bps": 100_000_000, "burst_bytes": 50_000, "cburst_bytes": 50_000, "sent_bytes": 38784904,
+         "sent_packets": 25628, "drops": 0, "overlimits": 865, "requeues": 0, "backlog_bytes": 0,
+         "backlog_packets": 0}]
+    assert rate_in_force_bps(qdiscs("htb-100mbit-qdisc-eth0") + classes("htb-100mbit-class-eth0")) == 100_000_000
+    assert burst_bytes(100_000_000) == classes("htb-100mbit-class-eth0")[0]["burst_bytes"]  # what we asked for
+
+
+def test_read_tbf_with_drops_and_a_busy_backlog():
+    (tbf,) = qdiscs("tbf-10mbit-qdisc-eth0")
+    # tc keeps the burst as a time and prints 16383 bytes back for the 16384 asked (text rounds to "16Kb")
+    assert (tbf["kind"], tbf["rate_bps"], tbf["burst_bytes"], tbf["latency_ms"]) == ("tbf", 10**7, 16383, 100.0)
+    assert (tbf["sent_bytes"], tbf["sent_packets"], tbf["drops"], tbf["overlimits"]) == (4660492, 3090, 766, 4373)
+    assert "limit_packets" not in tbf  # tbf's limit is bytes, and tc does not print it
+    (busy,) = qdiscs("tbf-10mbit-busy-qdisc-eth0")
+    assert (busy["backlog_bytes"], busy["backlog_packets"], busy["drops"]) == (13626, 2, 766)
+    assert classes("tbf-10mbit-class-eth0") == [{"type": "class", "kind": "tbf", "handle": "1:1", "parent": "1:"}]
+
+
+def test_read_pfifo_ingress_ifb_and_unshaped():
+    htb, pfifo = qdiscs("htb-1gbit-pfifo-qdisc-eth0")
+    assert (pfifo["kind"], pfifo["handle"], pfifo["parent"], pfifo["limit_packets"]) == ("pfifo", "10:", "1:1", 500)
+    assert pfifo["sent_packets"] == 249714 and htb["sent_packets"] == 249715
+    (cls,) = classes("htb-1gbit-pfifo-class-eth0")
+    assert (cls["rate_bps"], cls["burst_bytes"], cls["overlimits"]) == (10**9, 500_000, 5548)
+    root, ingress = qdiscs("htb-50mbit-ingress-qdisc-eth0")
     assert (ingress["kind"], ingress["handle"], ingress["parent"]) == ("ingress", "ffff:", "ffff:fff1")
-    assert ingress["sent_bytes"] > 0
-    ifb = parse_tc_show(fixture("htb-50mbit-ingress-qdisc-ifb0.txt")) + \
-        parse_tc_show(fixture("htb-50mbit-ingress-class-ifb0.txt"))
-    assert rate_in_force_bps(ifb) == 50_000_000 and ifb[0]["sent_bytes"] > 0
-    (noqueue,) = parse_tc_show(fixture("unshaped-qdisc-eth0.txt"))
-    assert (noqueue["kind"], noqueue["handle"], noqueue["sent_bytes"]) == ("noqueue", "0:", 0)
-    assert parse_tc_show(fixture("unshaped-class-eth0.txt")) == []
+    assert (ingress["sent_bytes"], ingress["sent_packets"]) == (19078252, 13787)
+    ifb = qdiscs("htb-50mbit-ingress-qdisc-ifb0") + classes("htb-50mbit-ingress-class-ifb0")
+    assert rate_in_force_bps(ifb) == 50_000_000 and [e["sent_bytes"] for e in ifb] == [19915568, 19915568]
+    (noqueue,) = qdiscs("unshaped-qdisc-eth0")
+    assert (noqueue["kind"], noqueue["handle"], noqueue["parent"], noqueue["sent_bytes"]) == ("noqueue", "0:", "root", 0)
+    assert classes("unshaped-class-eth0") == [] and parse_classes("", "eth0") == []
     assert rate_in_force_bps([noqueue]) is None
 
 
-def test_parse_netem_in_iproute2s_format():
-    htb, child, root = parse_tc_show(fixture("netem-composed-qdisc-eth0.txt"))
+def test_read_netem_in_iproute2s_json():
+    htb, child, root = qdiscs("netem-composed-qdisc-eth0")
     assert (child["kind"], child["parent"], child["limit_packets"]) == ("netem", "1:1", 2500)
     assert (child["delay_ms"], child["jitter_ms"], child["loss_pct"], child["loss_corr_pct"]) == (20.0, 2.0, 1.0, 25.0)
     assert (child["drops"], child["backlog_bytes"], child["backlog_packets"]) == (17, 3028, 2)
     assert (root["parent"], root["delay_ms"], root["jitter_ms"], root["loss_pct"]) == ("root", 80.0, 8.0, 0.5)
-    assert "loss_corr_pct" not in root
+    assert "loss_corr_pct" not in root  # a zero correlation is printed in JSON, not recorded
+    assert rate_in_force_bps([htb, child, root]) is None  # netem's rate is not a rate class
+
+
+@pytest.mark.parametrize("name", ["htb-100mbit-class-eth0", "htb-1gbit-pfifo-class-eth0", "htb-50mbit-ingress-class-eth0",
+                                  "htb-50mbit-ingress-class-ifb0", "tbf-10mbit-class-eth0", "unshaped-class-eth0"])
+def test_classes_printed_as_text_by_iproute2_6_1_read_as_the_json(name):
+    """iproute2 6.1 (the node image's) prints `tc -j -s class show` as text; read right after the JSON of
+    iproute2 6.15 on an idle link, it gives the very same records."""
+    text = fixture(f"{name}.txt")
+    assert not text.lstrip().startswith("[")
+    assert parse_class_text(text, "eth0") == parse_classes(text, "eth0") == classes(name)
+
+
+def test_unreadable_read_back_is_an_error_naming_the_command():
+    with pytest.raises(LinkShapingError, match="tc -j qdisc show dev eth0 printed no JSON"):
+        parse_tc_json("qdisc noqueue 0: root refcnt 2", "qdisc", "eth0")
+    with pytest.raises(LinkShapingError, match="not a list of objects"):
+        parse_tc_json('{"kind": "htb"}', "qdisc", "eth0")
+    with pytest.raises(LinkShapingError, match="rate is '100Mbit', expected a whole number"):
+        parse_tc_json('[{"class": "htb", "handle": "1:1", "root": true, "rate": "100Mbit"}]', "class", "eth0")
+    with pytest.raises(LinkShapingError, match="without kind or handle"):
+        parse_tc_json('[{"handle": "1:"}]', "qdisc", "eth0")
+    with pytest.raises(LinkShapingError, match="allowed: qdisc | class"):
+        parse_tc_json("[]", "filter")
+    with pytest.raises(LinkShapingError, match="cannot read 'class htb 1:1 root rate fast'"):
+        parse_class_text("class htb 1:1 root rate fast", "eth0")
 
 
 # ---------------------------------------------------------------------------------------- runner
@@ -330,8 +374,8 @@ class FakeContainer:
 
 
 def test_runner_returns_stdout_and_raises_with_command_and_tcs_message():
-    show = ("tc", "-s", "qdisc", "show", "dev", "eth0")
-    runner = ContainerExec(FakeContainer({show: (0, fixture("unshaped-qdisc-eth0.txt"), "")}, fail_kinds=("netem",)))
+    show = ("tc", "-j", "-s", "qdisc", "show", "dev", "eth0")
+    runner = ContainerExec(FakeContainer({show: (0, fixture("unshaped-qdisc-eth0.json"), "")}, fail_kinds=("netem",)))
     assert "noqueue" in runner.run(list(show))
     with pytest.raises(LinkShapingError) as info:
         runner.run(["tc", "qdisc", "replace", "dev", "eth0", "root", "handle", "10:", "netem", "delay", "20000us"])
@@ -339,6 +383,23 @@ def test_runner_returns_stdout_and_raises_with_command_and_tcs_message():
                                "failed (exit 2): Error: Specified qdisc kind is unknown.")
     with pytest.raises(LinkShapingError, match="could not run: container gone"):
         ContainerExec(FakeContainer(raises=RuntimeError("container gone"))).run(["tc", "-V"])
+
+
+def test_read_back_runs_tc_json_and_takes_iproute2_6_1s_text_classes():
+    def answers(class_suffix):
+        return {("tc", "-j", "-s", kind, "show", "dev", dev): (0, fixture(f"htb-50mbit-ingress-{kind}-{dev}.{suffix}"), "")
+                for dev in ("eth0", "ifb0") for kind, suffix in (("qdisc", "json"), ("class", class_suffix))}
+
+    old_tc, new_tc = FakeContainer(answers("txt")), FakeContainer(answers("json"))
+    records = read_back(ContainerExec(old_tc), ["eth0", "ifb0"])
+    assert records == read_back(ContainerExec(new_tc), ["eth0", "ifb0"])
+    assert old_tc.calls == [["tc", "-j", "-s", "qdisc", "show", "dev", "eth0"], ["tc", "-j", "-s", "class", "show", "dev", "eth0"],
+                            ["tc", "-j", "-s", "qdisc", "show", "dev", "ifb0"], ["tc", "-j", "-s", "class", "show", "dev", "ifb0"]]
+    assert [(e["type"], e["kind"]) for e in records["eth0"]] == [("qdisc", "htb"), ("qdisc", "ingress"), ("class", "htb")]
+    assert rate_in_force_bps(records["eth0"]) == rate_in_force_bps(records["ifb0"]) == 50_000_000
+    gone = FakeContainer({("tc", "-j", "-s", "qdisc", "show", "dev", "ifb0"): (1, "", 'Cannot find device "ifb0"')})
+    with pytest.raises(LinkShapingError, match='Cannot find device "ifb0"'):
+        read_back(ContainerExec(gone), ["ifb0"])
 
 
 def test_probe_reports_what_the_kernel_lacks_and_cleans_up():

@@ -1,4 +1,4 @@
-"""Per-container settings of a point (harness/cluster/settings.py) as sweep specs give them: link
+"""Per-container settings of a point (harness/spec/cluster.py) as sweep specs give them: link
 profiles by role and worker, presets, cpus and mem_limit; the local backend refusing them; the
 report's link columns; the coordinator's start gate; compose.yaml's limit variables."""
 

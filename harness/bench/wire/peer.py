@@ -1,0 +1,151 @@
+"""The two peers: the sink (reads what it is sent, acknowledges each trial) and the source (runs the plan).
+
+``python -m harness.bench.wire peer --role sink|source ...`` runs one of them: in a container of the
+node image (harness mounted at /app/harness) or as a local process. Standard library, numpy, torch
+and `wiiide` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from harness.bench.wire.channel import PORT, configure_socket, connect, send_control
+from harness.bench.wire.codec_table import codec_table
+from harness.bench.wire.frames import frames_section
+from harness.bench.wire.links import links_section
+from harness.bench.wire.payloads import gradients
+from harness.bench.wire.plan import WirePlan
+from wiiide.codecs.chunked import CodecPool
+from wiiide.metrics import write_json_atomic
+from wiiide.protocol import FrameReader
+from wiiide.units import KIB, MIB
+
+MAX_FRAME_BYTES = 1 << 31
+CONNECT_TIMEOUT_S = 60.0
+
+
+def sink(sock: socket.socket, recv_chunk_bytes: int = 256 * KIB) -> None:
+    """Serve trials until ``done``: each starts with a ``trial`` control frame naming its mode, count and size.
+
+    Frames are read as the nodes read them: `FrameReader` with `recv_chunk_bytes` (bytes; the nodes'
+    default 256 KiB unless told otherwise) reusing its receive buffer. The raw loop asks `recv_into` for
+    all that is left. Each trial ends with an ``ack`` carrying ``recv_s`` and the frames' ``decode_s`` (s);
+    a ``roundtrip`` trial also acks every message.
+
+    Raises:
+        ConnectionError: the source closed during a raw trial. ProtocolError: (wiiide) a malformed frame.
+    """
+    reader = FrameReader(sock, max_frame_bytes=MAX_FRAME_BYTES, recv_chunk_bytes=recv_chunk_bytes,
+                         reuse_buffers=True)
+    raw_buf = bytearray(0)
+    while True:
+        control = reader.read_message()
+        meta = control.meta
+        if control.kind == "done":
+            return
+        count, size_bytes = int(meta["count"]), int(meta["size"])
+        t0 = time.perf_counter()
+        decode_s = 0.0
+        if meta["mode"] == "raw":
+            if len(raw_buf) < size_bytes:
+                raw_buf = bytearray(size_bytes)
+            view = memoryview(raw_buf)[:size_bytes]
+            for _ in range(count):
+                pos = 0
+                while pos < size_bytes:
+                    got = sock.recv_into(view[pos:])
+                    if not got:
+                        raise ConnectionError("source closed during a raw trial")
+                    pos += got
+        else:
+            for _ in range(count):
+                msg = reader.read_message()
+                decode_s += msg.decode_s
+                if meta["mode"] == "roundtrip":
+                    send_control(sock, "ack")
+        send_control(sock, "ack", recv_s=time.perf_counter() - t0, decode_s=decode_s)
+
+
+def source(sock: socket.socket, plan: WirePlan, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Run the plan against a connected sink, then send ``done``.
+
+    Returns:
+        ``gradients`` (name -> ``nbytes``, ``elements``), ``frames``, ``links`` and ``codecs``: the rows of
+        `frames_section`, `links_section` and `codec_table`.
+
+    Raises:
+        OSError, ConnectionError: the connection failed. ProtocolError: (wiiide) a malformed frame.
+    """
+    reader = FrameReader(sock, max_frame_bytes=MAX_FRAME_BYTES)
+    grads = gradients(plan.small)
+    out: dict[str, Any] = {"gradients": {k: {"nbytes": int(v.nbytes), "elements": int(v.size)}
+                                         for k, v in grads.items()}}
+    pool = CodecPool(plan.codec_threads, MIB)
+    try:
+        progress("frames: raw socket vs WIIIIIDE frames")
+        out["frames"] = frames_section(sock, reader, grads["synthetic-mlp"], plan.sizes_bytes, plan.frame_codecs,
+                                       plan.repeats, plan.bytes_per_trial, pool, progress)
+        progress("links: synchronous gradient round trips on paced links")
+        out["links"] = links_section(sock, reader, grads["digits-mlp"], plan.link_rates_bps, plan.link_policies,
+                                     plan.link_messages, plan.codec_threads, progress)
+        progress("codecs: ratio and speed on real gradients")
+        out["codecs"] = codec_table(grads, plan.table_codecs, plan.table_threads, plan.repeats, progress)
+    finally:
+        pool.close()
+        send_control(sock, "done")
+    return out
+
+
+def serve_sink(host: str, port: int, recv_chunk_bytes: int) -> None:
+    """Listen on `host`:`port`, print ``listening`` (the local backend waits for it), serve one source.
+
+    Raises:
+        OSError: the address is taken or the connection failed. ConnectionError, ProtocolError: as `sink`.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        configure_socket(listener)
+        listener.bind((host, port))
+        listener.listen(1)
+        print("listening", flush=True)
+        conn, _ = listener.accept()
+        configure_socket(conn)
+        with conn:
+            sink(conn, recv_chunk_bytes)
+
+
+def peer_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m harness.bench.wire peer --role sink|source ...``: what runs in each container or process.
+
+    The source reads the plan (`WirePlan.as_dict` as JSON) from ``--plan`` and writes its result JSON
+    to ``--out`` (atomically). Returns the exit status (0).
+
+    Raises:
+        SystemExit: bad arguments (argparse). PlanError: a plan `WirePlan` refuses. OSError,
+        ConnectionError, ProtocolError: as `sink` and `source`.
+    """
+    p = argparse.ArgumentParser(prog="python -m harness.bench.wire peer")
+    p.add_argument("--role", choices=["sink", "source"], required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=PORT)
+    p.add_argument("--plan", help="source: the plan as JSON")
+    p.add_argument("--out", help="source: write the result JSON here")
+    p.add_argument("--recv-chunk-bytes", type=int, default=256 * KIB, help="sink: FrameReader's recv_chunk_bytes")
+    args = p.parse_args(argv)
+    if args.role == "sink":
+        serve_sink(args.host, args.port, args.recv_chunk_bytes)
+        return 0
+    if not args.plan or not args.out:
+        p.error("--role source needs --plan and --out")
+    plan = WirePlan.from_dict(json.loads(args.plan))
+    sock = connect(args.host, args.port, timeout_s=CONNECT_TIMEOUT_S)
+    with sock:
+        result = source(sock, plan, lambda line: print(line, file=sys.stderr, flush=True))
+    write_json_atomic(Path(args.out), result)
+    return 0

@@ -1,0 +1,113 @@
+"""A bench-wire report as text: three `rich` tables (frames vs raw, codecs, links) and the targets.
+
+`harness.present.table` has no generic ``render_table`` yet; `_table` below is the small stand-in
+(swap it for ``render_table`` once that lands).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from harness.bench.wire.summary import rate_key
+from wiiide.units import format_size
+
+TEXT_WIDTH = 200  # characters; wide enough for seven codec columns
+
+
+def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _mb(value_bytes_per_s: float | None) -> str:
+    return "-" if value_bytes_per_s is None else f"{value_bytes_per_s / 1e6:.0f}"
+
+
+def _rate_label(rate_bps: float | None) -> str:
+    return f"{rate_bps / 1e6:.0f} Mbit/s" if rate_bps else "unpaced"
+
+
+def frames_table(report: dict[str, Any]) -> Table | None:
+    """Frames: per size, raw socket MB/s and each codec's MB/s with its median ratio to raw; None without rows."""
+    frames = report.get("frames", [])
+    if not frames:
+        return None
+    codecs = list(frames[0]["frames"])
+    rows = [[format_size(r["size_bytes"]), _mb(r["raw_bytes_per_s_median"]),
+             *(f"{_mb(r['frames'][c]['bytes_per_s_median'])} ({r['frames'][c]['vs_raw']:.2f}x)" for c in codecs)]
+            for r in frames]
+    chunk = report.get("plan", {}).get("recv_chunk_bytes")
+    return _table(f"frames: MB/s of tensor bytes delivered (median of repeats) and x of the raw socket; "
+                  f"receiver recv_chunk_bytes {format_size(chunk)}", ["size", "raw socket", *codecs], rows)
+
+
+def codecs_table(report: dict[str, Any]) -> Table | None:
+    """Codecs: ratio and median encode / decode MB/s (raw bytes) per gradient, codec and threads; None without rows."""
+    codecs = report.get("codecs", [])
+    if not codecs:
+        return None
+    rows = [[c["gradient"], c["codec"], str(c["threads"]), f"{c['ratio']:.3f}",
+             _mb(c["encode_bytes_per_s_median"]), _mb(c["decode_bytes_per_s_median"])] for c in codecs]
+    return _table("codecs on real gradients: ratio, encode / decode MB/s of raw bytes (median)",
+                  ["gradient", "codec", "threads", "ratio", "encode MB/s", "decode MB/s"], rows)
+
+
+def links_table(report: dict[str, Any]) -> Table | None:
+    """Links: median ms per synchronous round trip, per rate and policy; None without rows."""
+    links = report.get("links", [])
+    if not links:
+        return None
+    policies = list(dict.fromkeys(r["policy"] for r in links))
+    rows = []
+    for rate in dict.fromkeys(r["rate_bps"] for r in links):
+        median_s = {r["policy"]: r["message_s_median"] for r in links if r["rate_bps"] == rate}
+        rows.append([_rate_label(rate), *(f"{median_s[p] * 1e3:.2f}" if p in median_s else "-" for p in policies)])
+    return _table("links: ms per synchronous gradient round trip (median; digits MLP, 1.2 MB), paced sender",
+                  ["link", *policies], rows)
+
+
+def target_lines(summary: dict[str, Any]) -> list[str]:
+    """The summary's targets, one line each: frames vs raw, then network-aware per link rate."""
+    ratios = summary.get("uncompressed_frames_vs_raw_from_1MiB", {})
+    met = "met" if summary.get("uncompressed_frames_target_0_90_met") else "MISSED"
+    lines = [f"target: uncompressed frames >= 1 MiB at >= 0.90x raw: {met} "
+             f"({', '.join(f'{format_size(int(k))} {v:.3f}x' for k, v in ratios.items())})"]
+    for key, v in summary.get("links", {}).items():
+        label = "unpaced" if key == rate_key(None) else _rate_label(float(key))
+        p25 = v.get("network_aware_vs_best_fixed_p25")
+        vs_seed = v.get("network_aware_vs_seed")
+        lines.append(f"target at {label}: network-aware {v['network_aware_vs_best_fixed']:.3f}x the best fixed "
+                     f"({v['best_fixed']}), {'<=' if v['within_5pct_of_best_fixed'] else '>'} 1.05 "
+                     f"({'-' if p25 is None else f'{p25:.3f}x'} at the 25th percentile); vs seed "
+                     f"{'-' if vs_seed is None else f'{vs_seed:.3f}x'} "
+                     f"({'beats' if v['beats_seed'] else 'does not beat'} seed)")
+    return lines
+
+
+def format_report(report: dict[str, Any], width: int = TEXT_WIDTH) -> str:
+    """The whole report as plain text (no colour codes): a header line, the three tables, the targets.
+
+    Raises:
+        KeyError: a section row without the fields the sections write (a report of schema_version 1
+        spells its rates differently and is refused here).
+    """
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, no_color=True, highlight=False, force_terminal=False)
+    m = report.get("machine_info", {})
+    commit = (report.get("commit_info", {}).get("id") or "?")[:10]
+    console.print(f"bench-wire | backend {report['backend']['name']} | {m.get('cpu_count_logical')} CPUs | "
+                  f"commit {commit}")
+    for table in (frames_table(report), codecs_table(report), links_table(report)):
+        if table is not None:
+            console.print(table)
+    for line in target_lines(report.get("summary", {})):
+        console.print(line)
+    return buf.getvalue()
