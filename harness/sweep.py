@@ -25,7 +25,7 @@ from harness.present.progress import (
     choose_progress,
 )
 from harness.results.report import ReportWriter, utc_now
-from harness.results.totals import link_totals, run_totals
+from harness.results.totals import repeat_totals
 from harness.run.backend import Backend, default_timeout_s
 from harness.run.machine import commit_info, machine_info
 from harness.run.select import select_backend
@@ -97,9 +97,9 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
     if resume_dir is not None:
         run_dir = Path(resume_dir).resolve()
         writer = ReportWriter.resume(run_dir / "report.json")
-        if writer.data.get("name") != spec.name or writer.data.get("param_names") != spec.param_names:
-            raise HarnessError(f"{run_dir}: its report is of sweep {writer.data.get('name')!r} "
-                               f"{writer.data.get('param_names')}, not {spec.name!r} {spec.param_names}")
+        if writer.report.name != spec.name or writer.report.param_names != spec.param_names:
+            raise HarnessError(f"{run_dir}: its report is of sweep {writer.report.name!r} "
+                               f"{writer.report.param_names}, not {spec.name!r} {spec.param_names}")
     else:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         run_dir = (results_dir / f"{spec.name}-{stamp}").resolve()
@@ -117,7 +117,7 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
     try:
         sysctls = HostSysctls(spec.host_sysctls).__enter__()  # restored in the finally below
         if spec.host_sysctls:
-            writer.data["host_sysctls"] = sysctls.record()
+            writer.report.host_sysctls = sysctls.record()
             note(f"host sysctls for this sweep: {sysctls.record()} (restored at the end)")
         previous = {sig: signal.signal(sig, _raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
         done = 0
@@ -128,8 +128,7 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
                     display.skip_point(p.index + 1, p.params)
                     done += spec.repeats
                     continue
-                point = writer.start_point(p.index, p.params, p.config.to_dict())
-                point["cluster"] = p.cluster.to_dict()  # link profiles, cpus, mem_limit as asked
+                point = writer.start_point(p.index, p.params, p.config.to_dict(), cluster=p.cluster.to_dict())
                 for repeat in range(spec.repeats):
                     run = RunInfo(done + 1, p.index + 1, repeat + 1, p.params, p.config.duration_s)
                     display.start_point(run)
@@ -144,8 +143,7 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
                                              cluster=p.cluster, faults=spec.faults)
                         record = {"repeat": repeat, "status": result.status, "error": result.error,
                                   "started_at_utc": started, "elapsed_s": result.elapsed_s,
-                                  "totals": {**run_totals(result.nodes, result.containers),
-                                             **link_totals(result.links, result.nodes)},
+                                  "totals": repeat_totals(result.nodes, result.containers, result.links),
                                   "nodes": result.nodes, "containers": result.containers,
                                   "links": result.links, "limits": result.limits, "faults": result.faults,
                                   "exit_codes": result.exit_codes,
@@ -156,9 +154,9 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
                     finally:
                         if poller is not None:
                             poller.stop()
-                    writer.add_repeat(point, record)
+                    rep = writer.add_repeat(point, record)
                     done += 1
-                    display.end_point(run, record)
+                    display.end_point(run, rep.model_dump(include={"status", "error", "totals"}))
                 writer.finish_point(point)
                 point = None
             writer.finish(complete=True)

@@ -1,5 +1,7 @@
-"""Small, realistic sweep reports (the layout of harness/report.py) for tests that render them, so
-they need neither Docker nor a sweep. Numbers are shaped like a real docker run of seed-buffers."""
+"""Small, realistic sweep reports for tests that render them, so they need neither Docker nor a sweep.
+Numbers are shaped like a real docker run of seed-buffers. They are JSON objects of schema version 1
+(the untyped reports written before harness/results/models.py), so every test that renders them also
+checks that version-1 reports still load and render."""
 
 from __future__ import annotations
 
@@ -12,13 +14,20 @@ from typing import Any
 
 import yaml
 
-from harness.results.report import point_summary
+from harness.results.models import Repeat
+from harness.results.totals import point_summary
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 FAILED_ERROR = ("repeat 0: timed out after 90 s; nodes still running were stopped; "
                 "worker-2 exited 137 <OOM & killed>")
 PARTIAL_ERROR = "repeat 1: coordinator: ProtocolError: frame of 2147483648 bytes > max_frame_bytes"
+
+
+def summary_v1(repeats: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """A point's `summary` and `unstable` as version 1 wrote them, from its repeats' raw values."""
+    summary, unstable = point_summary([Repeat.model_validate(r) for r in repeats])
+    return {key: stats.model_dump() for key, stats in summary.items()}, unstable
 
 
 def load_spec(path: Path) -> SimpleNamespace:
@@ -116,7 +125,7 @@ def buffers_report(docker: bool = True, complete: bool = True) -> dict[str, Any]
         value = p.params["buffer_bytes"]
         repeats = [_repeat(i, x, workers, docker=docker) if s == "ok"
                    else _repeat(i, 0, workers, "failed", x, docker=docker) for i, (s, x) in enumerate(plans[value])]
-        summary, unstable = point_summary(repeats)
+        summary, unstable = summary_v1(repeats)
         ok = [r for r in repeats if r["status"] == "ok"]
         status = "ok" if len(ok) == len(repeats) else ("partial" if ok else "failed")
         error = None if status == "ok" else "; ".join(r["error"] for r in repeats if r["status"] != "ok")
@@ -149,7 +158,7 @@ def compression_report() -> dict[str, Any]:
         point = copy.deepcopy(template)
         repeats = [_repeat(0, speed, p.config.num_workers)]
         repeats[0]["totals"]["compression_ratio"] = 1.0 if p.params["compression"] == "none" else 1.9
-        summary, unstable = point_summary(repeats)
+        summary, unstable = summary_v1(repeats)
         point.update(index=p.index, params=dict(p.params), config=p.config.to_dict(), status="ok", error=None,
                      repeats=repeats, summary=summary, unstable=unstable)
         points.append(point)

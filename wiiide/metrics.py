@@ -51,12 +51,18 @@ def summarize(values: Iterable[float]) -> dict[str, float | int | None]:
 
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     """Write JSON to `path` via a temporary file in the same folder and an atomic rename."""
+    write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=False, allow_nan=True, default=str) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` (UTF-8) to `path` via a temporary file in the same folder and an atomic rename, so
+    a reader sees the old file or the new one, never half of one. Raises OSError if it cannot."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(payload, fh, indent=2, sort_keys=False, allow_nan=True, default=str)
-            fh.write("\n")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
         os.replace(tmp, path)
     except BaseException:
         try:

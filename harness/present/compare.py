@@ -15,9 +15,14 @@ import json
 import math
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 from harness.errors import HarnessError
+from harness.present.table import render_table, report_title
+from harness.results.models import Point, Report
+from harness.results.report import as_report, load_report
+from wiiide.metrics import write_json_atomic
 
 ENGINE_PARAM = "engine"
 DEFAULT_METRIC = "throughput_samples_per_s"
@@ -62,6 +67,7 @@ class Row:
     extra: dict[str, float | None]
 
     def to_dict(self) -> dict[str, Any]:
+        """The row as a JSON-ready dict (the ``--json`` output)."""
         return asdict(self)
 
 
@@ -81,12 +87,11 @@ def welch_p_value(a: Sequence[float], b: Sequence[float]) -> float | None:
     return None if math.isnan(p) else p
 
 
-def _values(point: dict[str, Any], metric: str) -> list[float]:
-    return [float(r["totals"][metric]) for r in point.get("repeats", [])
-            if r.get("status") == "ok" and (r.get("totals") or {}).get(metric) is not None]
+def _values(point: Point, metric: str) -> list[float]:
+    return [float(v) for v in point.values(metric)]
 
 
-def _mean_of(point: dict[str, Any], key: str) -> float | None:
+def _mean_of(point: Point, key: str) -> float | None:
     values = _values(point, key)
     return statistics.fmean(values) if values else None
 
@@ -94,7 +99,7 @@ def _mean_of(point: dict[str, Any], key: str) -> float | None:
 EXTRA_KEYS = ("test_accuracy", "comm_share", "comm_expected_bytes_per_step", "comm_measured_bytes_per_step")
 
 
-def _row(group: dict[str, Any], label: str, point: dict[str, Any], ref_label: str, ref: dict[str, Any],
+def _row(group: dict[str, Any], label: str, point: Point, ref_label: str, ref: Point,
          metric: str, alpha: float) -> Row:
     side, ref_side = Side(label, _values(point, metric)), Side(ref_label, _values(ref, metric))
     p = welch_p_value(side.values, ref_side.values)
@@ -103,22 +108,24 @@ def _row(group: dict[str, Any], label: str, point: dict[str, Any], ref_label: st
                None if p is None else p < alpha, {k: _mean_of(point, k) for k in EXTRA_KEYS})
 
 
-def compare_engines(report: dict[str, Any], metric: str = DEFAULT_METRIC, baseline: str | None = None,
+def compare_engines(report: Report | Mapping[str, Any], metric: str = DEFAULT_METRIC, baseline: str | None = None,
                     alpha: float = ALPHA) -> list[Row]:
-    """Each engine against the baseline engine of its group (all other params equal).
+    """Each engine against the baseline engine of its group (all other params equal); `metric`: a
+    `Totals` figure, compared over the ok repeats; `alpha`: the t-test's significance level.
 
     Raises HarnessError when the report has no ``engine`` axis or the baseline is in no group.
     """
-    params = list(report.get("param_names") or [])
+    report = as_report(report)
+    params = list(report.param_names)
     if ENGINE_PARAM not in params:
-        raise HarnessError(f"report '{report.get('name')}' has no '{ENGINE_PARAM}' axis (params: {params}); "
+        raise HarnessError(f"report '{report.name}' has no '{ENGINE_PARAM}' axis (params: {params}); "
                            "give two reports to compare them point by point")
     others = [p for p in params if p != ENGINE_PARAM]
-    groups: dict[str, tuple[dict[str, Any], dict[str, dict[str, Any]]]] = {}
-    for point in report["points"]:
-        group = {k: point["params"].get(k) for k in others}
+    groups: dict[str, tuple[dict[str, Any], dict[str, Point]]] = {}
+    for point in report.points:
+        group = {k: point.params.get(k) for k in others}
         key = json.dumps(group, sort_keys=True, default=str)
-        groups.setdefault(key, (group, {}))[1][str(point["params"][ENGINE_PARAM])] = point
+        groups.setdefault(key, (group, {}))[1][str(point.params[ENGINE_PARAM])] = point
     rows: list[Row] = []
     for group, by_engine in groups.values():
         ref_label = baseline or (DEFAULT_BASELINE if DEFAULT_BASELINE in by_engine else next(iter(by_engine)))
@@ -130,21 +137,22 @@ def compare_engines(report: dict[str, Any], metric: str = DEFAULT_METRIC, baseli
     return rows
 
 
-def compare_reports(a: dict[str, Any], b: dict[str, Any], metric: str = DEFAULT_METRIC,
+def compare_reports(a: Report | Mapping[str, Any], b: Report | Mapping[str, Any], metric: str = DEFAULT_METRIC,
                     alpha: float = ALPHA) -> tuple[list[Row], list[str]]:
-    """Every point of B against the point of A with the same params; also the params found in one only."""
-    def key(point: dict[str, Any]) -> str:
-        return json.dumps(point["params"], sort_keys=True, default=str)
+    """Every point of B against the point of A with the same params (ratio B / A); also the params
+    found in one report only (``only in A: {...}``). Raises HarnessError if either is not a report."""
+    def key(point: Point) -> str:
+        return json.dumps(point.params, sort_keys=True, default=str)
 
-    a_points = {key(p): p for p in a["points"]}
+    a_points = {key(p): p for p in as_report(a).points}
     rows, unmatched = [], []
-    for point in b["points"]:
+    for point in as_report(b).points:
         ref = a_points.pop(key(point), None)
         if ref is None:
-            unmatched.append(f"only in B: {point['params']}")
+            unmatched.append(f"only in B: {point.params}")
             continue
-        rows.append(_row(dict(point["params"]), "B", point, "A", ref, metric, alpha))
-    unmatched += [f"only in A: {p['params']}" for p in a_points.values()]
+        rows.append(_row(dict(point.params), "B", point, "A", ref, metric, alpha))
+    unmatched += [f"only in A: {p.params}" for p in a_points.values()]
     return rows, unmatched
 
 
@@ -168,7 +176,8 @@ def verdict(row: Row, alpha: float = ALPHA) -> str:
 
 
 def format_rows(rows: list[Row], metric: str, title: str, alpha: float = ALPHA) -> str:
-    """Rows as a fixed-width table: group params, label, n, mean ± stdev, verdict against the reference."""
+    """Rows as a text table: group params, label, n, mean ± stdev, verdict against the reference,
+    accuracy (%), communication share (%), expected and measured MB per step (1 MB = 1e6 bytes)."""
     group_keys = list(rows[0].group) if rows else []
     header = [*group_keys, "engine", "n", f"{metric} mean±sd", "vs", "ratio (Welch)", "acc %", "comm %",
               "exp MB/step", "meas MB/step"]
@@ -177,52 +186,39 @@ def format_rows(rows: list[Row], metric: str, title: str, alpha: float = ALPHA) 
         sd = f"±{_num(r.stdev)}" if r.stdev is not None else ""
         acc, share = r.extra.get("test_accuracy"), r.extra.get("comm_share")
         exp_b, meas_b = r.extra.get("comm_expected_bytes_per_step"), r.extra.get("comm_measured_bytes_per_step")
-        table.append([*(str(r.group[k]) for k in group_keys), r.label, str(r.n), f"{_num(r.mean)}{sd}",
+        table.append([*(str(r.group[k]) for k in group_keys), r.label, r.n, f"{_num(r.mean)}{sd}",
                       r.reference, verdict(r, alpha),
                       "-" if acc is None else f"{100 * acc:.1f}", "-" if share is None else f"{100 * share:.0f}",
                       "-" if exp_b is None else f"{exp_b / 1e6:.3g}", "-" if meas_b is None else f"{meas_b / 1e6:.3g}"])
-    widths = [max(len(h), *(len(t[i]) for t in table)) if table else len(h) for i, h in enumerate(header)]
-    lines = [title, "  ".join(h.rjust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(t, widths)) for t in table]
-    lines.append(f"ratio: mean / reference mean; significant when Welch's t-test p < {alpha:g} over the repeats, "
-                 "'~... ns' otherwise; comm %: share of step time communicating; MB/step: expected from the "
-                 "model size vs measured on the nodes' interfaces (docker backend)")
-    return "\n".join(lines)
-
-
-def _title(report: dict[str, Any]) -> str:
-    machine = report.get("machine_info", {})
-    return (f"{report.get('name')} | backend {report.get('backend', {}).get('name')} | "
-            f"{machine.get('cpu_count_logical')} CPUs | commit {(report.get('commit_info', {}).get('id') or '?')[:10]}"
-            f"{'' if report.get('complete') else ' | INCOMPLETE'}")
+    legend = (f"ratio: mean / reference mean; significant when Welch's t-test p < {alpha:g} over the repeats, "
+              "'~... ns' otherwise; comm %: share of step time communicating; MB/step: expected from the "
+              "model size vs measured on the nodes' interfaces (docker backend)")
+    return render_table(title, header, table, footer=[legend])
 
 
 def compare(paths: Sequence[str], metric: str = DEFAULT_METRIC, baseline: str | None = None,
             alpha: float = ALPHA, json_path: str | None = None) -> str:
-    """The table for one report (engines against the baseline) or two (B against A); optionally as JSON too.
+    """The table for one report (engines against the baseline) or two (B against A); optionally as JSON
+    too, written atomically to `json_path` ({reports, metric, alpha, rows, unmatched}).
 
-    Raises HarnessError (unreadable report, no engine axis, unknown baseline, no common point).
+    Raises HarnessError (unreadable report, no engine axis, unknown baseline, no common point, no ok
+    repeat carrying `metric`).
     """
-    from harness.results.report import load_report
-    from wiiide.metrics import write_json_atomic
-
     if not 1 <= len(paths) <= 2:
         raise HarnessError(f"compare takes one or two reports, got {len(paths)}")
     reports = [load_report(p) for p in paths]
     unmatched: list[str] = []
     if len(reports) == 1:
         rows = compare_engines(reports[0], metric, baseline, alpha)
-        title = _title(reports[0])
+        title = report_title(reports[0])
     else:
         rows, unmatched = compare_reports(reports[0], reports[1], metric, alpha)
         if not rows:
             raise HarnessError("the two reports share no point (no equal params); nothing to compare")
-        title = f"A: {_title(reports[0])}\nB: {_title(reports[1])}"
+        title = f"A: {report_title(reports[0])}\nB: {report_title(reports[1])}"
     if not any(r.n for r in rows):
         raise HarnessError(f"no ok repeat carries '{metric}'; is it a key of the repeats' totals?")
     if json_path:
-        from pathlib import Path
-
         write_json_atomic(Path(json_path), {"reports": [str(p) for p in paths], "metric": metric, "alpha": alpha,
                                              "rows": [r.to_dict() for r in rows], "unmatched": unmatched})
     return "\n".join([format_rows(rows, metric, title, alpha), *unmatched])

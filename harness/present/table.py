@@ -1,14 +1,64 @@
-"""The report as a text table: medians over repeats, stdev and an unstable mark per figure.
+"""Text tables of the present stage, drawn with `rich`: `render_table` (any rows; also used by
+bench-wire) and `format_table` (a sweep report: medians over repeats, ± stdev, ``!`` for unstable).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import io
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
-from harness.present.links_text import LINK_COLUMNS, link_cells
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from harness.present.links_text import (
+    LINK_COLUMNS,
+    applied_rates_text,
+    unsupported_text,
+)
+from harness.results.models import Point, Report
+from harness.results.report import as_report
+
+# Wide enough that no table is ever wrapped: a report table is read in a terminal or a log file,
+# where a wrapped row is worse than a long one.
+_CONSOLE_WIDTH = 100_000
 
 
-def _fmt(value: Any, kind: str = "") -> str:
+def render_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]],
+                 left_columns: Collection[str] = (), footer: Sequence[str] = ()) -> str:
+    """Rows as plain text: an optional title line, a header, a rule, one line per row, footer lines.
+
+    `columns`: the header cells; `rows`: one sequence of cells per row, as many as `columns`
+    (a cell is printed with ``str``; ``None`` prints as ``-``). Cells are right-aligned (numbers)
+    except in the columns named in `left_columns`. No colour, no box, no trailing spaces, never
+    wrapped, so the text is the same on a terminal, in a pipe and in a test. Returns the text
+    without a final newline.
+
+    Raises:
+        ValueError: a row has more or fewer cells than there are columns.
+    """
+    table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False, padding=(0, 1))
+    for name in columns:
+        table.add_column(name, justify="left" if name in left_columns else "right", no_wrap=True)
+    for i, row in enumerate(rows):
+        cells = ["-" if c is None else str(c) for c in row]
+        if len(cells) != len(columns):
+            raise ValueError(f"row {i} has {len(cells)} cells, the table has {len(columns)} columns: {cells}")
+        table.add_row(*cells)
+    out = io.StringIO()
+    Console(file=out, width=_CONSOLE_WIDTH, color_system=None, force_terminal=False, highlight=False,
+            emoji=False, markup=False).print(table)
+    lines = [line.rstrip() for line in out.getvalue().splitlines()]
+    return "\n".join([*([title] if title else []), *lines, *footer])
+
+
+def format_value(value: Any, kind: str = "") -> str:
+    """A figure as the report's tables print it.
+
+    `kind`: ``bytes_per_s`` (printed in MB/s, 1 MB = 1e6 bytes), ``pct`` (a fraction printed in %),
+    ``ms`` (seconds printed in ms), ``mb`` (bytes printed in MB), or ``""`` (3 significant digits,
+    no decimals from 1000 up; non-floats as ``str``). ``None`` prints as ``-``.
+    """
     if value is None:
         return "-"
     if kind == "bytes_per_s":
@@ -24,7 +74,7 @@ def _fmt(value: Any, kind: str = "") -> str:
     return str(value)
 
 
-# (column title, summary key, format)
+# (column title, summary key, format): the figures of the report's tables (text and HTML), in order
 TABLE_COLUMNS = [
     ("batches/s", "batches_per_s", ""),
     ("goodput MB/s", "goodput_bytes_per_s", "bytes_per_s"),
@@ -35,40 +85,58 @@ TABLE_COLUMNS = [
     ("RSS MB", "peak_rss_bytes", "mb"),
 ]
 
+UNSTABLE_LEGEND = "'!' marks a spread over 10 % of the mean (unstable)"
 
-def format_table(report: dict[str, Any]) -> str:
-    """The points as a fixed-width table: params, status, repeats, then medians over repeats (± stdev)."""
-    params = report.get("param_names") or sorted({k for p in report["points"] for k in p.get("params", {})})
-    has_links = any((p.get("cluster") or {}).get("link") for p in report["points"])  # shaped: show what was applied
+
+def stats_cell(point: Point, key: str, kind: str = "", sep: str = "") -> str:
+    """A figure's cell: its median over the point's ok repeats, ``±stdev`` when several repeats
+    spread, ``!`` when unstable (`Stats.unstable`); ``-`` when no ok repeat has it. `kind`: as in
+    `format_value`; `sep`: put around ``±`` and before ``!`` (the HTML page uses a space)."""
+    stats = point.summary.get(key)
+    text = format_value(stats.median, kind) if stats else "-"
+    if stats and stats.count > 1 and stats.stdev:
+        text += f"{sep}±{sep}" + format_value(stats.stdev, kind)
+    if key in point.unstable:
+        text += f"{sep}!"
+    return text
+
+
+def _link_cells(point: Point) -> list[str]:
+    """The point's cells under `LINK_COLUMNS`: the rates in force and what was not applied (from its
+    first repeat that shaped anything), and the median coordinator egress utilisation in %."""
+    links = next((r.links for r in point.repeats if r.links.get("containers")), None)
+    utilisation = point.summary.get("coordinator_egress_utilisation")
+    return [applied_rates_text(links) if links else "-", unsupported_text(links) if links else "-",
+            f"{100 * utilisation.median:.0f}" if utilisation and utilisation.median is not None else "-"]
+
+
+def report_title(report: Report) -> str:
+    """One line on where the numbers come from: name, backend, CPUs, commit, INCOMPLETE if not finished."""
+    return (f"{report.name} | backend {report.backend.name} | {report.machine_info.cpu_count_logical} CPUs | "
+            f"commit {(report.commit_info.id or '?')[:10]}{'' if report.complete else ' | INCOMPLETE'}")
+
+
+def format_table(report: Report | Mapping[str, Any]) -> str:
+    """The report's points as a text table: index, params, the links applied (when a point shapes
+    links), status, ok repeats, then each `TABLE_COLUMNS` figure as median ± stdev over the ok
+    repeats with ``!`` for unstable; then a legend and each failed point's error.
+
+    Raises:
+        HarnessError: `report` is a mapping that is not a report.
+    """
+    report = as_report(report)
+    params = report.axes
+    has_links = any((p.cluster or {}).get("link") for p in report.points)  # shaped: show what was applied
     header = ["#", *params, *(LINK_COLUMNS if has_links else []), "status", "n", *[c[0] for c in TABLE_COLUMNS]]
     rows = []
-    for point in report["points"]:
-        summary = point.get("summary", {})
-        cells = [str(point["index"]), *[_fmt(point["params"].get(p)) for p in params],
-                 *(link_cells(point) if has_links else []), point["status"],
-                 str(sum(r["status"] == "ok" for r in point.get("repeats", [])))]
-        for _, key, kind in TABLE_COLUMNS:
-            stats = summary.get(key)
-            text = _fmt(stats["median"], kind) if stats else "-"
-            if stats and stats["count"] > 1 and stats["stdev"]:
-                text += "±" + _fmt(stats["stdev"], kind)
-            if key in point.get("unstable", []):
-                text += "!"
-            cells.append(text)
-        rows.append(cells)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
-    backend = report.get("backend", {})
-    machine = report.get("machine_info", {})
-    title = (f"{report.get('name')} ({report.get('spec', {}).get('description', '')}) | backend {backend.get('name')} | "
-             f"{machine.get('cpu_count_logical')} CPUs, {(machine.get('memory_total_bytes') or 0) / 2**30:.0f} GiB | "
-             f"commit {(report.get('commit_info', {}).get('id') or '?')[:10]}"
-             f"{'' if report.get('complete') else ' | INCOMPLETE'}")
-    notes = []
-    for point in report["points"]:
-        if point["status"] != "ok" and point.get("error"):
-            notes.append(f"point {point['index']} {point['status']}: {point['error']}")
-    legend = "medians over repeats, ±stdev; '!' marks a spread over 10 % of the mean (unstable)"
-    return "\n".join([title, *lines, legend, *notes])
+    for point in report.points:
+        rows.append([point.index, *[format_value(point.params.get(p)) for p in params],
+                     *(_link_cells(point) if has_links else []), point.status, len(point.ok_repeats),
+                     *[stats_cell(point, key, kind) for _, key, kind in TABLE_COLUMNS]])
+    machine = report.machine_info
+    title = (f"{report.name} ({report.spec.description}) | backend {report.backend.name} | "
+             f"{machine.cpu_count_logical} CPUs, {(machine.memory_total_bytes or 0) / 2**30:.0f} GiB | "
+             f"commit {(report.commit_info.id or '?')[:10]}{'' if report.complete else ' | INCOMPLETE'}")
+    notes = [f"point {p.index} {p.status}: {p.error}" for p in report.points if p.status != "ok" and p.error]
+    legend = f"medians over repeats, ±stdev; {UNSTABLE_LEGEND}"
+    return render_table(title, header, rows, footer=[legend, *notes])

@@ -1,27 +1,16 @@
-"""Sweep reports: one JSON file per sweep, written after every run, and a table people can read.
+"""Sweep reports on disk: one ``results/<name>-<UTC timestamp>/report.json`` per sweep, rewritten
+atomically after every repeat (`ReportWriter`), and read back typed (`load_report`), whatever
+`schema_version` wrote it. The layout is `harness.results.models` (README "Reading a report"); its
+JSON Schema ships as ``harness/results/report.schema.json``.
 
-Layout of ``results/<name>-<UTC timestamp>/report.json`` (after pyperf / pytest-benchmark: metadata
-first, raw values kept, statistics computed from them)::
-
-    schema_version, name, created_at_utc, updated_at_utc, complete,
-    machine_info, commit_info, backend, spec, param_names,
-    points: [{index, params, config, status, error,
-              repeats: [{repeat, status, error, started_at_utc, elapsed_s, totals,
-                         nodes: {coordinator: {...}, worker-1: {...}},     # each node's own metrics
-                         containers: {<name>: {role, exit_code, samples, summary}},
-                         links: {capabilities, containers: {<name>: {requested, applied, unsupported,
-                                 end_counters, ...}}}, limits: {<name>: {cpus, mem_limit_bytes}},
-                         logs_dir}],                           # links/limits: harness/cluster/shaping.py
-              summary: {<total>: {count, mean, stdev, median, min, max, p95}}, unstable: [...]}]
-
-`totals` of a repeat (units in the names): batches, batches_per_s, samples_per_s, steps, train_time_s,
-goodput_bytes_per_s (tensor bytes through the coordinator per second of training, both directions),
-wire_bytes_per_s (whole frames), test_accuracy, loss_final, step_time_median_s,
-worker_network_time_s (mean over workers), compression_ratio, peak_rss_bytes (largest node), and the
-containers' net_rx_bytes / net_tx_bytes summed (docker backend); then, for every engine
-(`harness.results.totals`), the guide's Training Summary (throughput_samples_per_s, step_time_avg/min/max_s
-after warm-up, rss_avg_bytes) and the communication profile (comm_expected/measured_bytes_per_step,
-comm_share).
+Schema versions:
+  1: the untyped reports written before the harness had stages. Some keys were written only when
+     they had a value (a failed repeat's ``totals`` were ``{}``; ``cluster``, ``links``, ``limits``,
+     ``faults``, ``logs_dir``, ``note`` could be missing).
+  2: the typed report: every key of every model is written, None where a figure was not measured.
+     Version 1 files load as version 2: the missing keys take their defaults. No key was renamed
+     (the report's rates were already ``*_bytes_per_s`` and ``*_bps``); a renamed key would be mapped
+     in `_upgrade_v1`.
 """
 
 from __future__ import annotations
@@ -29,108 +18,79 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
+
+from pydantic import ValidationError
 
 from harness.errors import HarnessError
-from harness.present.links_text import LINK_COLUMNS, link_cells
-from harness.results.totals import engine_totals
-from wiiide.metrics import summarize, write_json_atomic
+from harness.results.models import Point, Repeat, Report
+from harness.results.totals import point_summary
+from wiiide.metrics import write_json_atomic
 
-
-SCHEMA_VERSION = 1
-
-
-# A summary whose stdev is above this fraction of its mean is flagged "unstable" (as pyperf does).
-UNSTABLE_CV = 0.10
-
-
-SUMMARY_KEYS = ("batches_per_s", "samples_per_s", "goodput_bytes_per_s", "wire_bytes_per_s", "test_accuracy",
-                "loss_final", "step_time_median_s", "worker_network_time_s", "compression_ratio", "peak_rss_bytes",
-                "container_net_bytes", "throughput_samples_per_s", "step_time_avg_s", "comm_share",
-                "comm_measured_bytes_per_step", "rss_avg_bytes", "coordinator_egress_utilisation")
+SCHEMA_VERSION = 2
 
 
 def utc_now() -> str:
+    """Now, in UTC, as ISO 8601 to the second (``2026-11-21T15:08:27+00:00``)."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def point_summary(repeats: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
-    """Statistics over the ok repeats of a point, and the keys whose spread makes them unstable."""
-    ok = [r for r in repeats if r.get("status") == "ok"]
-    summary, unstable = {}, []
-    for key in SUMMARY_KEYS:
-        values = [r["totals"][key] for r in ok if r.get("totals", {}).get(key) is not None]
-        if not values:
-            continue
-        stats = summarize(values)
-        summary[key] = stats
-        if stats["count"] > 1 and stats["mean"] and stats["stdev"] / abs(stats["mean"]) > UNSTABLE_CV:
-            unstable.append(key)
-    return summary, unstable
+def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 report as version 2: the same keys; a repeat without its number (reports put
+    together by hand) takes its position; the models fill in the keys version 1 left out."""
+    points = []
+    for point in data.get("points") or []:
+        if isinstance(point, Mapping) and isinstance(point.get("repeats"), list):
+            repeats = [{"repeat": i, **r} if isinstance(r, Mapping) else r for i, r in enumerate(point["repeats"])]
+            point = {**point, "repeats": repeats}
+        points.append(point)
+    return {**data, "schema_version": 2, "points": points}
 
 
-class ReportWriter:
-    """Holds a sweep's report and rewrites it atomically after every repeat, so nothing done is lost."""
-
-    def __init__(self, path: Path, header: dict[str, Any]) -> None:
-        self.path = path
-        self.data: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **header, "created_at_utc": utc_now(),
-                                     "complete": False, "points": []}
-
-    @classmethod
-    def resume(cls, path: Path) -> "ReportWriter":
-        """Continue an existing report (``sweep --resume``). Raises HarnessError if it cannot be read."""
-        writer = cls.__new__(cls)
-        writer.path = path
-        writer.data = load_report(path)
-        writer.data["resumed_at_utc"] = [*writer.data.get("resumed_at_utc", []), utc_now()]
-        return writer
-
-    def finished_point(self, index: int, params: dict[str, Any]) -> dict[str, Any] | None:
-        """The point with this index and params if it finished ok (a resumed sweep skips it)."""
-        for point in self.data["points"]:
-            if point["index"] == index and point["params"] == params and point["status"] == "ok":
-                return point
-        return None
-
-    def start_point(self, index: int, params: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-        """A new entry for a point, replacing an unfinished one of the same index (kept in index order)."""
-        point = {"index": index, "params": params, "config": config, "status": "running", "error": None,
-                 "repeats": [], "summary": {}, "unstable": []}
-        self.data["points"] = sorted([p for p in self.data["points"] if p["index"] != index] + [point],
-                                     key=lambda p: p["index"])
-        return point
-
-    def add_repeat(self, point: dict[str, Any], repeat: dict[str, Any]) -> None:
-        point["repeats"].append(repeat)
-        point["summary"], point["unstable"] = point_summary(point["repeats"])
-        self.save()
-
-    def finish_point(self, point: dict[str, Any]) -> None:
-        statuses = [r["status"] for r in point["repeats"]]
-        if statuses and all(s == "ok" for s in statuses):
-            point["status"], point["error"] = "ok", None
-        elif any(s == "ok" for s in statuses):
-            point["status"] = "partial"
-            point["error"] = "; ".join(f"repeat {r['repeat']}: {r['error']}" for r in point["repeats"] if r["status"] != "ok")
-        else:
-            point["status"] = "failed"
-            point["error"] = "; ".join(f"repeat {r['repeat']}: {r['error']}" for r in point["repeats"]) or "not run"
-        self.save()
-
-    def finish(self, complete: bool, note: str | None = None) -> None:
-        self.data["complete"] = complete
-        if note:
-            self.data["note"] = note
-        self.save()
-
-    def save(self) -> None:
-        self.data["updated_at_utc"] = utc_now()
-        write_json_atomic(self.path, self.data)
+_UPGRADES = {1: _upgrade_v1}  # version -> the function that lifts it one version up
 
 
-def load_report(path: str | Path) -> dict[str, Any]:
-    """Read a report (a report.json or the folder holding it). Raises HarnessError if it cannot."""
+def parse_report(data: Mapping[str, Any], source: str = "report") -> Report:
+    """A report's JSON object (any version up to `SCHEMA_VERSION`) as a typed `Report`.
+
+    A file without ``schema_version`` is version 1. `source` names the file in errors.
+
+    Raises:
+        HarnessError: not a sweep report (no ``points``), written by a newer harness, or a field of
+            the wrong type (the message has the field's path, e.g. ``points.0.repeats.1.status``).
+    """
+    if not isinstance(data, Mapping) or "points" not in data:
+        raise HarnessError(f"{source}: not a WIIIIIDE sweep report (no 'points')")
+    data = dict(data)
+    version = data.get("schema_version", 1)
+    if not isinstance(version, int) or version > SCHEMA_VERSION or version < 1:
+        raise HarnessError(f"{source}: schema_version {version!r} is not one this harness reads "
+                           f"(1 to {SCHEMA_VERSION}); a newer harness wrote it?")
+    while version < SCHEMA_VERSION:
+        data = _UPGRADES[version](data)
+        version = data["schema_version"]
+    try:
+        return Report.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise HarnessError(f"{source}: {where}: {first['msg']} (got {first.get('input')!r:.80}); "
+                           f"{exc.error_count()} problem(s) in all") from None
+
+
+def as_report(report: Report | Mapping[str, Any]) -> Report:
+    """`report` typed: a `Report` as is, a report's JSON object through `parse_report` (any schema
+    version). Raises HarnessError when the object is not a report."""
+    return report if isinstance(report, Report) else parse_report(report)
+
+
+def load_report(path: str | Path) -> Report:
+    """Read a report (a report.json, or the folder holding it) as a typed `Report`, upgrading older
+    schema versions.
+
+    Raises:
+        HarnessError: the file cannot be read, is not JSON, or is not a report (see `parse_report`).
+    """
     path = Path(path)
     if path.is_dir():
         path = path / "report.json"
@@ -140,9 +100,102 @@ def load_report(path: str | Path) -> dict[str, Any]:
         raise HarnessError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise HarnessError(f"{path}: not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or "points" not in data:
-        raise HarnessError(f"{path}: not a WIIIIIDE sweep report (no 'points')")
-    return data
+    return parse_report(data, str(path))
+
+
+def load_report_json(path: str | Path) -> dict[str, Any]:
+    """`load_report` as the JSON object it would be written as (current schema version), for callers
+    that read keys by name. Raises HarnessError as `load_report` does."""
+    return load_report(path).to_json_dict()
+
+
+def save_report(report: Report, path: Path) -> None:
+    """Write `report` to `path` atomically (temporary file in the same folder, then rename:
+    `wiiide.metrics.write_json_atomic`), so a reader never sees half a file.
+
+    Raises:
+        OSError: the folder cannot be created or written.
+    """
+    write_json_atomic(path, report.to_json_dict())
+
+
+def _joined_errors(repeats: list[Repeat]) -> str:
+    return "; ".join(f"repeat {r.repeat}: {r.error}" for r in repeats)
+
+
+class ReportWriter:
+    """Holds a sweep's `Report` and rewrites it atomically after every repeat, so nothing done is lost.
+
+    `report`: the typed report being written (its points are added with `start_point`).
+    """
+
+    def __init__(self, path: Path, header: dict[str, Any]) -> None:
+        """A new report at `path` (not written until `save`). `header`: name, machine_info, commit_info,
+        backend, spec, param_names. Raises HarnessError if a header field has the wrong type."""
+        self.path = Path(path)
+        self.report = parse_report({"schema_version": SCHEMA_VERSION, **header, "created_at_utc": utc_now(),
+                                    "complete": False, "points": []}, str(path))
+
+    @classmethod
+    def resume(cls, path: Path) -> "ReportWriter":
+        """Continue an existing report (``sweep --resume``). Raises HarnessError if it cannot be read."""
+        writer = cls.__new__(cls)
+        writer.path = Path(path)
+        writer.report = load_report(path)
+        writer.report.resumed_at_utc.append(utc_now())
+        return writer
+
+    def finished_point(self, index: int, params: dict[str, Any]) -> Point | None:
+        """The point with this index and params if it finished ok (a resumed sweep skips it), else None."""
+        for point in self.report.points:
+            if point.index == index and point.params == params and point.status == "ok":
+                return point
+        return None
+
+    def start_point(self, index: int, params: dict[str, Any], config: dict[str, Any],
+                    cluster: dict[str, Any] | None = None) -> Point:
+        """A new, running point, replacing an unfinished one of the same index (points kept in index
+        order). `config`: the full run config; `cluster`: link profiles, cpus, mem_limit as asked."""
+        point = Point(index=index, params=params, config=config, cluster=cluster, status="running")
+        self.report.points = sorted([p for p in self.report.points if p.index != index] + [point],
+                                    key=lambda p: p.index)
+        return point
+
+    def add_repeat(self, point: Point, repeat: Repeat | Mapping[str, Any]) -> Repeat:
+        """Add a finished repeat to `point`, recompute the point's statistics, save; return the repeat.
+
+        Raises:
+            pydantic.ValidationError: `repeat` is a mapping with a field of the wrong type.
+            OSError: the report cannot be written.
+        """
+        record = repeat if isinstance(repeat, Repeat) else Repeat.model_validate(dict(repeat))
+        point.repeats.append(record)
+        point.summary, point.unstable = point_summary(point.repeats)
+        self.save()
+        return record
+
+    def finish_point(self, point: Point) -> None:
+        """Set the point's status from its repeats (ok / partial / failed, with their errors) and save."""
+        ok = [r for r in point.repeats if r.ok]
+        if point.repeats and len(ok) == len(point.repeats):
+            point.status, point.error = "ok", None
+        elif ok:
+            point.status, point.error = "partial", _joined_errors([r for r in point.repeats if not r.ok])
+        else:
+            point.status, point.error = "failed", _joined_errors(point.repeats) or "not run"
+        self.save()
+
+    def finish(self, complete: bool, note: str | None = None) -> None:
+        """Mark the sweep complete (or not, with a `note` saying why) and save."""
+        self.report.complete = complete
+        if note:
+            self.report.note = note
+        self.save()
+
+    def save(self) -> None:
+        """Stamp ``updated_at_utc`` and write the report atomically. Raises OSError if it cannot."""
+        self.report.updated_at_utc = utc_now()
+        save_report(self.report, self.path)
 
 
 def newest_report(results_dir: Path) -> Path:

@@ -3,7 +3,8 @@
 Computed from the nodes' own metrics files (every engine writes the same ones: ``coordinator`` is the
 parameter server or rank 0) and, for measured bytes, from each node's interface counters, which are
 the container's own on the docker backend (the local backend's processes share the host's counters,
-so measured bytes are left out there). `run_totals` below merges these into a repeat's totals.
+so measured bytes are left out there). `repeat_totals` is the one place a repeat's `Totals` are built:
+the parameter server's figures, the engines' common figures below, and the links stage's figures.
 
 - ``throughput_samples_per_s``: the guide's ``batch_size x world_size / step time``: the global batch of
   one step over the coordinator's (rank 0's) mean step time, warm-up steps excluded.
@@ -21,16 +22,18 @@ so measured bytes are left out there). `run_totals` below merges these into a re
 from __future__ import annotations
 
 import statistics
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+from harness.results.models import Repeat, Stats, Totals
 from wiiide.engines.comm import parameter_server
+from wiiide.metrics import summarize
 
 
 def _measured_on_containers(containers: dict[str, dict[str, Any]]) -> bool:
     return any(c.get("kind") == "container" for c in containers.values())
 
 
-def engine_totals(nodes: dict[str, dict[str, Any]], containers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _engine_figures(nodes: dict[str, dict[str, Any]], containers: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Training Summary and communication figures of one repeat (None where a figure cannot be had)."""
     coord = nodes.get("coordinator") or {}
     workers = [n for name, n in nodes.items() if name.startswith("worker")]
@@ -83,12 +86,8 @@ def engine_totals(nodes: dict[str, dict[str, Any]], containers: dict[str, dict[s
     }
 
 
-
-
-
-
-def run_totals(nodes: dict[str, dict[str, Any]], containers: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The per-repeat figures people compare, computed from the nodes' own metrics and container stats."""
+def _server_figures(nodes: dict[str, dict[str, Any]], containers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The parameter server's figures: rates over the coordinator's training time, bytes, memory, traffic."""
     coord = nodes.get("coordinator") or {}
     workers = [n for name, n in nodes.items() if name.startswith("worker")]
     train_s = coord.get("train_time_s") or coord.get("wall_time_s") or 0.0
@@ -126,19 +125,14 @@ def run_totals(nodes: dict[str, dict[str, Any]], containers: dict[str, dict[str,
         "container_net_rx_bytes": sum(v or 0 for v in rx) if has_net else None,
         "container_net_tx_bytes": sum(v or 0 for v in tx) if has_net else None,
         "container_net_bytes": sum(v or 0 for v in rx + tx) if has_net else None,
-        **engine_totals(nodes, containers),  # the guide's Training Summary and the communication profile
     }
-
-
-
-
 
 
 def _coordinator_record(links: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return next((r for r in (links.get("containers") or {}).values() if r.get("role") == "coordinator"), None)
 
 
-def link_totals(links: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def _link_figures(links: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """Per-repeat link figures ({} for an unshaped run).
 
     link_rate_bps: the rate in force on the coordinator's egress (the parameter server's link; read
@@ -154,3 +148,49 @@ def link_totals(links: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]
     train_s, sent = coord.get("train_time_s"), coord.get("wire_bytes_sent")
     utilisation = sent * 8 / train_s / rate if (rate and train_s and sent is not None) else None
     return {"link_rate_bps": rate, "coordinator_egress_utilisation": utilisation}
+
+
+def repeat_totals(nodes: Mapping[str, Mapping[str, Any]], containers: Mapping[str, Mapping[str, Any]],
+                  links: Mapping[str, Any] | None = None) -> Totals:
+    """The `Totals` of one repeat, from the run stage's output (`harness.run.backend.RunResult`).
+
+    `nodes`: each node's own metrics (``coordinator``, ``worker-1``...; wiiide.metrics layout);
+    `containers`: each container's (or process's) stats record, with ``kind`` and ``summary``;
+    `links`: the links stage's record ({} or None for an unshaped run). Figures that cannot be had
+    (no coordinator metrics, no container counters, no link) are None. Formulas: the module's
+    docstring and `Totals`; rates are per second of the coordinator's training time.
+
+    Raises:
+        pydantic.ValidationError: a node's metrics hold a figure of the wrong type (a bug in the node).
+    """
+    nodes, containers = dict(nodes), dict(containers)
+    return Totals(**_server_figures(nodes, containers), **_engine_figures(nodes, containers),
+                  **_link_figures(links or {}, nodes))
+
+
+# The figures whose statistics over repeats a point keeps (its `summary`), in table order.
+SUMMARY_KEYS = ("batches_per_s", "samples_per_s", "goodput_bytes_per_s", "wire_bytes_per_s", "test_accuracy",
+                "loss_final", "step_time_median_s", "worker_network_time_s", "compression_ratio", "peak_rss_bytes",
+                "container_net_bytes", "throughput_samples_per_s", "step_time_avg_s", "comm_share",
+                "comm_measured_bytes_per_step", "rss_avg_bytes", "coordinator_egress_utilisation")
+
+
+def summary_stats(values: Sequence[float]) -> Stats:
+    """count, mean, sample stdev (0 for one value), median, min, max and p95 of raw `values`
+    (formulas: `wiiide.metrics.summarize`, on `statistics`); every figure None when `values` is empty."""
+    return Stats(**summarize(values))
+
+
+def point_summary(repeats: Sequence[Repeat]) -> tuple[dict[str, Stats], list[str]]:
+    """Statistics of each `SUMMARY_KEYS` figure over the ok repeats that carry it, and the figures
+    flagged unstable (stdev above `UNSTABLE_CV` = 10 % of the mean, as pyperf flags them).
+
+    Returns ({figure: Stats}, [unstable figure, ...]); figures no ok repeat carries are left out.
+    """
+    summary: dict[str, Stats] = {}
+    for key in SUMMARY_KEYS:
+        values = [r.totals.figure(key) for r in repeats if r.ok]
+        values = [v for v in values if v is not None]
+        if values:
+            summary[key] = summary_stats(values)
+    return summary, [key for key, stats in summary.items() if stats.unstable]

@@ -9,7 +9,10 @@ import sys
 import pytest
 
 from harness.present.table import format_table
-from harness.results.report import load_report
+from harness.results.report import SCHEMA_VERSION
+from harness.results.report import (
+    load_report_json as load_report,  # the report as its JSON object
+)
 from harness.spec.points import build_spec
 from harness.sweep import run_sweep
 
@@ -32,7 +35,7 @@ def local_report(tmp_path_factory):
 
 def test_report_has_every_point_and_repeat(local_report):
     path, report, _ = local_report
-    assert report["schema_version"] == 1 and report["complete"] is True
+    assert report["schema_version"] == SCHEMA_VERSION and report["complete"] is True
     assert report["backend"]["name"] == "local"
     assert report["param_names"] == ["compression"]
     assert [p["params"]["compression"] for p in report["points"]] == ["none", "zlib-1"]

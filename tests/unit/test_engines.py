@@ -20,7 +20,7 @@ from harness.present.compare import (
     verdict,
     welch_p_value,
 )
-from harness.results.totals import engine_totals
+from harness.results.totals import repeat_totals
 from harness.spec.points import build_spec
 from wiiide.config import RunConfig
 from wiiide.engines.comm import (
@@ -244,15 +244,16 @@ def test_engine_totals_of_the_parameter_server():
                                     iface_bytes_recv=20 * 1050) for i in (1, 2)}
     nodes = {"coordinator": coord, **workers}
     docker = {"c": {"kind": "container"}}
-    t = engine_totals(nodes, docker)
-    assert t["engine"] == "wiiide" and t["world_size"] == 3
-    assert t["comm_expected_bytes_per_step"] == 4000  # 2 x 2 workers x 1000
-    assert t["comm_measured_bytes_per_step"] == pytest.approx(2100 + 2 * 1000)
-    assert t["comm_measured_over_expected"] == pytest.approx(4100 / 4000)
-    assert t["comm_share"] == pytest.approx(1 - 0.004 / 0.01)
-    assert t["throughput_samples_per_s"] == 6400.0 and t["rss_peak_sum_bytes"] == 3000
-    local = engine_totals(nodes, {"c": {"kind": "process"}})
-    assert local["comm_measured_bytes_per_step"] is None  # processes share the host's counters
+    t = repeat_totals(nodes, docker)
+    assert t.engine == "wiiide" and t.world_size == 3
+    assert t.comm_expected_bytes_per_step == 4000  # 2 x 2 workers x 1000
+    assert t.comm_measured_bytes_per_step == pytest.approx(2100 + 2 * 1000)
+    assert t.comm_measured_over_expected == pytest.approx(4100 / 4000)
+    assert t.comm_share == pytest.approx(1 - 0.004 / 0.01)
+    assert t.throughput_samples_per_s == 6400.0 and t.rss_peak_sum_bytes == 3000
+    assert t.link_rate_bps is None and t.coordinator_egress_utilisation is None  # no link shaped
+    local = repeat_totals(nodes, {"c": {"kind": "process"}})
+    assert local.comm_measured_bytes_per_step is None  # processes share the host's counters
 
 
 def test_engine_totals_of_a_torch_engine_use_its_own_profile():
@@ -260,10 +261,10 @@ def test_engine_totals_of_a_torch_engine_use_its_own_profile():
     nodes = {"coordinator": _node("coordinator", engine="ddp", world_size=3, num_workers=2, comm=comm,
                                   iface_bytes_sent=20 * 1100),
              "worker-1": _node("worker", iface_bytes_sent=20 * 1000), "worker-2": _node("worker", iface_bytes_sent=20 * 1000)}
-    t = engine_totals(nodes, {"c": {"kind": "container"}})
-    assert t["engine"] == "ddp" and t["comm_share"] == 0.4
-    assert t["comm_expected_bytes_per_step"] == 3000.0
-    assert t["comm_measured_bytes_per_step"] == pytest.approx(3100)
+    t = repeat_totals(nodes, {"c": {"kind": "container"}})
+    assert t.engine == "ddp" and t.comm_share == 0.4
+    assert t.comm_expected_bytes_per_step == 3000.0
+    assert t.comm_measured_bytes_per_step == pytest.approx(3100)
 
 
 # --- harness compare ---------------------------------------------------------------------------
@@ -278,8 +279,8 @@ def test_welch_p_value_on_known_samples():
 
 def _point(index, params, values, acc=0.9):
     return {"index": index, "params": params, "status": "ok",
-            "repeats": [{"status": "ok", "totals": {"throughput_samples_per_s": v, "test_accuracy": acc}}
-                        for v in values]}
+            "repeats": [{"repeat": i, "status": "ok", "totals": {"throughput_samples_per_s": v, "test_accuracy": acc}}
+                        for i, v in enumerate(values)]}
 
 
 def _report(points, name="r"):

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from markupsafe import escape
 
 matplotlib_image = pytest.importorskip("matplotlib.image")
 
@@ -23,6 +24,7 @@ from harness.present.html import (  # noqa: E402
     render_page,
     write_html,
 )
+from harness.results.report import parse_report  # noqa: E402
 from tests.report_samples import (  # noqa: E402
     FAILED_ERROR,
     PARTIAL_ERROR,
@@ -70,7 +72,7 @@ def test_every_point_and_axis_is_on_the_page(page):
         if any(p["summary"].get(key) for p in report["points"]):
             assert f'alt="{title} by buffer_bytes"' in page, title
     # the spec's description and base are shown, and the machine the numbers come from
-    assert html.escape(report["spec"]["description"]) in page
+    assert str(escape(report["spec"]["description"])) in page and "The seeds' buffer" not in page
     assert "hidden_sizes=512x512" in page and "2 CPUs" in page and "backend docker" in page
 
 
@@ -108,18 +110,18 @@ def test_failed_and_partial_points_are_shown_with_their_errors(page):
 
 
 def test_seed_reference_is_matched_to_points_and_compared(page):
-    rows = reference_figures(buffers_report())
-    by_key = {r["key"]: r for r in rows}
-    assert by_key["1MiB"]["value"] == pytest.approx(1.2e6) and by_key["1MiB"]["metric"] == "goodput_bytes_per_s"
-    assert by_key["8MiB"]["point"]["params"] == {"buffer_bytes": "8MiB"}
-    assert by_key["16MiB"]["value"] is None and by_key["16MiB"]["text"] == "no additional benefit"
+    rows = reference_figures(parse_report(buffers_report()))
+    by_key = {r.key: r for r in rows}
+    assert by_key["1MiB"].value == pytest.approx(1.2e6) and by_key["1MiB"].metric == "goodput_bytes_per_s"
+    assert by_key["8MiB"].point.params == {"buffer_bytes": "8MiB"}
+    assert by_key["16MiB"].value is None and by_key["16MiB"].text == "no additional benefit"
     section = page[page.index("The seeds' figures next to this sweep"):]
     assert "no additional benefit" in section and "2.42x" in section  # 2.90 / 1.2, the seeds' trend
-    rows = {(r["key"], r["field"]): r for r in reference_figures(compression_report())}
-    assert rows[("none", "batches_per_s")]["metric"] == "batches_per_s"
-    assert rows[("adaptive", "throughput_MBps")]["value"] == pytest.approx(2.9e6)
-    assert rows[("none", "ratio")]["value"] is None  # "1.88 (pickle/zlib default)": shown, not charted
-    assert rows[("gradient-compression", "ratio")]["point"] is None  # no such point in this sweep
+    rows = {(r.key, r.field): r for r in reference_figures(parse_report(compression_report()))}
+    assert rows[("none", "batches_per_s")].metric == "batches_per_s"
+    assert rows[("adaptive", "throughput_MBps")].value == pytest.approx(2.9e6)
+    assert rows[("none", "ratio")].value is None  # "1.88 (pickle/zlib default)": shown, not charted
+    assert rows[("gradient-compression", "ratio")].point is None  # no such point in this sweep
 
 
 def test_effective_socket_buffers_are_shown(page):

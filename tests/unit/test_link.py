@@ -27,7 +27,7 @@ from harness.links.tc import (
     tbf_limit_bytes,
 )
 from harness.present.links_text import applied_rates_text, link_cells, unsupported_text
-from harness.results.totals import link_totals
+from harness.results.totals import repeat_totals
 from harness.run.tc_exec import ContainerExec, probe_with, read_back
 from harness.spec.links import LinkProfile
 from wiiide.units import (
@@ -424,9 +424,10 @@ def _links(rates, unsupported=(), ingress=False):
 
 def test_link_figures_for_the_report():
     nodes = {"coordinator": {"train_time_s": 10.0, "wire_bytes_sent": 100_000_000}}
-    totals = link_totals(_links([100_000_000, 100_000_000]), nodes)
-    assert totals == {"link_rate_bps": 100_000_000, "coordinator_egress_utilisation": pytest.approx(0.8)}
-    assert link_totals({}, nodes) == {}
+    totals = repeat_totals(nodes, {}, _links([100_000_000, 100_000_000]))
+    assert (totals.link_rate_bps, totals.coordinator_egress_utilisation) == (100_000_000, pytest.approx(0.8))
+    unshaped = repeat_totals(nodes, {}, {})
+    assert (unshaped.link_rate_bps, unshaped.coordinator_egress_utilisation) == (None, None)
     assert applied_rates_text(_links([10**8, 10**8, 10**8])) == "100Mbit"
     assert applied_rates_text(_links([10**8, 10**9, 10**7], ingress=True)) == "ps 100Mbit, w1 1Gbit, w2 10Mbit (+ingress)"
     assert applied_rates_text(_links([None, None])) == "-"
