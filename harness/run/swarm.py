@@ -605,7 +605,7 @@ class SwarmBackend(Backend):
         containers = {}
         for c in self._containers:
             samples = self._readers[c.name].samples if c.name in self._readers else []
-            containers[c.name] = {"role": c.service, "kind": "swarm-task", "exit_code": exit_codes.get(c.name),
+            containers[c.name] = {"role": c.service, "kind": "container", "exit_code": exit_codes.get(c.name),
                                   "node": c.node, "node_id": c.node_id, "task_slot": c.slot,
                                   "container_id": c.id[:12], "samples": samples, "summary": summarize_samples(samples)}
         conditions = self._conditions
