@@ -19,6 +19,14 @@ def _log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _use_image(args: argparse.Namespace) -> None:
+    """``--image REPO:TAG``: the node image every backend builds and runs (WIIIIIDE_IMAGE); on a swarm
+    of several nodes, a tag in a registry they share (the swarm backend pushes it)."""
+    import os
+    if getattr(args, "image", None):
+        os.environ["WIIIIIDE_IMAGE"] = args.image
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from harness.present.table import format_table
     from harness.results.report import load_report
@@ -26,6 +34,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from harness.sweep import run_sweep
 
     spec = load_spec(args.spec)  # validated before anything starts
+    _use_image(args)
     if args.repeats:
         spec.repeats = args.repeats
     path = run_sweep(spec, args.backend, Path(args.results_dir) if args.results_dir else None,
@@ -64,6 +73,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     results = (REPO_ROOT / "results" / "cluster").resolve()
     if args.backend == "swarm":
         from harness.run import swarm
+        _use_image(args)
         containers = swarm.cluster_up(cfg, results, progress=_log)
         for c in containers:
             print(f"{c.name}\t{c.status}\tnode {c.node}")
@@ -139,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["auto", "docker", "swarm", "local"], default="auto",
                    help="auto: docker when an engine answers, else local (default); swarm: a Docker Swarm stack")
     p.add_argument("--repeats", type=int, help="override the spec's repeats")
+    p.add_argument("--image", metavar="REPO:TAG", help="the node image (default: $WIIIIIDE_IMAGE or wiiide:latest); "
+                                                        "with a swarm of several nodes, a registry tag they can pull")
     p.add_argument("--results-dir", help="where results/<name>-<timestamp>/ go (default: results/)")
     p.add_argument("--resume", metavar="DIR",
                    help="continue an interrupted run of this spec in DIR: finished points are skipped")
@@ -158,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration-s", type=float, default=300.0, help="how long the cluster trains (s)")
     p.add_argument("--backend", choices=["docker", "swarm"], default="docker",
                    help="docker: Compose containers (default); swarm: a stack on Docker Swarm")
+    p.add_argument("--image", metavar="REPO:TAG", help="with --backend swarm: the node image (a registry tag the "
+                                                        "swarm's nodes can pull when there are several)")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("down", help="remove the cluster's containers and network")

@@ -465,6 +465,7 @@ class SwarmBackend(Backend):
         self._readers: dict[str, _StatsReader] = {}
         self._conditions: ClusterConditions | None = None
         self._deployed = False
+        self._image_pushed = False
 
     @property
     def engines(self) -> NodeEngines:
@@ -534,6 +535,7 @@ class SwarmBackend(Backend):
         conditions.plan(cfg.num_workers)
         if conditions.gated:
             cfg = cfg.replace(start_gate_file=START_GATE_FILE)
+        self._share_image(progress)
         files = write_stack_files(out_dir / "swarm", cfg.num_workers)
         write_cluster_secret()
         self._deployed = True
@@ -547,6 +549,28 @@ class SwarmBackend(Backend):
                     check_overlay_eth0(c, self.stack)
             conditions.apply(self._containers, t0, progress)
         return _SwarmController(self._containers)
+
+    def _share_image(self, progress: Progress) -> None:
+        """On a swarm of several nodes, push the image once to the registry its name points at (the
+        other nodes pull it from there); on one node nothing is needed.
+
+        Raises:
+            ClusterError: several nodes and an image name with no registry (``wiiide:latest``), or the push failed.
+        """
+        nodes = swarm_info(self.client).get("Nodes") or 1
+        if nodes <= 1 or self._image_pushed:
+            return
+        repo, sep, tag = self.image.rpartition(":")
+        if not sep or "/" in tag:  # no tag (a colon, if any, is a registry's port)
+            repo, tag = self.image, "latest"
+        if "/" not in repo:
+            raise ClusterError(f"the swarm has {nodes} nodes and the image {self.image} is only on this one: tag it "
+                               "for a registry they share and pass --image REGISTRY/wiiide:TAG (pushed by the harness)")
+        progress(f"    swarm: pushing {self.image} for the other {nodes - 1} nodes")
+        for line in self.client.images.push(repo, tag=tag, stream=True, decode=True):
+            if line.get("error"):
+                raise ClusterError(f"docker push {self.image} failed: {line['error']}")
+        self._image_pushed = True
 
     def _wait_running(self, num_workers: int) -> list[TaskContainer]:
         """Every task's container, once all 1 + `num_workers` run. Raises ClusterError (see `start`)."""
