@@ -39,7 +39,8 @@ def leaves_nothing(request):
     if "docker_ready" not in request.fixturenames and "image" not in request.fixturenames:
         yield
         return
-    from harness.run.swarm import stack_name, stack_objects, swarm_info
+    from harness.run.swarm.cluster import swarm_info
+    from harness.run.swarm.stack import stack_name, stack_objects
     client = docker_client()
     before = swarm_info(client).get("LocalNodeState")
     gwbridge_before = bool(client.networks.list(names=["docker_gwbridge"]))
@@ -52,7 +53,9 @@ def leaves_nothing(request):
     assert bool(client.networks.list(names=["docker_gwbridge"])) == gwbridge_before
 
 
-def test_shaped_point_runs_as_a_stack_and_reads_back_its_rate(image, tmp_path):
+def test_shaped_point_runs_as_a_stack_and_reads_back_its_rate(image, tmp_path, monkeypatch):
+    from harness.run.swarm.tasks import COPY_METRICS_ENV
+    monkeypatch.setenv(COPY_METRICS_ENV, "1")  # metrics through the Engine API, as from another host
     spec = build_spec({
         "name": "swarm-tiny", "repeats": 1, "link_presets": {"rate-100m": {"rate": "100mbit"}},
         "base": {"dataset": "digits", "num_workers": 2, "duration_s": 4, "log_tier": "normal",
@@ -70,6 +73,7 @@ def test_shaped_point_runs_as_a_stack_and_reads_back_its_rate(image, tmp_path):
         assert c["exit_code"] == 0, name
         assert c["node"] and c["node_id"], name  # the swarm node that ran the task
         assert c["summary"]["net_rx_bytes"] > 0, name
+        assert c["metrics_via"] == "archive copy", name
     shaped = rep["links"]["containers"]
     assert len(shaped) == 3
     for name, link in shaped.items():

@@ -14,14 +14,12 @@ from harness import REPO_ROOT
 from harness.errors import ClusterError
 from harness.run.backend import _node_name, judge
 from harness.run.shaping import container_identity
-from harness.run.swarm import (
+from harness.run.swarm.stack import stack_base, stack_override, write_stack_files
+from harness.run.swarm.tasks import (
     ENDPOINTS_ENV,
     NodeEngines,
     TaskContainer,
     parse_endpoints,
-    stack_base,
-    stack_override,
-    write_stack_files,
 )
 
 
