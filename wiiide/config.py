@@ -268,7 +268,7 @@ def _validate(c: RunConfig) -> None:
         _check(value == 0 or 4096 <= value <= 1024 * MIB, name, value, "0 (kernel default) or 4096..1 GiB")
     _check(1024 <= c.recv_chunk_bytes <= 256 * MIB, "recv_chunk_bytes", c.recv_chunk_bytes, "1 KiB..256 MiB")
     _check(64 * 1024 <= c.max_frame_bytes <= 8 * 1024 * MIB, "max_frame_bytes", c.max_frame_bytes, "64 KiB..8 GiB")
-    from wiiide.codecs import check_policy_name
+    from wiiide.codecs.policy import check_policy_name
 
     problem = check_policy_name(c.compression)
     _check(problem is None, "compression", c.compression, f"a compression policy ({problem})")

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from wiiide.auth import HANDSHAKE_MAX_FRAME_BYTES, check_nonce, hello_mac, load_secret, new_nonce, verify, welcome_mac
-from wiiide.codecs import CompressionPolicy
+from wiiide.codecs.policy import CompressionPolicy
 from wiiide.config import RunConfig
 from wiiide.data import BatchSampler, load_dataset
 from wiiide.errors import ProtocolError
@@ -172,7 +172,8 @@ class Coordinator:
         try:
             sock.settimeout(cfg.handshake_timeout_s)
             options = configure_socket(sock, cfg)
-            conn = Connection(sock, cfg, self.metrics, self.log, f"peer {peer}", max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES)
+            conn = Connection(sock, cfg, self.metrics, self.log, f"peer {peer}", max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES,
+                              pool=self.policy.pool)
             nonce_c = new_nonce()
             conn.send([encode_message("challenge", {"protocol_version": PROTOCOL_VERSION, "nonce": nonce_c})])
             hello = conn.receive(["hello"])

@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from wiiide.codecs.chunked import CodecPool
 from wiiide.config import RunConfig
 from wiiide.errors import ConfigError, ProtocolError, WiiideError
 from wiiide.log import TieredLog
@@ -77,18 +78,19 @@ class Connection:
     Sends are serialised by a lock, so a heartbeat thread may share the socket with the node's main
     thread. `receive` passes over ``heartbeat`` frames: any frame proves the peer alive, and the
     socket's timeout (``io_timeout_s``) bounds the silence before a peer counts as lost.
-    `max_frame_bytes` overrides the config's limit (the handshake reads with a small one).
+    `max_frame_bytes` overrides the config's limit (the handshake reads with a small one). `pool`
+    (the node's `CompressionPolicy.pool`) decodes received chunked payloads; None: in this thread.
     """
 
     def __init__(self, sock: socket.socket, cfg: RunConfig, metrics: NodeMetrics, log: TieredLog, name: str,
-                 max_frame_bytes: int | None = None) -> None:
+                 max_frame_bytes: int | None = None, pool: CodecPool | None = None) -> None:
         self.sock = sock
         self.name = name
         self.metrics = metrics
         self.log = log
         # reuse_buffers: the nodes consume each message before reading the next one on a connection.
         self.reader = FrameReader(sock, max_frame_bytes or cfg.max_frame_bytes, cfg.recv_chunk_bytes,
-                                  quickack=cfg.tcp_quickack, reuse_buffers=True)
+                                  quickack=cfg.tcp_quickack, reuse_buffers=True, pool=pool)
         self._send_lock = threading.Lock()
         self.last_send = time.monotonic()
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from wiiide.auth import HANDSHAKE_MAX_FRAME_BYTES, check_nonce, hello_mac, load_secret, new_nonce, verify, welcome_mac
-from wiiide.codecs import CompressionPolicy
+from wiiide.codecs.policy import CompressionPolicy
 from wiiide.config import RunConfig
 from wiiide.errors import PeerClosed, ProtocolError
 from wiiide.log import TieredLog
@@ -90,7 +90,7 @@ class Worker:
                                   EXIT_PEER_LOST) from None
             try:
                 self._session(Connection(sock, cfg, metrics, self.log, "coordinator",
-                                         max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES), secret)
+                                         max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES, pool=self.policy.pool), secret)
                 return
             except _Lost as exc:
                 if metrics.rank is None:  # never joined: nothing to rejoin

@@ -41,7 +41,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from wiiide.codecs import CompressionPolicy, codec_from_name
+from wiiide.codecs import codec_from_name
+from wiiide.codecs.policy import CompressionPolicy
 from wiiide.codecs.chunked import CodecPool
 from wiiide.protocol import FrameReader, WireTensor, encode_message, send_frames
 

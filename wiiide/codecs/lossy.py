@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from wiiide.codecs import Buffer, Codec, TensorSpecs, check_params
+from wiiide.codecs.base import Buffer, Codec, TensorSpecs, check_params
 from wiiide.errors import ProtocolError
 
 F16_MAX = 65504.0

@@ -42,8 +42,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from wiiide.codecs import Codec, NoCodec, ZlibCodec, codec_from_name, decoder_for
-from wiiide.codecs.chunked import CodecPool, set_default_pool
+from wiiide.codecs.base import Codec, NoCodec
+from wiiide.codecs.chunked import CodecPool, default_threads
+from wiiide.codecs.lossless import ZlibCodec, _blosc2
+from wiiide.codecs.registry import codec_from_name, decoder_for
+from wiiide.protocol import Frame, Message, WireTensor, encode_message
 
 GRADIENT_KINDS = frozenset({"gradients"})
 LOSSLESS_CANDIDATES = ("none", "lz4", "zstd-1", "shuffle-lz4", "shuffle-zstd")
@@ -146,9 +149,9 @@ class CompressionPolicy:
         self.lossy_warmup_steps = lossy_warmup_steps
         self.link_bandwidth_bps = float(link_bandwidth_bps)
         self.probe_every, self.ema_alpha, self.clock = probe_every, ema_alpha, clock
+        # The node hands this pool to its frame readers (`FrameReader(pool=policy.pool)`), so received
+        # chunks are decoded on the same threads.
         self.pool = CodecPool(codec_threads, chunk_bytes)
-        if codec_threads > 1:
-            set_default_pool(self.pool)  # the node's frame readers decode chunks on it too
         self.link = LinkEstimate()
         self.gradient_messages = 0
         self._none = NoCodec()
@@ -159,8 +162,6 @@ class CompressionPolicy:
         self._codecs: dict[str, Codec] = {n: codec_from_name(n) for n in names + self._lossy_names}
         self._lossless_names = names
         if self.mode == "network-aware":
-            from wiiide.codecs.lossless import _blosc2
-
             _blosc2()  # import now (about 0.6 s), not inside the first message timed with a shuffle codec
         self._stats: dict[str, dict[str, dict[str, Any]]] = {}  # kind -> codec -> moving averages
         self._count: dict[str, int] = {}  # messages per kind (network-aware)
@@ -179,9 +180,11 @@ class CompressionPolicy:
 
     @classmethod
     def from_config(cls, cfg: Any, record: dict[str, Any] | None = None) -> "CompressionPolicy":
-        """The policy a `wiiide.config.RunConfig` describes, recording into `record` (metrics.extra)."""
-        from wiiide.codecs.chunked import default_threads
+        """The policy a `wiiide.config.RunConfig` describes, recording into `record` (metrics.extra).
 
+        ``codec_threads`` 0 becomes `default_threads()` (the cores, at most 4). Raises `ValueError` as
+        the constructor does (a config that validated never does).
+        """
         return cls(cfg.compression, cfg.adaptive_threshold_bytes, allow_lossy=cfg.allow_lossy,
                    lossy_warmup_steps=cfg.lossy_warmup_steps, topk_fraction=cfg.topk_fraction,
                    link_bandwidth_bps=cfg.link_bandwidth_bps,
@@ -280,13 +283,13 @@ class CompressionPolicy:
         return self._codecs[choice], decision
 
     # ------------------------------------------------------------------------------------------
-    def encode(self, kind: str, meta: dict[str, Any] | None, tensors: Sequence[Any], stream: str | None = None):
-        """Choose a codec, build the frame (`wiiide.protocol.encode_message`) and learn from it.
+    def encode(self, kind: str, meta: dict[str, Any] | None, tensors: Sequence[WireTensor],
+               stream: str | None = None) -> Frame:
+        """Choose a codec, build the frame (`wiiide.protocol.encode_message`, chunks on `pool`) and learn from it.
 
-        `tensors` are `wiiide.protocol.WireTensor`s. Returns the `Frame`.
+        Raises:
+            ValueError: a header above `wiiide.protocol.MAX_HEADER_BYTES`.
         """
-        from wiiide.protocol import encode_message
-
         arrays = [t.array for t in tensors]
         raw_nbytes = sum(a.nbytes for a in arrays)
         codec, decision = self._choose(kind, raw_nbytes, arrays)
@@ -294,7 +297,8 @@ class CompressionPolicy:
         self._account(kind, frame, decision, tensors)
         return frame
 
-    def _account(self, kind: str, frame: Any, decision: dict[str, Any] | None, tensors: Sequence[Any]) -> None:
+    def _account(self, kind: str, frame: Frame, decision: dict[str, Any] | None,
+                 tensors: Sequence[WireTensor]) -> None:
         choices = self.record["choices"].setdefault(kind, {})
         choices[frame.codec] = choices.get(frame.codec, 0) + 1
         if decision is None:
@@ -312,7 +316,7 @@ class CompressionPolicy:
             decisions.append(decision)
         self._last_choice[kind] = frame.codec
 
-    def _self_decode_s(self, frame: Any, tensors: Sequence[Any]) -> float:
+    def _self_decode_s(self, frame: Frame, tensors: Sequence[WireTensor]) -> float:
         """Seconds to decode this frame's payload here (the sender's stand-in for the receiver's cost)."""
         parts = frame.buffers[1:]
         payload = memoryview(parts[0] if len(parts) == 1 else b"".join(parts)) if parts else memoryview(b"")
@@ -343,10 +347,11 @@ class CompressionPolicy:
                     s[f"{key}_Bps"] = max(recent)
         s["samples"] += 1
 
-    def observe_received(self, msg: Any) -> None:
+    def observe_received(self, msg: Message) -> None:
         """Learn the link's rate from a received `wiiide.protocol.Message` (network-aware, no bandwidth set)."""
         self.link.observe(msg.payload_nbytes, msg.payload_recv_s)
         self.record["link_bandwidth_bps_measured"] = self.link.bps
 
     def close(self) -> None:
+        """Stop the codec pool's threads; frame readers given `pool` must not decode afterwards."""
         self.pool.close()
