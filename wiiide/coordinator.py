@@ -35,7 +35,7 @@ from wiiide.data import BatchSampler, load_dataset
 from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.model import FlatParams, build_mlp, model_spec, num_parameters
+from wiiide.model import FlatParams, build_mlp, evaluate, model_spec, num_parameters
 from wiiide.node import (EXIT_CONNECT, EXIT_PEER_LOST, Connection, Heartbeats, NodeFailure, run_node, touch,
                          wait_for_start_gate)
 from wiiide.protocol import PROTOCOL_VERSION, WireTensor, encode_message
@@ -356,18 +356,6 @@ class Coordinator:
                     w.conn.send([frame])
                 except OSError as exc:
                     self._drop(w, exc)
-
-
-def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """(accuracy in 0..1, mean cross-entropy) of `model` on float32 features `x` (n, f) and labels `y` (n,)."""
-    model.eval()
-    with torch.no_grad():
-        logits = model(torch.from_numpy(x))
-        labels = torch.from_numpy(y)
-        loss = nn.functional.cross_entropy(logits, labels).item()
-        accuracy = (logits.argmax(dim=1) == labels).float().mean().item()
-    model.train()
-    return accuracy, loss
 
 
 def main(cfg: RunConfig) -> int:
