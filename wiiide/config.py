@@ -22,7 +22,14 @@ import os
 import re
 from typing import Annotated, Any, Literal, Mapping
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from wiiide.codecs.policy import check_policy_name

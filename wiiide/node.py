@@ -45,6 +45,7 @@ class Heartbeats:
         self._thread = threading.Thread(target=self._loop, name="heartbeats", daemon=True)
 
     def start(self) -> "Heartbeats":
+        """Start the daemon thread that sends a heartbeat on every connection idle for `interval_s`; returns self."""
         self._thread.start()
         return self
 
@@ -57,6 +58,7 @@ class Heartbeats:
                     pass  # the main thread notices a broken connection on its next send or receive
 
     def stop(self) -> None:
+        """Ask the thread to stop (it ends within half an interval); does not wait."""
         self._stop.set()
 
 
@@ -95,6 +97,11 @@ class Connection:
         self.last_send = time.monotonic()
 
     def send(self, frames: Sequence[Frame]) -> None:
+        """Send frames in one scatter-gather call, serialised with the heartbeat thread, and count them.
+
+        Raises:
+            OSError: from the socket (a broken or timed-out connection).
+        """
         with self._send_lock:
             self._send_locked(frames)
 
@@ -133,6 +140,7 @@ class Connection:
         return msg
 
     def close(self) -> None:
+        """Close the socket; errors while closing are ignored (the peer is gone either way)."""
         try:
             self.sock.close()
         except OSError:
@@ -183,6 +191,7 @@ def run_node(cfg: RunConfig, metrics: NodeMetrics, log: TieredLog, main: Callabl
 
 
 def touch(path: str) -> None:
+    """Write ``ready`` into `path` (parents created); an empty path does nothing. Raises OSError."""
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text("ready\n")

@@ -118,6 +118,11 @@ class Message:
     payload_recv_s: float = 0.0  # from the end of the header to the last payload byte
 
     def tensor(self, name: str) -> np.ndarray:
+        """The array of the tensor called `name`.
+
+        Raises:
+            ProtocolError: the message has no such tensor.
+        """
         for t in self.tensors:
             if t.name == name:
                 return t.array
@@ -139,6 +144,7 @@ class Frame:
 
     @property
     def wire_nbytes(self) -> int:
+        """Bytes the frame takes on the wire: prefix + header + payload."""
         return sum(memoryview(b).nbytes for b in self.buffers)
 
 

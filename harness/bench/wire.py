@@ -42,8 +42,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from wiiide.codecs import codec_from_name
-from wiiide.codecs.policy import CompressionPolicy
 from wiiide.codecs.chunked import CodecPool
+from wiiide.codecs.policy import CompressionPolicy
 from wiiide.protocol import FrameReader, WireTensor, encode_message, send_frames
 
 SCHEMA_VERSION = 1

@@ -37,10 +37,29 @@ Modules, one job each (imports run down this list, never up):
   so this package does not re-export it: import `wiiide.codecs.policy` directly).
 """
 
-from wiiide.codecs.base import Buffer, Codec, NoCodec, TensorSpecs, byte_view, check_params
-from wiiide.codecs.lossless import Blosc2Codec, ByteCodec, Lz4Codec, ZlibCodec, ZstdCodec
+from wiiide.codecs.base import (
+    Buffer,
+    Codec,
+    NoCodec,
+    TensorSpecs,
+    byte_view,
+    check_params,
+)
+from wiiide.codecs.lossless import (
+    Blosc2Codec,
+    ByteCodec,
+    Lz4Codec,
+    ZlibCodec,
+    ZstdCodec,
+)
 from wiiide.codecs.lossy import Bf16Codec, Fp16Codec, Int8BlockCodec, TopKCodec
-from wiiide.codecs.registry import CODEC_CLASSES, CODEC_NAME_FORMS, REGISTRY, codec_from_name, decoder_for
+from wiiide.codecs.registry import (
+    CODEC_CLASSES,
+    CODEC_NAME_FORMS,
+    REGISTRY,
+    codec_from_name,
+    decoder_for,
+)
 
 __all__ = ["Buffer", "TensorSpecs", "Codec", "ByteCodec", "NoCodec", "ZlibCodec", "ZstdCodec", "Lz4Codec",
            "Blosc2Codec", "Fp16Codec", "Bf16Codec", "Int8BlockCodec", "TopKCodec", "CODEC_CLASSES", "REGISTRY",

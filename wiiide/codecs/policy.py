@@ -105,11 +105,13 @@ class LinkEstimate:
         self.rates_bps: deque[float] = deque(maxlen=window)
 
     def observe(self, payload_nbytes: int, seconds: float) -> None:
+        """Count one received payload of `payload_nbytes` bytes that took `seconds` (ignored below `min_bytes`)."""
         if payload_nbytes >= self.min_bytes and seconds > 0:
             self.rates_bps.append(8.0 * payload_nbytes / seconds)
 
     @property
     def bps(self) -> float | None:
+        """The estimated link rate in bit/s (the `quantile` of recent rates), None before any sample."""
         if not self.rates_bps:
             return None
         return float(np.quantile(np.fromiter(self.rates_bps, float), self.quantile))
@@ -239,6 +241,9 @@ class CompressionPolicy:
         return encode + 8.0 * raw_nbytes / s["ratio"] / bps + decode
 
     def candidates(self, kind: str, arrays: Sequence[np.ndarray] | None = None) -> list[str]:
+        """Codec names network-aware weighs for a message of `kind`: the lossless set, plus the lossy set for
+        float32 gradient messages once allowed and past warm-up.
+        """
         names = list(self._lossless_names)
         if self.allow_lossy and self._lossy_ready(kind, arrays):
             names += self._lossy_names

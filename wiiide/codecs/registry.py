@@ -13,7 +13,6 @@ from wiiide.codecs.lossless import Blosc2Codec, Lz4Codec, ZlibCodec, ZstdCodec
 from wiiide.codecs.lossy import Bf16Codec, Fp16Codec, Int8BlockCodec, TopKCodec
 from wiiide.errors import ProtocolError
 
-
 CODEC_CLASSES: tuple[type[Codec], ...] = (NoCodec, ZlibCodec, ZstdCodec, Lz4Codec, Blosc2Codec,
                                           Fp16Codec, Bf16Codec, Int8BlockCodec, TopKCodec)
 REGISTRY: dict[str, type[Codec]] = {cls.wire_id: cls for cls in CODEC_CLASSES}

@@ -61,8 +61,15 @@ from wiiide.engines.comm import IntervalTimer, estimate
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics, summarize
 from wiiide.model import build_mlp, evaluate
-from wiiide.node import (EXIT_CONNECT, EXIT_ERROR, EXIT_PEER_LOST, NodeFailure, run_node, touch,
-                         wait_for_start_gate)
+from wiiide.node import (
+    EXIT_CONNECT,
+    EXIT_ERROR,
+    EXIT_PEER_LOST,
+    NodeFailure,
+    run_node,
+    touch,
+    wait_for_start_gate,
+)
 
 RANK_KEY = "wiiide/next_rank"
 STOP_CHECK_EVERY_STEPS = 10
@@ -202,6 +209,7 @@ class TorchNode:
         self.timer = IntervalTimer()
 
     def run(self) -> int:
+        """Run this rank to the end and write its metrics file; returns the exit code (`wiiide.node` EXIT_*)."""
         return run_node(self.cfg, self.metrics, self.log, self._main)
 
     # ------------------------------------------------------------------------------------------
@@ -305,7 +313,12 @@ class TorchNode:
         cfg = self.cfg
         if not cfg.profile:
             return None
-        from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+        from torch.profiler import (
+            ProfilerActivity,
+            profile,
+            schedule,
+            tensorboard_trace_handler,
+        )
 
         out = Path(cfg.metrics_dir).resolve().parent / "profile"
         out.mkdir(parents=True, exist_ok=True)
@@ -436,4 +449,5 @@ class TorchNode:
 
 
 def main(cfg: RunConfig, role: str) -> int:
+    """Run a DDP or FSDP rank for `role` (``coordinator`` is rank 0); returns the exit code."""
     return TorchNode(cfg, role).run()
