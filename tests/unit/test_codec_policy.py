@@ -6,8 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from wiiide.codecs import CompressionPolicy, check_policy_name
-from wiiide.codecs.policy import LinkEstimate, parse_policy_name
+from wiiide.codecs.policy import (
+    CompressionPolicy,
+    LinkEstimate,
+    check_policy_name,
+    parse_policy_name,
+)
 from wiiide.config import RunConfig
 from wiiide.protocol import WireTensor
 
