@@ -236,8 +236,8 @@ class CompressionPolicy:
         if not s or s["samples"] == 0:
             return None
         bps = link_bps if link_bps is not None else self.link_bps()[0]
-        encode = raw_nbytes / s["encode_Bps"] if s["encode_Bps"] else 0.0
-        decode = raw_nbytes / s["decode_Bps"] if s["decode_Bps"] else 0.0
+        encode = raw_nbytes / s["encode_bytes_per_s"] if s["encode_bytes_per_s"] else 0.0
+        decode = raw_nbytes / s["decode_bytes_per_s"] if s["decode_bytes_per_s"] else 0.0
         return encode + 8.0 * raw_nbytes / s["ratio"] / bps + decode
 
     def candidates(self, kind: str, arrays: Sequence[np.ndarray] | None = None) -> list[str]:
@@ -280,7 +280,7 @@ class CompressionPolicy:
                 self._next_probe[kind] = n
                 interval = min(2 * interval, PROBE_BACKOFF_MAX * self.probe_every)  # backs off while nothing changes
             self._probe_interval[kind] = interval
-        stats.setdefault(choice, {"samples": 0, "ratio": 1.0, "encode_Bps": 0.0, "decode_Bps": 0.0,
+        stats.setdefault(choice, {"samples": 0, "ratio": 1.0, "encode_bytes_per_s": 0.0, "decode_bytes_per_s": 0.0,
                                   "last_used": 0})["last_used"] = n
         # The full record (with every estimate) is only built if it is kept (see _account).
         decision = {"message": n, "kind": kind, "raw_nbytes": raw_nbytes, "codec": choice, "reason": reason,
@@ -339,17 +339,17 @@ class CompressionPolicy:
         import, a burst of other work) would otherwise keep a good codec out for many messages.
         """
         s = self._stats.setdefault(kind, {}).setdefault(
-            codec_name, {"samples": 0, "ratio": 1.0, "encode_Bps": 0.0, "decode_Bps": 0.0, "last_used": 0})
+            codec_name, {"samples": 0, "ratio": 1.0, "encode_bytes_per_s": 0.0, "decode_bytes_per_s": 0.0, "last_used": 0})
         a = self.ema_alpha if s["samples"] else 1.0
         ratio = raw_nbytes / payload_nbytes if payload_nbytes else 1.0
         s["ratio"] += a * (ratio - s["ratio"])
         if codec_name != "none":
             for key, seconds in (("encode", encode_s), ("decode", decode_s)):
                 if seconds is not None and seconds > 0:
-                    recent = s.setdefault(f"{key}_Bps_recent", [])
+                    recent = s.setdefault(f"{key}_bytes_per_s_recent", [])
                     recent.append(raw_nbytes / seconds)
                     del recent[:-SPEED_WINDOW]
-                    s[f"{key}_Bps"] = max(recent)
+                    s[f"{key}_bytes_per_s"] = max(recent)
         s["samples"] += 1
 
     def observe_received(self, msg: Message) -> None:
