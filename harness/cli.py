@@ -20,6 +20,8 @@ def _log(line: str) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    """`sweep SPEC`: validate the spec, run every point and repeat, print the table and, last, the
+    report's path. Raises SpecError/ConfigError (exit 2) before anything starts, HarnessError (exit 1)."""
     from harness.present.table import format_table
     from harness.results.report import load_report
     from harness.spec.points import load_spec
@@ -36,6 +38,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    """`report [PATH...] [--html] [--out FILE]`: each report as a table and its path; with --html the
+    page's path last. Raises SpecError for --out without --html, HarnessError for an unreadable report."""
     from harness.present.table import format_table
     from harness.results.report import load_report, newest_report
     if args.out and not args.html:
@@ -100,23 +104,27 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_wire(args: argparse.Namespace) -> int:
+    """`bench-wire`: see `harness.bench.wire.cli`; writes its JSON and prints the tables."""
     from harness.bench.wire.cli import main_from_args
     return main_from_args(args, _log)
 
 
 def cmd_image(args: argparse.Namespace) -> int:
+    """`image [--force]`: build the node image and print its tag. Raises ClusterError without an engine."""
     from harness.run.image import build_image
     print(build_image(force=args.force, log=_log))
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    """`compare REPORT [REPORT]`: ratios against a baseline engine or report, with Welch's t-test p-values."""
     from harness.present.compare import compare
     print(compare(args.reports, args.metric, args.baseline, args.alpha, args.json))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every verb (`wiiide-lab --help`, `wiiide-lab VERB --help`)."""
     parser = argparse.ArgumentParser(prog="wiiide-lab", description="WIIIIIDE lab: run, shape, sweep and report WIIIIIDE clusters (also: python -m harness)")
     sub = parser.add_subparsers(dest="verb", required=True)
 
@@ -175,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one verb; return its exit code: 0 ok, 1 a HarnessError, 2 bad input (SpecError, ConfigError,
+    or an argument error from argparse), 130 Ctrl-C. Errors end as one line on stderr, not a traceback."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
