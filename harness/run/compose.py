@@ -16,31 +16,26 @@ import threading
 import time
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from harness import REPO_ROOT
-from harness.errors import ClusterError, LinkShapingError
+from harness.errors import ClusterError
 from harness.links.plan import Capabilities
-from harness.run.backend import (
-    Backend,
-    Progress,
-    RunResult,
-    collect_nodes,
-    default_timeout_s,
-    judge,
-)
+from harness.run.backend import Collected, PhaseClock, Progress
 from harness.run.docker_client import docker_client
-from harness.run.faults import FaultInjector
+from harness.run.faults import Controller
+from harness.run.image import DEFAULT_TAG
 from harness.run.shaping import START_GATE_FILE, ClusterConditions
 from harness.run.stats import parse_sample, summarize_samples
 from harness.run.tc_exec import probe_capabilities
 from harness.spec.cluster import ClusterSettings
+from harness.spec.faults import Fault
 from wiiide.auth import generate_secret
 from wiiide.config import RunConfig
 
 PROJECT = os.environ.get("WIIIIIDE_PROJECT", "wiiide")
 COMPOSE_FILE = REPO_ROOT / "compose.yaml"
-DEFAULT_IMAGE = "wiiide:latest"
+DEFAULT_IMAGE = DEFAULT_TAG  # wiiide:latest, or $WIIIIIDE_IMAGE
 SECRET_FILE = REPO_ROOT / "build" / "secrets" / f"{PROJECT}-secret"
 PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
@@ -217,111 +212,131 @@ class _ContainerController:
         self._link(target, "up")
 
 
-class ComposeBackend(Backend):
+class ComposeBackend:
+    """The ``docker`` `harness.run.backend.Backend`: a coordinator and N worker containers from
+    ``compose.yaml`` under the Compose project `PROJECT`, with links, limits and every fault."""
+
     name = "docker"
 
     def __init__(self, image_tag: str | None = None) -> None:
-        self.image = image_tag or os.environ.get("WIIIIIDE_IMAGE", DEFAULT_IMAGE)
+        """Raises ClusterError when no Docker engine answers."""
+        self.image = image_tag or DEFAULT_IMAGE
         self.client = docker_client()
         self._started = False
+        self._containers: list = []
+        self._readers: dict[str, _StatsReader] = {}
+        self._conditions: ClusterConditions | None = None
 
     def prepare(self, progress: Progress) -> None:
         """Check Compose and (re)build the image: minutes the first time, seconds when cached, and
-        never a stale copy of `wiiide/`."""
-        compose_command()
+        never a stale copy of `wiiide/`.
+
+        Raises:
+            ClusterError: no Compose, or the image cannot be built.
+        """
         from harness.run.image import build_image
+        compose_command()
         build_image(self.image, log=lambda line: progress(f"    image: {line}"))
 
     def describe(self) -> dict[str, Any]:
+        """Engine and API versions, Compose and its version, the image, the project, the storage driver."""
         version = self.client.version()
         return {"name": self.name, "engine_version": version.get("Version"), "api_version": version.get("ApiVersion"),
                 "compose": " ".join(compose_command()), "compose_version": compose_version(), "image": self.image,
                 "project": PROJECT, "storage_driver": self.client.info().get("Driver")}
 
-    def check_cluster(self, cluster: ClusterSettings) -> None:
-        """Links, CPU and memory limits: all applied here (harness/cluster/shaping.py)."""
+    def check_cluster(self, cluster: ClusterSettings | None) -> None:
+        """Links, CPU and memory limits: all applied here (harness.run.shaping); never raises."""
+
+    def check_faults(self, faults: Sequence[Fault]) -> None:
+        """Every fault action works on containers; never raises."""
 
     def _probe(self) -> Capabilities:
         return probe_capabilities(self.client, self.image, {PROJECT_LABEL: PROJECT})
 
-    def run(self, cfg: RunConfig, out_dir: Path, timeout_s: float | None, progress: Progress,
-            cluster: ClusterSettings | None = None, faults=()) -> RunResult:
-        conditions = ClusterConditions(cluster or ClusterSettings(), self._probe)
-        injector = None
-        out_dir = Path(out_dir).resolve()
-        logs_dir = out_dir / "logs"
-        logs_dir.mkdir(parents=True, exist_ok=True)
-        timeout_s = timeout_s or default_timeout_s(cfg)
-        t0 = time.monotonic()
-        status, error = "ok", None
-        readers: dict[str, _StatsReader] = {}
-        containers: list = []
-        exit_codes: dict[str, int | None] = {}
-        roles: dict[str, str] = {}
-        try:
+    def launch(self, cfg: RunConfig, out_dir: Path, cluster: ClusterSettings, progress: Progress,
+               clock: PhaseClock | None = None) -> list:
+        """Bring a cluster up as a sweep run does, without watching it: remove leftovers of the
+        project, plan the link shaping (probing the kernel once), start the containers, then set
+        limits, shape links and open the start gate. Each step is timed on `clock` (if given).
+        `wiiide-lab up` uses it for a long-running cluster; `start` for a sweep's run.
+
+        Returns:
+            The project's containers (docker SDK objects), coordinator and workers.
+
+        Raises:
+            ClusterError: Compose or the engine failed, or a limit could not be set.
+            LinkShapingError: a link profile cannot be applied (before any container starts, when
+                the kernel lacks a qdisc; else with the tc command and its message).
+        """
+        clock = clock or PhaseClock()
+        conditions = self._conditions = ClusterConditions(cluster, self._probe)
+        with clock.phase("clean"):
             cluster_down(progress)  # a clean slate: nothing left from an earlier, killed run
-            self._started = True
+        self._started = True
+        with clock.phase("plan"):
             conditions.plan(cfg.num_workers)  # before any container starts: a profile the kernel cannot apply fails here
-            if conditions.gated:  # the coordinator waits until links and limits are in force
-                cfg = cfg.replace(start_gate_file=START_GATE_FILE)
-            containers = cluster_up(cfg, out_dir, self.image, conditions.settings.compose_env())
-            for c in containers:
-                roles[c.name] = c.labels.get(SERVICE_LABEL, "?")
-                readers[c.name] = _StatsReader(c, t0)
-            if conditions.gated:
-                conditions.apply(containers, t0, progress)
-            injector = FaultInjector(list(faults), _ContainerController(containers), out_dir / "nodes",
-                                     wait_s=cfg.connect_timeout_s + 60).start()
-            next_note = t0 + 10
-            while True:
-                states = {}
-                for c in containers:
-                    c.reload()
-                    states[c.name] = c.status
-                if all(s in ("exited", "dead") for s in states.values()):
-                    break
-                now = time.monotonic()
-                if now - t0 > timeout_s:
-                    status, error = "failed", f"timed out after {timeout_s:.0f} s; containers still running were removed"
-                    break
-                if now >= next_note:
-                    running = sum(s == "running" for s in states.values())
-                    progress(f"    running: {now - t0:.0f} s of about {cfg.duration_s:.0f} s, {running} containers up")
-                    next_note = now + 10
-                time.sleep(0.5)
-        except (ClusterError, LinkShapingError) as exc:
-            status, error = "failed", str(exc)
-        finally:
-            if injector is not None:
-                injector.stop()
-            conditions.stop()
-            for reader in readers.values():
-                reader.stop()
-            for c in containers:
-                try:
-                    c.reload()
-                    exit_codes[c.name] = c.attrs["State"]["ExitCode"] if c.status in ("exited", "dead") else None
-                    (logs_dir / f"{c.name}.log").write_bytes(c.logs(stdout=True, stderr=True))
-                except Exception as exc:  # a container already gone: note it, keep going
-                    exit_codes.setdefault(c.name, None)
-                    progress(f"    could not read {c.name}: {exc}")
-            self.teardown()
-        nodes = collect_nodes(out_dir / "nodes")
-        judged_status, judged_error = judge(nodes, exit_codes, cfg.num_workers,
-                                            expected_dead=injector.affected if injector else frozenset(),
-                                            expected_node_ids=injector.affected_node_ids if injector else frozenset())
-        if status == "ok":
-            status, error = judged_status, judged_error
-        elif judged_error:
-            error = f"{error}; {judged_error}"
-        stats = {name: {"role": roles.get(name), "kind": "container", "exit_code": exit_codes.get(name),
-                        "samples": r.samples, "summary": summarize_samples(r.samples)}
-                 for name, r in readers.items()}
-        return RunResult(status, error, time.monotonic() - t0, nodes, stats, exit_codes, str(logs_dir),
-                         links=conditions.links, limits=conditions.limits,
-                         faults=injector.events if injector else [])
+        if conditions.gated:  # the coordinator waits until links and limits are in force
+            cfg = cfg.replace(start_gate_file=START_GATE_FILE)
+        with clock.phase("create"):
+            self._containers = cluster_up(cfg, out_dir, self.image, conditions.settings.compose_env())
+        if conditions.gated:
+            with clock.phase("shape"):
+                conditions.apply(self._containers, clock.t0, progress)
+            with clock.phase("gate"):
+                conditions.open_gate(self._containers, clock.t0)
+        return self._containers
+
+    def start(self, cfg: RunConfig, out_dir: Path, cluster: ClusterSettings, progress: Progress,
+              clock: PhaseClock) -> Controller:
+        """`launch` the cluster and stream every container's Engine API stats until `stop`.
+
+        Raises:
+            ClusterError, LinkShapingError: as `launch`.
+        """
+        containers = self.launch(cfg, out_dir, cluster, progress, clock)
+        for c in containers:
+            self._readers[c.name] = _StatsReader(c, clock.t0)
+        return _ContainerController(containers)
+
+    def poll(self) -> dict[str, str]:
+        """Each container's state from the Engine API (``running``, ``exited``, ``paused``...)."""
+        states = {}
+        for c in self._containers:
+            c.reload()
+            states[c.name] = c.status
+        return states
+
+    def stop(self) -> None:
+        """Stop reading link counters and container stats."""
+        if self._conditions is not None:
+            self._conditions.stop()
+        for reader in self._readers.values():
+            reader.stop()
+
+    def collect(self, logs_dir: Path, progress: Progress) -> Collected:
+        """Exit codes (None: still running), each container's log into `logs_dir`, stats, links, limits."""
+        exit_codes: dict[str, int | None] = {}
+        for c in self._containers:
+            try:
+                c.reload()
+                exit_codes[c.name] = c.attrs["State"]["ExitCode"] if c.status in ("exited", "dead") else None
+                (logs_dir / f"{c.name}.log").write_bytes(c.logs(stdout=True, stderr=True))
+            except Exception as exc:  # a container already gone: note it, keep going
+                exit_codes.setdefault(c.name, None)
+                progress(f"    could not read {c.name}: {exc}")
+        stats = {c.name: {"role": c.labels.get(SERVICE_LABEL, "?"), "kind": "container",
+                          "exit_code": exit_codes.get(c.name), "samples": self._readers[c.name].samples,
+                          "summary": summarize_samples(self._readers[c.name].samples)}
+                 for c in self._containers if c.name in self._readers}
+        conditions = self._conditions
+        return Collected(exit_codes=exit_codes, containers=stats,
+                         links=conditions.links if conditions else {}, limits=conditions.limits if conditions else {})
 
     def teardown(self) -> None:
+        """Remove the project's containers and network (`cluster_down`) if this backend started any."""
+        self.stop()
+        self._containers, self._readers, self._conditions = [], {}, None
         if self._started:
             cluster_down(lambda line: None)
             self._started = False

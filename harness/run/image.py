@@ -1,4 +1,4 @@
-"""Build the Docker image that runs WIIIIIDE nodes (``wiiide:latest``).
+"""Build the Docker image that runs WIIIIIDE nodes (``wiiide:latest``, or ``$WIIIIIDE_IMAGE``).
 
 Steps, each logged with the seconds it took:
 
@@ -43,7 +43,8 @@ DOCKERFILE = "docker/Dockerfile"  # relative to the build context (REPO_ROOT)
 PYPROJECT = REPO_ROOT / "pyproject.toml"
 NODE_REQUIREMENTS = WHEELHOUSE / "requirements-node.txt"  # derived from PYPROJECT, see node_requirements()
 
-DEFAULT_TAG = "wiiide:latest"
+# WIIIIIDE_IMAGE names another tag (e.g. one per checkout, so that two never overwrite each other's)
+DEFAULT_TAG = os.environ.get("WIIIIIDE_IMAGE") or "wiiide:latest"
 DEFAULT_BASE = "python:3.11-slim"
 LOCAL_BASE = "wiiide-base:bookworm"
 DEBIAN_SUITE = "bookworm"
