@@ -164,6 +164,18 @@ class _StatsReader:
         self._thread.join(timeout=3)
 
 
+def _lifetime(container) -> dict[str, str | None]:
+    """When the container's main process started and finished (UTC, RFC 3339 as the Engine API gives
+    it; None when not yet), from ``State.StartedAt`` / ``State.FinishedAt``."""
+    state = container.attrs.get("State") or {}
+
+    def stamp(key: str) -> str | None:
+        value = state.get(key)
+        return None if not value or value.startswith("0001-") else value
+
+    return {"started_at_utc": stamp("StartedAt"), "finished_at_utc": stamp("FinishedAt")}
+
+
 class _ContainerController:
     """Fault actions on the project's containers (harness.run.faults.Controller), through the Engine API.
 
@@ -326,7 +338,8 @@ class ComposeBackend:
                 exit_codes.setdefault(c.name, None)
                 progress(f"    could not read {c.name}: {exc}")
         stats = {c.name: {"role": c.labels.get(SERVICE_LABEL, "?"), "kind": "container",
-                          "exit_code": exit_codes.get(c.name), "samples": self._readers[c.name].samples,
+                          "exit_code": exit_codes.get(c.name), **_lifetime(c),
+                          "samples": self._readers[c.name].samples,
                           "summary": summarize_samples(self._readers[c.name].samples)}
                  for c in self._containers if c.name in self._readers}
         conditions = self._conditions
