@@ -222,6 +222,7 @@ class Sampler:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def start(self) -> "Sampler":
+        """Start sampling on the daemon thread; returns self."""
         self._thread.start()
         return self
 
@@ -231,5 +232,6 @@ class Sampler:
             self._stop.wait(self._interval_s)
 
     def stop(self) -> None:
+        """Stop sampling; waits up to 10 s for a sample under way."""
         self._stop.set()
         self._thread.join(timeout=10)

@@ -1,27 +1,32 @@
-"""The Docker backend: one coordinator and N worker containers from ``compose.yaml``.
+"""The Docker backend: one coordinator and N worker containers as ``compose.yaml`` describes them.
 
-Works with Compose v2 (``docker compose``) and v1 (``docker-compose`` 1.29); `compose_command`
-detects which is present. Container stats come from the Docker Engine API through the docker SDK
-(one streaming reader per container), turned into figures with docker's own CLI formulas
-(`harness.run.stats`). Every container of the project carries the Compose project label, so teardown
-finds what a killed run left behind.
+The services of compose.yaml are created through the Docker Engine API (`harness.run.compose_file`:
+the network, the coordinator, then the workers in parallel), with Compose's own labels and names, so
+no Compose binary is needed and ``docker-compose -p PROJECT ps`` still sees the cluster. Container
+stats come from the Engine API through the docker SDK (one streaming reader per container), turned
+into figures with docker's own CLI formulas (`harness.run.stats`). Every container and the network
+carry the Compose project label, so teardown (`cluster_down`) finds what a killed run left behind.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import threading
 import time
-from functools import lru_cache
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from harness import REPO_ROOT
 from harness.errors import ClusterError
 from harness.links.plan import Capabilities
 from harness.run.backend import Collected, PhaseClock, Progress
+from harness.run.compose_file import (
+    NETWORK_LABEL,
+    PROJECT_LABEL,
+    SERVICE_LABEL,
+    load_project,
+)
 from harness.run.docker_client import docker_client
 from harness.run.faults import Controller
 from harness.run.image import DEFAULT_TAG
@@ -37,46 +42,6 @@ PROJECT = os.environ.get("WIIIIIDE_PROJECT", "wiiide")
 COMPOSE_FILE = REPO_ROOT / "compose.yaml"
 DEFAULT_IMAGE = DEFAULT_TAG  # wiiide:latest, or $WIIIIIDE_IMAGE
 SECRET_FILE = REPO_ROOT / "build" / "secrets" / f"{PROJECT}-secret"
-PROJECT_LABEL = "com.docker.compose.project"
-SERVICE_LABEL = "com.docker.compose.service"
-
-
-@lru_cache(maxsize=1)
-def compose_command() -> tuple[str, ...]:
-    """``("docker", "compose")`` (v2) when it answers, else ``("docker-compose",)`` (v1).
-
-    Raises ClusterError when neither is installed.
-    """
-    candidates = [("docker", "compose"), ("docker-compose",)]
-    for cmd in candidates:
-        if shutil.which(cmd[0]) is None:
-            continue
-        try:
-            out = subprocess.run([*cmd, "version"], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if out.returncode == 0:
-            return cmd
-    raise ClusterError("no Docker Compose found: install the v2 plugin (docker-compose-plugin) or v1 "
-                       "(Debian: apt-get install docker-compose); `make docker-engine` does it here")
-
-
-def compose_version() -> str:
-    out = subprocess.run([*compose_command(), "version"], capture_output=True, text=True, timeout=30)
-    return (out.stdout.strip().splitlines() or ["?"])[0]
-
-
-def compose(args: list[str], env: dict[str, str] | None = None, timeout_s: float = 300) -> subprocess.CompletedProcess:
-    """Run a Compose command on the project; raise ClusterError with the command and its output on failure."""
-    cmd = [*compose_command(), "-p", PROJECT, "-f", str(COMPOSE_FILE), *args]
-    try:
-        out = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise ClusterError(f"`{' '.join(cmd)}` did not finish within {timeout_s:.0f} s") from None
-    if out.returncode != 0:
-        tail = "\n".join((out.stderr or out.stdout).strip().splitlines()[-15:])
-        raise ClusterError(f"`{' '.join(cmd)}` failed (exit {out.returncode}):\n{tail}")
-    return out
 
 
 def compose_env(cfg: RunConfig, results_dir: Path, image: str) -> dict[str, str]:
@@ -104,37 +69,105 @@ def write_cluster_secret() -> Path:
 
 
 def project_containers(client=None) -> list:
+    """Every container (running or not) with the project's Compose label, as docker SDK objects.
+
+    Raises:
+        ClusterError: no engine answers (when `client` is None).
+    """
     client = client or docker_client()
     return client.containers.list(all=True, filters={"label": f"{PROJECT_LABEL}={PROJECT}"})
 
 
 def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE,
                extra_env: dict[str, str] | None = None) -> list:
-    """Start the project's coordinator and `cfg.num_workers` workers detached; return the containers.
+    """Start the project's coordinator and `cfg.num_workers` workers, detached; return the containers
+    (docker SDK objects, the coordinator first, then workers 1..N).
 
-    `extra_env`: more Compose variables (e.g. WIIIIIDE_WORKER_CPUS from `ClusterSettings.compose_env`).
+    The services are those of compose.yaml (`harness.run.compose_file`), created through the Engine
+    API: the network, the coordinator, then every worker in parallel without waiting for the
+    coordinator's healthcheck (a worker retries connecting for ``connect_timeout_s``).
+    `extra_env`: more compose.yaml variables (e.g. WIIIIIDE_WORKER_CPUS from `ClusterSettings.compose_env`).
+
+    Raises:
+        ClusterError: compose.yaml cannot be read, or the engine refused a network or container
+            (with its message); whatever was created is left for `cluster_down`.
     """
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "nodes").mkdir(exist_ok=True)
     write_cluster_secret()
-    compose(["up", "-d", "--no-build", "--scale", f"worker={cfg.num_workers}"],
-            env={**compose_env(cfg, results_dir.resolve(), image), **(extra_env or {})},
-            timeout_s=cfg.connect_timeout_s + 120)
-    return project_containers()
-
-
-def cluster_down(progress: Progress = print) -> None:
-    """Remove every container and network of the project, including leftovers of a killed run."""
-    try:
-        compose(["down", "--volumes", "--remove-orphans", "--timeout", "5"],
-                env=compose_env(RunConfig(), REPO_ROOT / "results" / "cluster", DEFAULT_IMAGE), timeout_s=120)
-    except ClusterError as exc:
-        progress(f"compose down failed, removing by label instead: {exc}")
+    project = load_project(COMPOSE_FILE, PROJECT,
+                           {**compose_env(cfg, results_dir.resolve(), image), **(extra_env or {})})
     client = docker_client()
-    for container in project_containers(client):
-        container.remove(force=True)
+    try:
+        client.networks.create(project.network_name, driver="bridge",
+                               labels={**project.labels(), NETWORK_LABEL: project.network})
+    except Exception as exc:  # docker.errors.APIError: e.g. a leftover of the same name
+        raise ClusterError(f"cannot create network {project.network_name}: {exc}") from None
+
+    def start(item: tuple[str, int]):
+        service, number = item
+        kwargs = project.create_kwargs(service, number)
+        aliases = [service] + ([kwargs["hostname"]] if kwargs.get("hostname") else [])
+        kwargs["networking_config"] = {project.network_name: client.api.create_endpoint_config(aliases=aliases)}
+        try:
+            container = client.containers.create(**kwargs)
+            container.start()
+        except Exception as exc:  # docker.errors.APIError / ImageNotFound
+            raise ClusterError(f"cannot start {kwargs['name']} from {kwargs['image']}: {exc}") from None
+        return container
+
+    coordinator = start(("coordinator", 1))
+    workers = [("worker", i) for i in range(1, cfg.num_workers + 1)]
+    with ThreadPoolExecutor(max_workers=max(1, min(PARALLEL_CALLS, len(workers)))) as pool:
+        return [coordinator, *pool.map(start, workers)]
+
+
+DOWN_GRACE_S = 5  # seconds a running node has after SIGTERM before SIGKILL, as `compose down --timeout 5`
+PARALLEL_CALLS = 8  # Engine API calls in flight at once when stopping and removing containers
+
+
+def _in_parallel(action: Callable[[Any], None], items: list) -> list[str]:
+    """Run `action(item)` for every item on up to `PARALLEL_CALLS` threads; return one line per
+    failure (``"<name>: <error>"``) instead of raising, so one stuck container does not keep the rest."""
+    def attempt(item) -> str | None:
+        try:
+            action(item)
+        except Exception as exc:  # docker.errors.NotFound (already gone) and APIError: report, go on
+            if type(exc).__name__ == "NotFound":
+                return None
+            return f"{getattr(item, 'name', item)}: {exc}"
+        return None
+
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_CALLS, len(items))) as pool:
+        return [line for line in pool.map(attempt, items) if line]
+
+
+def cluster_down(progress: Progress = print, grace_s: float = DOWN_GRACE_S) -> None:
+    """Remove every container and network of the project (Compose project label), leftovers of a
+    killed run included, through the Engine API, in parallel.
+
+    Running containers get SIGTERM and `grace_s` seconds before SIGKILL (as ``compose down --timeout
+    5``); exited ones are removed at once, with their anonymous volumes. Qdiscs and ifb devices live
+    in the containers' network namespaces and go with them. Nothing to remove costs one API call.
+
+    Raises:
+        ClusterError: no engine answers, or something of the project is still there afterwards.
+    """
+    client = docker_client()
+    containers = project_containers(client)
+    running = [c for c in containers if c.status in ("running", "restarting")]
+    problems = _in_parallel(lambda c: c.stop(timeout=int(grace_s)), running)
+    problems += _in_parallel(lambda c: c.remove(force=True, v=True), containers)
     for network in client.networks.list(filters={"label": f"{PROJECT_LABEL}={PROJECT}"}):
-        network.remove()
+        problems += _in_parallel(lambda n: n.remove(), [network])
+    for line in problems:
+        progress(f"    cluster down: {line}")
+    left = project_containers(client)
+    if left:
+        raise ClusterError(f"cluster down: {len(left)} containers of project {PROJECT} are still there "
+                           f"({', '.join(c.name for c in left)}): {'; '.join(problems) or 'no error given'}")
 
 
 class _StatsReader:
@@ -151,17 +184,18 @@ class _StatsReader:
     def _loop(self) -> None:
         try:
             for raw in self.container.stats(stream=True, decode=True):
+                if self._stop.is_set():
+                    return
                 record = parse_sample(raw, time.monotonic() - self._t0)
                 if record is not None:
                     self.samples.append(record)
-                if self._stop.is_set():
-                    return
         except Exception:  # the container went away: the stream ends, keep what we have
             return
 
     def stop(self) -> None:
+        """Keep no sample from now on. Returns at once: the thread, blocked on the stream until the
+        next sample (about a second), ends by itself, at the latest when the container is removed."""
         self._stop.set()
-        self._thread.join(timeout=3)
 
 
 def _lifetime(container) -> dict[str, str | None]:
@@ -198,15 +232,19 @@ class _ContainerController:
             raise ClusterError(f"no container for {target}; have {sorted(self._by_target)}") from None
 
     def kill(self, target: str) -> None:
+        """SIGKILL the target's container."""
         self._get(target).kill()
 
     def restart(self, target: str) -> None:
+        """Start the target's (killed) container again."""
         self._get(target).start()
 
     def pause(self, target: str) -> None:
+        """Freeze the target's container (cgroup freezer)."""
         self._get(target).pause()
 
     def resume(self, target: str) -> None:
+        """Thaw the target's container."""
         self._get(target).unpause()
 
     def _link(self, target: str, state: str) -> None:
@@ -215,12 +253,15 @@ class _ContainerController:
             raise ClusterError(f"`ip link set eth0 {state}` in {target} failed ({code}): {out.decode(errors='replace')[:300]}")
 
     def node_id(self, target: str) -> str:
+        """The target's node id: its container's hostname."""
         return self._get(target).attrs["Config"]["Hostname"]  # a worker's node id is its hostname
 
     def disconnect(self, target: str) -> None:
+        """Set the target's eth0 down (ClusterError when `ip` fails)."""
         self._link(target, "down")
 
     def reconnect(self, target: str) -> None:
+        """Set the target's eth0 up again (ClusterError when `ip` fails)."""
         self._link(target, "up")
 
 
@@ -240,21 +281,20 @@ class ComposeBackend:
         self._conditions: ClusterConditions | None = None
 
     def prepare(self, progress: Progress) -> None:
-        """Check Compose and (re)build the image: minutes the first time, seconds when cached, and
-        never a stale copy of `wiiide/`.
+        """(Re)build the image: minutes the first time, seconds when cached, and never a stale copy of
+        `wiiide/`.
 
         Raises:
-            ClusterError: no Compose, or the image cannot be built.
+            ClusterError: the image cannot be built.
         """
         from harness.run.image import build_image
-        compose_command()
         build_image(self.image, log=lambda line: progress(f"    image: {line}"))
 
     def describe(self) -> dict[str, Any]:
-        """Engine and API versions, Compose and its version, the image, the project, the storage driver."""
+        """Engine and API versions, how containers are made, the image, the project, the storage driver."""
         version = self.client.version()
         return {"name": self.name, "engine_version": version.get("Version"), "api_version": version.get("ApiVersion"),
-                "compose": " ".join(compose_command()), "compose_version": compose_version(), "image": self.image,
+                "compose": "compose.yaml through the Engine API (harness.run.compose_file)", "image": self.image,
                 "project": PROJECT, "storage_driver": self.client.info().get("Driver")}
 
     def check_cluster(self, cluster: ClusterSettings | None) -> None:
@@ -312,12 +352,10 @@ class ComposeBackend:
         return _ContainerController(containers)
 
     def poll(self) -> dict[str, str]:
-        """Each container's state from the Engine API (``running``, ``exited``, ``paused``...)."""
-        states = {}
-        for c in self._containers:
-            c.reload()
-            states[c.name] = c.status
-        return states
+        """Each container's state (``running``, ``exited``, ``paused``...), from one Engine API list call."""
+        listed = {name.lstrip("/"): item.get("State") for item in self.client.api.containers(
+            all=True, filters={"label": f"{PROJECT_LABEL}={PROJECT}"}) for name in item.get("Names") or ()}
+        return {c.name: listed.get(c.name, "exited") for c in self._containers}  # a removed one has exited
 
     def stop(self) -> None:
         """Stop reading link counters and container stats."""

@@ -183,25 +183,31 @@ class _ProcessController:
         os.killpg(proc.pid, sig)
 
     def kill(self, target: str) -> None:
+        """SIGKILL the target's process group and wait for it."""
         self._signal(target, signal.SIGKILL)
         self._procs[target].wait(timeout=10)
 
     def restart(self, target: str) -> None:
+        """Spawn the (exited) target again, same node id; ClusterError while it runs."""
         proc = self._procs.get(target)
         if proc is not None and proc.poll() is None:
             raise ClusterError(f"{target} is still running")
         self._spawn(target)
 
     def pause(self, target: str) -> None:
+        """SIGSTOP the target's process group."""
         self._signal(target, signal.SIGSTOP)
 
     def resume(self, target: str) -> None:
+        """SIGCONT the target's process group."""
         self._signal(target, signal.SIGCONT)
 
     def node_id(self, target: str) -> str:
+        """``local-<target>``, as the node was spawned."""
         return f"local-{target}"  # as spawn() names it
 
     def disconnect(self, target: str) -> None:
+        """Always ClusterError: processes share loopback."""
         raise ClusterError("the local backend cannot disconnect a node")
 
     reconnect = disconnect

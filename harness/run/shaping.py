@@ -152,6 +152,7 @@ class ClusterConditions:
                           counter_reads=record["counter_reads"] + 1)
 
     def stop(self) -> None:
+        """Stop reading the qdisc counters; the last reading stands as each container's end counters."""
         if self._sampler is not None:
             self._sampler.stop()
             self._sampler = None
