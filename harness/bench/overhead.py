@@ -8,6 +8,8 @@ through the same loop a sweep uses (`harness.run.loop.run_point`). For every run
 - ``phases_s``: the harness's seconds per phase (`harness.run.backend.PhaseClock`: ``clean``,
   ``plan``, ``create``, ``shape``, ``gate``, ``run``, ``stop``, ``collect``, ``teardown``);
 - ``train_time_s``: the coordinator's own seconds in its training loop (its metrics file);
+- ``nodes_s``: the nodes' side of the ``run`` phase (`node_phases`): start-up to training, training,
+  and after training to the last container's exit;
 - ``overhead_s``: the run's wall time minus ``train_time_s`` (everything that is not training:
   the harness's phases and the nodes' start-up, connecting, evaluation and exit);
 - ``load_average``: the machine's 1/5/15-minute load average before and after (``os.getloadavg``).
@@ -77,9 +79,44 @@ def measure_point(backend: Backend, num_workers: int, duration_s: float, out_dir
         "status": result.status, "error": result.error, "wall_s": round(wall_s, 3),
         "train_time_s": train_time_s, "coordinator_wall_time_s": coordinator.get("wall_time_s"),
         "overhead_s": round(wall_s - train_time_s, 3) if train_time_s is not None else None,
-        "phases_s": result.phases_s,
+        "phases_s": result.phases_s, "nodes_s": node_phases(result.containers, coordinator),
         "load_average_before": load_before, "load_average_after": list(os.getloadavg()),
     }
+
+
+def _utc_s(stamp: str | None) -> float | None:
+    """An RFC 3339 / ISO 8601 UTC time (the Engine API's nanoseconds cut to microseconds) -> POSIX seconds."""
+    if not stamp:
+        return None
+    text = stamp.replace("Z", "+00:00")
+    head, dot, rest = text.partition(".")
+    if dot:
+        digits = "".join(ch for ch in rest if ch.isdigit())
+        text = f"{head}.{digits[:6]}{rest[len(digits):]}"
+    return datetime.fromisoformat(text).timestamp()
+
+
+def node_phases(containers: dict[str, dict[str, Any]], coordinator: dict[str, Any]) -> dict[str, float | None]:
+    """The nodes' side of the harness's ``run`` phase, in seconds, from the containers' start and finish
+    times (Engine API) and the coordinator's metrics (its end and ``train_time_s``):
+
+    - ``to_training_s``: first container started -> training started (imports, data, connecting);
+    - ``train_time_s``: the coordinator's training loop;
+    - ``after_training_s``: training ended -> last container finished (evaluation, metrics, exit).
+
+    Training is taken to end when the coordinator's metrics were written, less nothing: its
+    evaluation after training (milliseconds for the bench's model) counts as after training. All
+    None on the local backend (processes carry no start/finish times).
+    """
+    starts = [_utc_s(c.get("started_at_utc")) for c in containers.values()]
+    ends = [_utc_s(c.get("finished_at_utc")) for c in containers.values()]
+    coordinator_end = _utc_s(coordinator.get("ended_at_utc"))
+    train_s = coordinator.get("train_time_s")
+    if not starts or None in starts or None in ends or coordinator_end is None or train_s is None:
+        return {"to_training_s": None, "train_time_s": train_s, "after_training_s": None}
+    train_start = coordinator_end - train_s
+    return {"to_training_s": round(train_start - min(starts), 3), "train_time_s": round(train_s, 3),
+            "after_training_s": round(max(ends) - coordinator_end, 3)}
 
 
 def _stats(values: Sequence[float]) -> dict[str, float | int | None]:
@@ -104,6 +141,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "train_time_s": _stats([r["train_time_s"] for r in ok]),
             "overhead_s": _stats([r["overhead_s"] for r in ok]),
             "phases_s": {name: _stats([r["phases_s"].get(name) for r in ok]) for name in phases},
+            "nodes_s": {name: _stats([r["nodes_s"].get(name) for r in ok])
+                        for name in ("to_training_s", "train_time_s", "after_training_s")},
         }
     return summary
 
@@ -111,16 +150,17 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def format_summary(summary: dict[str, Any]) -> str:
     """A plain text table: one row per worker count, median seconds of the overhead and each phase."""
     phases = list(dict.fromkeys(p for s in summary.values() for p in s["phases_s"]))
-    head = ["cluster", "runs", "wall", "train", "overhead", *phases]
+    head = ["cluster", "runs", "wall", "train", "overhead", *phases, "| to_train", "after_train"]
     rows = [head]
     for name, s in summary.items():
         def med(stat: dict[str, Any]) -> str:
             return "-" if stat["median"] is None else f"{stat['median']:.1f}"
         rows.append([name, f"{s['runs_ok']}/{s['runs']}", med(s["wall_s"]), med(s["train_time_s"]),
-                     med(s["overhead_s"]), *(med(s["phases_s"][p]) if p in s["phases_s"] else "-" for p in phases)])
+                     med(s["overhead_s"]), *(med(s["phases_s"][p]) if p in s["phases_s"] else "-" for p in phases),
+                     med(s["nodes_s"]["to_training_s"]), med(s["nodes_s"]["after_training_s"])])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
-    return "median seconds\n" + "\n".join(lines)
+    return ("median seconds (harness phases; after |: the nodes' side of `run`)\n" + "\n".join(lines))
 
 
 def run_bench(workers: Sequence[int], repeats: int, duration_s: float, backend_name: str, results_dir: Path,
