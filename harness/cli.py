@@ -142,9 +142,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         c.reload()
         print(f"{c.name}\t{c.status}")
     cfg = point.config
-    asked = ", ".join(f"{k}={v}" for k, v in point.cluster.to_dict().items() if v) or "no links or limits"
+    cluster = point.cluster
+    asked = [f"link {cluster.link.label}"] if cluster.link else []
+    for name, values in (("cpus", cluster.cpus), ("mem_limit", cluster.mem_limit)):
+        if values is not None:
+            asked.append(f"{name} " + " ".join(f"{k}={v}" for k, v in values.values.items()))
     _log(f"cluster up in {clock.elapsed_s():.1f} s ({', '.join(f'{k} {v:.1f} s' for k, v in clock.phases_s.items())}): "
-         f"1 coordinator + {cfg.num_workers} workers training for {cfg.duration_s:g} s; {asked}; "
+         f"1 coordinator + {cfg.num_workers} workers training for {cfg.duration_s:g} s; "
+         f"{', '.join(asked) or 'no links or limits'}; "
          f"node metrics in {results / 'nodes'}; `make cluster-down` removes it")
     return 0
 
