@@ -85,7 +85,8 @@ def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE,
 
     The services are those of compose.yaml (`harness.run.compose_file`), created through the Engine
     API: the network, the coordinator, then every worker in parallel without waiting for the
-    coordinator's healthcheck (a worker retries connecting for ``connect_timeout_s``).
+    coordinator's healthcheck (a worker retries connecting for ``connect_timeout_s``). Workers get
+    the coordinator's address in /etc/hosts (``extra_hosts``) besides the network's DNS alias.
     `extra_env`: more compose.yaml variables (e.g. WIIIIIDE_WORKER_CPUS from `ClusterSettings.compose_env`).
 
     Raises:
@@ -104,9 +105,11 @@ def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE,
     except Exception as exc:  # docker.errors.APIError: e.g. a leftover of the same name
         raise ClusterError(f"cannot create network {project.network_name}: {exc}") from None
 
-    def start(item: tuple[str, int]):
+    def start(item: tuple[str, int], extra_hosts: dict[str, str] | None = None):
         service, number = item
         kwargs = project.create_kwargs(service, number)
+        if extra_hosts:
+            kwargs["extra_hosts"] = extra_hosts
         aliases = [service] + ([kwargs["hostname"]] if kwargs.get("hostname") else [])
         kwargs["networking_config"] = {project.network_name: client.api.create_endpoint_config(aliases=aliases)}
         try:
@@ -117,9 +120,14 @@ def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE,
         return container
 
     coordinator = start(("coordinator", 1))
+    coordinator.reload()
+    address = (coordinator.attrs["NetworkSettings"]["Networks"].get(project.network_name) or {}).get("IPAddress")
+    # workers find the coordinator in their /etc/hosts, not only through the engine's embedded DNS,
+    # which was seen to answer NXDOMAIN for a whole run while the shared engine's Swarm state changed
+    hosts = {"coordinator": address} if address else {}
     workers = [("worker", i) for i in range(1, cfg.num_workers + 1)]
     with ThreadPoolExecutor(max_workers=max(1, min(PARALLEL_CALLS, len(workers)))) as pool:
-        return [coordinator, *pool.map(start, workers)]
+        return [coordinator, *pool.map(lambda item: start(item, hosts), workers)]
 
 
 DOWN_GRACE_S = 5  # seconds a running node has after SIGTERM before SIGKILL, as `compose down --timeout 5`
@@ -164,10 +172,11 @@ def cluster_down(progress: Progress = print, grace_s: float = DOWN_GRACE_S) -> N
         problems += _in_parallel(lambda n: n.remove(), [network])
     for line in problems:
         progress(f"    cluster down: {line}")
-    left = project_containers(client)
+    left = [c.name for c in project_containers(client)]
+    left += [f"network {n.name}" for n in client.networks.list(filters={"label": f"{PROJECT_LABEL}={PROJECT}"})]
     if left:
-        raise ClusterError(f"cluster down: {len(left)} containers of project {PROJECT} are still there "
-                           f"({', '.join(c.name for c in left)}): {'; '.join(problems) or 'no error given'}")
+        raise ClusterError(f"cluster down: {', '.join(left)} of project {PROJECT} still there: "
+                           f"{'; '.join(problems) or 'no error given'}")
 
 
 class _StatsReader:
