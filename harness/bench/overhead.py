@@ -80,6 +80,10 @@ def measure_point(backend: Backend, num_workers: int, duration_s: float, out_dir
         "train_time_s": train_time_s, "coordinator_wall_time_s": coordinator.get("wall_time_s"),
         "overhead_s": round(wall_s - train_time_s, 3) if train_time_s is not None else None,
         "phases_s": result.phases_s, "nodes_s": node_phases(result.containers, coordinator),
+        "lifetimes": {name: {"started_at_utc": c.get("started_at_utc"), "finished_at_utc": c.get("finished_at_utc"),
+                             "exit_code": c.get("exit_code")} for name, c in result.containers.items()},
+        "node_times": {name: {"started_at_utc": n.get("started_at_utc"), "ended_at_utc": n.get("ended_at_utc")}
+                       for name, n in result.nodes.items()},
         "load_average_before": load_before, "load_average_after": list(os.getloadavg()),
     }
 
