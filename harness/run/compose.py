@@ -168,8 +168,7 @@ def cluster_down(progress: Progress = print, grace_s: float = DOWN_GRACE_S) -> N
     running = [c for c in containers if c.status in ("running", "restarting")]
     problems = _in_parallel(lambda c: c.stop(timeout=int(grace_s)), running)
     problems += _in_parallel(lambda c: c.remove(force=True, v=True), containers)
-    for network in client.networks.list(filters={"label": f"{PROJECT_LABEL}={PROJECT}"}):
-        problems += _in_parallel(lambda n: n.remove(), [network])
+    problems += _in_parallel(lambda n: n.remove(), client.networks.list(filters={"label": f"{PROJECT_LABEL}={PROJECT}"}))
     for line in problems:
         progress(f"    cluster down: {line}")
     left = [c.name for c in project_containers(client)]
