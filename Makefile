@@ -4,6 +4,7 @@
 
 PYTHON ?= python3
 WORKERS ?= 2
+SET ?=
 CONFIG ?= experiments/quick.yaml
 BACKEND ?= auto
 PYTEST_ARGS ?=
@@ -37,8 +38,9 @@ docker-engine-stop:
 image: setup docker-engine
 	$(PYTHON) -m harness image
 
+# SET="key=value ..." takes any RunConfig field or cluster key, as a sweep point (link=rate-100m cpus=0.5).
 cluster-up: setup
-	$(PYTHON) -m harness up --workers $(WORKERS)
+	$(PYTHON) -m harness up --workers $(WORKERS) $(foreach s,$(SET),--set $(s))
 
 cluster-down: setup
 	$(PYTHON) -m harness down

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from harness import REPO_ROOT
 from harness.errors import HarnessError, SpecError
@@ -55,22 +56,104 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_up(args: argparse.Namespace) -> int:
-    from harness.run.compose import cluster_up
-    from harness.run.docker_client import engine_problem
-    from harness.run.image import ensure_image
-    from wiiide.config import RunConfig
+UP_DEFAULT_DURATION_S = 300.0  # a long-running cluster trains for 5 minutes unless told otherwise
 
-    problem = engine_problem()
-    if problem:
-        raise HarnessError(f"no Docker engine answered ({problem}); start one with `make docker-engine`")
-    ensure_image(log=_log)
-    cfg = RunConfig(num_workers=args.workers, duration_s=args.duration_s)
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
+    """``["link=rate-100m", "cpus=0.5"]`` -> ``{"link": "rate-100m", "cpus": 0.5}``; each value is read
+    as YAML (numbers, true/false, ``{rate: 100mbit}``), as it would be in a sweep spec.
+
+    Raises:
+        SpecError: an item has no ``=``, or its value is not valid YAML.
+    """
+    import yaml
+
+    values: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(f"--set {item!r}: expected key=value, e.g. --set link=rate-100m --set cpus=0.5")
+        try:
+            values[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise SpecError(f"--set {item!r}: the value is not valid YAML: {exc}") from None
+    return values
+
+
+def up_point(args: argparse.Namespace):
+    """The `harness.spec.points.Point` that ``up`` starts, validated exactly as a sweep point.
+
+    Without ``--spec``: one point of ``base: {num_workers: --workers (2), duration_s: --duration-s
+    (300), **--set}``. With ``--spec FILE --point N``: point N (0-based) of that spec, with ``--set``
+    values (and ``--workers`` / ``--duration-s`` when given) put in its ``base`` first.
+
+    Raises:
+        SpecError: a bad key or value (naming it and what is allowed), a --set key that is one of
+            the spec's axes, N out of range, or a spec with faults or host_sysctls (sweeps only).
+    """
+    import yaml
+
+    from harness.spec.points import build_spec
+
+    sets = _parse_set(args.set or [])
+    shortcuts = {"num_workers": args.workers, "duration_s": args.duration_s}
+    for key, value in shortcuts.items():
+        if value is not None:
+            if key in sets and sets[key] != value:
+                raise SpecError(f"--set {key}={sets[key]} and --{key.replace('num_', '').replace('_', '-')} "
+                                f"{value} disagree: give one")
+            sets[key] = value
+    if args.spec is None:
+        if args.point is not None:
+            raise SpecError("--point N chooses a point of --spec FILE: give the spec too")
+        data: dict[str, Any] = {"name": "cluster", "base": {"num_workers": 2, "duration_s": UP_DEFAULT_DURATION_S,
+                                                             **sets}}
+        source = "--set"
+    else:
+        source = str(args.spec)
+        try:
+            data = yaml.safe_load(Path(args.spec).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise SpecError(f"{source}: cannot read the spec: {exc}") from None
+        if not isinstance(data, dict):
+            raise SpecError(f"{source}: expected a mapping (a sweep spec)")
+        axes = data.get("axes") or {}
+        clash = sorted(set(sets) & set(axes))
+        if clash:
+            raise SpecError(f"--set {clash[0]}: {clash[0]} is an axis of {source}; choose its value with --point N")
+        data = {**data, "base": {**(data.get("base") or {}), **sets}}
+    spec = build_spec(data, source)
+    if spec.faults or spec.host_sysctls:
+        raise SpecError(f"{source}: faults and host_sysctls are for sweeps (`wiiide-lab sweep`); "
+                        f"`up` starts a cluster and leaves it running")
+    index = args.point if args.point is not None else 0
+    if not 0 <= index < len(spec.points):
+        raise SpecError(f"--point {index}: {source} has points 0..{len(spec.points) - 1}")
+    return spec.points[index]
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from harness.run.backend import PhaseClock
+    from harness.run.select import select_backend
+
+    point = up_point(args)  # validated before anything starts
+    backend = select_backend("docker", _log)
     results = (REPO_ROOT / "results" / "cluster").resolve()
-    containers = cluster_up(cfg, results)
+    (results / "nodes").mkdir(parents=True, exist_ok=True)
+    clock = PhaseClock()
+    containers = backend.launch(point.config, results, point.cluster, _log, clock)
     for c in containers:
+        c.reload()
         print(f"{c.name}\t{c.status}")
-    _log(f"cluster up: 1 coordinator + {args.workers} workers training for {args.duration_s:g} s; "
+    cfg = point.config
+    cluster = point.cluster
+    asked = [f"link {cluster.link.label}"] if cluster.link else []
+    for name, values in (("cpus", cluster.cpus), ("mem_limit", cluster.mem_limit)):
+        if values is not None:
+            asked.append(f"{name} " + " ".join(f"{k}={v}" for k, v in values.values.items()))
+    _log(f"cluster up in {clock.elapsed_s():.1f} s ({', '.join(f'{k} {v:.1f} s' for k, v in clock.phases_s.items())}): "
+         f"1 coordinator + {cfg.num_workers} workers training for {cfg.duration_s:g} s; "
+         f"{', '.join(asked) or 'no links or limits'}; "
          f"node metrics in {results / 'nodes'}; `make cluster-down` removes it")
     return 0
 
@@ -83,7 +166,8 @@ def cmd_down(args: argparse.Namespace) -> int:
         _log(f"no Docker engine answered ({problem}): nothing to remove")
         return 0
     cluster_down(_log)
-    _log("cluster down: no container or network of the project is left")
+    _log("cluster down: no container or network of the project is left (their qdiscs and ifb devices "
+         "lived in the containers' network namespaces and went with them)")
     return 0
 
 
@@ -106,6 +190,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_bench_wire(args: argparse.Namespace) -> int:
     """`bench-wire`: see `harness.bench.wire.cli`; writes its JSON and prints the tables."""
     from harness.bench.wire.cli import main_from_args
+    return main_from_args(args, _log)
+
+
+def cmd_bench_overhead(args: argparse.Namespace) -> int:
+    from harness.bench.overhead import main_from_args
     return main_from_args(args, _log)
 
 
@@ -147,9 +236,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="where the HTML page goes (with --html)")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("up", help="start a cluster in containers (1 coordinator + N workers)")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--duration-s", type=float, default=300.0, help="how long the cluster trains (s)")
+    p = sub.add_parser("up", help="start a long-running cluster in containers with a sweep point's knobs "
+                                  "(1 coordinator + N workers, links shaped, limits set, then training)")
+    p.add_argument("--workers", type=int, help="number of workers (default 2; = --set num_workers=N)")
+    p.add_argument("--duration-s", type=float,
+                   help=f"how long the cluster trains, s (default {UP_DEFAULT_DURATION_S:g}; = --set duration_s=S)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="any RunConfig field or cluster key as in a spec's base, e.g. --set link=rate-100m "
+                        "--set cpus=0.5 --set compression=zlib-1 (repeatable; values read as YAML)")
+    p.add_argument("--spec", help="a sweep spec whose point --point N to start (with its links and limits)")
+    p.add_argument("--point", type=int, help="0-based index of the spec's point (default 0)")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("down", help="remove the cluster's containers and network")
@@ -165,6 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.bench.wire.cli import add_arguments
     add_arguments(p)
     p.set_defaults(func=cmd_bench_wire)
+
+    p = sub.add_parser("bench-overhead", help="the harness's own seconds per point, phase by phase, "
+                                              "at 1+4 and 1+8 containers (JSON)")
+    from harness.bench.overhead import add_arguments as add_overhead_arguments
+    add_overhead_arguments(p)
+    p.set_defaults(func=cmd_bench_overhead)
 
     p = sub.add_parser("image", help="build the node image (wheelhouse, local base when no registry)")
     p.add_argument("--force", action="store_true")
