@@ -12,9 +12,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import psutil
 
@@ -36,6 +38,32 @@ from wiiide.config import RunConfig
 
 SAMPLE_INTERVAL_S = 0.5  # seconds between psutil samples of each node process
 STOP_GRACE_S = 5.0  # seconds a node has to exit after SIGTERM before SIGKILL
+
+
+@contextmanager
+def _signals_deferred(signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Hold SIGINT/SIGTERM for the ``with`` body and hand the first one that came to the handler that
+    was in place, once the body is done (main thread only; elsewhere signals are not delivered anyway).
+    Unlike blocking them with ``pthread_sigmask``, nothing is inherited by the processes started inside."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[tuple[int, Any]] = []
+    previous = {s: signal.signal(s, lambda signum, frame: pending.append((signum, frame))) for s in signums}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if pending:
+            signum, frame = pending[0]
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)
 
 
 def free_port() -> int:
@@ -97,10 +125,14 @@ class LocalBackend:
         def spawn(name: str) -> None:
             role = "coordinator" if name == "coordinator" else "worker"
             env = dict(base_env, WIIIIIDE_NODE_ID=f"local-{name}")  # a restarted node keeps its id
-            with open(logs_dir / f"{name}.log", "ab") as log:
-                proc = subprocess.Popen([sys.executable, "-m", "wiiide", role], env=env, cwd=REPO_ROOT,
-                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            self._procs[name] = proc
+            # SIGINT/SIGTERM deferred until the process is registered: the sweep's handler raises, and
+            # a node spawned but not yet in self._procs would outlive the teardown (seen when Ctrl-C
+            # came as the next point started)
+            with _signals_deferred():
+                with open(logs_dir / f"{name}.log", "ab") as log:
+                    proc = subprocess.Popen([sys.executable, "-m", "wiiide", role], env=env, cwd=REPO_ROOT,
+                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                self._procs[name] = proc
             try:
                 self._handles[name] = psutil.Process(proc.pid)
             except psutil.Error:
