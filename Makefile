@@ -4,6 +4,7 @@
 
 PYTHON ?= python3
 WORKERS ?= 2
+SET ?=
 CONFIG ?= experiments/quick.yaml
 BACKEND ?= auto
 PYTEST_ARGS ?=
@@ -37,9 +38,10 @@ docker-engine-stop:
 image: setup docker-engine
 	$(PYTHON) -m harness image
 
-# BACKEND=swarm: a stack on Docker Swarm (started on this node when the engine is in none)
+# SET="key=value ..." takes any RunConfig field or cluster key, as a sweep point (link=rate-100m cpus=0.5).
+# BACKEND=swarm: a stack on Docker Swarm (started on this node when the engine is in none).
 cluster-up: setup
-	$(PYTHON) -m harness up --workers $(WORKERS) $(if $(filter swarm,$(BACKEND)),--backend swarm)
+	$(PYTHON) -m harness up --workers $(WORKERS) $(foreach s,$(SET),--set $(s)) $(if $(filter swarm,$(BACKEND)),--backend swarm)
 
 cluster-down: setup
 	$(PYTHON) -m harness down $(if $(filter swarm,$(BACKEND)),--backend swarm)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from harness import REPO_ROOT
 from harness.errors import HarnessError, SpecError
@@ -20,14 +21,16 @@ def _log(line: str) -> None:
 
 
 def _use_image(args: argparse.Namespace) -> None:
-    """``--image REPO:TAG``: the node image every backend builds and runs (WIIIIIDE_IMAGE); on a swarm
-    of several nodes, a tag in a registry they share (the swarm backend pushes it)."""
+    """``--image REPO:TAG``: the node image the docker and swarm backends build and run (it becomes
+    WIIIIIDE_IMAGE); on a swarm of several nodes, a tag in a registry they share (the swarm backend pushes it)."""
     import os
     if getattr(args, "image", None):
         os.environ["WIIIIIDE_IMAGE"] = args.image
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    """`sweep SPEC`: validate the spec, run every point and repeat, print the table and, last, the
+    report's path. Raises SpecError/ConfigError (exit 2) before anything starts, HarnessError (exit 1)."""
     from harness.present.table import format_table
     from harness.results.report import load_report
     from harness.spec.points import load_spec
@@ -45,6 +48,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    """`report [PATH...] [--html] [--out FILE]`: each report as a table and its path; with --html the
+    page's path last. Raises SpecError for --out without --html, HarnessError for an unreadable report."""
     from harness.present.table import format_table
     from harness.results.report import load_report, newest_report
     if args.out and not args.html:
@@ -60,33 +65,107 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_up(args: argparse.Namespace) -> int:
-    from harness.run.compose import cluster_up
-    from harness.run.docker_client import engine_problem
-    from harness.run.image import ensure_image
-    from wiiide.config import RunConfig
+UP_DEFAULT_DURATION_S = 300.0  # a long-running cluster trains for 5 minutes unless told otherwise
 
-    problem = engine_problem()
-    if problem:
-        raise HarnessError(f"no Docker engine answered ({problem}); start one with `make docker-engine`")
-    cfg = RunConfig(num_workers=args.workers, duration_s=args.duration_s)
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
+    """``["link=rate-100m", "cpus=0.5"]`` -> ``{"link": "rate-100m", "cpus": 0.5}``; each value is read
+    as YAML (numbers, true/false, ``{rate: 100mbit}``), as it would be in a sweep spec.
+
+    Raises:
+        SpecError: an item has no ``=``, or its value is not valid YAML.
+    """
+    import yaml
+
+    values: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(f"--set {item!r}: expected key=value, e.g. --set link=rate-100m --set cpus=0.5")
+        try:
+            values[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise SpecError(f"--set {item!r}: the value is not valid YAML: {exc}") from None
+    return values
+
+
+def up_point(args: argparse.Namespace):
+    """The `harness.spec.points.Point` that ``up`` starts, validated exactly as a sweep point.
+
+    Without ``--spec``: one point of ``base: {num_workers: --workers (2), duration_s: --duration-s
+    (300), **--set}``. With ``--spec FILE --point N``: point N (0-based) of that spec, with ``--set``
+    values (and ``--workers`` / ``--duration-s`` when given) put in its ``base`` first.
+
+    Raises:
+        SpecError: a bad key or value (naming it and what is allowed), a --set key that is one of
+            the spec's axes, N out of range, or a spec with faults or host_sysctls (sweeps only).
+    """
+    import yaml
+
+    from harness.spec.points import build_spec
+
+    sets = _parse_set(args.set or [])
+    shortcuts = {"num_workers": args.workers, "duration_s": args.duration_s}
+    for key, value in shortcuts.items():
+        if value is not None:
+            if key in sets and sets[key] != value:
+                raise SpecError(f"--set {key}={sets[key]} and --{key.replace('num_', '').replace('_', '-')} "
+                                f"{value} disagree: give one")
+            sets[key] = value
+    if args.spec is None:
+        if args.point is not None:
+            raise SpecError("--point N chooses a point of --spec FILE: give the spec too")
+        data: dict[str, Any] = {"name": "cluster", "base": {"num_workers": 2, "duration_s": UP_DEFAULT_DURATION_S,
+                                                             **sets}}
+        source = "--set"
+    else:
+        source = str(args.spec)
+        try:
+            data = yaml.safe_load(Path(args.spec).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise SpecError(f"{source}: cannot read the spec: {exc}") from None
+        if not isinstance(data, dict):
+            raise SpecError(f"{source}: expected a mapping (a sweep spec)")
+        axes = data.get("axes") or {}
+        clash = sorted(set(sets) & set(axes))
+        if clash:
+            raise SpecError(f"--set {clash[0]}: {clash[0]} is an axis of {source}; choose its value with --point N")
+        data = {**data, "base": {**(data.get("base") or {}), **sets}}
+    spec = build_spec(data, source)
+    if spec.faults or spec.host_sysctls:
+        raise SpecError(f"{source}: faults and host_sysctls are for sweeps (`wiiide-lab sweep`); "
+                        f"`up` starts a cluster and leaves it running")
+    index = args.point if args.point is not None else 0
+    if not 0 <= index < len(spec.points):
+        raise SpecError(f"--point {index}: {source} has points 0..{len(spec.points) - 1}")
+    return spec.points[index]
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from harness.run.backend import PhaseClock
+    from harness.run.select import select_backend
+
+    point = up_point(args)  # validated before anything starts
+    _use_image(args)
+    backend = select_backend(args.backend, _log)
     results = (REPO_ROOT / "results" / "cluster").resolve()
-    if args.backend == "swarm":
-        from harness.run import swarm
-        _use_image(args)
-        containers = swarm.cluster_up(cfg, results, progress=_log)
-        for c in containers:
-            print(f"{c.name}\t{c.status}\tnode {c.node}")
-        _log(f"stack {swarm.stack_name()} up: 1 coordinator + {args.workers} workers training for "
-             f"{args.duration_s:g} s; node metrics in {results / 'nodes'}; `python -m harness down --backend swarm` "
-             "removes it (and leaves a swarm the harness started)")
-        return 0
-    ensure_image(log=_log)
-    containers = cluster_up(cfg, results)
+    (results / "nodes").mkdir(parents=True, exist_ok=True)
+    clock = PhaseClock()
+    containers = backend.launch(point.config, results, point.cluster, _log, clock)
     for c in containers:
-        print(f"{c.name}\t{c.status}")
-    _log(f"cluster up: 1 coordinator + {args.workers} workers training for {args.duration_s:g} s; "
-         f"node metrics in {results / 'nodes'}; `make cluster-down` removes it")
+        c.reload()
+        print(f"{c.name}\t{c.status}" + (f"\tnode {c.node}" if args.backend == "swarm" else ""))
+    cfg = point.config
+    cluster = point.cluster
+    asked = [f"link {cluster.link.label}"] if cluster.link else []
+    for name, values in (("cpus", cluster.cpus), ("mem_limit", cluster.mem_limit)):
+        if values is not None:
+            asked.append(f"{name} " + " ".join(f"{k}={v}" for k, v in values.values.items()))
+    _log(f"cluster up in {clock.elapsed_s():.1f} s ({', '.join(f'{k} {v:.1f} s' for k, v in clock.phases_s.items())}): "
+         f"1 coordinator + {cfg.num_workers} workers training for {cfg.duration_s:g} s; "
+         f"{', '.join(asked) or 'no links or limits'}; "
+         f"node metrics in {results / 'nodes'}; `make cluster-down{' BACKEND=swarm' if args.backend == 'swarm' else ''}` "
+         "removes it")
     return 0
 
 
@@ -100,10 +179,12 @@ def cmd_down(args: argparse.Namespace) -> int:
     if args.backend == "swarm":
         from harness.run import swarm
         swarm.cluster_down(_log)
-        _log(f"stack down: no service, network or secret of stack {swarm.stack_name()} is left")
+        _log(f"stack down: no service, task, network or secret of stack {swarm.stack_name()} is left, and a "
+             "swarm the harness started has been left")
         return 0
     cluster_down(_log)
-    _log("cluster down: no container or network of the project is left")
+    _log("cluster down: no container or network of the project is left (their qdiscs and ifb devices "
+         "lived in the containers' network namespaces and went with them)")
     return 0
 
 
@@ -124,30 +205,40 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_wire(args: argparse.Namespace) -> int:
+    """`bench-wire`: see `harness.bench.wire.cli`; writes its JSON and prints the tables."""
     from harness.bench.wire.cli import main_from_args
     return main_from_args(args, _log)
 
 
+def cmd_bench_overhead(args: argparse.Namespace) -> int:
+    from harness.bench.overhead import main_from_args
+    return main_from_args(args, _log)
+
+
 def cmd_image(args: argparse.Namespace) -> int:
+    """`image [--force]`: build the node image and print its tag. Raises ClusterError without an engine."""
     from harness.run.image import build_image
     print(build_image(force=args.force, log=_log))
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    """`compare REPORT [REPORT]`: ratios against a baseline engine or report, with Welch's t-test p-values."""
     from harness.present.compare import compare
     print(compare(args.reports, args.metric, args.baseline, args.alpha, args.json))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every verb (`wiiide-lab --help`, `wiiide-lab VERB --help`)."""
     parser = argparse.ArgumentParser(prog="wiiide-lab", description="WIIIIIDE lab: run, shape, sweep and report WIIIIIDE clusters (also: python -m harness)")
     sub = parser.add_subparsers(dest="verb", required=True)
 
     p = sub.add_parser("sweep", help="run a sweep spec and write its JSON report")
     p.add_argument("spec", help="a YAML sweep spec, e.g. experiments/quick.yaml")
     p.add_argument("--backend", choices=["auto", "docker", "swarm", "local"], default="auto",
-                   help="auto: docker when an engine answers, else local (default); swarm: a Docker Swarm stack")
+                   help="auto: docker when an engine answers, else local (default); swarm: a stack per run on "
+                        "Docker Swarm (a single-node swarm is started and left again when the engine is in none)")
     p.add_argument("--repeats", type=int, help="override the spec's repeats")
     p.add_argument("--image", metavar="REPO:TAG", help="the node image (default: $WIIIIIDE_IMAGE or wiiide:latest); "
                                                         "with a swarm of several nodes, a registry tag they can pull")
@@ -165,13 +256,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="where the HTML page goes (with --html)")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("up", help="start a cluster in containers (1 coordinator + N workers)")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--duration-s", type=float, default=300.0, help="how long the cluster trains (s)")
+    p = sub.add_parser("up", help="start a long-running cluster in containers with a sweep point's knobs "
+                                  "(1 coordinator + N workers, links shaped, limits set, then training)")
+    p.add_argument("--workers", type=int, help="number of workers (default 2; = --set num_workers=N)")
+    p.add_argument("--duration-s", type=float,
+                   help=f"how long the cluster trains, s (default {UP_DEFAULT_DURATION_S:g}; = --set duration_s=S)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="any RunConfig field or cluster key as in a spec's base, e.g. --set link=rate-100m "
+                        "--set cpus=0.5 --set compression=zlib-1 (repeatable; values read as YAML)")
+    p.add_argument("--spec", help="a sweep spec whose point --point N to start (with its links and limits)")
+    p.add_argument("--point", type=int, help="0-based index of the spec's point (default 0)")
     p.add_argument("--backend", choices=["docker", "swarm"], default="docker",
-                   help="docker: Compose containers (default); swarm: a stack on Docker Swarm")
-    p.add_argument("--image", metavar="REPO:TAG", help="with --backend swarm: the node image (a registry tag the "
-                                                        "swarm's nodes can pull when there are several)")
+                   help="docker: containers from compose.yaml (default); swarm: a stack on Docker Swarm")
+    p.add_argument("--image", metavar="REPO:TAG", help="the node image (a registry tag the swarm's nodes can "
+                                                        "pull when there are several)")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("down", help="remove the cluster's containers and network")
@@ -190,6 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(p)
     p.set_defaults(func=cmd_bench_wire)
 
+    p = sub.add_parser("bench-overhead", help="the harness's own seconds per point, phase by phase, "
+                                              "at 1+4 and 1+8 containers (JSON)")
+    from harness.bench.overhead import add_arguments as add_overhead_arguments
+    add_overhead_arguments(p)
+    p.set_defaults(func=cmd_bench_overhead)
+
     p = sub.add_parser("image", help="build the node image (wheelhouse, local base when no registry)")
     p.add_argument("--force", action="store_true")
     p.set_defaults(func=cmd_image)
@@ -207,6 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one verb; return its exit code: 0 ok, 1 a HarnessError, 2 bad input (SpecError, ConfigError,
+    or an argument error from argparse), 130 Ctrl-C. Errors end as one line on stderr, not a traceback."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -27,6 +27,7 @@ from harness.present.progress import (
 from harness.results.report import ReportWriter, utc_now
 from harness.results.totals import repeat_totals
 from harness.run.backend import Backend, default_timeout_s
+from harness.run.loop import run_point
 from harness.run.machine import commit_info, machine_info
 from harness.run.select import select_backend
 from harness.run.status import LIVE_SOURCES, Training, live_training_source
@@ -139,10 +140,11 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
                     try:
                         # profile: true traces the first repeat only (the profiler slows the steps it records)
                         config = p.config.replace(profile=False) if (repeat and p.config.profile) else p.config
-                        result = backend.run(config, out_dir, spec.timeout_s or default_timeout_s(config), note,
-                                             cluster=p.cluster, faults=spec.faults)
+                        result = run_point(backend, config, out_dir, spec.timeout_s or default_timeout_s(config),
+                                           note, cluster=p.cluster, faults=spec.faults)
                         record = {"repeat": repeat, "status": result.status, "error": result.error,
                                   "started_at_utc": started, "elapsed_s": result.elapsed_s,
+                                  "phases_s": result.phases_s,
                                   "totals": repeat_totals(result.nodes, result.containers, result.links),
                                   "nodes": result.nodes, "containers": result.containers,
                                   "links": result.links, "limits": result.limits, "faults": result.faults,

@@ -14,6 +14,9 @@ from wiiide.errors import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one node; returns the exit code (0 done, 1 error, 2 bad configuration, 3 no connection,
+    4 peer lost, 143 SIGTERM). A `ConfigError` becomes one line on stderr and exit code 2.
+    """
     parser = argparse.ArgumentParser(prog="python -m wiiide", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("role", choices=["coordinator", "worker"])

@@ -67,6 +67,7 @@ def generate_secret() -> str:
 
 
 def new_nonce() -> str:
+    """A fresh random challenge: 2 x NONCE_BYTES lowercase hex characters (`secrets.token_hex`)."""
     return secrets.token_hex(NONCE_BYTES)
 
 
@@ -75,10 +76,16 @@ def _mac(secret: bytes, *parts: object) -> str:
 
 
 def hello_mac(secret: bytes, version: int, nonce_c: str, nonce_w: str, node_id: str) -> str:
+    """HMAC-SHA256 (hex, 64 characters) of a worker's hello over the protocol version, both nonces
+    and its node id, keyed with the shared secret (bytes).
+    """
     return _mac(secret, "wiiide-hello", version, nonce_c, nonce_w, node_id)
 
 
 def welcome_mac(secret: bytes, version: int, nonce_w: str, nonce_c: str, rank: int) -> str:
+    """HMAC-SHA256 (hex, 64 characters) of the coordinator's welcome over the protocol version, both
+    nonces (in the other order than hello's) and the rank it assigns, keyed with the shared secret.
+    """
     return _mac(secret, "wiiide-welcome", version, nonce_w, nonce_c, rank)
 
 

@@ -1,10 +1,18 @@
 """Run configuration of a WIIIIIDE node (coordinator or worker).
 
-One flat dataclass, `RunConfig`, holds every knob of the seeds' studies (socket buffer sizes and
-options, compression, logging tier) and of the run (model, data, duration). It is built from a dict
-(`RunConfig.from_dict`, used by the harness with sweep points) or from ``WIIIIIDE_<FIELD>`` environment
-variables (`RunConfig.from_env`, used inside containers), and validated when built: a bad value raises
-`ConfigError` naming the field and what is allowed, before any socket is opened.
+One flat, immutable pydantic-settings model, `RunConfig`, holds every knob of the seeds' studies
+(socket buffer sizes and options, compression, logging tier) and of the run (model, data, duration).
+It is built from keyword arguments, from a dict (`RunConfig.from_dict`, used by the harness with sweep
+points) or from ``WIIIIIDE_<FIELD>`` environment variables (`RunConfig.from_env`, used inside
+containers), and validated when built: a bad value raises `ConfigError` naming the field, the value
+and what is allowed, before any socket is opened.
+
+Values may be strings (as the environment and YAML give them): booleans are ``1/0``, ``true/false``,
+``yes/no`` or ``on/off``; ``*_bytes`` fields are sizes read by `wiiide.units.parse_size_bytes`
+(``"256k"`` = 262,144, ``"8MiB"``; IEC: k = 1,024); ``link_bandwidth_bps`` takes a bare number of
+bit/s or a rate read by `wiiide.units.parse_rate_bps` (``"100mbit"``; SI: k = 1,000);
+``hidden_sizes`` takes ``"64,32"``, ``"64 32"`` or a list. `RunConfig.json_schema` gives the JSON
+Schema of the fields, their defaults, bounds and (under ``allowed``) what each accepts.
 """
 
 from __future__ import annotations
@@ -12,10 +20,21 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from wiiide.codecs.policy import check_policy_name
 from wiiide.errors import ConfigError
+from wiiide.units import parse_rate_bps, parse_size_bytes
 
 ENV_PREFIX = "WIIIIIDE_"
 MIB = 1024 * 1024
@@ -29,96 +48,293 @@ MIXED_PRECISIONS = ("none", "bf16")
 ZLIB_LEVELS = tuple(range(1, 10))
 COMPRESSION_CHOICES = ("none", "adaptive") + tuple(f"zlib-{level}" for level in ZLIB_LEVELS)
 
+# Variables with the prefix that are not RunConfig fields but are used by the project's shell.
+_ENV_IGNORED = {"require_docker", "secret", "secret_file", "image", "results_dir", "workers", "project"}
 
-@dataclass(frozen=True)
-class RunConfig:
-    """Every knob of one WIIIIIDE run. Units are in the field names.
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+# --- parsing of values given as strings (environment, YAML) or as Python values ---------------------
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError("expected a boolean (1/0, true/false, yes/no, on/off)")
+
+
+def _to_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError("expected an integer, got a boolean")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("expected an integer")
+        return int(value)
+    if isinstance(value, str):
+        if not re.fullmatch(r"\s*[+-]?\d+\s*", value):
+            raise ValueError("expected an integer")
+        return int(value)
+    if isinstance(value, int):
+        return value
+    raise ValueError("expected an integer")
+
+
+def _to_size_bytes(value: Any, info: ValidationInfo) -> int:
+    return parse_size_bytes(value, info.field_name)  # UnitError is a ValueError: becomes a ConfigError
+
+
+def _to_rate_bps(value: Any, info: ValidationInfo) -> int:
+    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):
+        return int(value)  # a bare number: bit/s, as the field's name says
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _to_int(value)
+    return parse_rate_bps(value, info.field_name)
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("expected a number, got a boolean")
+    if not isinstance(value, (str, int, float)):
+        raise ValueError("expected a number")
+    return float(value)
+
+
+def _to_str(value: Any) -> str:
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise ValueError("expected a string")
+    return str(value)
+
+
+def _to_int_tuple(value: Any) -> tuple[int, ...]:
+    if isinstance(value, str):
+        parts = [p for p in re.split(r"[,\s]+", value.strip()) if p]
+    elif isinstance(value, (list, tuple)):
+        parts = list(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        parts = [value]
+    else:
+        raise ValueError("expected a list of integers")
+    return tuple(_to_int(p) for p in parts)
+
+
+def _buffer_size(value: int) -> int:
+    if value != 0 and not 4096 <= value <= 1024 * MIB:
+        raise ValueError("out of range")
+    return value
+
+
+def _policy_name(value: str) -> str:
+    problem = check_policy_name(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+Bool = Annotated[bool, BeforeValidator(_to_bool)]
+Int = Annotated[int, BeforeValidator(_to_int)]
+SizeBytes = Annotated[int, BeforeValidator(_to_size_bytes)]
+RateBps = Annotated[int, BeforeValidator(_to_rate_bps)]
+Float = Annotated[float, BeforeValidator(_to_float)]
+Str = Annotated[str, BeforeValidator(_to_str)]
+LayerWidths = Annotated[tuple[Annotated[int, Field(ge=1, le=65536)], ...],
+                        BeforeValidator(_to_int_tuple)]
+BufferBytes = Annotated[SizeBytes, AfterValidator(_buffer_size)]
+PolicyName = Annotated[Str, AfterValidator(_policy_name)]
+
+
+def _field(default: Any, allowed: str, description: str, **constraints: Any) -> Any:
+    """A field with its default, bounds and the text `ConfigError` gives as what is allowed."""
+    return Field(default, description=description, json_schema_extra={"allowed": allowed}, **constraints)
+
+
+_TIMEOUT = f"0 < x <= {MAX_TIMEOUT_S:g} seconds"  # finite and at most a day: socket.settimeout overflows on inf
+
+
+class RunConfig(BaseSettings):
+    """Every knob of one WIIIIIDE run. Units are in the field names; immutable once built.
 
     Defaults follow the seeds' "current implementation": 8 MiB socket buffers, TCP_NODELAY and
     TCP_QUICKACK on, 256 KiB receive chunks, 30 s runs, `normal` logging.
+
+    ``RunConfig(**fields)`` takes only its arguments (the environment is read by `from_env` alone, so
+    the harness never builds a node's config from its own ``WIIIIIDE_*`` shell variables).
+
+    Raises:
+        ConfigError: an unknown field, a value of the wrong type or out of range, or an option the
+            chosen engine cannot apply; the message names the field, the value and what is allowed.
     """
 
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, case_sensitive=False, extra="forbid", frozen=True,
+                                      validate_default=True)
+
     # --- topology -------------------------------------------------------------------------------
-    coordinator_host: str = "127.0.0.1"  # where workers connect
-    bind_host: str = "127.0.0.1"  # where the coordinator listens (0.0.0.0 in containers)
-    port: int = 29500
-    num_workers: int = 2
-    node_id: str = ""  # empty: the hostname (workers get their rank from the coordinator)
+    coordinator_host: Str = _field("127.0.0.1", "a host name or address", "where workers connect")
+    bind_host: Str = _field("127.0.0.1", "a host name or address",
+                            "where the coordinator listens (0.0.0.0 in containers)")
+    port: Int = _field(29500, "1..65535", "TCP port of the coordinator", ge=1, le=65535)
+    num_workers: Int = _field(2, "1..256", "workers in the run", ge=1, le=256)
+    node_id: Str = _field("", "any string", "empty: the hostname (workers get their rank from the coordinator)")
 
     # --- data and model -------------------------------------------------------------------------
-    dataset: str = "digits"
-    synthetic_samples: int = 4096
-    synthetic_features: int = 256
-    synthetic_classes: int = 10
-    test_fraction: float = 0.2
-    hidden_sizes: tuple[int, ...] = (64,)
-    batch_size: int = 32  # samples per worker per step
-    learning_rate: float = 0.1
-    momentum: float = 0.0
-    seed: int = 0
-    torch_threads: int = 1  # intra-op threads per node (0: torch's default, one per core)
+    dataset: Literal["digits", "synthetic"] = _field("digits", " | ".join(DATASETS), "training data")
+    synthetic_samples: Int = _field(4096, ">= 20", "synthetic dataset: samples", ge=20)
+    synthetic_features: Int = _field(256, "1..1000000", "synthetic dataset: features per sample",
+                                     ge=1, le=1_000_000)
+    synthetic_classes: Int = _field(10, "2..100000", "synthetic dataset: classes", ge=2, le=100_000)
+    test_fraction: Float = _field(0.2, "0 < x < 1", "share of samples held out for evaluation", gt=0.0, lt=1.0)
+    hidden_sizes: LayerWidths = _field((64,), "1..16 layer widths, each 1..65536", "MLP hidden layer widths",
+                                       min_length=1, max_length=16)
+    batch_size: Int = _field(32, "1..65536", "samples per worker per step", ge=1, le=65536)
+    learning_rate: Float = _field(0.1, "0 < x <= 100", "SGD learning rate", gt=0.0, le=100.0)
+    momentum: Float = _field(0.0, "0 <= x < 1", "SGD momentum", ge=0.0, lt=1.0)
+    seed: Int = _field(0, "any integer", "seed of the model's initial weights and of the data")
+    torch_threads: Int = _field(1, "0 (torch default) .. 256",
+                                "intra-op threads per node (0: torch's default, one per core)", ge=0, le=256)
 
     # --- run length -----------------------------------------------------------------------------
-    duration_s: float = 30.0
-    max_steps: int = 0  # 0: no step limit, stop on duration_s only
-    warmup_steps: int = 10  # first steps left out of the Training Summary's step timings
+    duration_s: Float = _field(30.0, _TIMEOUT, "training time, seconds", gt=0.0, le=MAX_TIMEOUT_S)
+    max_steps: Int = _field(0, ">= 0 (0: no limit)", "0: no step limit, stop on duration_s only", ge=0)
+    warmup_steps: Int = _field(10, "0..100000", "first steps left out of the Training Summary's step timings",
+                               ge=0, le=100_000)
 
     # --- engine: which training system runs on the same containers (wiiide/engines/) ----------
-    engine: str = "wiiide"  # wiiide (the parameter server) | ddp | fsdp (PyTorch over gloo)
-    ddp_comm_hook: str = "none"  # ddp: none | fp16 | powersgd
-    powersgd_rank: int = 1  # ddp with powersgd: matrix approximation rank
-    fsdp_reshard_after_forward: bool = True  # fsdp: True is FULL_SHARD, False SHARD_GRAD_OP-like
-    grad_accum_steps: int = 1  # ddp/fsdp: micro-batches per optimizer step (one gradient sync per step)
-    mixed_precision: str = "none"  # ddp/fsdp: none | bf16 (CPU autocast; fsdp: bf16 parameters)
-    profile: bool = False  # ddp/fsdp: torch.profiler traces into the run's folder (metrics_dir's parent)
+    engine: Literal["wiiide", "ddp", "fsdp"] = _field(
+        "wiiide", " | ".join(ENGINES), "wiiide (the parameter server) | ddp | fsdp (PyTorch over gloo)")
+    ddp_comm_hook: Literal["none", "fp16", "powersgd"] = _field(
+        "none", " | ".join(DDP_COMM_HOOKS), "ddp: none | fp16 | powersgd")
+    powersgd_rank: Int = _field(1, "1..64", "ddp with powersgd: matrix approximation rank", ge=1, le=64)
+    fsdp_reshard_after_forward: Bool = _field(True, "a boolean",
+                                              "fsdp: True is FULL_SHARD, False SHARD_GRAD_OP-like")
+    grad_accum_steps: Int = _field(1, "1..64", "ddp/fsdp: micro-batches per optimizer step "
+                                   "(one gradient sync per step)", ge=1, le=64)
+    mixed_precision: Literal["none", "bf16"] = _field(
+        "none", " | ".join(MIXED_PRECISIONS), "ddp/fsdp: none | bf16 (CPU autocast; fsdp: bf16 parameters)")
+    profile: Bool = _field(False, "a boolean",
+                           "ddp/fsdp: torch.profiler traces into the run's folder (metrics_dir's parent)")
 
     # --- sockets --------------------------------------------------------------------------------
-    sndbuf_bytes: int = 8 * MIB  # 0: leave the kernel default
-    rcvbuf_bytes: int = 8 * MIB
-    tcp_nodelay: bool = True
-    tcp_quickack: bool = True
-    keepalive: bool = True
-    recv_chunk_bytes: int = 256 * 1024
-    max_frame_bytes: int = 1024 * MIB
+    sndbuf_bytes: BufferBytes = _field(8 * MIB, "0 (kernel default) or 4096..1 GiB",
+                                       "SO_SNDBUF requested (0: leave the kernel default)")
+    rcvbuf_bytes: BufferBytes = _field(8 * MIB, "0 (kernel default) or 4096..1 GiB",
+                                       "SO_RCVBUF requested (0: leave the kernel default)")
+    tcp_nodelay: Bool = _field(True, "a boolean", "TCP_NODELAY on every connection")
+    tcp_quickack: Bool = _field(True, "a boolean", "TCP_QUICKACK re-armed after every received frame")
+    keepalive: Bool = _field(True, "a boolean", "SO_KEEPALIVE on every connection")
+    recv_chunk_bytes: SizeBytes = _field(256 * 1024, "1 KiB..256 MiB", "the most one recv_into asks for",
+                                         ge=1024, le=256 * MIB)
+    max_frame_bytes: SizeBytes = _field(1024 * MIB, "64 KiB..8 GiB",
+                                        "largest frame (and decoded tensor bytes) accepted",
+                                        ge=64 * 1024, le=8 * 1024 * MIB)
 
     # --- compression ----------------------------------------------------------------------------
-    compression: str = "none"  # policy: fixed:<codec> | none | zlib-N | seed (= adaptive) | network-aware
-    adaptive_threshold_bytes: int = 1 * MIB
-    codec_threads: int = 1  # parallel chunked compression threads (0: the cores, at most 4)
-    codec_chunk_bytes: int = 1 * MIB  # raw bytes per parallel chunk
-    link_bandwidth_bps: int = 0  # network-aware: the link's rate; 0: measured online from received frames
-    allow_lossy: bool = False  # network-aware may pick lossy codecs (fp16, bf16, int8, topk) for gradients
-    lossy_warmup_steps: int = 50  # gradient messages sent uncompressed before any lossy codec
-    topk_fraction: float = 0.01  # network-aware's top-k candidate keeps this fraction per tensor
-    codec_probe_every: int = 20  # network-aware tries another codec every this many messages of a kind
+    compression: PolicyName = _field(
+        "none", "a compression policy (see wiiide.codecs.policy.POLICY_NAME_FORMS)",
+        "fixed:<codec> | none | zlib-1..9 | seed (= adaptive) | network-aware | network-aware+lossy")
+    adaptive_threshold_bytes: SizeBytes = _field(1 * MIB, ">= 0",
+                                                 "seed policy: gradient messages above this go at zlib-1", ge=0)
+    codec_threads: Int = _field(1, "0 (the cores, at most 4) .. 64",
+                                "parallel chunked compression threads (0: the cores, at most 4)", ge=0, le=64)
+    codec_chunk_bytes: SizeBytes = _field(1 * MIB, "64 KiB..256 MiB", "raw bytes per parallel chunk",
+                                          ge=64 * 1024, le=256 * MIB)
+    link_bandwidth_bps: RateBps = _field(0, ">= 0 (0: measured online)",
+                                         "network-aware: the link's rate in bit/s; 0: measured online from "
+                                         "received frames", ge=0)
+    allow_lossy: Bool = _field(False, "a boolean",
+                               "network-aware may pick lossy codecs (fp16, bf16, int8, topk) for gradients")
+    lossy_warmup_steps: Int = _field(50, ">= 0", "gradient messages sent uncompressed before any lossy codec",
+                                     ge=0)
+    topk_fraction: Float = _field(0.01, "0 < x <= 1",
+                                  "network-aware's top-k candidate keeps this fraction per tensor", gt=0.0, le=1.0)
+    codec_probe_every: Int = _field(20, ">= 2",
+                                    "network-aware tries another codec every this many messages of a kind", ge=2)
 
     # --- logging and metrics --------------------------------------------------------------------
-    log_tier: str = "normal"
-    log_every_steps: int = 100
-    metrics_dir: str = "results/nodes"
-    ready_file: str = ""  # coordinator: touched once it listens (the container healthcheck reads it)
-    # coordinator: once every worker joined, wait (up to connect_timeout_s) for this file before the
-    # first step; the harness creates it once links are shaped ("": start at once)
-    start_gate_file: str = ""
+    log_tier: Literal["verbose", "normal", "silent"] = _field("normal", " | ".join(LOG_TIERS), "logging tier")
+    log_every_steps: Int = _field(100, ">= 1", "normal tier: a progress line every this many steps", ge=1)
+    metrics_dir: Str = _field("results/nodes", "a directory path", "where the node writes its metrics JSON")
+    ready_file: Str = _field("", "a file path or empty",
+                             "coordinator: touched once it listens (the container healthcheck reads it)")
+    start_gate_file: Str = _field("", "a file path or empty",
+                                  "coordinator: once every worker joined, wait (up to connect_timeout_s) for "
+                                  "this file before the first step; the harness creates it once links are "
+                                  "shaped ('': start at once)")
 
     # --- timeouts -------------------------------------------------------------------------------
-    connect_timeout_s: float = 60.0  # worker: retry connecting; coordinator: wait for all workers
-    # longest silence from a peer (no byte, no heartbeat) before it counts as lost: the time to detect
-    # a killed worker or coordinator, or a cut link
-    io_timeout_s: float = 10.0
-    heartbeat_interval_s: float = 1.0  # a connection idle this long gets a heartbeat frame
+    connect_timeout_s: Float = _field(60.0, _TIMEOUT,
+                                      "worker: retry connecting; coordinator: wait for all workers",
+                                      gt=0.0, le=MAX_TIMEOUT_S)
+    io_timeout_s: Float = _field(10.0, _TIMEOUT,
+                                 "longest silence from a peer (no byte, no heartbeat) before it counts as lost: "
+                                 "the time to detect a killed worker or coordinator, or a cut link",
+                                 gt=0.0, le=MAX_TIMEOUT_S)
+    heartbeat_interval_s: Float = _field(1.0, "> 0 and below io_timeout_s",
+                                         "a connection idle this long gets a heartbeat frame", gt=0.0)
 
     # --- who may connect (the secret itself is never a config field: see wiiide.auth) ---------
-    handshake_timeout_s: float = 5.0  # a peer must complete the authenticated handshake within this
-    max_handshakes: int = 8  # connections handshaking at once; more are refused at once
+    handshake_timeout_s: Float = _field(5.0, "0 < x <= 300 seconds",
+                                        "a peer must complete the authenticated handshake within this",
+                                        gt=0.0, le=300.0)
+    max_handshakes: Int = _field(8, "1..1024", "connections handshaking at once; more are refused at once",
+                                 ge=1, le=1024)
 
-    def __post_init__(self) -> None:
-        _validate(self)
+    # ------------------------------------------------------------------------------------------
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise _config_error(type(self), exc, values) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Refuse: a config is immutable (as the frozen dataclass it was). Use `replace`.
+
+        Raises:
+            dataclasses.FrozenInstanceError: always (an AttributeError).
+        """
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}: RunConfig is immutable; "
+                                              "use replace()")
+
+    def __delattr__(self, name: str) -> None:
+        """Refuse, as `__setattr__` does. Raises dataclasses.FrozenInstanceError."""
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}: RunConfig is immutable")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):  # noqa: ANN001, ANN206
+        """Only the keyword arguments: the environment is read by `from_env`, explicitly."""
+        return (init_settings,)
+
+    @model_validator(mode="after")
+    def _check_together(self) -> "RunConfig":
+        """Rules between fields; raises ConfigError naming the field (pydantic passes it through)."""
+        _check(self.heartbeat_interval_s < self.io_timeout_s, "heartbeat_interval_s", self.heartbeat_interval_s,
+               f"> 0 and below io_timeout_s={self.io_timeout_s:g}")
+        _validate_engine(self)
+        return self
 
     # ------------------------------------------------------------------------------------------
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls))
+        """Every field's name, in declaration order."""
+        return tuple(cls.model_fields)
+
+    @classmethod
+    def json_schema(cls) -> dict[str, Any]:
+        """The JSON Schema (draft 2020-12, pydantic's) of the fields as `from_dict` accepts them.
+
+        Each property has its type, default, bounds (``minimum``/``maximum`` ...), ``description`` and
+        ``allowed`` (the text a `ConfigError` gives). A field that also takes a string (numbers, sizes
+        such as ``"256k"``, booleans such as ``"on"``, ``"64,32"``) has ``anyOf: [<typed>, {"type": "string"}]``.
+        """
+        schema = cls.model_json_schema(mode="validation")
+        for prop in schema["properties"].values():
+            if prop.get("type") in ("integer", "number", "boolean", "array"):
+                typed = {key: prop.pop(key) for key in list(prop) if key in _TYPED_KEYS}
+                prop["anyOf"] = [typed, {"type": "string"}]
+        return schema
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> "RunConfig":
@@ -133,35 +349,35 @@ class RunConfig:
             raise ConfigError(
                 f"unknown config key(s) {unknown}; known keys: {', '.join(sorted(known))}"
             )
-        types = {f.name: f.type for f in dataclasses.fields(cls)}
-        kwargs = {name: _coerce(name, types[name], value) for name, value in values.items()}
-        return cls(**kwargs)
+        return cls(**dict(values))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "RunConfig":
-        """Build from ``WIIIIIDE_<FIELD>`` variables (e.g. ``WIIIIIDE_SNDBUF_BYTES=8388608``).
+        """Build from ``WIIIIIDE_<FIELD>`` variables (e.g. ``WIIIIIDE_SNDBUF_BYTES=8MiB``); default `os.environ`.
 
-        Variables with the prefix that name no field raise `ConfigError`, so a typo is not ignored.
+        Names are case-insensitive after the prefix. Variables with the prefix that name no field raise
+        `ConfigError`, so a typo is not ignored; the shell's own (``WIIIIIDE_IMAGE``, ``_SECRET``,
+        ``_SECRET_FILE``, ``_PROJECT``, ``_RESULTS_DIR``, ``_WORKERS``, ``_REQUIRE_DOCKER``) are skipped.
         """
         environ = os.environ if environ is None else environ
+        prefix = cls.model_config["env_prefix"]
         values: dict[str, Any] = {}
         for key, value in environ.items():
-            if not key.startswith(ENV_PREFIX):
+            if not key.upper().startswith(prefix):
                 continue
-            name = key[len(ENV_PREFIX):].lower()
+            name = key[len(prefix):].lower()
             if name in _ENV_IGNORED:
                 continue
             values[name] = value
         return cls.from_dict(values)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (tuples become lists)."""
-        out = dataclasses.asdict(self)
-        out["hidden_sizes"] = list(self.hidden_sizes)
-        return out
+        """A JSON-ready dict of every field (tuples become lists)."""
+        return self.model_dump(mode="json")
 
     def to_env(self) -> dict[str, str]:
-        """``WIIIIIDE_<FIELD>`` variables that `from_env` turns back into this config."""
+        """``WIIIIIDE_<FIELD>`` variables that `from_env` turns back into this config (bools as 1/0, lists
+        comma-separated)."""
         env = {}
         for name, value in self.to_dict().items():
             if isinstance(value, bool):
@@ -174,71 +390,37 @@ class RunConfig:
         return env
 
     def replace(self, **changes: Any) -> "RunConfig":
-        return RunConfig.from_dict({**self.to_dict(), **changes})
+        """A new config with `changes` (parsed as `from_dict` parses). Raises `ConfigError` as it does."""
+        return type(self).from_dict({**self.to_dict(), **changes})
 
 
-# Variables with the prefix that are not RunConfig fields but are used by the project's shell.
-_ENV_IGNORED = {"require_docker", "secret", "secret_file", "image", "results_dir", "workers", "project"}
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+# JSON Schema keywords of a property's own type, moved under anyOf's first branch by RunConfig.json_schema.
+_TYPED_KEYS = {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "items", "minItems", "maxItems"}
 
 
-def _coerce(name: str, type_name: Any, value: Any) -> Any:
-    """Turn an env string or YAML value into the field's type; raise ConfigError naming the field."""
-    type_name = str(type_name)
-    try:
-        if type_name == "bool":
-            if isinstance(value, bool):
-                return value
-            text = str(value).strip().lower()
-            if text in _TRUE:
-                return True
-            if text in _FALSE:
-                return False
-            raise ValueError("expected a boolean (1/0, true/false, yes/no, on/off)")
-        if type_name == "int":
-            if isinstance(value, bool):
-                raise ValueError("expected an integer, got a boolean")
-            if isinstance(value, float):
-                if not value.is_integer():
-                    raise ValueError("expected an integer")
-                return int(value)
-            return int(_parse_size(value)) if isinstance(value, str) else int(value)
-        if type_name == "float":
-            if isinstance(value, bool):
-                raise ValueError("expected a number, got a boolean")
-            return float(value)
-        if type_name == "str":
-            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-                raise ValueError("expected a string")
-            return str(value)
-        if type_name.startswith("tuple"):
-            if isinstance(value, str):
-                parts = [p for p in re.split(r"[,\s]+", value.strip()) if p]
-            elif isinstance(value, (list, tuple)):
-                parts = list(value)
-            elif isinstance(value, int) and not isinstance(value, bool):
-                parts = [value]
-            else:
-                raise ValueError("expected a list of integers")
-            return tuple(int(p) for p in parts)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"config field '{name}': bad value {value!r}: {exc}") from None
-    raise ConfigError(f"config field '{name}': unsupported type {type_name}")  # pragma: no cover
+def _allowed(cls: type[RunConfig], name: str) -> str:
+    field = cls.model_fields.get(name)
+    extra = field.json_schema_extra if field is not None else None
+    return extra.get("allowed", "?") if isinstance(extra, dict) else "?"
 
 
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*(kib|mib|gib|k|m|g)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {None: 1, "k": 1024, "kib": 1024, "m": MIB, "mib": MIB, "g": 1024 * MIB, "gib": 1024 * MIB}
-
-
-def _parse_size(text: str) -> int:
-    """'8388608', '8MiB', '256k' -> bytes (binary units)."""
-    match = _SIZE_RE.match(text)
-    if not match:
-        raise ValueError("expected an integer, optionally with a KiB/MiB/GiB suffix")
-    number, unit = match.groups()
-    return int(number) * _SIZE_UNITS[unit.lower() if unit else None]
+def _config_error(cls: type[RunConfig], exc: ValidationError, given: Mapping[str, Any]) -> ConfigError:
+    """The first problem of a pydantic ValidationError as one ConfigError line naming the field, the value as
+    `given` and what is allowed (an item of a list is named by its index)."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    name = str(first["loc"][0]) if first["loc"] else "?"
+    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    if first["type"] == "extra_forbidden":
+        unknown = sorted(str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden")
+        return ConfigError(f"unknown config key(s) {unknown}; known keys: {', '.join(sorted(cls.model_fields))}")
+    value = given.get(name, first.get("input"))
+    reason = ""
+    if len(first["loc"]) > 1:
+        reason = f": item {first['loc'][1]} is {first.get('input')!r}"
+    elif first["type"] == "value_error":  # from our own parsers: their words say what was wrong
+        reason = ": " + str(first.get("ctx", {}).get("error", first["msg"])).removeprefix(f"{name}: ")
+    return ConfigError(f"config field '{name}': bad value {value!r}{reason}; allowed: {_allowed(cls, name)}{more}")
 
 
 def _check(cond: bool, name: str, value: Any, allowed: str) -> None:
@@ -246,71 +428,17 @@ def _check(cond: bool, name: str, value: Any, allowed: str) -> None:
         raise ConfigError(f"config field '{name}': bad value {value!r}; allowed: {allowed}")
 
 
-def _validate(c: RunConfig) -> None:
-    _check(1 <= c.port <= 65535, "port", c.port, "1..65535")
-    _check(1 <= c.num_workers <= 256, "num_workers", c.num_workers, "1..256")
-    _check(c.dataset in DATASETS, "dataset", c.dataset, " | ".join(DATASETS))
-    _check(c.synthetic_samples >= 20, "synthetic_samples", c.synthetic_samples, ">= 20")
-    _check(1 <= c.synthetic_features <= 1_000_000, "synthetic_features", c.synthetic_features, "1..1000000")
-    _check(2 <= c.synthetic_classes <= 100_000, "synthetic_classes", c.synthetic_classes, "2..100000")
-    _check(0.0 < c.test_fraction < 1.0, "test_fraction", c.test_fraction, "0 < x < 1")
-    _check(
-        0 < len(c.hidden_sizes) <= 16 and all(1 <= h <= 65536 for h in c.hidden_sizes),
-        "hidden_sizes", c.hidden_sizes, "1..16 layer widths, each 1..65536",
-    )
-    _check(1 <= c.batch_size <= 65536, "batch_size", c.batch_size, "1..65536")
-    _check(0.0 < c.learning_rate <= 100.0, "learning_rate", c.learning_rate, "0 < x <= 100")
-    _check(0.0 <= c.momentum < 1.0, "momentum", c.momentum, "0 <= x < 1")
-    _check(0 <= c.torch_threads <= 256, "torch_threads", c.torch_threads, "0 (torch default) .. 256")
-    _check(c.max_steps >= 0, "max_steps", c.max_steps, ">= 0 (0: no limit)")
-    for name in ("sndbuf_bytes", "rcvbuf_bytes"):
-        value = getattr(c, name)
-        _check(value == 0 or 4096 <= value <= 1024 * MIB, name, value, "0 (kernel default) or 4096..1 GiB")
-    _check(1024 <= c.recv_chunk_bytes <= 256 * MIB, "recv_chunk_bytes", c.recv_chunk_bytes, "1 KiB..256 MiB")
-    _check(64 * 1024 <= c.max_frame_bytes <= 8 * 1024 * MIB, "max_frame_bytes", c.max_frame_bytes, "64 KiB..8 GiB")
-    from wiiide.codecs import check_policy_name
-
-    problem = check_policy_name(c.compression)
-    _check(problem is None, "compression", c.compression, f"a compression policy ({problem})")
-    _check(0 <= c.codec_threads <= 64, "codec_threads", c.codec_threads, "0 (the cores, at most 4) .. 64")
-    _check(64 * 1024 <= c.codec_chunk_bytes <= 256 * MIB, "codec_chunk_bytes", c.codec_chunk_bytes, "64 KiB..256 MiB")
-    _check(c.link_bandwidth_bps >= 0, "link_bandwidth_bps", c.link_bandwidth_bps, ">= 0 (0: measured online)")
-    _check(c.lossy_warmup_steps >= 0, "lossy_warmup_steps", c.lossy_warmup_steps, ">= 0")
-    _check(0.0 < c.topk_fraction <= 1.0, "topk_fraction", c.topk_fraction, "0 < x <= 1")
-    _check(c.codec_probe_every >= 2, "codec_probe_every", c.codec_probe_every, ">= 2")
-    _check(c.adaptive_threshold_bytes >= 0, "adaptive_threshold_bytes", c.adaptive_threshold_bytes, ">= 0")
-    _check(c.log_tier in LOG_TIERS, "log_tier", c.log_tier, " | ".join(LOG_TIERS))
-    _check(c.log_every_steps >= 1, "log_every_steps", c.log_every_steps, ">= 1")
-    # finite and at most a day: socket.settimeout overflows on inf or 1e300
-    for name in ("connect_timeout_s", "io_timeout_s", "duration_s"):
-        value = getattr(c, name)
-        _check(0 < value <= MAX_TIMEOUT_S, name, value, f"0 < x <= {MAX_TIMEOUT_S:g} seconds")
-    _check(0 < c.heartbeat_interval_s < c.io_timeout_s, "heartbeat_interval_s", c.heartbeat_interval_s,
-           f"> 0 and below io_timeout_s={c.io_timeout_s:g}")
-    _check(0 < c.handshake_timeout_s <= 300, "handshake_timeout_s", c.handshake_timeout_s, "0 < x <= 300 seconds")
-    _check(1 <= c.max_handshakes <= 1024, "max_handshakes", c.max_handshakes, "1..1024")
-    _validate_engine(c)
-
-
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunConfig)}
-
-
 def _validate_engine(c: RunConfig) -> None:
-    """The engine and its options; an option the chosen engine cannot apply is an error, not ignored."""
-    _check(c.engine in ENGINES, "engine", c.engine, " | ".join(ENGINES))
-    _check(c.ddp_comm_hook in DDP_COMM_HOOKS, "ddp_comm_hook", c.ddp_comm_hook, " | ".join(DDP_COMM_HOOKS))
-    _check(1 <= c.powersgd_rank <= 64, "powersgd_rank", c.powersgd_rank, "1..64")
-    _check(1 <= c.grad_accum_steps <= 64, "grad_accum_steps", c.grad_accum_steps, "1..64")
-    _check(c.mixed_precision in MIXED_PRECISIONS, "mixed_precision", c.mixed_precision, " | ".join(MIXED_PRECISIONS))
-    _check(0 <= c.warmup_steps <= 100_000, "warmup_steps", c.warmup_steps, "0..100000")
+    """The engine's options; an option the chosen engine cannot apply is an error, not ignored."""
     torch_engine = c.engine in ("ddp", "fsdp")
+    default_compression = type(c).model_fields["compression"].default
     only = [("ddp_comm_hook", c.ddp_comm_hook != "none", c.engine == "ddp", "engine ddp"),
             ("powersgd_rank", c.powersgd_rank != 1, c.ddp_comm_hook == "powersgd", "ddp_comm_hook powersgd"),
             ("fsdp_reshard_after_forward", not c.fsdp_reshard_after_forward, c.engine == "fsdp", "engine fsdp"),
             ("grad_accum_steps", c.grad_accum_steps != 1, torch_engine, "engine ddp or fsdp"),
             ("mixed_precision", c.mixed_precision != "none", torch_engine, "engine ddp or fsdp"),
             ("profile", c.profile, torch_engine, "engine ddp or fsdp"),
-            ("compression", c.compression != _DEFAULTS["compression"], c.engine == "wiiide", "engine wiiide")]
+            ("compression", c.compression != default_compression, c.engine == "wiiide", "engine wiiide")]
     for name, is_set, applies, needs in only:
         if is_set and not applies:
             raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs {needs} "
@@ -323,7 +451,9 @@ def _validate_engine(c: RunConfig) -> None:
 
 
 def default_config() -> RunConfig:
+    """`RunConfig()`: every field at its default."""
     return RunConfig()
 
 
-__all__ = ["RunConfig", "ConfigError", "COMPRESSION_CHOICES", "LOG_TIERS", "DATASETS", "default_config"]
+__all__ = ["RunConfig", "ConfigError", "COMPRESSION_CHOICES", "LOG_TIERS", "DATASETS", "ENGINES", "ENV_PREFIX",
+           "default_config"]

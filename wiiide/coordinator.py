@@ -28,16 +28,32 @@ import numpy as np
 import torch
 from torch import nn
 
-from wiiide.auth import HANDSHAKE_MAX_FRAME_BYTES, check_nonce, hello_mac, load_secret, new_nonce, verify, welcome_mac
-from wiiide.codecs import CompressionPolicy
+from wiiide.auth import (
+    HANDSHAKE_MAX_FRAME_BYTES,
+    check_nonce,
+    hello_mac,
+    load_secret,
+    new_nonce,
+    verify,
+    welcome_mac,
+)
+from wiiide.codecs.policy import CompressionPolicy
 from wiiide.config import RunConfig
 from wiiide.data import BatchSampler, load_dataset
 from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.model import FlatParams, build_mlp, model_spec, num_parameters
-from wiiide.node import (EXIT_CONNECT, EXIT_PEER_LOST, Connection, Heartbeats, NodeFailure, run_node, touch,
-                         wait_for_start_gate)
+from wiiide.model import FlatParams, build_mlp, evaluate, model_spec, num_parameters
+from wiiide.node import (
+    EXIT_CONNECT,
+    EXIT_PEER_LOST,
+    Connection,
+    Heartbeats,
+    NodeFailure,
+    run_node,
+    touch,
+    wait_for_start_gate,
+)
 from wiiide.protocol import PROTOCOL_VERSION, WireTensor, encode_message
 from wiiide.sockets import configure_socket
 from wiiide.tensors import to_wire
@@ -59,6 +75,8 @@ class _Joining:
 
 @dataclass
 class WorkerSlot:
+    """One joined worker: its rank (1..num_workers), connection, node id, batches trained and whether it is alive."""
+
     rank: int
     conn: Connection
     node_id: str
@@ -67,6 +85,13 @@ class WorkerSlot:
 
 
 class Coordinator:
+    """The parameter server: accepts and authenticates workers, sends parameters and batches each step,
+    averages the gradients, updates the model and evaluates it at the end (`wiiide.model.evaluate`).
+
+    Its `CompressionPolicy` chooses the codec of each frame it sends, and its codec pool decodes the
+    chunked payloads it receives (passed to every `Connection`).
+    """
+
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.log = TieredLog(cfg, "coordinator")
@@ -84,6 +109,7 @@ class Coordinator:
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> int:
+        """Run to the end and write the metrics file; returns the exit code (`wiiide.node` EXIT_*)."""
         return run_node(self.cfg, self.metrics, self.log, self._main)
 
     def _main(self) -> None:
@@ -172,7 +198,8 @@ class Coordinator:
         try:
             sock.settimeout(cfg.handshake_timeout_s)
             options = configure_socket(sock, cfg)
-            conn = Connection(sock, cfg, self.metrics, self.log, f"peer {peer}", max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES)
+            conn = Connection(sock, cfg, self.metrics, self.log, f"peer {peer}", max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES,
+                              pool=self.policy.pool)
             nonce_c = new_nonce()
             conn.send([encode_message("challenge", {"protocol_version": PROTOCOL_VERSION, "nonce": nonce_c})])
             hello = conn.receive(["hello"])
@@ -357,17 +384,6 @@ class Coordinator:
                     self._drop(w, exc)
 
 
-def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """(accuracy in 0..1, mean cross-entropy) of `model` on float32 features `x` (n, f) and labels `y` (n,)."""
-    model.eval()
-    with torch.no_grad():
-        logits = model(torch.from_numpy(x))
-        labels = torch.from_numpy(y)
-        loss = nn.functional.cross_entropy(logits, labels).item()
-        accuracy = (logits.argmax(dim=1) == labels).float().mean().item()
-    model.train()
-    return accuracy, loss
-
-
 def main(cfg: RunConfig) -> int:
+    """`Coordinator(cfg).run()`: the exit code."""
     return Coordinator(cfg).run()

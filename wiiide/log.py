@@ -41,8 +41,10 @@ class TieredLog:
             self.logger.info(fmt, *args)
 
     def info(self, fmt: str, *args: object) -> None:
+        """A line in the verbose and normal tiers (not in silent)."""
         if self.progress:
             self.logger.info(fmt, *args)
 
     def error(self, fmt: str, *args: object) -> None:
+        """A line in every tier, silent included."""
         self.logger.error(fmt, *args)

@@ -23,7 +23,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import psutil
 
@@ -72,15 +72,28 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise
 
 
-class NodeMetrics:
-    """Counters of one node. Network and codec counters are updated by `record_sent`/`record_received`."""
+def _utc_now() -> datetime:
+    return datetime.now(timezone.utc)
 
-    def __init__(self, role: str, node_id: str) -> None:
+
+class NodeMetrics:
+    """Counters of one node. Network and codec counters are updated by `record_sent`/`record_received`.
+
+    Args:
+        role: ``coordinator`` or ``worker`` (names the metrics file).
+        node_id: the node's name (the hostname unless configured).
+        clock: monotonic seconds for ``wall_time_s`` and event ``t_s`` (default `time.perf_counter`).
+        utc_now: wall-clock time for ``started_at_utc``/``ended_at_utc`` (an aware UTC datetime).
+    """
+
+    def __init__(self, role: str, node_id: str, *, clock: Callable[[], float] = time.perf_counter,
+                 utc_now: Callable[[], datetime] = _utc_now) -> None:
         self.role = role
         self.node_id = node_id
         self.rank: int | None = None
-        self.started_at = datetime.now(timezone.utc)
-        self._t0 = time.perf_counter()
+        self._clock, self._utc_now = clock, utc_now
+        self.started_at = utc_now()
+        self._t0 = clock()
         self._proc = psutil.Process()
         self._rss_peak = 0
         self._net0 = _net_counters()
@@ -107,9 +120,11 @@ class NodeMetrics:
         self.sample_rss()
 
     def elapsed_s(self) -> float:
-        return time.perf_counter() - self._t0
+        """Seconds since this object was made (the node's start)."""
+        return self._clock() - self._t0
 
     def sample_rss(self) -> int:
+        """The process's resident set size now, in bytes (psutil); kept for the peak and the summary."""
         rss = self._proc.memory_info().rss
         self._rss_peak = max(self._rss_peak, rss)
         self.rss_samples_bytes.append(rss)
@@ -135,9 +150,15 @@ class NodeMetrics:
         self.recv_time_s += seconds
 
     def event(self, kind: str, **fields: Any) -> None:
+        """Record a named event at ``t_s`` seconds since start (rounded to 1 us) with JSON-ready `fields`."""
         self.events.append({"t_s": round(self.elapsed_s(), 6), "event": kind, **fields})
 
     def to_dict(self, status: str, error: str | None = None) -> dict[str, Any]:
+        """The metrics file's content (JSON-ready): `status` is ``ok``, ``failed`` ...; `error` its one line.
+
+        Rates divide by ``train_time_s`` when the node set it, else by the wall time; ``goodput_bps`` is
+        8 x (payload bytes sent + received) per second (bits of tensors before encoding).
+        """
         wall = self.elapsed_s()
         self.sample_rss()
         peak_rss = max(self._rss_peak, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
@@ -153,7 +174,7 @@ class NodeMetrics:
             "status": status,
             "error": error,
             "started_at_utc": self.started_at.isoformat(),
-            "ended_at_utc": datetime.now(timezone.utc).isoformat(),
+            "ended_at_utc": self._utc_now().isoformat(),
             "wall_time_s": wall,
             "steps": self.steps,
             "batches": self.batches,

@@ -1,4 +1,5 @@
-"""The model: an MLP with configurable hidden sizes, and flat views of its parameters and gradients.
+"""The model: an MLP with configurable hidden sizes, flat views of its parameters and gradients, and
+its evaluation on the held-out split (`evaluate`, used by every engine).
 
 Parameters live in one contiguous float32 vector, so a gradient or a parameter update is one tensor on
 the wire. Sizes: 64-64-10 on digits is 4,810 parameters (19 KB of gradient); 1024-4096-4096-10 on
@@ -9,12 +10,18 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
 
 def build_mlp(num_features: int, hidden_sizes: Sequence[int], num_classes: int, seed: int) -> nn.Sequential:
-    """Linear+ReLU layers of the given widths, then a Linear to `num_classes` logits (float32)."""
+    """Linear+ReLU layers of the given widths, then a Linear to `num_classes` logits.
+
+    Input (batch, `num_features`) float32, output (batch, `num_classes`) float32 logits. Weights are
+    PyTorch's default initialisation after ``torch.manual_seed(seed)``, so equal arguments build equal
+    models on every node.
+    """
     torch.manual_seed(seed)
     layers: list[nn.Module] = []
     width = num_features
@@ -26,12 +33,18 @@ def build_mlp(num_features: int, hidden_sizes: Sequence[int], num_classes: int, 
 
 
 def model_spec(num_features: int, hidden_sizes: Sequence[int], num_classes: int) -> dict[str, Any]:
-    """The JSON description a worker needs to build the same model."""
+    """The JSON description a worker needs to build the same model (`model_from_spec` reads it)."""
     return {"type": "mlp", "num_features": num_features, "hidden_sizes": list(hidden_sizes), "num_classes": num_classes}
 
 
 def model_from_spec(spec: dict[str, Any]) -> nn.Sequential:
-    """Build the model a coordinator described. Raises ValueError on a malformed description."""
+    """Build the model a coordinator described (`model_spec`), with seed 0 (the coordinator sends its
+    parameters right after, so the seed does not matter).
+
+    Raises:
+        ValueError: a malformed description (missing keys, non-integers) or sizes out of range
+            (features 1..1,000,000, classes 1..100,000, 1..16 hidden layers of 1..65,536).
+    """
     def whole(value: Any) -> int:
         # JSON integers only: no bools, floats (1e400 is inf), strings or lists of digits
         if not isinstance(value, int) or isinstance(value, bool):
@@ -52,11 +65,19 @@ def model_from_spec(spec: dict[str, Any]) -> nn.Sequential:
 
 
 def num_parameters(model: nn.Module) -> int:
+    """The number of scalar parameters (elements, not bytes) of `model`."""
     return sum(p.numel() for p in model.parameters())
 
 
 class FlatParams:
-    """Keeps a model's parameters and gradients as views into two flat float32 vectors."""
+    """Keeps a model's parameters and gradients as views into two flat float32 vectors.
+
+    After construction `params` and `grads` are 1-D float32 tensors of `numel` elements, in
+    ``model.parameters()`` order; every parameter (the same `nn.Parameter` objects, so optimizers
+    built before or after keep working) and its ``.grad`` are views of them, so a gradient or an
+    update is one tensor on the wire. Uses the public ``Tensor.set_`` under ``torch.no_grad()``
+    rather than assigning ``.data``.
+    """
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -65,15 +86,42 @@ class FlatParams:
         self.params = torch.zeros(self.numel, dtype=torch.float32)
         self.grads = torch.zeros(self.numel, dtype=torch.float32)
         offset = 0
-        for p in params:
-            n = p.numel()
-            self.params[offset:offset + n].copy_(p.data.reshape(-1))
-            p.data = self.params[offset:offset + n].view_as(p)
-            p.grad = self.grads[offset:offset + n].view_as(p)
-            offset += n
+        with torch.no_grad():
+            for p in params:
+                n = p.numel()
+                view = self.params[offset:offset + n].view_as(p)
+                view.copy_(p)
+                p.set_(view)  # the parameter now shares the flat vector's storage
+                p.grad = self.grads[offset:offset + n].view_as(p)
+                offset += n
 
     def load(self, flat: torch.Tensor) -> None:
-        """Copy a flat float32 vector of `numel` values into the parameters."""
+        """Copy a flat float32 vector of `numel` values into the parameters.
+
+        Raises:
+            ValueError: `flat` does not hold exactly `numel` elements.
+        """
         if flat.numel() != self.numel:
             raise ValueError(f"expected {self.numel} parameters, got {flat.numel()}")
         self.params.copy_(flat.reshape(-1))
+
+
+def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(accuracy in 0..1, mean cross-entropy in nats) of `model` on a held-out split.
+
+    Args:
+        model: a classifier returning (n, classes) logits; left in training mode afterwards.
+        x: float32 features, shape (n, features).
+        y: int64 class labels, shape (n,).
+
+    Raises:
+        RuntimeError: from torch, when the shapes or dtypes do not fit the model.
+    """
+    model.eval()
+    with torch.no_grad():
+        logits = model(torch.from_numpy(x))
+        labels = torch.from_numpy(y)
+        loss = nn.functional.cross_entropy(logits, labels).item()
+        accuracy = (logits.argmax(dim=1) == labels).float().mean().item()
+    model.train()
+    return accuracy, loss

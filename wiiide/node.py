@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from wiiide.codecs.chunked import CodecPool
 from wiiide.config import RunConfig
 from wiiide.errors import ConfigError, ProtocolError, WiiideError
 from wiiide.log import TieredLog
@@ -44,6 +45,7 @@ class Heartbeats:
         self._thread = threading.Thread(target=self._loop, name="heartbeats", daemon=True)
 
     def start(self) -> "Heartbeats":
+        """Start the daemon thread that sends a heartbeat on every connection idle for `interval_s`; returns self."""
         self._thread.start()
         return self
 
@@ -56,6 +58,7 @@ class Heartbeats:
                     pass  # the main thread notices a broken connection on its next send or receive
 
     def stop(self) -> None:
+        """Ask the thread to stop (it ends within half an interval); does not wait."""
         self._stop.set()
 
 
@@ -77,22 +80,28 @@ class Connection:
     Sends are serialised by a lock, so a heartbeat thread may share the socket with the node's main
     thread. `receive` passes over ``heartbeat`` frames: any frame proves the peer alive, and the
     socket's timeout (``io_timeout_s``) bounds the silence before a peer counts as lost.
-    `max_frame_bytes` overrides the config's limit (the handshake reads with a small one).
+    `max_frame_bytes` overrides the config's limit (the handshake reads with a small one). `pool`
+    (the node's `CompressionPolicy.pool`) decodes received chunked payloads; None: in this thread.
     """
 
     def __init__(self, sock: socket.socket, cfg: RunConfig, metrics: NodeMetrics, log: TieredLog, name: str,
-                 max_frame_bytes: int | None = None) -> None:
+                 max_frame_bytes: int | None = None, pool: CodecPool | None = None) -> None:
         self.sock = sock
         self.name = name
         self.metrics = metrics
         self.log = log
         # reuse_buffers: the nodes consume each message before reading the next one on a connection.
         self.reader = FrameReader(sock, max_frame_bytes or cfg.max_frame_bytes, cfg.recv_chunk_bytes,
-                                  quickack=cfg.tcp_quickack, reuse_buffers=True)
+                                  quickack=cfg.tcp_quickack, reuse_buffers=True, pool=pool)
         self._send_lock = threading.Lock()
         self.last_send = time.monotonic()
 
     def send(self, frames: Sequence[Frame]) -> None:
+        """Send frames in one scatter-gather call, serialised with the heartbeat thread, and count them.
+
+        Raises:
+            OSError: from the socket (a broken or timed-out connection).
+        """
         with self._send_lock:
             self._send_locked(frames)
 
@@ -131,6 +140,7 @@ class Connection:
         return msg
 
     def close(self) -> None:
+        """Close the socket; errors while closing are ignored (the peer is gone either way)."""
         try:
             self.sock.close()
         except OSError:
@@ -181,6 +191,7 @@ def run_node(cfg: RunConfig, metrics: NodeMetrics, log: TieredLog, main: Callabl
 
 
 def touch(path: str) -> None:
+    """Write ``ready`` into `path` (parents created); an empty path does nothing. Raises OSError."""
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text("ready\n")

@@ -45,8 +45,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from wiiide.codecs import Codec, NoCodec, decoder_for
-from wiiide.codecs.chunked import CodecPool, default_pool
+from wiiide.codecs.base import Codec, NoCodec
+from wiiide.codecs.chunked import CodecPool
+from wiiide.codecs.registry import decoder_for
 from wiiide.errors import PeerClosed, ProtocolError
 
 MAGIC = b"W5"
@@ -117,6 +118,11 @@ class Message:
     payload_recv_s: float = 0.0  # from the end of the header to the last payload byte
 
     def tensor(self, name: str) -> np.ndarray:
+        """The array of the tensor called `name`.
+
+        Raises:
+            ProtocolError: the message has no such tensor.
+        """
         for t in self.tensors:
             if t.name == name:
                 return t.array
@@ -138,6 +144,7 @@ class Frame:
 
     @property
     def wire_nbytes(self) -> int:
+        """Bytes the frame takes on the wire: prefix + header + payload."""
         return sum(memoryview(b).nbytes for b in self.buffers)
 
 
@@ -229,11 +236,14 @@ class FrameReader:
             (about 10 % of the time of a 64 MiB frame here), but an uncompressed message's arrays are
             then only valid until the next read: use it where each message is consumed (copied,
             summed) before the next one is read, as the coordinator and the worker do.
+        pool: the codec thread pool chunked payloads are decoded on (a node passes its compression
+            policy's `pool`); None: chunks are decoded one after the other in the calling thread.
     """
 
     def __init__(self, sock: socket.socket, max_frame_bytes: int, recv_chunk_bytes: int = 256 * 1024,
-                 quickack: bool = False, reuse_buffers: bool = False) -> None:
+                 quickack: bool = False, reuse_buffers: bool = False, pool: CodecPool | None = None) -> None:
         self.sock = sock
+        self.pool = pool
         self.max_frame_bytes = max_frame_bytes
         self.recv_chunk_bytes = recv_chunk_bytes
         self.quickack = quickack and hasattr(socket, "TCP_QUICKACK")
@@ -286,7 +296,7 @@ class FrameReader:
     def read_message(self) -> Message:
         """Read and decode one message. Raises ProtocolError (PeerClosed on EOF) or OSError."""
         header, payload, wire_nbytes = self.read_raw()
-        msg = decode_payload(header, payload, default_pool())
+        msg = decode_payload(header, payload, self.pool)
         msg.wire_nbytes = wire_nbytes
         msg.payload_recv_s = self.last_payload_recv_s
         return msg

@@ -17,14 +17,29 @@ import time
 import torch
 from torch import nn
 
-from wiiide.auth import HANDSHAKE_MAX_FRAME_BYTES, check_nonce, hello_mac, load_secret, new_nonce, verify, welcome_mac
-from wiiide.codecs import CompressionPolicy
+from wiiide.auth import (
+    HANDSHAKE_MAX_FRAME_BYTES,
+    check_nonce,
+    hello_mac,
+    load_secret,
+    new_nonce,
+    verify,
+    welcome_mac,
+)
+from wiiide.codecs.policy import CompressionPolicy
 from wiiide.config import RunConfig
 from wiiide.errors import PeerClosed, ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.model import FlatParams, model_from_spec
-from wiiide.node import EXIT_CONNECT, EXIT_PEER_LOST, Connection, Heartbeats, NodeFailure, run_node
+from wiiide.node import (
+    EXIT_CONNECT,
+    EXIT_PEER_LOST,
+    Connection,
+    Heartbeats,
+    NodeFailure,
+    run_node,
+)
 from wiiide.protocol import PROTOCOL_VERSION, encode_message
 from wiiide.sockets import configure_socket
 from wiiide.tensors import from_wire, to_wire
@@ -35,6 +50,13 @@ class _Lost(Exception):
 
 
 class Worker:
+    """A worker: connects and authenticates to the coordinator, then per step receives parameters and a
+    batch, computes the gradient and sends it back; after a lost connection it rejoins (within io_timeout_s).
+
+    Its `CompressionPolicy` encodes the gradients, and its codec pool decodes the chunked payloads it
+    receives (passed to its `Connection`).
+    """
+
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.node_id = cfg.node_id or socket.gethostname()
@@ -43,6 +65,7 @@ class Worker:
         self.policy = CompressionPolicy.from_config(cfg, self.metrics.extra)
 
     def run(self) -> int:
+        """Run to the end and write the metrics file; returns the exit code (`wiiide.node` EXIT_*)."""
         return run_node(self.cfg, self.metrics, self.log, self._main)
 
     def _connect(self, timeout_s: float) -> socket.socket:
@@ -90,7 +113,7 @@ class Worker:
                                   EXIT_PEER_LOST) from None
             try:
                 self._session(Connection(sock, cfg, metrics, self.log, "coordinator",
-                                         max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES), secret)
+                                         max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES, pool=self.policy.pool), secret)
                 return
             except _Lost as exc:
                 if metrics.rank is None:  # never joined: nothing to rejoin
@@ -187,4 +210,5 @@ class Worker:
 
 
 def main(cfg: RunConfig) -> int:
+    """`Worker(cfg).run()`: the exit code."""
     return Worker(cfg).run()

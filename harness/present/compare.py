@@ -39,14 +39,17 @@ class Side:
 
     @property
     def n(self) -> int:
+        """How many repeats carry the metric."""
         return len(self.values)
 
     @property
     def mean(self) -> float | None:
+        """Their mean, in the metric's unit; None without values."""
         return statistics.fmean(self.values) if self.values else None
 
     @property
     def stdev(self) -> float | None:
+        """Their sample standard deviation (n - 1), in the metric's unit; None below two values."""
         return statistics.stdev(self.values) if len(self.values) > 1 else None
 
 

@@ -39,12 +39,3 @@ def unsupported_text(links: Mapping[str, Any]) -> str:
 
 
 LINK_COLUMNS = ["rate applied", "not applied", "ps egress %"]
-
-
-def link_cells(point: Mapping[str, Any]) -> list[str]:
-    """A report point's cells under `LINK_COLUMNS`: the rates in force and what was not applied (from
-    its first repeat that shaped anything) and the median coordinator egress utilisation."""
-    links = next((r["links"] for r in point.get("repeats", []) if (r.get("links") or {}).get("containers")), {})
-    utilisation = (point.get("summary") or {}).get("coordinator_egress_utilisation")
-    return [applied_rates_text(links) if links else "-", unsupported_text(links) if links else "-",
-            f"{100 * utilisation['median']:.0f}" if utilisation else "-"]

@@ -101,7 +101,7 @@ def stats_cell(point: Point, key: str, kind: str = "", sep: str = "") -> str:
     return text
 
 
-def _link_cells(point: Point) -> list[str]:
+def link_cells(point: Point) -> list[str]:
     """The point's cells under `LINK_COLUMNS`: the rates in force and what was not applied (from its
     first repeat that shaped anything), and the median coordinator egress utilisation in %."""
     links = next((r.links for r in point.repeats if r.links.get("containers")), None)
@@ -131,7 +131,7 @@ def format_table(report: Report | Mapping[str, Any]) -> str:
     rows = []
     for point in report.points:
         rows.append([point.index, *[format_value(point.params.get(p)) for p in params],
-                     *(_link_cells(point) if has_links else []), point.status, len(point.ok_repeats),
+                     *(link_cells(point) if has_links else []), point.status, len(point.ok_repeats),
                      *[stats_cell(point, key, kind) for _, key, kind in TABLE_COLUMNS]])
     machine = report.machine_info
     title = (f"{report.name} ({report.spec.description}) | backend {report.backend.name} | "

@@ -197,6 +197,8 @@ class Container(_Model):
     exit_code: int | None = None
     samples: list[Sample] = Field(default_factory=list)
     summary: dict[str, Any] = Field(default_factory=dict)
+    started_at_utc: str | None = None  # the engine's StartedAt / FinishedAt (docker backend)
+    finished_at_utc: str | None = None
 
 
 class Repeat(_Model):
@@ -207,6 +209,9 @@ class Repeat(_Model):
     error: str | None = None
     started_at_utc: str | None = None
     elapsed_s: float | None = None
+    # the harness's phases of the run, seconds (harness.run.loop: clean, plan, create, shape, gate, run,
+    # stop, collect, teardown); empty in reports written before they were recorded
+    phases_s: dict[str, float] = Field(default_factory=dict)
     totals: Totals = Field(default_factory=Totals)
     nodes: dict[str, dict[str, Any]] = Field(default_factory=dict)  # each node's own metrics (wiiide.metrics)
     containers: dict[str, Container] = Field(default_factory=dict)

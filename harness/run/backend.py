@@ -1,15 +1,21 @@
-"""What every backend shares: the result of one run, node-metrics collection, backend selection."""
+"""What every backend shares: the `Backend` protocol, the result of one run (`RunResult`), phase
+timings (`PhaseClock`), reading node metrics and judging a run. The loop that drives a backend
+through one run is `harness.run.loop.run_point`."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 from harness.errors import ClusterError
+from harness.run.faults import Controller
+from harness.spec.cluster import ClusterSettings
+from harness.spec.faults import Fault
 from wiiide.config import RunConfig
 from wiiide.metrics import SCHEMA_VERSION as NODE_SCHEMA_VERSION
 
@@ -36,38 +42,121 @@ class RunResult:
     links: dict[str, Any] = field(default_factory=dict)
     limits: dict[str, Any] = field(default_factory=dict)
     faults: list[dict[str, Any]] = field(default_factory=list)  # injected faults and when (harness.spec.faults, harness.run.faults)
+    # seconds per phase of the harness's own work and of the run (PhaseClock): where a point's time went
+    phases_s: dict[str, float] = field(default_factory=dict)
 
 
-class Backend:
-    """Interface of a cluster backend."""
+class PhaseClock:
+    """Wall-clock seconds per phase of one run (``clean``, ``create``, ``shape``, ``gate``, ``run``,
+    ``stop``, ``collect``, ``teardown``, ...), measured with `time.monotonic`.
 
-    name = "abstract"
+    A phase timed twice adds up. `phases_s` keeps the order the phases first ran in; it is what
+    `RunResult.phases_s` and the report record, so a user sees where a point's time went.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.t0 = clock()
+        self.phases_s: dict[str, float] = {}
+
+    def elapsed_s(self) -> float:
+        """Seconds since this clock was made (the start of the run)."""
+        return self._clock() - self.t0
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the ``with`` body as phase `name` (seconds, added to any earlier time of that name),
+        also when the body raises."""
+        t = self._clock()
+        try:
+            yield
+        finally:
+            self.phases_s[name] = round(self.phases_s.get(name, 0.0) + self._clock() - t, 3)
+
+
+@dataclass
+class Collected:
+    """What a backend reads back after its nodes have stopped (`Backend.collect`).
+
+    `exit_codes`: node (container or process) name -> exit code, None when it never exited.
+    `containers`: name -> ``{role, kind, exit_code, samples, summary}`` (harness.run.stats figures).
+    `links` / `limits`: link shaping and CPU/memory limits in force (harness.run.shaping), {} if none.
+    """
+
+    exit_codes: dict[str, int | None] = field(default_factory=dict)
+    containers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    links: dict[str, Any] = field(default_factory=dict)
+    limits: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A way to run one cluster (a coordinator and `num_workers` workers) for one run.
+
+    A backend supplies only the parts that differ between places a cluster can run: `start`,
+    `poll`, `stop`, `collect` and `teardown`. The loop around them (timeout, progress lines,
+    fault injection, judging the outcome, phase timings) is written once, in
+    `harness.run.loop.run_point`. Backends today: `harness.run.compose.ComposeBackend` (``docker``,
+    Docker Compose) and `harness.run.local.LocalBackend` (``local``, processes on 127.0.0.1); a
+    Swarm backend goes in ``harness/run/swarm.py`` and is named in `harness.run.select`.
+    """
+
+    name: str
 
     def describe(self) -> dict[str, Any]:
         """What the report records about the backend (name, versions)."""
-        return {"name": self.name}
+        ...
 
-    def check_cluster(self, cluster) -> None:
-        """Raise ClusterError when this backend cannot apply a point's `ClusterSettings` (links, CPU and
-        memory limits): they are never silently ignored. Only the docker backend applies them."""
-        if cluster is not None and not cluster.is_empty:
-            raise ClusterError(f"the {self.name} backend cannot shape links or limit CPUs and memory (asked: "
-                               f"{', '.join(k for k, v in cluster.to_dict().items() if v)}); use --backend docker")
+    def check_cluster(self, cluster: ClusterSettings | None) -> None:
+        """Raise ClusterError when this backend cannot apply a point's links, CPU or memory limits
+        (they are never silently ignored); None or empty settings always pass."""
+        ...
 
-    def run(self, cfg: RunConfig, out_dir: Path, timeout_s: float | None, progress: Progress,
-            cluster=None) -> RunResult:
-        """Run one cluster with `cfg` to its end; write logs and node metrics under `out_dir`.
-        `cluster`: the point's `harness.spec.cluster.ClusterSettings` (None: nothing asked)."""
-        raise NotImplementedError
+    def check_faults(self, faults: Sequence[Fault]) -> None:
+        """Raise ClusterError when this backend cannot inject one of `faults`."""
+        ...
 
-    def check_faults(self, faults) -> None:
-        """Raise ClusterError when this backend cannot inject one of `faults` (harness.spec.faults, harness.run.faults)."""
+    def start(self, cfg: RunConfig, out_dir: Path, cluster: ClusterSettings, progress: Progress,
+              clock: PhaseClock) -> Controller:
+        """Start the nodes with `cfg`, node metrics going to ``out_dir/nodes``; shape links, set
+        limits and open the start gate; time each step on `clock`. Return the fault `Controller`.
+
+        Raises:
+            ClusterError: the nodes cannot be started.
+            LinkShapingError: a link profile cannot be applied.
+        """
+        ...
+
+    def poll(self) -> dict[str, str]:
+        """Each node's state now: name -> ``running`` (or ``created``/``paused``...) or ``exited``."""
+        ...
+
+    def stop(self) -> None:
+        """Stop sampling and every node still running (after the run or a timeout). Idempotent."""
+        ...
+
+    def collect(self, logs_dir: Path, progress: Progress) -> Collected:
+        """Exit codes, per-node stats, links and limits; write each node's log to `logs_dir`."""
+        ...
 
     def teardown(self) -> None:
-        """Stop and remove whatever this backend started. Idempotent; safe after a failure."""
+        """Remove whatever this backend started. Idempotent; safe after a failure."""
+        ...
+
+
+def refuse_cluster_settings(backend_name: str, cluster: ClusterSettings | None) -> None:
+    """`Backend.check_cluster` of a backend that applies no links or limits.
+
+    Raises:
+        ClusterError: `cluster` asks for something (naming what, and the backend that can).
+    """
+    if cluster is not None and not cluster.is_empty:
+        raise ClusterError(f"the {backend_name} backend cannot shape links or limit CPUs and memory (asked: "
+                           f"{', '.join(k for k, v in cluster.to_dict().items() if v)}); use --backend docker")
 
 
 def default_timeout_s(cfg: RunConfig) -> float:
+    """Seconds a run may take before it counts as hung: connect timeout + duration + `RUN_MARGIN_S`."""
     return cfg.connect_timeout_s + cfg.duration_s + RUN_MARGIN_S
 
 
@@ -133,6 +222,7 @@ class Sampler:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def start(self) -> "Sampler":
+        """Start sampling on the daemon thread; returns self."""
         self._thread.start()
         return self
 
@@ -142,5 +232,6 @@ class Sampler:
             self._stop.wait(self._interval_s)
 
     def stop(self) -> None:
+        """Stop sampling; waits up to 10 s for a sample under way."""
         self._stop.set()
         self._thread.join(timeout=10)

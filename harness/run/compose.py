@@ -1,87 +1,47 @@
-"""The Docker backend: one coordinator and N worker containers from ``compose.yaml``.
+"""The Docker backend: one coordinator and N worker containers as ``compose.yaml`` describes them.
 
-Works with Compose v2 (``docker compose``) and v1 (``docker-compose`` 1.29); `compose_command`
-detects which is present. Container stats come from the Docker Engine API through the docker SDK
-(one streaming reader per container), turned into figures with docker's own CLI formulas
-(`harness.run.stats`). Every container of the project carries the Compose project label, so teardown
-finds what a killed run left behind.
+The services of compose.yaml are created through the Docker Engine API (`harness.run.compose_file`:
+the network, the coordinator, then the workers in parallel), with Compose's own labels and names, so
+no Compose binary is needed and ``docker-compose -p PROJECT ps`` still sees the cluster. Container
+stats come from the Engine API through the docker SDK (one streaming reader per container), turned
+into figures with docker's own CLI formulas (`harness.run.stats`). Every container and the network
+carry the Compose project label, so teardown (`cluster_down`) finds what a killed run left behind.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import threading
 import time
-from functools import lru_cache
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from harness import REPO_ROOT
-from harness.errors import ClusterError, LinkShapingError
+from harness.errors import ClusterError
 from harness.links.plan import Capabilities
-from harness.run.backend import (
-    Backend,
-    Progress,
-    RunResult,
-    collect_nodes,
-    default_timeout_s,
-    judge,
+from harness.run.backend import Collected, PhaseClock, Progress
+from harness.run.compose_file import (
+    NETWORK_LABEL,
+    PROJECT_LABEL,
+    SERVICE_LABEL,
+    load_project,
 )
 from harness.run.docker_client import docker_client
-from harness.run.faults import FaultInjector
+from harness.run.faults import Controller
+from harness.run.image import DEFAULT_TAG
 from harness.run.shaping import START_GATE_FILE, ClusterConditions
 from harness.run.stats import parse_sample, summarize_samples
 from harness.run.tc_exec import probe_capabilities
 from harness.spec.cluster import ClusterSettings
+from harness.spec.faults import Fault
 from wiiide.auth import generate_secret
 from wiiide.config import RunConfig
 
 PROJECT = os.environ.get("WIIIIIDE_PROJECT", "wiiide")
 COMPOSE_FILE = REPO_ROOT / "compose.yaml"
-DEFAULT_IMAGE = "wiiide:latest"
+DEFAULT_IMAGE = DEFAULT_TAG  # wiiide:latest, or $WIIIIIDE_IMAGE
 SECRET_FILE = REPO_ROOT / "build" / "secrets" / f"{PROJECT}-secret"
-PROJECT_LABEL = "com.docker.compose.project"
-SERVICE_LABEL = "com.docker.compose.service"
-
-
-@lru_cache(maxsize=1)
-def compose_command() -> tuple[str, ...]:
-    """``("docker", "compose")`` (v2) when it answers, else ``("docker-compose",)`` (v1).
-
-    Raises ClusterError when neither is installed.
-    """
-    candidates = [("docker", "compose"), ("docker-compose",)]
-    for cmd in candidates:
-        if shutil.which(cmd[0]) is None:
-            continue
-        try:
-            out = subprocess.run([*cmd, "version"], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if out.returncode == 0:
-            return cmd
-    raise ClusterError("no Docker Compose found: install the v2 plugin (docker-compose-plugin) or v1 "
-                       "(Debian: apt-get install docker-compose); `make docker-engine` does it here")
-
-
-def compose_version() -> str:
-    out = subprocess.run([*compose_command(), "version"], capture_output=True, text=True, timeout=30)
-    return (out.stdout.strip().splitlines() or ["?"])[0]
-
-
-def compose(args: list[str], env: dict[str, str] | None = None, timeout_s: float = 300) -> subprocess.CompletedProcess:
-    """Run a Compose command on the project; raise ClusterError with the command and its output on failure."""
-    cmd = [*compose_command(), "-p", PROJECT, "-f", str(COMPOSE_FILE), *args]
-    try:
-        out = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise ClusterError(f"`{' '.join(cmd)}` did not finish within {timeout_s:.0f} s") from None
-    if out.returncode != 0:
-        tail = "\n".join((out.stderr or out.stdout).strip().splitlines()[-15:])
-        raise ClusterError(f"`{' '.join(cmd)}` failed (exit {out.returncode}):\n{tail}")
-    return out
 
 
 def compose_env(cfg: RunConfig, results_dir: Path, image: str) -> dict[str, str]:
@@ -109,37 +69,113 @@ def write_cluster_secret() -> Path:
 
 
 def project_containers(client=None) -> list:
+    """Every container (running or not) with the project's Compose label, as docker SDK objects.
+
+    Raises:
+        ClusterError: no engine answers (when `client` is None).
+    """
     client = client or docker_client()
     return client.containers.list(all=True, filters={"label": f"{PROJECT_LABEL}={PROJECT}"})
 
 
 def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE,
                extra_env: dict[str, str] | None = None) -> list:
-    """Start the project's coordinator and `cfg.num_workers` workers detached; return the containers.
+    """Start the project's coordinator and `cfg.num_workers` workers, detached; return the containers
+    (docker SDK objects, the coordinator first, then workers 1..N).
 
-    `extra_env`: more Compose variables (e.g. WIIIIIDE_WORKER_CPUS from `ClusterSettings.compose_env`).
+    The services are those of compose.yaml (`harness.run.compose_file`), created through the Engine
+    API: the network, the coordinator, then every worker in parallel without waiting for the
+    coordinator's healthcheck (a worker retries connecting for ``connect_timeout_s``). Workers get
+    the coordinator's address in /etc/hosts (``extra_hosts``) besides the network's DNS alias.
+    `extra_env`: more compose.yaml variables (e.g. WIIIIIDE_WORKER_CPUS from `ClusterSettings.compose_env`).
+
+    Raises:
+        ClusterError: compose.yaml cannot be read, or the engine refused a network or container
+            (with its message); whatever was created is left for `cluster_down`.
     """
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "nodes").mkdir(exist_ok=True)
     write_cluster_secret()
-    compose(["up", "-d", "--no-build", "--scale", f"worker={cfg.num_workers}"],
-            env={**compose_env(cfg, results_dir.resolve(), image), **(extra_env or {})},
-            timeout_s=cfg.connect_timeout_s + 120)
-    return project_containers()
-
-
-def cluster_down(progress: Progress = print) -> None:
-    """Remove every container and network of the project, including leftovers of a killed run."""
-    try:
-        compose(["down", "--volumes", "--remove-orphans", "--timeout", "5"],
-                env=compose_env(RunConfig(), REPO_ROOT / "results" / "cluster", DEFAULT_IMAGE), timeout_s=120)
-    except ClusterError as exc:
-        progress(f"compose down failed, removing by label instead: {exc}")
+    project = load_project(COMPOSE_FILE, PROJECT,
+                           {**compose_env(cfg, results_dir.resolve(), image), **(extra_env or {})})
     client = docker_client()
-    for container in project_containers(client):
-        container.remove(force=True)
-    for network in client.networks.list(filters={"label": f"{PROJECT_LABEL}={PROJECT}"}):
-        network.remove()
+    try:
+        client.networks.create(project.network_name, driver="bridge",
+                               labels={**project.labels(), NETWORK_LABEL: project.network})
+    except Exception as exc:  # docker.errors.APIError: e.g. a leftover of the same name
+        raise ClusterError(f"cannot create network {project.network_name}: {exc}") from None
+
+    def start(item: tuple[str, int], extra_hosts: dict[str, str] | None = None):
+        service, number = item
+        kwargs = project.create_kwargs(service, number)
+        if extra_hosts:
+            kwargs["extra_hosts"] = extra_hosts
+        aliases = [service] + ([kwargs["hostname"]] if kwargs.get("hostname") else [])
+        kwargs["networking_config"] = {project.network_name: client.api.create_endpoint_config(aliases=aliases)}
+        try:
+            container = client.containers.create(**kwargs)
+            container.start()
+        except Exception as exc:  # docker.errors.APIError / ImageNotFound
+            raise ClusterError(f"cannot start {kwargs['name']} from {kwargs['image']}: {exc}") from None
+        return container
+
+    coordinator = start(("coordinator", 1))
+    coordinator.reload()
+    address = (coordinator.attrs["NetworkSettings"]["Networks"].get(project.network_name) or {}).get("IPAddress")
+    # workers find the coordinator in their /etc/hosts, not only through the engine's embedded DNS,
+    # which was seen to answer NXDOMAIN for a whole run while the shared engine's Swarm state changed
+    hosts = {"coordinator": address} if address else {}
+    workers = [("worker", i) for i in range(1, cfg.num_workers + 1)]
+    with ThreadPoolExecutor(max_workers=max(1, min(PARALLEL_CALLS, len(workers)))) as pool:
+        return [coordinator, *pool.map(lambda item: start(item, hosts), workers)]
+
+
+DOWN_GRACE_S = 5  # seconds a running node has after SIGTERM before SIGKILL, as `compose down --timeout 5`
+PARALLEL_CALLS = 8  # Engine API calls in flight at once when stopping and removing containers
+
+
+def _in_parallel(action: Callable[[Any], None], items: list) -> list[str]:
+    """Run `action(item)` for every item on up to `PARALLEL_CALLS` threads; return one line per
+    failure (``"<name>: <error>"``) instead of raising, so one stuck container does not keep the rest."""
+    def attempt(item) -> str | None:
+        try:
+            action(item)
+        except Exception as exc:  # docker.errors.NotFound (already gone) and APIError: report, go on
+            if type(exc).__name__ == "NotFound":
+                return None
+            return f"{getattr(item, 'name', item)}: {exc}"
+        return None
+
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_CALLS, len(items))) as pool:
+        return [line for line in pool.map(attempt, items) if line]
+
+
+def cluster_down(progress: Progress = print, grace_s: float = DOWN_GRACE_S) -> None:
+    """Remove every container and network of the project (Compose project label), leftovers of a
+    killed run included, through the Engine API, in parallel.
+
+    Running containers get SIGTERM and `grace_s` seconds before SIGKILL (as ``compose down --timeout
+    5``); exited ones are removed at once, with their anonymous volumes. Qdiscs and ifb devices live
+    in the containers' network namespaces and go with them. Nothing to remove costs one API call.
+
+    Raises:
+        ClusterError: no engine answers, or something of the project is still there afterwards.
+    """
+    client = docker_client()
+    containers = project_containers(client)
+    running = [c for c in containers if c.status in ("running", "restarting")]
+    problems = _in_parallel(lambda c: c.stop(timeout=int(grace_s)), running)
+    problems += _in_parallel(lambda c: c.remove(force=True, v=True), containers)
+    problems += _in_parallel(lambda n: n.remove(), client.networks.list(filters={"label": f"{PROJECT_LABEL}={PROJECT}"}))
+    for line in problems:
+        progress(f"    cluster down: {line}")
+    left = [c.name for c in project_containers(client)]
+    left += [f"network {n.name}" for n in client.networks.list(filters={"label": f"{PROJECT_LABEL}={PROJECT}"})]
+    if left:
+        raise ClusterError(f"cluster down: {', '.join(left)} of project {PROJECT} still there: "
+                           f"{'; '.join(problems) or 'no error given'}")
 
 
 class _StatsReader:
@@ -156,17 +192,30 @@ class _StatsReader:
     def _loop(self) -> None:
         try:
             for raw in self.container.stats(stream=True, decode=True):
+                if self._stop.is_set():
+                    return
                 record = parse_sample(raw, time.monotonic() - self._t0)
                 if record is not None:
                     self.samples.append(record)
-                if self._stop.is_set():
-                    return
         except Exception:  # the container went away: the stream ends, keep what we have
             return
 
     def stop(self) -> None:
+        """Keep no sample from now on. Returns at once: the thread, blocked on the stream until the
+        next sample (about a second), ends by itself, at the latest when the container is removed."""
         self._stop.set()
-        self._thread.join(timeout=3)
+
+
+def _lifetime(container) -> dict[str, str | None]:
+    """When the container's main process started and finished (UTC, RFC 3339 as the Engine API gives
+    it; None when not yet), from ``State.StartedAt`` / ``State.FinishedAt``."""
+    state = container.attrs.get("State") or {}
+
+    def stamp(key: str) -> str | None:
+        value = state.get(key)
+        return None if not value or value.startswith("0001-") else value
+
+    return {"started_at_utc": stamp("StartedAt"), "finished_at_utc": stamp("FinishedAt")}
 
 
 class _ContainerController:
@@ -191,15 +240,19 @@ class _ContainerController:
             raise ClusterError(f"no container for {target}; have {sorted(self._by_target)}") from None
 
     def kill(self, target: str) -> None:
+        """SIGKILL the target's container."""
         self._get(target).kill()
 
     def restart(self, target: str) -> None:
+        """Start the target's (killed) container again."""
         self._get(target).start()
 
     def pause(self, target: str) -> None:
+        """Freeze the target's container (cgroup freezer)."""
         self._get(target).pause()
 
     def resume(self, target: str) -> None:
+        """Thaw the target's container."""
         self._get(target).unpause()
 
     def _link(self, target: str, state: str) -> None:
@@ -208,120 +261,141 @@ class _ContainerController:
             raise ClusterError(f"`ip link set eth0 {state}` in {target} failed ({code}): {out.decode(errors='replace')[:300]}")
 
     def node_id(self, target: str) -> str:
+        """The target's node id: its container's hostname."""
         return self._get(target).attrs["Config"]["Hostname"]  # a worker's node id is its hostname
 
     def disconnect(self, target: str) -> None:
+        """Set the target's eth0 down (ClusterError when `ip` fails)."""
         self._link(target, "down")
 
     def reconnect(self, target: str) -> None:
+        """Set the target's eth0 up again (ClusterError when `ip` fails)."""
         self._link(target, "up")
 
 
-class ComposeBackend(Backend):
+class ComposeBackend:
+    """The ``docker`` `harness.run.backend.Backend`: a coordinator and N worker containers from
+    ``compose.yaml`` under the Compose project `PROJECT`, with links, limits and every fault."""
+
     name = "docker"
 
     def __init__(self, image_tag: str | None = None) -> None:
-        self.image = image_tag or os.environ.get("WIIIIIDE_IMAGE", DEFAULT_IMAGE)
+        """Raises ClusterError when no Docker engine answers."""
+        self.image = image_tag or DEFAULT_IMAGE
         self.client = docker_client()
         self._started = False
+        self._containers: list = []
+        self._readers: dict[str, _StatsReader] = {}
+        self._conditions: ClusterConditions | None = None
 
     def prepare(self, progress: Progress) -> None:
-        """Check Compose and (re)build the image: minutes the first time, seconds when cached, and
-        never a stale copy of `wiiide/`."""
-        compose_command()
+        """(Re)build the image: minutes the first time, seconds when cached, and never a stale copy of
+        `wiiide/`.
+
+        Raises:
+            ClusterError: the image cannot be built.
+        """
         from harness.run.image import build_image
         build_image(self.image, log=lambda line: progress(f"    image: {line}"))
 
     def describe(self) -> dict[str, Any]:
+        """Engine and API versions, how containers are made, the image, the project, the storage driver."""
         version = self.client.version()
         return {"name": self.name, "engine_version": version.get("Version"), "api_version": version.get("ApiVersion"),
-                "compose": " ".join(compose_command()), "compose_version": compose_version(), "image": self.image,
+                "compose": "compose.yaml through the Engine API (harness.run.compose_file)", "image": self.image,
                 "project": PROJECT, "storage_driver": self.client.info().get("Driver")}
 
-    def check_cluster(self, cluster: ClusterSettings) -> None:
-        """Links, CPU and memory limits: all applied here (harness/cluster/shaping.py)."""
+    def check_cluster(self, cluster: ClusterSettings | None) -> None:
+        """Links, CPU and memory limits: all applied here (harness.run.shaping); never raises."""
+
+    def check_faults(self, faults: Sequence[Fault]) -> None:
+        """Every fault action works on containers; never raises."""
 
     def _probe(self) -> Capabilities:
         return probe_capabilities(self.client, self.image, {PROJECT_LABEL: PROJECT})
 
-    def run(self, cfg: RunConfig, out_dir: Path, timeout_s: float | None, progress: Progress,
-            cluster: ClusterSettings | None = None, faults=()) -> RunResult:
-        conditions = ClusterConditions(cluster or ClusterSettings(), self._probe)
-        injector = None
-        out_dir = Path(out_dir).resolve()
-        logs_dir = out_dir / "logs"
-        logs_dir.mkdir(parents=True, exist_ok=True)
-        timeout_s = timeout_s or default_timeout_s(cfg)
-        t0 = time.monotonic()
-        status, error = "ok", None
-        readers: dict[str, _StatsReader] = {}
-        containers: list = []
-        exit_codes: dict[str, int | None] = {}
-        roles: dict[str, str] = {}
-        try:
+    def launch(self, cfg: RunConfig, out_dir: Path, cluster: ClusterSettings, progress: Progress,
+               clock: PhaseClock | None = None) -> list:
+        """Bring a cluster up as a sweep run does, without watching it: remove leftovers of the
+        project, plan the link shaping (probing the kernel once), start the containers, then set
+        limits, shape links and open the start gate. Each step is timed on `clock` (if given).
+        `wiiide-lab up` uses it for a long-running cluster; `start` for a sweep's run.
+
+        Returns:
+            The project's containers (docker SDK objects), coordinator and workers.
+
+        Raises:
+            ClusterError: Compose or the engine failed, or a limit could not be set.
+            LinkShapingError: a link profile cannot be applied (before any container starts, when
+                the kernel lacks a qdisc; else with the tc command and its message).
+        """
+        clock = clock or PhaseClock()
+        conditions = self._conditions = ClusterConditions(cluster, self._probe)
+        with clock.phase("clean"):
             cluster_down(progress)  # a clean slate: nothing left from an earlier, killed run
-            self._started = True
+        self._started = True
+        with clock.phase("plan"):
             conditions.plan(cfg.num_workers)  # before any container starts: a profile the kernel cannot apply fails here
-            if conditions.gated:  # the coordinator waits until links and limits are in force
-                cfg = cfg.replace(start_gate_file=START_GATE_FILE)
-            containers = cluster_up(cfg, out_dir, self.image, conditions.settings.compose_env())
-            for c in containers:
-                roles[c.name] = c.labels.get(SERVICE_LABEL, "?")
-                readers[c.name] = _StatsReader(c, t0)
-            if conditions.gated:
-                conditions.apply(containers, t0, progress)
-            injector = FaultInjector(list(faults), _ContainerController(containers), out_dir / "nodes",
-                                     wait_s=cfg.connect_timeout_s + 60).start()
-            next_note = t0 + 10
-            while True:
-                states = {}
-                for c in containers:
-                    c.reload()
-                    states[c.name] = c.status
-                if all(s in ("exited", "dead") for s in states.values()):
-                    break
-                now = time.monotonic()
-                if now - t0 > timeout_s:
-                    status, error = "failed", f"timed out after {timeout_s:.0f} s; containers still running were removed"
-                    break
-                if now >= next_note:
-                    running = sum(s == "running" for s in states.values())
-                    progress(f"    running: {now - t0:.0f} s of about {cfg.duration_s:.0f} s, {running} containers up")
-                    next_note = now + 10
-                time.sleep(0.5)
-        except (ClusterError, LinkShapingError) as exc:
-            status, error = "failed", str(exc)
-        finally:
-            if injector is not None:
-                injector.stop()
-            conditions.stop()
-            for reader in readers.values():
-                reader.stop()
-            for c in containers:
-                try:
-                    c.reload()
-                    exit_codes[c.name] = c.attrs["State"]["ExitCode"] if c.status in ("exited", "dead") else None
-                    (logs_dir / f"{c.name}.log").write_bytes(c.logs(stdout=True, stderr=True))
-                except Exception as exc:  # a container already gone: note it, keep going
-                    exit_codes.setdefault(c.name, None)
-                    progress(f"    could not read {c.name}: {exc}")
-            self.teardown()
-        nodes = collect_nodes(out_dir / "nodes")
-        judged_status, judged_error = judge(nodes, exit_codes, cfg.num_workers,
-                                            expected_dead=injector.affected if injector else frozenset(),
-                                            expected_node_ids=injector.affected_node_ids if injector else frozenset())
-        if status == "ok":
-            status, error = judged_status, judged_error
-        elif judged_error:
-            error = f"{error}; {judged_error}"
-        stats = {name: {"role": roles.get(name), "kind": "container", "exit_code": exit_codes.get(name),
-                        "samples": r.samples, "summary": summarize_samples(r.samples)}
-                 for name, r in readers.items()}
-        return RunResult(status, error, time.monotonic() - t0, nodes, stats, exit_codes, str(logs_dir),
-                         links=conditions.links, limits=conditions.limits,
-                         faults=injector.events if injector else [])
+        if conditions.gated:  # the coordinator waits until links and limits are in force
+            cfg = cfg.replace(start_gate_file=START_GATE_FILE)
+        with clock.phase("create"):
+            self._containers = cluster_up(cfg, out_dir, self.image, conditions.settings.compose_env())
+        if conditions.gated:
+            with clock.phase("shape"):
+                conditions.apply(self._containers, clock.t0, progress)
+            with clock.phase("gate"):
+                conditions.open_gate(self._containers, clock.t0)
+        return self._containers
+
+    def start(self, cfg: RunConfig, out_dir: Path, cluster: ClusterSettings, progress: Progress,
+              clock: PhaseClock) -> Controller:
+        """`launch` the cluster and stream every container's Engine API stats until `stop`.
+
+        Raises:
+            ClusterError, LinkShapingError: as `launch`.
+        """
+        containers = self.launch(cfg, out_dir, cluster, progress, clock)
+        for c in containers:
+            self._readers[c.name] = _StatsReader(c, clock.t0)
+        return _ContainerController(containers)
+
+    def poll(self) -> dict[str, str]:
+        """Each container's state (``running``, ``exited``, ``paused``...), from one Engine API list call."""
+        listed = {name.lstrip("/"): item.get("State") for item in self.client.api.containers(
+            all=True, filters={"label": f"{PROJECT_LABEL}={PROJECT}"}) for name in item.get("Names") or ()}
+        return {c.name: listed.get(c.name, "exited") for c in self._containers}  # a removed one has exited
+
+    def stop(self) -> None:
+        """Stop reading link counters and container stats."""
+        if self._conditions is not None:
+            self._conditions.stop()
+        for reader in self._readers.values():
+            reader.stop()
+
+    def collect(self, logs_dir: Path, progress: Progress) -> Collected:
+        """Exit codes (None: still running), each container's log into `logs_dir`, stats, links, limits."""
+        exit_codes: dict[str, int | None] = {}
+        for c in self._containers:
+            try:
+                c.reload()
+                exit_codes[c.name] = c.attrs["State"]["ExitCode"] if c.status in ("exited", "dead") else None
+                (logs_dir / f"{c.name}.log").write_bytes(c.logs(stdout=True, stderr=True))
+            except Exception as exc:  # a container already gone: note it, keep going
+                exit_codes.setdefault(c.name, None)
+                progress(f"    could not read {c.name}: {exc}")
+        stats = {c.name: {"role": c.labels.get(SERVICE_LABEL, "?"), "kind": "container",
+                          "exit_code": exit_codes.get(c.name), **_lifetime(c),
+                          "samples": self._readers[c.name].samples,
+                          "summary": summarize_samples(self._readers[c.name].samples)}
+                 for c in self._containers if c.name in self._readers}
+        conditions = self._conditions
+        return Collected(exit_codes=exit_codes, containers=stats,
+                         links=conditions.links if conditions else {}, limits=conditions.limits if conditions else {})
 
     def teardown(self) -> None:
+        """Remove the project's containers and network (`cluster_down`) if this backend started any."""
+        self.stop()
+        self._containers, self._readers, self._conditions = [], {}, None
         if self._started:
             cluster_down(lambda line: None)
             self._started = False

@@ -17,13 +17,33 @@ MARKER = "coordinator.training"
 class Controller(Protocol):
     """What a backend offers the injector, by target name (``coordinator``, ``worker-N``)."""
 
-    def kill(self, target: str) -> None: ...
-    def restart(self, target: str) -> None: ...
-    def pause(self, target: str) -> None: ...
-    def resume(self, target: str) -> None: ...
-    def disconnect(self, target: str) -> None: ...
-    def reconnect(self, target: str) -> None: ...
-    def node_id(self, target: str) -> str: ...
+    def kill(self, target: str) -> None:
+        """SIGKILL the node. Raises ClusterError when there is no such node or it has exited."""
+        ...
+
+    def restart(self, target: str) -> None:
+        """Start a killed node again with the same identity. Raises ClusterError if it still runs."""
+        ...
+
+    def pause(self, target: str) -> None:
+        """Freeze the node (SIGSTOP / cgroup freezer) until `resume`. Raises ClusterError."""
+        ...
+
+    def resume(self, target: str) -> None:
+        """Thaw a paused node. Raises ClusterError."""
+        ...
+
+    def disconnect(self, target: str) -> None:
+        """Cut the node's link (its connections stay open) until `reconnect`. Raises ClusterError."""
+        ...
+
+    def reconnect(self, target: str) -> None:
+        """Restore a cut link. Raises ClusterError."""
+        ...
+
+    def node_id(self, target: str) -> str:
+        """The node id the target writes in its metrics file (to judge a run the fault hit)."""
+        ...
 
 
 class FaultInjector:
@@ -45,11 +65,13 @@ class FaultInjector:
         self._thread = threading.Thread(target=self._run, name="faults", daemon=True)
 
     def start(self) -> "FaultInjector":
+        """Start the injector's thread (none when there are no faults); returns self."""
         if self.faults:
             self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop injecting (faults not yet due are dropped); waits up to 10 s for the thread."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)

@@ -1,4 +1,4 @@
-"""Build the Docker image that runs WIIIIIDE nodes (``wiiide:latest``).
+"""Build the Docker image that runs WIIIIIDE nodes (``wiiide:latest``, or ``$WIIIIIDE_IMAGE``).
 
 Steps, each logged with the seconds it took:
 
@@ -43,7 +43,8 @@ DOCKERFILE = "docker/Dockerfile"  # relative to the build context (REPO_ROOT)
 PYPROJECT = REPO_ROOT / "pyproject.toml"
 NODE_REQUIREMENTS = WHEELHOUSE / "requirements-node.txt"  # derived from PYPROJECT, see node_requirements()
 
-DEFAULT_TAG = "wiiide:latest"
+# WIIIIIDE_IMAGE names another tag (e.g. one per checkout, so that two never overwrite each other's)
+DEFAULT_TAG = os.environ.get("WIIIIIDE_IMAGE") or "wiiide:latest"
 DEFAULT_BASE = "python:3.11-slim"
 LOCAL_BASE = "wiiide-base:bookworm"
 DEBIAN_SUITE = "bookworm"
@@ -78,9 +79,11 @@ class _Step:
         return self
 
     def elapsed(self) -> float:
+        """Seconds since the step began."""
         return time.monotonic() - self.t0
 
     def done(self, note: str = "") -> None:
+        """Log the step's end with `note` and its seconds."""
         self.log(f"[image] {self.what}: {note or 'done'} ({self.elapsed():.1f}s)")
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -418,6 +421,7 @@ def ensure_image(tag: str = DEFAULT_TAG, log: Log = print) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m harness.run.image [--force] [--base IMAGE] [--tag TAG]``; exit code 0, or 1 with the error."""
     parser = argparse.ArgumentParser(prog="python -m harness.run.image", description=__doc__.split("\n\n")[0])
     parser.add_argument("--force", action="store_true",
                         help="re-download wheels, rebuild the local base if used, build without cache")

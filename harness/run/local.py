@@ -12,29 +12,58 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 import psutil
 
 from harness import REPO_ROOT
 from harness.errors import ClusterError
 from harness.run.backend import (
-    Backend,
+    Collected,
+    PhaseClock,
     Progress,
-    RunResult,
     Sampler,
-    collect_nodes,
-    default_timeout_s,
-    judge,
+    refuse_cluster_settings,
 )
-from harness.run.faults import FaultInjector
+from harness.run.faults import Controller
 from harness.run.stats import summarize_samples
+from harness.spec.cluster import ClusterSettings
+from harness.spec.faults import Fault
 from wiiide.auth import generate_secret
 from wiiide.config import RunConfig
 
-SAMPLE_INTERVAL_S = 0.5
+SAMPLE_INTERVAL_S = 0.5  # seconds between psutil samples of each node process
+STOP_GRACE_S = 5.0  # seconds a node has to exit after SIGTERM before SIGKILL
+
+
+@contextmanager
+def _signals_deferred(signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Hold SIGINT/SIGTERM for the ``with`` body and hand the first one that came to the handler that
+    was in place, once the body is done (main thread only; elsewhere signals are not delivered anyway).
+    Unlike blocking them with ``pthread_sigmask``, nothing is inherited by the processes started inside."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[tuple[int, Any]] = []
+    previous = {s: signal.signal(s, lambda signum, frame: pending.append((signum, frame))) for s in signums}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if pending:
+            signum, frame = pending[0]
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)
 
 
 def free_port() -> int:
@@ -44,101 +73,113 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class LocalBackend(Backend):
+class LocalBackend:
+    """The ``local`` `harness.run.backend.Backend`: nodes as processes of this user on 127.0.0.1.
+
+    Applies no links and no CPU/memory limits (`check_cluster` refuses them) and cannot cut one
+    process's link (`check_faults` refuses ``disconnect``); kill, restart, pause and resume work.
+    """
+
     name = "local"
 
     def __init__(self) -> None:
         self._procs: dict[str, subprocess.Popen] = {}
+        self._handles: dict[str, psutil.Process] = {}
+        self._samples: dict[str, list[dict[str, Any]]] = {}
+        self._sampler: Sampler | None = None
 
     def describe(self) -> dict[str, Any]:
+        """``{name, python, host}``: the interpreter the nodes run with and where they listen."""
         return {"name": self.name, "python": sys.executable, "host": "127.0.0.1"}
 
-    def check_faults(self, faults) -> None:
+    def check_cluster(self, cluster: ClusterSettings | None) -> None:
+        """Processes on loopback: no links to shape, no limits. Raises ClusterError if any is asked."""
+        refuse_cluster_settings(self.name, cluster)
+
+    def check_faults(self, faults: Sequence[Fault]) -> None:
         """Processes share the host's network: a link cannot be cut for one of them (ClusterError)."""
         if any(f.action == "disconnect" for f in faults or ()):
             raise ClusterError("the local backend cannot disconnect a node's link (processes share loopback); "
                                "use --backend docker for `disconnect` faults")
 
-    def run(self, cfg: RunConfig, out_dir: Path, timeout_s: float | None, progress: Progress,
-            cluster=None, faults=()) -> RunResult:
-        self.check_cluster(cluster)  # processes on loopback: no links to shape, no limits (ClusterError)
-        self.check_faults(faults)
-        out_dir = Path(out_dir).resolve()
+    def start(self, cfg: RunConfig, out_dir: Path, cluster: ClusterSettings, progress: Progress,
+              clock: PhaseClock) -> Controller:
+        """Spawn the coordinator and `cfg.num_workers` workers (``python -m wiiide ROLE``) on a free
+        port with a fresh shared secret, and sample each process every `SAMPLE_INTERVAL_S` seconds.
+
+        Raises:
+            ClusterError: `cluster` asks for links or limits.
+        """
+        self.check_cluster(cluster)
         nodes_dir, logs_dir = out_dir / "nodes", out_dir / "logs"
-        nodes_dir.mkdir(parents=True, exist_ok=True)
-        logs_dir.mkdir(parents=True, exist_ok=True)
         cfg = cfg.replace(port=free_port(), coordinator_host="127.0.0.1", bind_host="127.0.0.1",
                           metrics_dir=str(nodes_dir), ready_file="")
-        timeout_s = timeout_s or default_timeout_s(cfg)
         base_env = {k: v for k, v in os.environ.items() if not k.startswith("WIIIIIDE_")}
         base_env.update(cfg.to_env())
         base_env["WIIIIIDE_SECRET"] = generate_secret()  # per run; processes of this user only
         base_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), base_env.get("PYTHONPATH")]))
         names = ["coordinator"] + [f"worker-{i + 1}" for i in range(cfg.num_workers)]
-        samples: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-        handles: dict[str, psutil.Process] = {}
-        t0 = time.monotonic()
-        status, error = "ok", None
+        self._samples = {n: [] for n in names}
+        self._handles = {}
 
         def spawn(name: str) -> None:
             role = "coordinator" if name == "coordinator" else "worker"
             env = dict(base_env, WIIIIIDE_NODE_ID=f"local-{name}")  # a restarted node keeps its id
-            with open(logs_dir / f"{name}.log", "ab") as log:
-                proc = subprocess.Popen([sys.executable, "-m", "wiiide", role], env=env, cwd=REPO_ROOT,
-                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            self._procs[name] = proc
+            # SIGINT/SIGTERM deferred until the process is registered: the sweep's handler raises, and
+            # a node spawned but not yet in self._procs would outlive the teardown (seen when Ctrl-C
+            # came as the next point started)
+            with _signals_deferred():
+                with open(logs_dir / f"{name}.log", "ab") as log:
+                    proc = subprocess.Popen([sys.executable, "-m", "wiiide", role], env=env, cwd=REPO_ROOT,
+                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                self._procs[name] = proc
             try:
-                handles[name] = psutil.Process(proc.pid)
+                self._handles[name] = psutil.Process(proc.pid)
             except psutil.Error:
                 pass
 
-        injector = FaultInjector(list(faults), _ProcessController(self._procs, spawn), nodes_dir,
-                                 wait_s=cfg.connect_timeout_s + 60)
-        try:
+        with clock.phase("create"):
             for name in names:
                 spawn(name)
-            injector.start()
 
-            def sample(t_s: float) -> None:
-                for name, handle in handles.items():
-                    record = _sample_process(handle, t_s)
-                    if record is not None:
-                        samples[name].append(record)
+        def sample(t_s: float) -> None:
+            for name, handle in list(self._handles.items()):
+                record = _sample_process(handle, t_s)
+                if record is not None:
+                    self._samples[name].append(record)
 
-            sampler = Sampler(sample, SAMPLE_INTERVAL_S).start()
-            try:
-                next_note = t0 + 10
-                while any(p.poll() is None for p in self._procs.values()):
-                    now = time.monotonic()
-                    if now - t0 > timeout_s:
-                        status, error = "failed", f"timed out after {timeout_s:.0f} s; nodes still running were stopped"
-                        break
-                    if now >= next_note:
-                        progress(f"    running: {now - t0:.0f} s of about {cfg.duration_s:.0f} s")
-                        next_note = now + 10
-                    time.sleep(0.1)
-            finally:
-                sampler.stop()
-        finally:
-            injector.stop()
-            self.teardown()
+        self._sampler = Sampler(sample, SAMPLE_INTERVAL_S).start()
+        return _ProcessController(self._procs, spawn)
+
+    def poll(self) -> dict[str, str]:
+        """Each process: ``running`` or ``exited``."""
+        return {name: "running" if proc.poll() is None else "exited" for name, proc in self._procs.items()}
+
+    def stop(self) -> None:
+        """Stop sampling, then every node still running (SIGTERM to its process group, SIGKILL after
+        `STOP_GRACE_S` seconds)."""
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler = None
+        self._terminate()
+
+    def collect(self, logs_dir: Path, progress: Progress) -> Collected:
+        """Exit codes (negative: killed by that signal) and psutil samples; the logs are already files."""
         exit_codes = {name: proc.returncode for name, proc in self._procs.items()}
-        self._procs = {}
-        nodes = collect_nodes(nodes_dir)
-        judged_status, judged_error = judge(nodes, exit_codes, cfg.num_workers, expected_dead=injector.affected,
-                                            expected_node_ids=injector.affected_node_ids)
-        if status == "ok":
-            status, error = judged_status, judged_error
-        elif judged_error:
-            error = f"{error}; {judged_error}"
         containers = {name: {"role": "coordinator" if name == "coordinator" else "worker", "kind": "process",
-                             "exit_code": exit_codes.get(name), "samples": samples[name],
-                             "summary": summarize_samples(samples[name])} for name in names}
-        return RunResult(status, error, time.monotonic() - t0, nodes, containers, exit_codes, str(logs_dir),
-                         faults=injector.events)
+                             "exit_code": exit_codes.get(name), "samples": samples,
+                             "summary": summarize_samples(samples)} for name, samples in self._samples.items()}
+        return Collected(exit_codes=exit_codes, containers=containers)
 
     def teardown(self) -> None:
-        """SIGTERM every node this backend started (by its process group), then SIGKILL after 5 s."""
+        """Stop every node this backend started (see `stop`) and forget them. Idempotent."""
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler = None
+        self._terminate()
+        self._procs = {}
+
+    def _terminate(self) -> None:
         for proc in self._procs.values():
             if proc.poll() is None:
                 try:
@@ -146,7 +187,7 @@ class LocalBackend(Backend):
                     os.killpg(proc.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + STOP_GRACE_S
         for proc in self._procs.values():
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -174,25 +215,31 @@ class _ProcessController:
         os.killpg(proc.pid, sig)
 
     def kill(self, target: str) -> None:
+        """SIGKILL the target's process group and wait for it."""
         self._signal(target, signal.SIGKILL)
         self._procs[target].wait(timeout=10)
 
     def restart(self, target: str) -> None:
+        """Spawn the (exited) target again, same node id; ClusterError while it runs."""
         proc = self._procs.get(target)
         if proc is not None and proc.poll() is None:
             raise ClusterError(f"{target} is still running")
         self._spawn(target)
 
     def pause(self, target: str) -> None:
+        """SIGSTOP the target's process group."""
         self._signal(target, signal.SIGSTOP)
 
     def resume(self, target: str) -> None:
+        """SIGCONT the target's process group."""
         self._signal(target, signal.SIGCONT)
 
     def node_id(self, target: str) -> str:
+        """``local-<target>``, as the node was spawned."""
         return f"local-{target}"  # as spawn() names it
 
     def disconnect(self, target: str) -> None:
+        """Always ClusterError: processes share loopback."""
         raise ClusterError("the local backend cannot disconnect a node")
 
     reconnect = disconnect

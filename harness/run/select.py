@@ -1,4 +1,8 @@
 """Choosing a backend: ``docker``, ``swarm``, ``local``, or ``auto``.
+
+Every backend is a `harness.run.backend.Backend` (start / poll / stop / collect / teardown) driven by
+the one loop `harness.run.loop.run_point`; ``swarm`` is `harness.run.swarm.SwarmBackend` (one stack
+per run on a Docker Swarm overlay network).
 """
 
 from __future__ import annotations
@@ -9,6 +13,8 @@ from harness.run.backend import Backend, Progress
 
 def select_backend(name: str, progress: Progress, image_tag: str | None = None) -> Backend:
     """``docker``, ``swarm``, ``local`` or ``auto`` (docker when an engine answers, else local, saying which).
+    `image_tag`: the node image for docker and swarm (default ``$WIIIIIDE_IMAGE`` or ``wiiide:latest``),
+    built or refreshed here (seconds when cached).
 
     Raises:
         ClusterError: ``docker`` or ``swarm`` asked for and no engine, no Compose, no swarm or no image

@@ -8,8 +8,8 @@ Order, for the docker backend (`harness.run.compose.ComposeBackend`):
 2. Compose starts the cluster with the coordinator's start gate set (`START_GATE_FILE`): the workers
    connect, and the coordinator waits before its first step.
 3. `ClusterConditions.apply`: per-worker CPU/memory limits through the Engine API, the tc commands in
-   each container, a read-back of ``tc -j -s qdisc/class show`` per interface, then ``touch`` of the gate
-   file in the coordinator: training traffic only ever sees the shaped links.
+   each container, a read-back of ``tc -j -s qdisc/class show`` per interface; then `open_gate` touches
+   the gate file in the coordinator: training traffic only ever sees the shaped links.
 4. While the run goes on, the qdisc counters are read every `COUNTER_INTERVAL_S` seconds; the last
    reading before each container exits is its end counters (a container's qdiscs go with its network
    namespace when it exits, so they cannot be read after the run).
@@ -20,6 +20,7 @@ Teardown is Compose's: qdiscs and the ifb device live in the containers' network
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from harness.errors import ClusterError, LinkShapingError
@@ -31,6 +32,7 @@ from harness.spec.cluster import ClusterSettings
 
 START_GATE_FILE = "/tmp/wiiide-go"
 COUNTER_INTERVAL_S = 2.0
+PARALLEL_CONTAINERS = 8  # containers shaped at once (Engine API exec calls in flight)
 SERVICE_LABEL = "com.docker.compose.service"
 NUMBER_LABEL = "com.docker.compose.container-number"
 
@@ -84,17 +86,15 @@ class ClusterConditions:
             self.plans[key] = plan_shaping(link.profiles.for_container(*key), self.caps, link.allow_partial)
 
     def apply(self, containers: list, t0: float, progress: Progress) -> None:
-        """Limits, shaping and read-back in every container, then open the coordinator's start gate.
+        """Limits, shaping and read-back in every container (`t0`: the run's start, time.monotonic);
+        then start reading the qdisc counters every `COUNTER_INTERVAL_S` seconds. `open_gate` follows.
 
         Raises:
             LinkShapingError: a tc command failed (with the command and tc's message).
-            ClusterError: a limit could not be set, or the gate could not be opened.
+            ClusterError: a limit could not be set.
         """
-        coordinator = None
-        for c in containers:
+        def one(c) -> None:
             role, index = container_identity(c)
-            if role == "coordinator":
-                coordinator = c
             update = self.settings.worker_updates(index) if role == "worker" else {}
             if update:
                 try:
@@ -105,12 +105,31 @@ class ClusterConditions:
             self.limits[c.name] = {"role": role, "worker_index": index, **limits_of(c)}
             if self.settings.link is not None:
                 self._shape(c, role, index, t0)
+
+        # every container at once (each is a few `docker exec`s): 1+8 in the time of about two, not nine
+        with ThreadPoolExecutor(max_workers=max(1, min(PARALLEL_CONTAINERS, len(containers)))) as pool:
+            for future in [pool.submit(one, c) for c in containers]:
+                future.result()  # the first error, in container order
+        order = {c.name: i for i, c in enumerate(containers)}
+        self.limits = dict(sorted(self.limits.items(), key=lambda kv: order[kv[0]]))
+        if "containers" in self.links:
+            self.links["containers"] = dict(sorted(self.links["containers"].items(), key=lambda kv: order[kv[0]]))
         shaped = [f"{name}: {rec['summary']}" for name, rec in self.links.get("containers", {}).items()]
         for line in shaped:
             progress(f"    link {line}")
         for rec in self.links.get("containers", {}).values():
             for item in rec["unsupported"]:
                 progress(f"    link NOT APPLIED ({rec['role']}): {item}")
+        if self._shaped:
+            self._sampler = Sampler(lambda t_s: self._read_counters(t0), COUNTER_INTERVAL_S).start()
+
+    def open_gate(self, containers: list, t0: float) -> None:
+        """Create the start gate file in the coordinator container: training starts now.
+
+        Raises:
+            ClusterError: no coordinator among `containers`, or the file could not be created.
+        """
+        coordinator = next((c for c in containers if container_identity(c)[0] == "coordinator"), None)
         if coordinator is None:
             raise ClusterError("no coordinator container to open the start gate in")
         try:
@@ -119,8 +138,6 @@ class ClusterConditions:
             raise ClusterError(f"cannot open the start gate: {exc}") from None
         if self.links:
             self.links["gate_opened_at_s"] = round(time.monotonic() - t0, 3)
-        if self._shaped:
-            self._sampler = Sampler(lambda t_s: self._read_counters(t0), COUNTER_INTERVAL_S).start()
 
     def _shape(self, c, role: str, index: int | None, t0: float) -> None:
         plan = self.plans[(role, index)]
@@ -146,6 +163,7 @@ class ClusterConditions:
                           counter_reads=record["counter_reads"] + 1)
 
     def stop(self) -> None:
+        """Stop reading the qdisc counters; the last reading stands as each container's end counters."""
         if self._sampler is not None:
             self._sampler.stop()
             self._sampler = None

@@ -16,6 +16,7 @@ def _path(key: str) -> Path:
 
 
 def read(key: str) -> int:
+    """The integer value of sysctl `key` (e.g. ``net.core.rmem_max``) from /proc/sys. Raises OSError."""
     return int(_path(key).read_text().split()[0])
 
 
@@ -47,4 +48,5 @@ class HostSysctls:
                 pass
 
     def record(self) -> dict[str, Any]:
+        """``{key: {"set": value, "previous": value before}}`` for the report."""
         return {key: {"set": value, "previous": self.previous.get(key)} for key, value in self.values.items()}

@@ -27,7 +27,6 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Callable, Generic, Mapping, TypeVar
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -42,13 +41,14 @@ from harness import REPO_ROOT
 from harness.errors import SpecError
 from harness.spec.base import SpecModel, fail, shown, unit, validate
 from harness.spec.links import PROFILE_KEYS, LinkProfile
+from harness.spec.yaml_file import load_yaml_file
 from wiiide.units import parse_size_bytes
 
 PRESETS_FILE = REPO_ROOT / "experiments" / "links.yaml"
 CLUSTER_KEYS = ("link", "cpus", "mem_limit")
 ROLE_KEYS = ("all", "coordinator", "worker")
 ROLE_KEY_PATTERN = r"^(all|coordinator|worker|worker-[1-9][0-9]*)$"
-_WORKER_KEY = re.compile(r"^worker-(\d+)$")
+_WORKER_KEY = re.compile(r"^worker-(\d{1,6})$")  # at most 6 digits: int() never sees a huge number
 MIN_MEM_BYTES = 6 * 1024 * 1024  # Docker refuses less
 
 T = TypeVar("T")
@@ -137,10 +137,9 @@ def load_presets(path: Path = PRESETS_FILE) -> dict[str, Any]:
     Raises:
         SpecError: the file is unreadable or not YAML, or ``link_presets`` is not a mapping.
     """
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise SpecError(f"{path}: cannot read the link presets: {exc}") from None
+    data = load_yaml_file(path) or {}
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping with link_presets")
     presets = data.get("link_presets") or {}
     if not isinstance(presets, dict):
         raise SpecError(f"{path}: link_presets: expected a mapping of name to profile")

@@ -26,12 +26,14 @@ from harness.spec.base import SpecModel, fail, validate
 ACTIONS = ("kill", "restart", "pause", "disconnect")
 NEEDS_DURATION = ("pause", "disconnect")
 MAX_TIME_S = 86_400.0
-TARGET_PATTERN = r"^(coordinator|worker-[1-9][0-9]*)$"
+MAX_WORKER_DIGITS = 6  # worker-1 .. worker-999999; a longer number is refused before int() sees it
+TARGET_PATTERN = rf"^(coordinator|worker-[1-9][0-9]{{0,{MAX_WORKER_DIGITS - 1}}})$"
 
 
 def _target(target: str) -> str:
     if not re.match(TARGET_PATTERN, target):
-        raise ValueError(f"{target!r}; allowed: coordinator or worker-N (N >= 1)")
+        shown = target if len(target) <= 40 else f"{target[:30]}... ({len(target)} characters)"
+        raise ValueError(f"{shown!r}; allowed: coordinator or worker-N (1 <= N < 10**{MAX_WORKER_DIGITS})")
     return target
 
 

@@ -34,7 +34,6 @@ import itertools
 from pathlib import Path
 from typing import Annotated, Any, Mapping
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -63,6 +62,7 @@ from harness.spec.cluster import (
 from harness.spec.faults import Fault, check_targets
 from harness.spec.links import LinkProfile
 from harness.spec.sysctls import HostSysctls
+from harness.spec.yaml_file import load_yaml_file
 from wiiide.config import RunConfig
 from wiiide.errors import ConfigError
 
@@ -311,15 +311,7 @@ def load_spec(path: str | Path) -> SweepSpec:
     """Read and validate a YAML sweep spec (see `build_spec`).
 
     Raises:
-        SpecError: the file is missing or unreadable, not valid YAML, or has a bad field.
+        SpecError: the file is missing or unreadable, not valid YAML, an alias bomb (`load_yaml`), or\n            has a bad field.
     """
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
-    return build_spec(data, str(path))
+    return build_spec(load_yaml_file(path), str(path))

@@ -4,7 +4,6 @@ fails the point with its cause while every worker exits within the bound."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
@@ -34,12 +33,15 @@ def test_worker_container_killed_and_restarted_rejoins(docker_ready, tmp_path):
 def test_coordinator_container_killed_fails_point_within_bound(docker_ready, tmp_path):
     spec = build_spec({"name": "docker-coord-kill", "base": {**FAST, "duration_s": 40},
                        "faults": [{"action": "kill", "target": "coordinator", "at_s": 2}]}, "docker-ck.yaml")
-    t0 = time.monotonic()
     point = load_report(run_sweep(spec, "docker", tmp_path, progress=print))["points"][0]
-    assert time.monotonic() - t0 < 40 + 30  # well before the 40 s run would have ended plus set-up
     assert point["status"] == "failed" and re.search(r"coordinator\S* exited 137", point["error"])
     rep = point["repeats"][0]
+    assert [(f["action"], f["target"], f["ok"]) for f in rep["faults"]] == [("kill", "coordinator", True)]
     workers = [n for name, n in rep["nodes"].items() if name.startswith("worker")]
     assert len(workers) == 2
-    assert all(n["status"] == "failed" and "lost the coordinator" in n["error"] for n in workers)
+    for worker in workers:  # in the worker's own clock: noticed the loss, gave up in time, long before 40 s
+        assert worker["status"] == "failed" and "lost the coordinator" in worker["error"]
+        lost = [e for e in worker["events"] if e["event"] == "coordinator_lost"]
+        assert lost and lost[0]["t_s"] <= worker["wall_time_s"] <= lost[0]["t_s"] + 2 * FAST["io_timeout_s"] + 10
+        assert worker["wall_time_s"] < 40
     assert sorted(code for name, code in rep["exit_codes"].items() if "worker" in name) == [4, 4]

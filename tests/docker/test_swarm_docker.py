@@ -97,10 +97,11 @@ def test_restart_fault_is_refused_before_the_swarm_is_touched(image, tmp_path):
 
 
 def test_failed_deploy_removes_the_stack(image, tmp_path):
+    from harness.run.loop import run_point
     from harness.run.swarm import SwarmBackend
     backend = SwarmBackend(image_tag="wiiide-no-such-image:never", progress=print)
     try:
-        result = backend.run(RunConfig(num_workers=1, duration_s=2), tmp_path, 60, print)
+        result = run_point(backend, RunConfig(num_workers=1, duration_s=2), tmp_path, 60, print)
     finally:
         backend.close(print)
     assert result.status == "failed"
@@ -108,9 +109,13 @@ def test_failed_deploy_removes_the_stack(image, tmp_path):
 
 
 def test_up_then_down_leaves_nothing(image, tmp_path):
+    """`up --backend swarm` (launch, then the process ends with the stack running), then `down`."""
     from harness.run import swarm
-    containers = swarm.cluster_up(RunConfig(num_workers=2, duration_s=60), tmp_path, IMAGE, print)
-    assert sorted(c.name.rsplit("_", 2)[-2] for c in containers) == ["coordinator", "worker", "worker"]
+    from harness.spec.cluster import ClusterSettings
+    backend = swarm.SwarmBackend(IMAGE, print)
+    containers = backend.launch(RunConfig(num_workers=2, duration_s=60), tmp_path, ClusterSettings(), print)
+    assert [(c.service, c.slot) for c in containers] == [("coordinator", 1), ("worker", 1), ("worker", 2)]
     assert {c.labels["com.docker.swarm.service.name"] for c in containers} == {
         f"{swarm.stack_name()}_coordinator", f"{swarm.stack_name()}_worker"}
+    assert all(c.status == "running" for c in containers)
     swarm.cluster_down(print)

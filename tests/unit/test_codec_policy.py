@@ -6,8 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from wiiide.codecs import CompressionPolicy, check_policy_name
-from wiiide.codecs.policy import LinkEstimate, parse_policy_name
+from wiiide.codecs.policy import (
+    CompressionPolicy,
+    LinkEstimate,
+    check_policy_name,
+    parse_policy_name,
+)
 from wiiide.config import RunConfig
 from wiiide.protocol import WireTensor
 
@@ -158,7 +162,7 @@ def test_network_aware_records_choices_and_reasons():
     assert rec["reasons"]["first try"] == 10 and rec["reasons"]["lowest estimate"] == 3
     assert set(rec["estimates"]["gradients"]) == {"none", "lz4", "zstd-1", "shuffle-lz4", "shuffle-zstd"}
     assert rec["estimates"]["gradients"]["shuffle-zstd"]["ratio"] > 1.1
-    assert rec["estimates"]["gradients"]["zstd-1"]["decode_Bps"] > 0  # measured by decoding its own output
+    assert rec["estimates"]["gradients"]["zstd-1"]["decode_bytes_per_s"] > 0  # measured by decoding its own output
     d = rec["decisions"][-1]
     assert set(d) >= {"message", "codec", "reason", "link_bps", "estimates_s"}
 

@@ -10,12 +10,12 @@ import pytest
 from wiiide.codecs import (
     REGISTRY,
     Codec,
-    CompressionPolicy,
     NoCodec,
     ZlibCodec,
     codec_from_name,
     decoder_for,
 )
+from wiiide.codecs.policy import CompressionPolicy
 from wiiide.errors import ProtocolError
 
 ALL_CODECS = ["none"] + [f"zlib-{level}" for level in range(1, 10)]

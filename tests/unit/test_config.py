@@ -85,18 +85,21 @@ def test_from_dict_unknown_keys_listed():
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("8388608", 8 * MIB), ("8MiB", 8 * MIB), ("8mib", 8 * MIB), ("8M", 8 * MIB), ("256k", 256 * 1024),
+    ("8388608", 8 * MIB), ("8MiB", 8 * MIB), ("8mib", 8 * MIB), ("8M", 8 * MIB), ("256k", 262_144),
     ("256KiB", 256 * 1024), (" 64 k ", 64 * 1024), ("1G", 1024 * MIB), ("1gib", 1024 * MIB),
+    # wiiide.units reads every size: KB/MB are IEC too (as Docker reads mem_limit), fractions of whole bytes
+    ("8MB", 8 * MIB), ("1.5M", 1_572_864), ("4.5k", 4608),
 ])
 def test_size_suffixes(text, expected):
     assert RunConfig.from_dict({"sndbuf_bytes": text}).sndbuf_bytes == expected
     assert RunConfig.from_env({"WIIIIIDE_RCVBUF_BYTES": text}).rcvbuf_bytes == expected
 
 
-@pytest.mark.parametrize("text", ["8MB", "8 MiBs", "1.5M", "-4096", "0x1000", "", "eight"])
+@pytest.mark.parametrize("text", ["8 MiBs", "-4096", "0x1000", "", "eight", "4096.5", "8mbit", True, -1])
 def test_bad_sizes(text):
-    with pytest.raises(ConfigError, match="sndbuf_bytes"):
+    with pytest.raises(ConfigError, match="sndbuf_bytes") as info:
         RunConfig.from_dict({"sndbuf_bytes": text})
+    assert "allowed: 0 (kernel default) or 4096..1 GiB" in str(info.value)
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -203,8 +206,13 @@ def test_replace_validates_and_keeps_other_fields():
 
 
 def test_frozen():
+    cfg = RunConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
-        RunConfig().port = 1  # type: ignore[misc]
+        cfg.port = 1  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del cfg.port
+    assert cfg.port == 29500
+    assert hash(cfg) == hash(RunConfig())  # immutable, so usable as a dict key as before
 
 
 def test_to_dict_is_json_ready():
@@ -231,3 +239,118 @@ def test_cli_configuration_error_exits_2(env, args, needle):
     assert proc.returncode == 2
     assert "configuration error" in proc.stderr and needle in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# pydantic-settings: the WIIIIIDE_ prefix, errors that name the field and the range, sizes, schema
+# --------------------------------------------------------------------------------------------------
+def test_env_prefix_has_five_is_and_is_the_settings_prefix():
+    assert ENV_PREFIX == "WIIIIIDE_" and ENV_PREFIX.count("I") == 5
+    assert RunConfig.model_config["env_prefix"] == ENV_PREFIX
+    cfg = RunConfig.from_env({"WIIIIIDE_NUM_WORKERS": "5", "WIIIIIDE_SNDBUF_BYTES": "256k",
+                              "wiiiiide_batch_size": "7",  # names are case-insensitive
+                              "WIIIDE_PORT": "1234", "WIIIIDE_PORT": "1234"})  # three or four I's: not ours
+    assert (cfg.num_workers, cfg.sndbuf_bytes, cfg.batch_size, cfg.port) == (5, 262_144, 7, 29500)
+
+
+def test_constructor_does_not_read_the_environment(monkeypatch):
+    monkeypatch.setenv("WIIIIIDE_PORT", "31111")
+    assert RunConfig().port == 29500  # the harness builds configs for other processes: its env must not leak
+    assert RunConfig.from_env().port == 31111  # from_env reads os.environ when given nothing
+
+
+@pytest.mark.parametrize("field, value, allowed", [
+    ("port", 70000, "1..65535"),
+    ("port", "70000", "1..65535"),
+    ("test_fraction", 1.5, "0 < x < 1"),
+    ("recv_chunk_bytes", "512", "1 KiB..256 MiB"),
+    ("batch_size", "many", "1..65536"),
+    ("dataset", "mnist", "digits | synthetic"),
+    ("io_timeout_s", 1e9, "0 < x <= 86400 seconds"),
+    ("hidden_sizes", [8, 0], "1..16 layer widths, each 1..65536"),
+    ("hidden_sizes", "8,0", "1..16 layer widths, each 1..65536"),
+])
+def test_bad_value_error_names_the_field_the_value_and_the_allowed_range(field, value, allowed):
+    """Strings go through the environment, other values through the constructor: the same message."""
+    with pytest.raises(ConfigError) as info:
+        if isinstance(value, str):
+            RunConfig.from_env({ENV_PREFIX + field.upper(): value})
+        else:
+            RunConfig(**{field: value})
+    msg = str(info.value)
+    assert msg.startswith(f"config field '{field}': bad value ")
+    assert repr(value) in msg  # the value as given
+    assert msg.endswith(f"allowed: {allowed}")
+    assert "\n" not in msg and "pydantic" not in msg  # one line, in the project's words
+
+
+def test_config_error_is_not_a_pydantic_error():
+    from pydantic import ValidationError
+
+    with pytest.raises(ConfigError) as info:
+        RunConfig(port=0)
+    assert not isinstance(info.value, ValidationError)
+
+
+def test_sizes_use_the_one_unit_parser():
+    from wiiide.units import parse_size_bytes
+
+    cfg = RunConfig.from_dict({"sndbuf_bytes": "256k", "rcvbuf_bytes": "8MiB", "recv_chunk_bytes": "64KiB",
+                               "max_frame_bytes": "2g", "codec_chunk_bytes": "1m", "adaptive_threshold_bytes": "0"})
+    assert cfg.sndbuf_bytes == 262_144 == parse_size_bytes("256k")
+    assert (cfg.rcvbuf_bytes, cfg.recv_chunk_bytes, cfg.max_frame_bytes) == (8_388_608, 65_536, 2_147_483_648)
+    assert (cfg.codec_chunk_bytes, cfg.adaptive_threshold_bytes) == (1_048_576, 0)
+    import wiiide.config
+
+    assert not hasattr(wiiide.config, "_parse_size") and not hasattr(wiiide.config, "_SIZE_RE")
+
+
+def test_link_bandwidth_takes_bit_per_second_or_an_si_rate():
+    assert RunConfig.from_dict({"link_bandwidth_bps": "100000000"}).link_bandwidth_bps == 100_000_000
+    assert RunConfig.from_dict({"link_bandwidth_bps": "100mbit"}).link_bandwidth_bps == 100_000_000  # k = 1000
+    with pytest.raises(ConfigError, match="link_bandwidth_bps.*bytes per second"):
+        RunConfig.from_dict({"link_bandwidth_bps": "100mbps"})  # tc reads bps as bytes/s: refused
+
+
+def test_counts_are_plain_integers():
+    assert RunConfig.from_dict({"seed": "-3", "num_workers": " 4 "}).seed == -3
+    for value in ("4k", "4.0", "0x4"):
+        with pytest.raises(ConfigError, match="num_workers"):
+            RunConfig.from_dict({"num_workers": value})
+
+
+def test_json_schema_describes_every_field_with_defaults_and_bounds():
+    import json
+
+    schema = RunConfig.json_schema()
+    json.dumps(schema)  # JSON-ready
+    props = schema["properties"]
+    assert set(props) == set(RunConfig.field_names())
+    port, string = props["port"]["anyOf"]
+    assert (port["type"], port["minimum"], port["maximum"], props["port"]["default"]) == ("integer", 1, 65535, 29500)
+    assert string == {"type": "string"}  # "29500" from the environment or YAML is read too
+    assert props["port"]["allowed"] == "1..65535"
+    fraction = props["test_fraction"]["anyOf"][0]
+    assert (fraction["exclusiveMinimum"], fraction["exclusiveMaximum"]) == (0, 1)
+    widths = props["hidden_sizes"]["anyOf"][0]
+    assert (widths["minItems"], widths["maxItems"], widths["items"]["maximum"]) == (1, 16, 65536)
+    assert props["dataset"]["enum"] == ["digits", "synthetic"]
+    assert props["engine"]["enum"] == ["wiiide", "ddp", "fsdp"]
+    assert props["hidden_sizes"]["default"] == [64]
+    assert props["sndbuf_bytes"]["default"] == 8 * MIB
+    assert {"type": "string"} in props["sndbuf_bytes"]["anyOf"]  # sizes may be written "8MiB"
+    assert props["sndbuf_bytes"]["allowed"] == "0 (kernel default) or 4096..1 GiB"
+    assert all(props[name].get("description") for name in props)
+    assert schema.get("additionalProperties") is False  # unknown keys are refused
+
+
+def test_json_schema_accepts_what_from_dict_accepts():
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = RunConfig.json_schema()
+    good = {"port": 30000, "sndbuf_bytes": "256k", "hidden_sizes": [8, 4], "tcp_nodelay": "on"}
+    jsonschema.validate(good, schema)
+    RunConfig.from_dict(good)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"port": 0}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"prot": 1}, schema)

@@ -26,7 +26,9 @@ from harness.links.tc import (
     profile_commands,
     tbf_limit_bytes,
 )
-from harness.present.links_text import applied_rates_text, link_cells, unsupported_text
+from harness.present.links_text import applied_rates_text, unsupported_text
+from harness.present.table import link_cells
+from harness.results.models import Point
 from harness.results.totals import repeat_totals
 from harness.run.tc_exec import ContainerExec, probe_with, read_back
 from harness.spec.links import LinkProfile
@@ -433,7 +435,12 @@ def test_link_figures_for_the_report():
     assert applied_rates_text(_links([None, None])) == "-"
     missing = ["delay 20 ms: this kernel has no netem", "delay 20 ms: this kernel has no netem"]
     assert unsupported_text(_links([10**8, 10**8], missing)) == "delay 20 ms"
-    point = {"repeats": [{"links": {}}, {"links": _links([10**8], missing)}],
-             "summary": {"coordinator_egress_utilisation": {"median": 0.5}}}
+    point = Point.model_validate({
+        "index": 0, "status": "ok",
+        "repeats": [{"repeat": 0, "status": "ok", "links": {}},
+                    {"repeat": 1, "status": "ok", "links": _links([10**8], missing)}],
+        "summary": {"coordinator_egress_utilisation": {"median": 0.5, "mean": 0.5, "stdev": 0.0, "min": 0.5,
+                                                       "max": 0.5, "count": 1}}})
     assert link_cells(point) == ["100Mbit", "delay 20 ms", "50"]
-    assert link_cells({"repeats": [{"links": {}}], "summary": {}}) == ["-", "-", "-"]
+    unshaped = Point.model_validate({"index": 1, "status": "ok", "repeats": [{"repeat": 0, "status": "ok"}]})
+    assert link_cells(unshaped) == ["-", "-", "-"]

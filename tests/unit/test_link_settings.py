@@ -14,6 +14,7 @@ from harness.errors import ClusterError, SpecError
 from harness.links.plan import Capabilities, plan_shaping
 from harness.present.table import format_table
 from harness.run.local import LocalBackend
+from harness.run.loop import run_point
 from harness.spec.cluster import (
     ClusterSettings,
     load_presets,
@@ -158,7 +159,7 @@ def test_the_local_backend_refuses_links_and_limits_before_anything_runs(tmp_pat
         run_sweep(spec, "local", tmp_path, progress=lambda line: None)
     assert list(tmp_path.iterdir()) == []  # no report folder: it stopped before
     with pytest.raises(ClusterError, match="asked: cpus"):
-        LocalBackend().run(RunConfig(), tmp_path, 10, print, cluster=spec_with(base={"cpus": 1}).points[0].cluster)
+        run_point(LocalBackend(), RunConfig(), tmp_path, 10, print, cluster=spec_with(base={"cpus": 1}).points[0].cluster)
     LocalBackend().check_cluster(ClusterSettings())  # nothing asked: fine
     LocalBackend().check_cluster(None)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import statistics
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,8 +133,19 @@ def test_node_metrics_encoded_bytes_received(sock_pair):
     assert m.encoded_bytes_received == sum(f.payload_nbytes for f in frames)
 
 
+def _kernel_peak_rss_bytes() -> int:
+    """VmHWM (the kernel's peak resident set) from /proc/self/status, independent of psutil and getrusage."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
 def test_node_metrics_to_dict_fields():
-    m = NodeMetrics("worker", "w7")
+    ticks = iter([100.0, 100.25, 102.5])  # start, the event, to_dict
+    start = datetime(2024, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
+    moments = iter([start, start + timedelta(seconds=2.5)])
+    m = NodeMetrics("worker", "w7", clock=lambda: next(ticks), utc_now=lambda: next(moments))
     m.rank = 3
     m.steps, m.batches, m.samples = 10, 10, 320
     m.train_time_s = 2.0
@@ -141,20 +154,26 @@ def test_node_metrics_to_dict_fields():
     m.event("connected", attempts=2)
     m.extra["test_accuracy"] = 0.9
     m.payload_bytes_sent, m.payload_bytes_received = 1000, 3000
+    ballast = bytearray(32 * 1024 * 1024)  # 32 MiB touched: resident now
+    ballast[::4096] = b"x" * len(ballast[::4096])
+    peak_before = _kernel_peak_rss_bytes()
     d = m.to_dict("failed", "boom")
+    peak_after = _kernel_peak_rss_bytes()
+    del ballast
     assert d["schema_version"] == SCHEMA_VERSION
     assert (d["role"], d["node_id"], d["rank"], d["status"], d["error"]) == ("worker", "w7", 3, "failed", "boom")
     assert d["pid"] == os.getpid()
-    assert d["batches_per_s"] == pytest.approx(5.0)  # batches / train_time_s
-    assert d["goodput_bps"] == pytest.approx(8 * 4000 / 2.0)
+    assert d["batches_per_s"] == pytest.approx(5.0)  # 10 batches in 2.0 s of training
+    assert d["goodput_bps"] == pytest.approx(16_000.0)  # 4,000 payload bytes = 32,000 bits in 2.0 s
     assert d["step_time_s"] == summarize([0.1, 0.3, 0.2])
     assert d["loss_avg"] == pytest.approx(3.5 / 3) and d["loss_final"] == 0.5
-    assert d["events"][0]["event"] == "connected" and d["events"][0]["attempts"] == 2
-    assert d["events"][0]["t_s"] >= 0
+    assert d["events"] == [{"t_s": 0.25, "event": "connected", "attempts": 2}]  # 100.25 - 100.0
+    assert d["wall_time_s"] == pytest.approx(2.5)  # 102.5 - 100.0
+    assert d["started_at_utc"] == "2024-05-01T12:00:00+00:00"
+    assert d["ended_at_utc"] == "2024-05-01T12:00:02.500000+00:00"
     assert d["test_accuracy"] == 0.9
-    assert d["peak_rss_bytes"] > 1024 * 1024
-    assert d["wall_time_s"] >= 0
-    assert d["started_at_utc"] <= d["ended_at_utc"]
+    # the peak is the kernel's high-water mark (getrusage) or a higher psutil sample: between the two reads
+    assert peak_before <= d["peak_rss_bytes"] <= peak_after
     json.dumps(d, allow_nan=False)  # JSON-ready
 
 

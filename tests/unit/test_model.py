@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -12,6 +13,7 @@ from torch import nn
 from wiiide.model import (
     FlatParams,
     build_mlp,
+    evaluate,
     model_from_spec,
     model_spec,
     num_parameters,
@@ -175,3 +177,39 @@ def test_optimizer_step_updates_flat_params():
     opt.step()
     torch.testing.assert_close(flat.params, before - 0.5 * grads)
     assert math.isfinite(flat.params.sum().item())
+
+
+def fixed_logits_model(weight: list[list[float]]) -> nn.Linear:
+    """A bias-free linear map with the given (classes, features) weight: logits = x @ weight.T."""
+    layer = nn.Linear(len(weight[0]), len(weight), bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor(weight))
+    return layer
+
+
+def test_evaluate_accuracy_and_cross_entropy_of_known_logits():
+    # Identity weights: the logits are the features. Sample 0 has logits (ln 3, 0) -> p(class 0) = 3/4,
+    # sample 1 logits (0, 0) -> p = 1/2 for either, sample 2 logits (0, ln 3) -> p(class 1) = 3/4.
+    model = fixed_logits_model([[1.0, 0.0], [0.0, 1.0]])
+    x = np.array([[math.log(3), 0.0], [0.0, 0.0], [0.0, math.log(3)]], dtype=np.float32)
+    y = np.array([0, 1, 0], dtype=np.int64)  # right, tie (argmax picks class 0: wrong), wrong
+    accuracy, loss = evaluate(model, x, y)
+    assert accuracy == pytest.approx(1 / 3)
+    # cross-entropy: -(ln 3/4 + ln 1/2 + ln 1/4) / 3
+    assert loss == pytest.approx(-(math.log(0.75) + math.log(0.5) + math.log(0.25)) / 3, rel=1e-6)
+    assert model.training  # left in training mode
+
+
+def test_flat_params_share_storage_with_the_parameters():
+    model = build_mlp(4, [3], 2, seed=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    params = list(model.parameters())
+    flat = FlatParams(model)
+    assert [p is q for p, q in zip(params, model.parameters())] == [True] * len(params)  # same Parameter objects
+    assert torch.equal(flat.params, torch.cat([b.reshape(-1) for b in before]))
+    flat.load(torch.arange(flat.numel, dtype=torch.float32))
+    assert model[0].weight[0].tolist() == [0.0, 1.0, 2.0, 3.0]  # the first 4 values, row-major
+    x, y = torch.ones(1, 4), torch.tensor([0])  # class 1 has the larger logit: a non-zero gradient
+    nn.functional.cross_entropy(model(x), y).backward()
+    assert torch.equal(flat.grads, torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+    assert flat.grads.abs().sum() > 0

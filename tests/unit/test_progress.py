@@ -18,7 +18,7 @@ from harness.present.progress import (
     SweepInfo,
     choose_progress,
 )
-from harness.run.backend import Backend, RunResult
+from harness.run.backend import RunResult
 from harness.run.status import Training
 from harness.spec.points import build_spec
 from harness.sweep import run_sweep
@@ -143,24 +143,40 @@ def test_choose_progress_by_stdout(monkeypatch):
     assert isinstance(choose_progress(), RichProgress)
 
 
-class FakeLocalBackend(Backend):
-    """Writes coordinator progress lines where the local backend does (<out>/logs/coordinator.log) and
-    waits until the sweep's display saw them (a deadline, not a timing assertion)."""
+class FakeLocalBackend:
+    """A backend named ``local`` whose runs (through `fake_run_point`, patched in for
+    `harness.run.loop.run_point`) write coordinator progress lines where the local backend does
+    (<out>/logs/coordinator.log) and wait until the sweep's display saw them (a deadline, not a timing
+    assertion)."""
 
     name = "local"
 
     def __init__(self, seen: threading.Event) -> None:
         self.seen = seen
 
-    def run(self, cfg, out_dir: Path, timeout_s, progress, cluster=None, faults=()) -> RunResult:
-        logs = Path(out_dir) / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        (logs / "coordinator.log").write_text(
-            "2026-01-01 00:00:00,000 coordinator INFO step 100: loss 1.0, 2 workers, 40.0 batches/s\n"
-            "2026-01-01 00:00:01,000 coordinator INFO step 200: loss 0.5, 2 workers, 60.0 batches/s\n")
-        progress("    running: 1 s of about 1 s")
-        assert self.seen.wait(30), "the sweep never read the coordinator's progress lines"
-        return RunResult("ok", None, 1.0, {}, {}, {}, str(logs))
+    def describe(self) -> dict:
+        return {"name": self.name}
+
+    def check_cluster(self, cluster) -> None:
+        pass
+
+    def check_faults(self, faults) -> None:
+        pass
+
+    def teardown(self) -> None:
+        pass
+
+
+def fake_run_point(backend: FakeLocalBackend, cfg, out_dir: Path, timeout_s, progress, cluster=None,
+                   faults=()) -> RunResult:
+    logs = Path(out_dir) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / "coordinator.log").write_text(
+        "2026-01-01 00:00:00,000 coordinator INFO step 100: loss 1.0, 2 workers, 40.0 batches/s\n"
+        "2026-01-01 00:00:01,000 coordinator INFO step 200: loss 0.5, 2 workers, 60.0 batches/s\n")
+    progress("    running: 1 s of about 1 s")
+    assert backend.seen.wait(30), "the sweep never read the coordinator's progress lines"
+    return RunResult("ok", None, 1.0, {}, {}, {}, str(logs))
 
 
 class Recorder(PlainProgress):
@@ -187,12 +203,12 @@ def test_run_sweep_drives_the_display(tmp_path, monkeypatch):
     seen = threading.Event()
     display = Recorder(seen)
 
-    def run(cfg, out_dir, timeout_s, progress, cluster=None, faults=()):
+    def run_point(backend, cfg, out_dir, timeout_s, progress, cluster=None, faults=()):
         seen.clear()
-        return FakeLocalBackend.run(backend, cfg, out_dir, timeout_s, progress, cluster, faults)
+        return fake_run_point(backend, cfg, out_dir, timeout_s, progress, cluster, faults)
 
     backend = FakeLocalBackend(seen)
-    monkeypatch.setattr(backend, "run", run)
+    monkeypatch.setattr("harness.sweep.run_point", run_point)
     path = run_sweep(spec, results_dir=tmp_path, progress=display, backend=backend)
     assert path.name == "report.json" and path.exists()
     assert display.lines[0].startswith("sweep fake: 2 points x 1 repeats on the local backend, about 0.4 min; report: ")
@@ -205,7 +221,8 @@ def test_run_sweep_drives_the_display(tmp_path, monkeypatch):
     assert display.ended == [True]
 
 
-def test_run_sweep_accepts_a_line_function(tmp_path):
+def test_run_sweep_accepts_a_line_function(tmp_path, monkeypatch):
+    monkeypatch.setattr("harness.sweep.run_point", fake_run_point)
     spec = build_spec({"name": "fake", "repeats": 1, "base": {"duration_s": 1},
                        "axes": {"compression": ["none"]}}, "fake.yaml")
     seen = threading.Event()

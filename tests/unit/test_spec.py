@@ -200,3 +200,38 @@ def test_cluster_settings_from_python_and_yaml_agree():
     assert settings.mem_limit.for_container("coordinator") == 2**31 and settings.mem_limit.for_container("worker", 1) is None
     assert settings.to_dict() == {"link": None, "cpus": None, "mem_limit_bytes": {"coordinator": 2**31, "worker": None}}
     assert parse_cluster({"cpus": {"worker": "none"}}, {}, 2, {"cpus": "c"}).is_empty  # all explicitly none
+
+
+def _alias_bomb(levels: int, fanout: int) -> str:
+    lines = [f"  l0: &l0 [{', '.join(['x'] * fanout)}]"]
+    for i in range(1, levels):
+        lines.append(f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * fanout)}]")
+    return "name: bomb\nbase: {num_workers: 2}\naxes: {batch_size: [8]}\nreference:\n" + "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_before_anything_walks_it(tmp_path):
+    """Nine levels of nine aliases: 9**9 nodes once expanded (the report once wrote 512 MB of it)."""
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb(9, 9))
+    with pytest.raises(SpecError, match=r"bomb\.yaml: refused: its aliases expand to more than 100,000 nodes"):
+        load_spec(path)
+
+
+def test_a_few_aliases_are_fine_and_a_recursive_one_is_refused(tmp_path):
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(_alias_bomb(3, 3))  # 3**3 leaves: a real spec's use of anchors
+    assert load_spec(ok).reference["l2"] == [[["x"] * 3] * 3] * 3
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("name: loop\nbase: {num_workers: 2}\naxes: {batch_size: [8]}\nreference: &r {self: *r}\n")
+    with pytest.raises(SpecError, match="loop.yaml: refused: a structure that contains itself"):
+        load_spec(loop)
+
+
+def test_a_worker_number_of_thousands_of_digits_is_a_clear_error():
+    """int() of a 5,000-digit string raises ValueError in Python 3.11: the pattern refuses it first."""
+    target = "worker-" + "9" * 5000
+    with pytest.raises(SpecError, match=r"target: 'worker-9{23}\.\.\. \(5007 characters\)'; allowed: coordinator"):
+        parse_faults([{"action": "kill", "target": target, "at_s": 1}], "x.yaml")
+    with pytest.raises(SpecError):
+        build_spec({"name": "w", "base": {"num_workers": 2},
+                    "axes": {"link": [{"worker-" + "9" * 5000: "rate-100m"}]}}, "x.yaml")

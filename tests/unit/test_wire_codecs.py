@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import socket
+import threading
 
 import lz4.block
 import numpy as np
@@ -25,10 +27,12 @@ from wiiide.codecs.chunked import CodecPool
 from wiiide.errors import ProtocolError
 from wiiide.protocol import (
     DTYPES,
+    FrameReader,
     WireTensor,
     decode_payload,
     encode_message,
     parse_header,
+    send_frames,
 )
 
 LOSSLESS = ["none", "zlib-1", "zstd-1", "zstd-9", "lz4", "shuffle-zstd", "shuffle-lz4", "shuffle-zstd-5"]
@@ -87,6 +91,45 @@ def test_parallel_chunks_round_trip_exact(name):
     # and a reader without a pool decodes the same frame
     _, _, msg2 = through_wire([WireTensor("grad", g)], codec_from_name(name), CodecPool(2, 64 * 1024))
     assert msg2.tensor("grad").tobytes() == g.tobytes()
+
+
+class RecordingPool(CodecPool):
+    """A codec pool that counts the items it was asked to map (to see which pool decoded a frame)."""
+
+    def __init__(self, threads: int, chunk_bytes: int) -> None:
+        super().__init__(threads, chunk_bytes)
+        self.items_mapped = 0
+
+    def map(self, fn, items):
+        self.items_mapped += len(items)
+        return super().map(fn, items)
+
+
+def test_frame_reader_decodes_chunks_on_the_pool_it_was_given():
+    """The pool is passed in: a reader decodes on its own pool, and a policy's pool is not used elsewhere."""
+    g = random_array("float32", (100_000,), 6)  # 400,000 bytes: 7 chunks of 64 KiB
+    sender_pool = CodecPool(threads=2, chunk_bytes=64 * 1024)
+    reader_pool = RecordingPool(threads=2, chunk_bytes=64 * 1024)
+    a, b = socket.socketpair()
+    try:
+        frame = encode_message("gradients", {}, [WireTensor("grad", g)], codec_from_name("zstd-1"), sender_pool)
+        chunks = len(frame.codec_params["chunks"])
+        assert chunks == 7
+        sender = threading.Thread(target=send_frames, args=(a, [frame, frame]), daemon=True)
+        sender.start()  # two frames exceed the socket buffer: send while the reader reads
+        msg = FrameReader(b, 1 << 24, pool=reader_pool).read_message()
+        assert msg.tensor("grad").tobytes() == g.tobytes()
+        assert reader_pool.items_mapped == chunks  # one decode task per chunk, on the reader's pool
+        # a reader without a pool decodes the same frame in its own thread; the recording pool is untouched
+        msg = FrameReader(b, 1 << 24).read_message()
+        assert msg.tensor("grad").tobytes() == g.tobytes()
+        assert reader_pool.items_mapped == chunks
+        sender.join(timeout=60)
+    finally:
+        a.close()
+        b.close()
+        sender_pool.close()
+        reader_pool.close()
 
 
 def test_small_payload_is_not_chunked():

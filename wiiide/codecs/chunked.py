@@ -8,8 +8,9 @@ chunk is an independent stream of that codec and the chunk table travels in the 
 before decoding anything, decodes each chunk bounded by its own declared size, in parallel, straight
 into one output buffer.
 
-One pool per process: the policy that creates it also registers it for decoding (`default_pool`),
-so frame readers need no reference to it.
+The pool is passed in, never global: a node's `wiiide.codecs.policy.CompressionPolicy` owns one and
+hands it to its frame readers (`wiiide.protocol.FrameReader(pool=...)`); without a pool every chunk
+is done in the calling thread.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from wiiide.codecs import Buffer, Codec, byte_view, check_params
+from wiiide.codecs.base import Buffer, Codec, byte_view, check_params
 from wiiide.errors import ProtocolError
 
 MAX_CHUNKS = 65536
@@ -33,6 +34,9 @@ class CodecPool:
     Args:
         threads: worker threads (1: chunks, if any, are done in the calling thread).
         chunk_bytes: raw bytes per chunk (rounded down to a multiple of 8, so no element is split).
+
+    Raises:
+        ValueError: fewer than 1 thread or chunks under `MIN_CHUNK_BYTES` (64 KiB).
     """
 
     def __init__(self, threads: int = 1, chunk_bytes: int = 1024 * 1024) -> None:
@@ -45,26 +49,15 @@ class CodecPool:
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="codec") if threads > 1 else None
 
     def map(self, fn, items: Sequence[Any]) -> list[Any]:
+        """``[fn(item) for item in items]``, on the pool's threads when it has more than one."""
         if self._executor is None or len(items) < 2:
             return [fn(item) for item in items]
         return list(self._executor.map(fn, items))
 
     def close(self) -> None:
+        """Stop the threads (without waiting for queued work); the pool must not be used afterwards."""
         if self._executor is not None:
             self._executor.shutdown(wait=False)
-
-
-_default_pool: CodecPool | None = None
-
-
-def default_pool() -> CodecPool | None:
-    """The process's codec pool, if a policy made one (used by frame readers to decode chunks)."""
-    return _default_pool
-
-
-def set_default_pool(pool: CodecPool | None) -> None:
-    global _default_pool
-    _default_pool = pool
 
 
 def common_itemsize(arrays: Sequence[np.ndarray]) -> int:
@@ -75,7 +68,12 @@ def common_itemsize(arrays: Sequence[np.ndarray]) -> int:
 
 def encode_bytes(codec: Codec, arrays: Sequence[np.ndarray], pool: CodecPool | None
                  ) -> tuple[list[Buffer], dict[str, Any]]:
-    """Encode the arrays' bytes with a lossless `codec`, in parallel chunks when large enough."""
+    """Encode the arrays' bytes (any dtypes, C-contiguous) with a lossless `codec`.
+
+    Returns (payload buffers in order, codec_params): one buffer and ``{}``, or, when the payload is at
+    least two of `pool`'s chunks (or above the codec's own ``MAX_CHUNK_BYTES``), one buffer per chunk
+    and the chunk table ``{"chunks": [[raw_nbytes, wire_nbytes], ...]}``.
+    """
     views = [byte_view(a) for a in arrays if a.nbytes]
     raw_nbytes = sum(v.nbytes for v in views)
     if raw_nbytes == 0:
@@ -95,7 +93,12 @@ def encode_bytes(codec: Codec, arrays: Sequence[np.ndarray], pool: CodecPool | N
 
 def decode_bytes(codec: Codec, wire: memoryview, raw_nbytes: int, params: dict[str, Any],
                  pool: CodecPool | None) -> Buffer:
-    """Decode a lossless payload, chunked or not. Raises ProtocolError on any mismatch."""
+    """Decode a lossless payload, chunked or not, into exactly `raw_nbytes` bytes (chunks on `pool`).
+
+    Raises:
+        ProtocolError: codec_params other than a valid chunk table, a table that does not add up to
+            the declared sizes, or a chunk that decodes to another size than its entry says.
+    """
     check_params(codec.wire_id, params, {"chunks"})
     table = params.get("chunks")
     if table is None:

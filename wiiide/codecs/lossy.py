@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from wiiide.codecs import Buffer, Codec, TensorSpecs, check_params
+from wiiide.codecs.base import Buffer, Codec, TensorSpecs, check_params
 from wiiide.errors import ProtocolError
 
 F16_MAX = 65504.0
@@ -69,6 +69,11 @@ class Fp16Codec(_Float32Codec):
     wire_id = "fp16"
 
     def encode_message(self, arrays, names, stream="", pool=None):
+        """float32 tensors -> one buffer of float16 values (2 bytes each), clamped to +-65504; no codec_params.
+
+        Raises:
+            ValueError: a tensor that is not float32.
+        """
         flats = _flat_float32(arrays, self.wire_id)
         out = np.empty(sum(f.size for f in flats), dtype="<f2")
         at = 0
@@ -80,6 +85,11 @@ class Fp16Codec(_Float32Codec):
         return [memoryview(out).cast("B")] if out.size else [], {}
 
     def decode_message(self, wire, raw_nbytes, params, specs, pool=None):
+        """float16 payload -> the declared float32 tensors' bytes.
+
+        Raises:
+            ProtocolError: codec_params given, a non-float32 spec, or a payload not 2 bytes per element.
+        """
         check_params(self.wire_id, params, set())
         n = _float32_count(self.wire_id, raw_nbytes, specs)
         _expect_size(self.wire_id, wire, 2 * n)
@@ -92,6 +102,11 @@ class Bf16Codec(_Float32Codec):
     wire_id = "bf16"
 
     def encode_message(self, arrays, names, stream="", pool=None):
+        """float32 tensors -> one buffer of bfloat16 bit patterns (uint16, round to nearest even); no codec_params.
+
+        Raises:
+            ValueError: a tensor that is not float32.
+        """
         flats = _flat_float32(arrays, self.wire_id)
         bits = np.concatenate(flats).view(np.uint32) if len(flats) != 1 else flats[0].view(np.uint32)
         rounded = bits >> 16
@@ -106,6 +121,11 @@ class Bf16Codec(_Float32Codec):
         return [memoryview(out).cast("B")] if out.size else [], {}
 
     def decode_message(self, wire, raw_nbytes, params, specs, pool=None):
+        """bfloat16 payload -> the declared float32 tensors' bytes (low 16 bits zero).
+
+        Raises:
+            ProtocolError: codec_params given, a non-float32 spec, or a payload not 2 bytes per element.
+        """
         check_params(self.wire_id, params, set())
         n = _float32_count(self.wire_id, raw_nbytes, specs)
         _expect_size(self.wire_id, wire, 2 * n)
@@ -130,9 +150,15 @@ class Int8BlockCodec(_Float32Codec):
 
     @property
     def name(self) -> str:
+        """``int8`` at the default block (256), else ``int8-<block>``."""
         return "int8" if self.block == self.DEFAULT_BLOCK else f"int8-{self.block}"
 
     def encode_message(self, arrays, names, stream="", pool=None):
+        """float32 tensors -> (float32 scale per block, int8 per value); codec_params ``{"block": block}``.
+
+        Raises:
+            ValueError: a tensor that is not float32.
+        """
         flats = _flat_float32(arrays, self.wire_id)
         x = flats[0] if len(flats) == 1 else np.concatenate(flats)
         n, b = x.size, self.block
@@ -157,6 +183,12 @@ class Int8BlockCodec(_Float32Codec):
         return [memoryview(scales).cast("B"), memoryview(q).cast("B")], {"block": b}
 
     def decode_message(self, wire, raw_nbytes, params, specs, pool=None):
+        """Scales and int8 values -> the declared float32 tensors' bytes (value x scale).
+
+        Raises:
+            ProtocolError: a bad block size in codec_params, a non-float32 spec, or a payload size that does
+                not match the declared element count.
+        """
         check_params(self.wire_id, params, {"block"}, {"block"})
         b = params["block"]
         if not isinstance(b, int) or isinstance(b, bool) or not self.MIN_BLOCK <= b <= self.MAX_BLOCK:
@@ -192,12 +224,20 @@ class TopKCodec(_Float32Codec):
 
     @property
     def name(self) -> str:
+        """``topk-<fraction>`` (``%g``)."""
         return f"topk-{self.fraction:g}"
 
     def k_for(self, n: int) -> int:
+        """Values kept of a tensor of `n` elements: ceil(fraction x n), at least 1 (0 for an empty tensor)."""
         return min(n, max(1, math.ceil(self.fraction * n))) if n else 0
 
     def encode_message(self, arrays, names, stream="", pool=None):
+        """Per tensor the k largest |x + residual| as (int32 index, float32 value); the rest becomes that
+        (stream, name)'s residual. codec_params hold each tensor's k.
+
+        Raises:
+            ValueError: a tensor that is not float32.
+        """
         flats = _flat_float32(arrays, self.wire_id)
         index_parts, value_parts, ks = [], [], []
         for f, name in zip(flats, names):
@@ -227,6 +267,11 @@ class TopKCodec(_Float32Codec):
         return self.residuals.get(f"{stream}/{name}")
 
     def decode_message(self, wire, raw_nbytes, params, specs, pool=None):
+        """Indices and values -> dense float32 tensors (zeros elsewhere) of the declared shapes.
+
+        Raises:
+            ProtocolError: a bad k list, an index out of range, or a payload of another size.
+        """
         check_params(self.wire_id, params, {"k"}, {"k"})
         ks = params["k"]
         total = _float32_count(self.wire_id, raw_nbytes, specs)

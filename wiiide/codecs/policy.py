@@ -42,8 +42,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from wiiide.codecs import Codec, NoCodec, ZlibCodec, codec_from_name, decoder_for
-from wiiide.codecs.chunked import CodecPool, set_default_pool
+from wiiide.codecs.base import Codec, NoCodec
+from wiiide.codecs.chunked import CodecPool, default_threads
+from wiiide.codecs.lossless import ZlibCodec, _blosc2
+from wiiide.codecs.registry import codec_from_name, decoder_for
+from wiiide.protocol import Frame, Message, WireTensor, encode_message
 
 GRADIENT_KINDS = frozenset({"gradients"})
 LOSSLESS_CANDIDATES = ("none", "lz4", "zstd-1", "shuffle-lz4", "shuffle-zstd")
@@ -102,11 +105,13 @@ class LinkEstimate:
         self.rates_bps: deque[float] = deque(maxlen=window)
 
     def observe(self, payload_nbytes: int, seconds: float) -> None:
+        """Count one received payload of `payload_nbytes` bytes that took `seconds` (ignored below `min_bytes`)."""
         if payload_nbytes >= self.min_bytes and seconds > 0:
             self.rates_bps.append(8.0 * payload_nbytes / seconds)
 
     @property
     def bps(self) -> float | None:
+        """The estimated link rate in bit/s (the `quantile` of recent rates), None before any sample."""
         if not self.rates_bps:
             return None
         return float(np.quantile(np.fromiter(self.rates_bps, float), self.quantile))
@@ -146,9 +151,9 @@ class CompressionPolicy:
         self.lossy_warmup_steps = lossy_warmup_steps
         self.link_bandwidth_bps = float(link_bandwidth_bps)
         self.probe_every, self.ema_alpha, self.clock = probe_every, ema_alpha, clock
+        # The node hands this pool to its frame readers (`FrameReader(pool=policy.pool)`), so received
+        # chunks are decoded on the same threads.
         self.pool = CodecPool(codec_threads, chunk_bytes)
-        if codec_threads > 1:
-            set_default_pool(self.pool)  # the node's frame readers decode chunks on it too
         self.link = LinkEstimate()
         self.gradient_messages = 0
         self._none = NoCodec()
@@ -159,8 +164,6 @@ class CompressionPolicy:
         self._codecs: dict[str, Codec] = {n: codec_from_name(n) for n in names + self._lossy_names}
         self._lossless_names = names
         if self.mode == "network-aware":
-            from wiiide.codecs.lossless import _blosc2
-
             _blosc2()  # import now (about 0.6 s), not inside the first message timed with a shuffle codec
         self._stats: dict[str, dict[str, dict[str, Any]]] = {}  # kind -> codec -> moving averages
         self._count: dict[str, int] = {}  # messages per kind (network-aware)
@@ -179,9 +182,11 @@ class CompressionPolicy:
 
     @classmethod
     def from_config(cls, cfg: Any, record: dict[str, Any] | None = None) -> "CompressionPolicy":
-        """The policy a `wiiide.config.RunConfig` describes, recording into `record` (metrics.extra)."""
-        from wiiide.codecs.chunked import default_threads
+        """The policy a `wiiide.config.RunConfig` describes, recording into `record` (metrics.extra).
 
+        ``codec_threads`` 0 becomes `default_threads()` (the cores, at most 4). Raises `ValueError` as
+        the constructor does (a config that validated never does).
+        """
         return cls(cfg.compression, cfg.adaptive_threshold_bytes, allow_lossy=cfg.allow_lossy,
                    lossy_warmup_steps=cfg.lossy_warmup_steps, topk_fraction=cfg.topk_fraction,
                    link_bandwidth_bps=cfg.link_bandwidth_bps,
@@ -231,11 +236,14 @@ class CompressionPolicy:
         if not s or s["samples"] == 0:
             return None
         bps = link_bps if link_bps is not None else self.link_bps()[0]
-        encode = raw_nbytes / s["encode_Bps"] if s["encode_Bps"] else 0.0
-        decode = raw_nbytes / s["decode_Bps"] if s["decode_Bps"] else 0.0
+        encode = raw_nbytes / s["encode_bytes_per_s"] if s["encode_bytes_per_s"] else 0.0
+        decode = raw_nbytes / s["decode_bytes_per_s"] if s["decode_bytes_per_s"] else 0.0
         return encode + 8.0 * raw_nbytes / s["ratio"] / bps + decode
 
     def candidates(self, kind: str, arrays: Sequence[np.ndarray] | None = None) -> list[str]:
+        """Codec names network-aware weighs for a message of `kind`: the lossless set, plus the lossy set for
+        float32 gradient messages once allowed and past warm-up.
+        """
         names = list(self._lossless_names)
         if self.allow_lossy and self._lossy_ready(kind, arrays):
             names += self._lossy_names
@@ -272,7 +280,7 @@ class CompressionPolicy:
                 self._next_probe[kind] = n
                 interval = min(2 * interval, PROBE_BACKOFF_MAX * self.probe_every)  # backs off while nothing changes
             self._probe_interval[kind] = interval
-        stats.setdefault(choice, {"samples": 0, "ratio": 1.0, "encode_Bps": 0.0, "decode_Bps": 0.0,
+        stats.setdefault(choice, {"samples": 0, "ratio": 1.0, "encode_bytes_per_s": 0.0, "decode_bytes_per_s": 0.0,
                                   "last_used": 0})["last_used"] = n
         # The full record (with every estimate) is only built if it is kept (see _account).
         decision = {"message": n, "kind": kind, "raw_nbytes": raw_nbytes, "codec": choice, "reason": reason,
@@ -280,13 +288,13 @@ class CompressionPolicy:
         return self._codecs[choice], decision
 
     # ------------------------------------------------------------------------------------------
-    def encode(self, kind: str, meta: dict[str, Any] | None, tensors: Sequence[Any], stream: str | None = None):
-        """Choose a codec, build the frame (`wiiide.protocol.encode_message`) and learn from it.
+    def encode(self, kind: str, meta: dict[str, Any] | None, tensors: Sequence[WireTensor],
+               stream: str | None = None) -> Frame:
+        """Choose a codec, build the frame (`wiiide.protocol.encode_message`, chunks on `pool`) and learn from it.
 
-        `tensors` are `wiiide.protocol.WireTensor`s. Returns the `Frame`.
+        Raises:
+            ValueError: a header above `wiiide.protocol.MAX_HEADER_BYTES`.
         """
-        from wiiide.protocol import encode_message
-
         arrays = [t.array for t in tensors]
         raw_nbytes = sum(a.nbytes for a in arrays)
         codec, decision = self._choose(kind, raw_nbytes, arrays)
@@ -294,7 +302,8 @@ class CompressionPolicy:
         self._account(kind, frame, decision, tensors)
         return frame
 
-    def _account(self, kind: str, frame: Any, decision: dict[str, Any] | None, tensors: Sequence[Any]) -> None:
+    def _account(self, kind: str, frame: Frame, decision: dict[str, Any] | None,
+                 tensors: Sequence[WireTensor]) -> None:
         choices = self.record["choices"].setdefault(kind, {})
         choices[frame.codec] = choices.get(frame.codec, 0) + 1
         if decision is None:
@@ -312,7 +321,7 @@ class CompressionPolicy:
             decisions.append(decision)
         self._last_choice[kind] = frame.codec
 
-    def _self_decode_s(self, frame: Any, tensors: Sequence[Any]) -> float:
+    def _self_decode_s(self, frame: Frame, tensors: Sequence[WireTensor]) -> float:
         """Seconds to decode this frame's payload here (the sender's stand-in for the receiver's cost)."""
         parts = frame.buffers[1:]
         payload = memoryview(parts[0] if len(parts) == 1 else b"".join(parts)) if parts else memoryview(b"")
@@ -330,23 +339,24 @@ class CompressionPolicy:
         import, a burst of other work) would otherwise keep a good codec out for many messages.
         """
         s = self._stats.setdefault(kind, {}).setdefault(
-            codec_name, {"samples": 0, "ratio": 1.0, "encode_Bps": 0.0, "decode_Bps": 0.0, "last_used": 0})
+            codec_name, {"samples": 0, "ratio": 1.0, "encode_bytes_per_s": 0.0, "decode_bytes_per_s": 0.0, "last_used": 0})
         a = self.ema_alpha if s["samples"] else 1.0
         ratio = raw_nbytes / payload_nbytes if payload_nbytes else 1.0
         s["ratio"] += a * (ratio - s["ratio"])
         if codec_name != "none":
             for key, seconds in (("encode", encode_s), ("decode", decode_s)):
                 if seconds is not None and seconds > 0:
-                    recent = s.setdefault(f"{key}_Bps_recent", [])
+                    recent = s.setdefault(f"{key}_bytes_per_s_recent", [])
                     recent.append(raw_nbytes / seconds)
                     del recent[:-SPEED_WINDOW]
-                    s[f"{key}_Bps"] = max(recent)
+                    s[f"{key}_bytes_per_s"] = max(recent)
         s["samples"] += 1
 
-    def observe_received(self, msg: Any) -> None:
+    def observe_received(self, msg: Message) -> None:
         """Learn the link's rate from a received `wiiide.protocol.Message` (network-aware, no bandwidth set)."""
         self.link.observe(msg.payload_nbytes, msg.payload_recv_s)
         self.record["link_bandwidth_bps_measured"] = self.link.bps
 
     def close(self) -> None:
+        """Stop the codec pool's threads; frame readers given `pool` must not decode afterwards."""
         self.pool.close()

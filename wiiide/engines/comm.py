@@ -53,6 +53,7 @@ class CommEstimate:
     data_bytes: float = 0.0  # mini-batches shipped over the network (parameter server only)
 
     def to_dict(self) -> dict[str, Any]:
+        """The estimate as a JSON-ready dict (bytes as floats)."""
         return asdict(self)
 
 
@@ -168,14 +169,19 @@ class IntervalTimer:
 
     @staticmethod
     def now() -> float:
+        """Monotonic seconds (`time.perf_counter`), the clock of `add`."""
         return time.perf_counter()
 
     def add(self, start: float, end: float) -> None:
+        """Record one collective in flight from `start` to `end` (seconds of `now`); thread-safe."""
         with self._lock:
             self._intervals.append((start, end))
             self.count += 1
 
     def take_step(self) -> float:
+        """Seconds during which at least one recorded collective was in flight since the last call
+        (`union_length_s`), and forget those intervals.
+        """
         with self._lock:
             intervals, self._intervals = self._intervals, []
         return union_length_s(intervals)

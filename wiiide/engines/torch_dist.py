@@ -56,14 +56,20 @@ import torch.distributed as dist
 from torch import nn
 
 from wiiide.config import RunConfig
-from wiiide.coordinator import evaluate
 from wiiide.data import BatchSampler, load_dataset
 from wiiide.engines.comm import IntervalTimer, estimate
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics, summarize
-from wiiide.model import build_mlp
-from wiiide.node import (EXIT_CONNECT, EXIT_ERROR, EXIT_PEER_LOST, NodeFailure, run_node, touch,
-                         wait_for_start_gate)
+from wiiide.model import build_mlp, evaluate
+from wiiide.node import (
+    EXIT_CONNECT,
+    EXIT_ERROR,
+    EXIT_PEER_LOST,
+    NodeFailure,
+    run_node,
+    touch,
+    wait_for_start_gate,
+)
 
 RANK_KEY = "wiiide/next_rank"
 STOP_CHECK_EVERY_STEPS = 10
@@ -145,19 +151,36 @@ def timed_ddp_hook(inner: Callable, timer: IntervalTimer) -> Callable:
 
 
 def _timed_fsdp_comms(timer: IntervalTimer) -> tuple[Any, Any]:
-    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+    """(all-gather, reduce-scatter) for FSDP2's `set_custom_all_gather` / `set_custom_reduce_scatter`
+    that record each collective from launch to completion in `timer`.
 
-    class TimedAllGather(DefaultAllGather):
+    They do what FSDP2's defaults do (``torch.empty`` buffers, `dist.all_gather_single`,
+    `dist.reduce_scatter_single`: see ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``)
+    with public APIs only: FSDP2 calls a custom comm's ``allocate(size, dtype=, device=)`` and
+    ``__call__``, and does not require its private base classes.
+    """
+
+    def allocate(size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:  # noqa: ANN001
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    class TimedAllGather:
+        def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:  # noqa: ANN001
+            return allocate(size, dtype=dtype, device=device)
+
         def __call__(self, output_tensor, input_tensor, group, async_op=False):  # noqa: ANN001
             start = timer.now()
-            work = super().__call__(output_tensor, input_tensor, group, async_op)
+            work = dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
             _track(timer, start, work)
             return work
 
-    class TimedReduceScatter(DefaultReduceScatter):
+    class TimedReduceScatter:
+        def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:  # noqa: ANN001
+            return allocate(size, dtype=dtype, device=device)
+
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):  # noqa: ANN001
             start = timer.now()
-            work = super().__call__(output_tensor, input_tensor, group, op, async_op)
+            work = dist.reduce_scatter_single(output=output_tensor, input=input_tensor, group=group, op=op,
+                                              async_op=async_op)
             _track(timer, start, work)
             return work
 
@@ -186,6 +209,7 @@ class TorchNode:
         self.timer = IntervalTimer()
 
     def run(self) -> int:
+        """Run this rank to the end and write its metrics file; returns the exit code (`wiiide.node` EXIT_*)."""
         return run_node(self.cfg, self.metrics, self.log, self._main)
 
     # ------------------------------------------------------------------------------------------
@@ -289,7 +313,12 @@ class TorchNode:
         cfg = self.cfg
         if not cfg.profile:
             return None
-        from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+        from torch.profiler import (
+            ProfilerActivity,
+            profile,
+            schedule,
+            tensorboard_trace_handler,
+        )
 
         out = Path(cfg.metrics_dir).resolve().parent / "profile"
         out.mkdir(parents=True, exist_ok=True)
@@ -420,4 +449,5 @@ class TorchNode:
 
 
 def main(cfg: RunConfig, role: str) -> int:
+    """Run a DDP or FSDP rank for `role` (``coordinator`` is rank 0); returns the exit code."""
     return TorchNode(cfg, role).run()

@@ -15,7 +15,7 @@ import numpy as np
 
 from harness.bench.wire.channel import read_ack, send_control
 from harness.bench.wire.paced import PacedSocket
-from wiiide.codecs import CompressionPolicy
+from wiiide.codecs.policy import CompressionPolicy
 from wiiide.protocol import FrameReader, WireTensor, send_frames
 
 PROBE_EVERY = 20  # network-aware's probe interval here (messages)

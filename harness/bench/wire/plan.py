@@ -86,7 +86,8 @@ class WirePlan:
         self._check_names()
 
     def _check_names(self) -> None:
-        from wiiide.codecs import CompressionPolicy, codec_from_name
+        from wiiide.codecs import codec_from_name
+        from wiiide.codecs.policy import CompressionPolicy
 
         for option, names in (("frame_codecs", self.frame_codecs), ("table_codecs", self.table_codecs)):
             for name in names:

@@ -1,30 +1,18 @@
-"""A bench-wire report as text: three `rich` tables (frames vs raw, codecs, links) and the targets.
-
-`harness.present.table` has no generic ``render_table`` yet; `_table` below is the small stand-in
-(swap it for ``render_table`` once that lands).
+"""A bench-wire report as text: three tables (frames vs raw, codecs, links) and the targets, printed
+with the harness's one table printer, `harness.present.table.render_table` (rich, no colour).
 """
 
 from __future__ import annotations
 
-import io
 from typing import Any, Sequence
 
-from rich.console import Console
-from rich.table import Table
-
 from harness.bench.wire.summary import rate_key
+from harness.present.table import render_table
 from wiiide.units import format_size
 
-TEXT_WIDTH = 200  # characters; wide enough for seven codec columns
 
-
-def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
-    table = Table(title=title, title_justify="left")
-    for i, name in enumerate(columns):
-        table.add_column(name, justify="left" if i == 0 else "right")
-    for row in rows:
-        table.add_row(*row)
-    return table
+def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    return render_table(title, columns, rows, left_columns=columns[:1])
 
 
 def _mb(value_bytes_per_s: float | None) -> str:
@@ -35,7 +23,7 @@ def _rate_label(rate_bps: float | None) -> str:
     return f"{rate_bps / 1e6:.0f} Mbit/s" if rate_bps else "unpaced"
 
 
-def frames_table(report: dict[str, Any]) -> Table | None:
+def frames_table(report: dict[str, Any]) -> str | None:
     """Frames: per size, raw socket MB/s and each codec's MB/s with its median ratio to raw; None without rows."""
     frames = report.get("frames", [])
     if not frames:
@@ -49,7 +37,7 @@ def frames_table(report: dict[str, Any]) -> Table | None:
                   f"receiver recv_chunk_bytes {format_size(chunk)}", ["size", "raw socket", *codecs], rows)
 
 
-def codecs_table(report: dict[str, Any]) -> Table | None:
+def codecs_table(report: dict[str, Any]) -> str | None:
     """Codecs: ratio and median encode / decode MB/s (raw bytes) per gradient, codec and threads; None without rows."""
     codecs = report.get("codecs", [])
     if not codecs:
@@ -60,7 +48,7 @@ def codecs_table(report: dict[str, Any]) -> Table | None:
                   ["gradient", "codec", "threads", "ratio", "encode MB/s", "decode MB/s"], rows)
 
 
-def links_table(report: dict[str, Any]) -> Table | None:
+def links_table(report: dict[str, Any]) -> str | None:
     """Links: median ms per synchronous round trip, per rate and policy; None without rows."""
     links = report.get("links", [])
     if not links:
@@ -92,22 +80,17 @@ def target_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def format_report(report: dict[str, Any], width: int = TEXT_WIDTH) -> str:
+def format_report(report: dict[str, Any]) -> str:
     """The whole report as plain text (no colour codes): a header line, the three tables, the targets.
 
     Raises:
         KeyError: a section row without the fields the sections write (a report of schema_version 1
         spells its rates differently and is refused here).
     """
-    buf = io.StringIO()
-    console = Console(file=buf, width=width, no_color=True, highlight=False, force_terminal=False)
     m = report.get("machine_info", {})
     commit = (report.get("commit_info", {}).get("id") or "?")[:10]
-    console.print(f"bench-wire | backend {report['backend']['name']} | {m.get('cpu_count_logical')} CPUs | "
-                  f"commit {commit}")
-    for table in (frames_table(report), codecs_table(report), links_table(report)):
-        if table is not None:
-            console.print(table)
-    for line in target_lines(report.get("summary", {})):
-        console.print(line)
-    return buf.getvalue()
+    parts = [f"bench-wire | backend {report['backend']['name']} | {m.get('cpu_count_logical')} CPUs | "
+             f"commit {commit}"]
+    parts += [table for table in (frames_table(report), codecs_table(report), links_table(report)) if table]
+    parts += target_lines(report.get("summary", {}))
+    return "\n\n".join(parts) + "\n"

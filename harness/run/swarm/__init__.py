@@ -35,7 +35,7 @@ endpoint (``WIIIIIDE_SWARM_ENDPOINTS="host-a=ssh://root@host-a,host-b=tcp://10.0
 local node needs none. Tried on one node only.
 """
 
-from harness.run.swarm.backend import SwarmBackend, cluster_down, cluster_up
+from harness.run.swarm.backend import SwarmBackend, cluster_down
 from harness.run.swarm.stack import stack_name
 
-__all__ = ["SwarmBackend", "cluster_down", "cluster_up", "stack_name"]
+__all__ = ["SwarmBackend", "cluster_down", "stack_name"]

@@ -1,32 +1,27 @@
-"""`SwarmBackend`: one run as a stack, through start / poll / stop / collect / teardown; ``up`` and
-``down`` of a long-running stack."""
+"""`SwarmBackend`: one run as a stack, through the run stage's `Backend` protocol (start / poll / stop /
+collect / teardown, driven by `harness.run.loop.run_point`); ``launch`` for ``up``, `cluster_down` for
+``down``."""
 
 from __future__ import annotations
 
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from harness.errors import ClusterError, LinkShapingError
+from harness.errors import ClusterError
 from harness.links.plan import Capabilities
-from harness.run.backend import (
-    Backend,
-    Progress,
-    RunResult,
-    collect_nodes,
-    default_timeout_s,
-    judge,
-)
+from harness.run.backend import Collected, PhaseClock, Progress
 from harness.run.compose import (
     DEFAULT_IMAGE,
     PROJECT,
     _ContainerController,
+    _lifetime,
     _StatsReader,
     write_cluster_secret,
 )
 from harness.run.docker_client import docker_client
-from harness.run.faults import FaultInjector
+from harness.run.faults import Controller
 from harness.run.shaping import START_GATE_FILE, ClusterConditions
 from harness.run.stats import summarize_samples
 from harness.run.swarm.cluster import ensure_swarm, leave_swarm_if_ours, swarm_info
@@ -48,23 +43,18 @@ from harness.run.swarm.tasks import (
 )
 from harness.run.tc_exec import probe_capabilities
 from harness.spec.cluster import ClusterSettings
+from harness.spec.faults import Fault
 from wiiide.config import RunConfig
 
 RUNNING_WAIT_S = 120.0  # seconds after deploy for every task's container to run (image present: ~2 s)
 STOP_GRACE_S = 5
 
 
-class _SwarmController(_ContainerController):
-    """Fault actions on the tasks' containers (kill, pause, disconnect): those of Compose's, through the
-    engine of the task's node. ``restart`` is refused by `SwarmBackend.check_faults`."""
+class SwarmBackend:
+    """The ``swarm`` `harness.run.backend.Backend`: one stack per run on a Docker Swarm (a single node
+    unless hosts joined), with links, limits and the kill, pause and disconnect faults.
 
-
-
-class SwarmBackend(Backend):
-    """The ``swarm`` backend: one stack per run on a (single-node unless joined) Docker Swarm.
-
-    start / poll / stop / collect / teardown are the steps of one run (the shape of the run stage's
-    Backend protocol); `run` drives them; `close` leaves a swarm the harness started.
+    `close` (the end of a sweep) leaves a swarm the harness started.
     """
 
     name = "swarm"
@@ -120,7 +110,7 @@ class SwarmBackend(Backend):
     def check_cluster(self, cluster: ClusterSettings | None) -> None:
         """Links, CPU and memory limits are applied in each task's container (as on ``docker``): never raises."""
 
-    def check_faults(self, faults) -> None:
+    def check_faults(self, faults: Sequence[Fault]) -> None:
         """``restart`` is refused (ClusterError): Swarm does not restart a task's container, it replaces
         the task, and with ``restart_policy: none`` a killed task stays down. kill, pause and disconnect work."""
         if any(f.action == "restart" for f in faults or ()):
@@ -132,40 +122,62 @@ class SwarmBackend(Backend):
         return probe_capabilities(self.client, self.image, {STACK_LABEL: self.stack})
 
     # ---- the steps of one run
-    def start(self, cfg: RunConfig, out_dir: Path, cluster: ClusterSettings, progress: Progress,
-              t0: float | None = None) -> _SwarmController:
-        """Deploy the run's stack, wait until every task's container runs, then set limits, shape links
-        and open the start gate. Return the fault controller.
+    def launch(self, cfg: RunConfig, out_dir: Path, cluster: ClusterSettings, progress: Progress,
+               clock: PhaseClock | None = None) -> list[TaskContainer]:
+        """Bring the stack up as a sweep run does, without watching it: join or start the swarm, remove
+        a leftover stack, plan the link shaping, deploy, wait until every task's container runs, then
+        set limits, shape links and open the start gate. Each step is timed on `clock` (if given).
+        ``up --backend swarm`` uses it for a long-running stack; `start` for a sweep's run.
+
+        Returns:
+            The tasks' containers (`TaskContainer`), the coordinator first, then workers by slot.
 
         Raises:
-            ClusterError: the stack could not be deployed, a task failed or did not run within
-                `RUNNING_WAIT_S` seconds, a limit could not be set.
+            ClusterError: the swarm cannot be had, the stack could not be deployed, a task failed or
+                did not run within `RUNNING_WAIT_S` seconds, or a limit could not be set.
             LinkShapingError: a link profile cannot be applied (before anything is deployed when the
                 kernel lacks a qdisc), or eth0 of a task is not its overlay interface.
         """
-        t0 = time.monotonic() if t0 is None else t0
+        clock = clock or PhaseClock()
         out_dir = Path(out_dir).resolve()
         (out_dir / "nodes").mkdir(parents=True, exist_ok=True)
         self._conditions = conditions = ClusterConditions(cluster or ClusterSettings(), self._probe)
-        self.engines  # the swarm: joined, or started on this node
-        remove_stack(self.client, self.stack, progress)  # a clean slate: nothing left from a killed run
-        conditions.plan(cfg.num_workers)
+        with clock.phase("clean"):
+            self.engines  # the swarm: joined, or started on this node
+            remove_stack(self.client, self.stack, progress)  # a clean slate: nothing left from a killed run
+        with clock.phase("plan"):
+            conditions.plan(cfg.num_workers)
         if conditions.gated:
             cfg = cfg.replace(start_gate_file=START_GATE_FILE)
-        self._share_image(progress)
-        files = write_stack_files(out_dir / "swarm", cfg.num_workers)
-        write_cluster_secret()
-        self._deployed = True
-        deploy_stack(files, self.stack, stack_env(cfg, out_dir, self.image, conditions.settings.compose_env()))
-        self._containers = self._wait_running(cfg.num_workers)
-        for c in self._containers:
-            self._readers[c.name] = _StatsReader(c, t0)
+        with clock.phase("create"):
+            self._share_image(progress)
+            files = write_stack_files(out_dir / "swarm", cfg.num_workers)
+            write_cluster_secret()
+            self._deployed = True
+            deploy_stack(files, self.stack, stack_env(cfg, out_dir, self.image, conditions.settings.compose_env()))
+            self._containers = self._wait_running(cfg.num_workers)
         if conditions.gated:
-            if conditions.settings.link is not None:
-                for c in self._containers:
-                    check_overlay_eth0(c, self.stack)
-            conditions.apply(self._containers, t0, progress)
-        return _SwarmController(self._containers)
+            with clock.phase("shape"):
+                if conditions.settings.link is not None:
+                    for c in self._containers:
+                        check_overlay_eth0(c, self.stack)
+                conditions.apply(self._containers, clock.t0, progress)
+            with clock.phase("gate"):
+                conditions.open_gate(self._containers, clock.t0)
+        return self._containers
+
+    def start(self, cfg: RunConfig, out_dir: Path, cluster: ClusterSettings, progress: Progress,
+              clock: PhaseClock) -> Controller:
+        """`launch` the stack and stream every task's Engine API stats until `stop`; return the fault
+        controller (kill, pause, disconnect through the task's container).
+
+        Raises:
+            ClusterError, LinkShapingError: as `launch`.
+        """
+        containers = self.launch(cfg, out_dir, cluster, progress, clock)
+        for c in containers:
+            self._readers[c.name] = _StatsReader(c, clock.t0)
+        return _ContainerController(containers)
 
     def _share_image(self, progress: Progress) -> None:
         """On a swarm of several nodes, push the image once to the registry its name points at (the
@@ -205,9 +217,16 @@ class SwarmBackend(Backend):
             time.sleep(0.25)
 
     def poll(self) -> dict[str, str]:
-        """Each task container's state now (``running``, ``paused``, ``exited``...), by name."""
+        """Each task container's state now (``running``, ``paused``, ``exited``...), by name: one Engine
+        API list call for this node's tasks, one inspect per task on another node."""
+        local = self.engines.local_node_id
+        listed = {item["Id"]: item.get("State") for item in self.client.api.containers(
+            all=True, filters={"label": f"{STACK_LABEL}={self.stack}"})}
         states = {}
         for c in self._containers:
+            if c.node_id == local:
+                states[c.name] = listed.get(c.id, "exited")  # a removed one has exited
+                continue
             try:
                 c.reload()
                 states[c.name] = c.status
@@ -231,9 +250,10 @@ class SwarmBackend(Backend):
             except Exception:  # already gone
                 pass
 
-    def collect(self, logs_dir: Path, progress: Progress) -> dict[str, Any]:
-        """Exit codes, logs (written to `logs_dir`), per-task stats with the node that ran each task,
-        links and limits: ``{"exit_codes", "containers", "links", "limits"}``."""
+    def collect(self, logs_dir: Path, progress: Progress) -> Collected:
+        """Exit codes (None: still running), each task's log into `logs_dir`, per-task stats with the
+        node that ran it, links and limits. Node metrics of tasks on other hosts (or all, with
+        `COPY_METRICS_ENV` = 1) are copied into ``logs_dir/../nodes`` through their engines."""
         exit_codes: dict[str, int | None] = {}
         for c in self._containers:
             try:
@@ -255,14 +275,20 @@ class SwarmBackend(Backend):
         for c in self._containers:
             samples = self._readers[c.name].samples if c.name in self._readers else []
             containers[c.name] = {"role": c.service, "kind": "container", "exit_code": exit_codes.get(c.name),
-                                  "node": c.node, "node_id": c.node_id, "task_slot": c.slot,
-                                  "container_id": c.id[:12], "metrics_via": c.metrics_via, "samples": samples, "summary": summarize_samples(samples)}
+                                  **_lifetime(c), "node": c.node, "node_id": c.node_id, "task_slot": c.slot,
+                                  "container_id": c.id[:12], "metrics_via": c.metrics_via,
+                                  "samples": samples, "summary": summarize_samples(samples)}
         conditions = self._conditions
-        return {"exit_codes": exit_codes, "containers": containers,
-                "links": conditions.links if conditions else {}, "limits": conditions.limits if conditions else {}}
+        return Collected(exit_codes=exit_codes, containers=containers,
+                         links=conditions.links if conditions else {}, limits=conditions.limits if conditions else {})
 
     def teardown(self) -> None:
         """Remove the run's stack: services, task containers, overlay network, secret. Idempotent."""
+        for reader in self._readers.values():
+            reader.stop()
+        if self._conditions is not None:
+            self._conditions.stop()
+        self._conditions = None
         if self._deployed:
             remove_stack(self.client, self.stack, lambda line: None)
             self._deployed = False
@@ -274,73 +300,6 @@ class SwarmBackend(Backend):
         if self.started_swarm:
             leave_swarm_if_ours(self.client, progress)
             self.started_swarm, self._engines = False, None
-
-    # ---- one whole run (the sweep's entry point until the run stage's shared loop drives start/poll/...)
-    def run(self, cfg: RunConfig, out_dir: Path, timeout_s: float | None, progress: Progress,
-            cluster: ClusterSettings | None = None, faults=()) -> RunResult:
-        """Run one cluster with `cfg` to its end as a stack; node metrics and logs under `out_dir`."""
-        self.check_faults(faults)
-        out_dir = Path(out_dir).resolve()
-        logs_dir = out_dir / "logs"
-        logs_dir.mkdir(parents=True, exist_ok=True)
-        timeout_s = timeout_s or default_timeout_s(cfg)
-        t0 = time.monotonic()
-        status, error = "ok", None
-        injector = None
-        collected: dict[str, Any] = {"exit_codes": {}, "containers": {}, "links": {}, "limits": {}}
-        try:
-            controller = self.start(cfg, out_dir, cluster or ClusterSettings(), progress, t0)
-            injector = FaultInjector(list(faults), controller, out_dir / "nodes",
-                                     wait_s=cfg.connect_timeout_s + 60).start()
-            next_note = t0 + 10
-            while True:
-                states = self.poll()
-                if all(s in ("exited", "dead") for s in states.values()):
-                    break
-                now = time.monotonic()
-                if now - t0 > timeout_s:
-                    status, error = "failed", f"timed out after {timeout_s:.0f} s; tasks still running were stopped"
-                    break
-                if now >= next_note:
-                    running = sum(s == "running" for s in states.values())
-                    progress(f"    running: {now - t0:.0f} s of about {cfg.duration_s:.0f} s, {running} tasks up")
-                    next_note = now + 10
-                time.sleep(0.25)
-        except (ClusterError, LinkShapingError) as exc:
-            status, error = "failed", str(exc)
-        finally:
-            if injector is not None:
-                injector.stop()
-            try:
-                self.stop()
-                collected = self.collect(logs_dir, progress)
-            finally:
-                self.teardown()
-        nodes = collect_nodes(out_dir / "nodes")
-        judged_status, judged_error = judge(nodes, collected["exit_codes"], cfg.num_workers,
-                                            expected_dead=injector.affected if injector else frozenset(),
-                                            expected_node_ids=injector.affected_node_ids if injector else frozenset())
-        if status == "ok":
-            status, error = judged_status, judged_error
-        elif judged_error:
-            error = f"{error}; {judged_error}"
-        return RunResult(status, error, time.monotonic() - t0, nodes, collected["containers"], collected["exit_codes"],
-                         str(logs_dir), links=collected["links"], limits=collected["limits"],
-                         faults=injector.events if injector else [])
-
-
-def cluster_up(cfg: RunConfig, results_dir: Path, image: str | None = None, progress: Progress = print) -> list[TaskContainer]:
-    """``up --backend swarm``: deploy a stack that trains for ``cfg.duration_s`` and leave it running;
-    return its task containers. ``down --backend swarm`` removes it.
-
-    Raises:
-        ClusterError: see `SwarmBackend.start`.
-    """
-    backend = SwarmBackend(image, progress)
-    backend.start(cfg, results_dir, ClusterSettings(), progress)
-    for reader in backend._readers.values():
-        reader.stop()
-    return backend._containers
 
 
 def cluster_down(progress: Progress = print) -> None:

@@ -1,0 +1,117 @@
+"""The one loop that drives any `Backend` through one run: start, poll until every node has exited
+or the timeout passes, inject faults meanwhile, stop, collect, tear down, judge.
+
+Written once for every backend (`harness.run.compose`, `harness.run.local`, and a future
+``harness.run.swarm``); a backend supplies only start / poll / stop / collect / teardown.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+from harness.errors import ClusterError, LinkShapingError
+from harness.run.backend import (
+    Backend,
+    Collected,
+    PhaseClock,
+    Progress,
+    RunResult,
+    collect_nodes,
+    default_timeout_s,
+    judge,
+)
+from harness.run.faults import FaultInjector
+from harness.spec.cluster import ClusterSettings
+from harness.spec.faults import Fault
+from wiiide.config import RunConfig
+
+POLL_INTERVAL_S = 0.25  # how often node states are read while a run goes on
+NOTE_INTERVAL_S = 10.0  # how often a "running: ..." progress line is written
+FAULT_WAIT_MARGIN_S = 60.0  # seconds beyond connect_timeout_s that faults wait for training to start
+
+
+def run_point(backend: Backend, cfg: RunConfig, out_dir: Path, timeout_s: float | None = None,
+              progress: Progress = print, cluster: ClusterSettings | None = None,
+              faults: Sequence[Fault] = ()) -> RunResult:
+    """Run one cluster with `cfg` on `backend` to its end and return what happened.
+
+    Args:
+        backend: any `harness.run.backend.Backend`.
+        cfg: the point's node knobs.
+        out_dir: the run's folder; node metrics go to ``out_dir/nodes``, logs to ``out_dir/logs``.
+        timeout_s: seconds from the start (containers created, links shaped, training) after which
+            the run is stopped and failed; None: `default_timeout_s(cfg)`.
+        progress: receives one-line progress messages.
+        cluster: the point's links, CPU and memory limits (None: nothing asked).
+        faults: injected during the run, timed from the start of training (harness.run.faults).
+
+    Returns:
+        A `RunResult`; ``status`` is ``failed`` with the cause when a node failed, the run timed out,
+        or the nodes or links could not be set up. ``phases_s`` has the seconds of every phase.
+
+    Raises:
+        ClusterError: the backend cannot apply `cluster` or inject `faults` (checked before anything
+            starts).
+    """
+    backend.check_cluster(cluster)
+    backend.check_faults(faults)
+    out_dir = Path(out_dir).resolve()
+    nodes_dir, logs_dir = out_dir / "nodes", out_dir / "logs"
+    nodes_dir.mkdir(parents=True, exist_ok=True)
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    timeout_s = timeout_s or default_timeout_s(cfg)
+    clock = PhaseClock()
+    status, error = "ok", None
+    injector: FaultInjector | None = None
+    collected = Collected()
+    try:
+        controller = backend.start(cfg, out_dir, cluster or ClusterSettings(), progress, clock)
+        injector = FaultInjector(list(faults), controller, nodes_dir,
+                                 wait_s=cfg.connect_timeout_s + FAULT_WAIT_MARGIN_S).start()
+        with clock.phase("run"):
+            status, error = _wait_for_exit(backend, cfg, timeout_s, progress, clock)
+    except (ClusterError, LinkShapingError) as exc:
+        status, error = "failed", str(exc)
+    finally:
+        if injector is not None:
+            injector.stop()
+        try:
+            with clock.phase("stop"):
+                backend.stop()
+            with clock.phase("collect"):
+                collected = backend.collect(logs_dir, progress)
+        finally:
+            with clock.phase("teardown"):
+                backend.teardown()
+    nodes = collect_nodes(nodes_dir)
+    judged_status, judged_error = judge(nodes, collected.exit_codes, cfg.num_workers,
+                                        expected_dead=injector.affected if injector else frozenset(),
+                                        expected_node_ids=injector.affected_node_ids if injector else frozenset())
+    if status == "ok":
+        status, error = judged_status, judged_error
+    elif judged_error:
+        error = f"{error}; {judged_error}"
+    return RunResult(status, error, clock.elapsed_s(), nodes, collected.containers, collected.exit_codes,
+                     str(logs_dir), links=collected.links, limits=collected.limits,
+                     faults=injector.events if injector else [], phases_s=dict(clock.phases_s))
+
+
+def _wait_for_exit(backend: Backend, cfg: RunConfig, timeout_s: float, progress: Progress,
+                   clock: PhaseClock) -> tuple[str, str | None]:
+    """Poll `backend` every `POLL_INTERVAL_S` until no node runs (``ok``) or `timeout_s` seconds have
+    passed since `clock` started (``failed`` with the reason); a progress line every 10 s."""
+    next_note_s = NOTE_INTERVAL_S
+    while True:
+        states = backend.poll()
+        if all(state in ("exited", "dead") for state in states.values()):
+            return "ok", None
+        now_s = clock.elapsed_s()
+        if now_s > timeout_s:
+            return "failed", f"timed out after {timeout_s:.0f} s; nodes still running were stopped"
+        if now_s >= next_note_s:
+            running = sum(state == "running" for state in states.values())
+            progress(f"    running: {now_s:.0f} s of about {cfg.duration_s:.0f} s, {running} nodes up")
+            next_note_s = now_s + NOTE_INTERVAL_S
+        time.sleep(POLL_INTERVAL_S)

@@ -1,0 +1,88 @@
+"""The codec registry: every codec class by its wire id, the decoder of a wire id, codecs by name.
+
+The registry is checked at import: every wire id maps to exactly one codec class, and every class
+has a decoder instance (after hivemind's ``hivemind/compression/``). Both the wire protocol
+(`wiiide.protocol`, which decodes by wire id) and the compression policy (`wiiide.codecs.policy`,
+which builds codecs by name) import this module; it imports only the codec implementations.
+"""
+
+from __future__ import annotations
+
+from wiiide.codecs.base import Codec, NoCodec
+from wiiide.codecs.lossless import Blosc2Codec, Lz4Codec, ZlibCodec, ZstdCodec
+from wiiide.codecs.lossy import Bf16Codec, Fp16Codec, Int8BlockCodec, TopKCodec
+from wiiide.errors import ProtocolError
+
+CODEC_CLASSES: tuple[type[Codec], ...] = (NoCodec, ZlibCodec, ZstdCodec, Lz4Codec, Blosc2Codec,
+                                          Fp16Codec, Bf16Codec, Int8BlockCodec, TopKCodec)
+REGISTRY: dict[str, type[Codec]] = {cls.wire_id: cls for cls in CODEC_CLASSES}
+# One decoder per wire id: decoding needs no level or state (lossy parameters travel in the header).
+_DECODERS: dict[str, Codec] = {wid: cls() for wid, cls in REGISTRY.items()}
+
+
+def _check_registry() -> None:
+    """Import-time check: wire ids unique, non-empty, short ASCII, one class each, each decodable."""
+    if len(REGISTRY) != len(CODEC_CLASSES):
+        raise RuntimeError(f"codec registry: duplicate wire ids among {[c.wire_id for c in CODEC_CLASSES]}")
+    for wid, cls in REGISTRY.items():
+        if not (wid and wid.isascii() and len(wid) <= 16 and cls.wire_id == wid and issubclass(cls, Codec)):
+            raise RuntimeError(f"codec registry: bad entry {wid!r} -> {cls!r}")
+        if cls.lossless is not (cls in (NoCodec, ZlibCodec, ZstdCodec, Lz4Codec, Blosc2Codec)):
+            raise RuntimeError(f"codec registry: {wid!r} has an unexpected lossless flag")
+        if type(_DECODERS[wid]) is not cls:
+            raise RuntimeError(f"codec registry: no decoder for {wid!r}")
+
+
+_check_registry()
+
+
+def decoder_for(wire_id: str) -> Codec:
+    """The codec that decodes payloads with this wire id.
+
+    Raises:
+        ProtocolError: unknown wire id.
+    """
+    try:
+        return _DECODERS[wire_id]
+    except (KeyError, TypeError):
+        raise ProtocolError(f"unknown codec {wire_id!r}; known: {sorted(REGISTRY)}") from None
+
+
+CODEC_NAME_FORMS = ("none", "zlib-1..9", "zstd-1..22", "lz4", "shuffle-zstd[-1..9]", "shuffle-lz4[-1..9]",
+                    "fp16", "bf16", "int8[-<block 16..65536>]", "topk-<fraction 0..1>")
+
+
+def codec_from_name(name: str) -> Codec:
+    """A codec name (one of `CODEC_NAME_FORMS`, e.g. ``zstd-3``, ``topk-0.01``) -> a new codec instance.
+
+    Raises:
+        ValueError: unknown name or out-of-range level, block or fraction.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"codec name must be a string, got {name!r}")
+    head, _, arg = name.partition("-")
+    try:
+        if name == "none":
+            return NoCodec()
+        if head == "zlib" and arg:
+            return ZlibCodec(int(arg))
+        if head == "zstd" and arg:
+            return ZstdCodec(int(arg))
+        if name == "lz4":
+            return Lz4Codec()
+        if head == "shuffle" and arg:
+            inner, _, level = arg.partition("-")
+            if inner in ("zstd", "lz4"):
+                return Blosc2Codec(inner, int(level) if level else 1)
+        if name in ("fp16", "bf16"):
+            return Fp16Codec() if name == "fp16" else Bf16Codec()
+        if head == "int8":
+            return Int8BlockCodec(int(arg) if arg else Int8BlockCodec.DEFAULT_BLOCK)
+        if head == "topk" and arg:
+            return TopKCodec(float(arg))
+    except ValueError as exc:
+        raise ValueError(f"codec {name!r}: {exc}") from None
+    raise ValueError(f"unknown codec name {name!r}; known forms: {', '.join(CODEC_NAME_FORMS)}")
+
+
+__all__ = ["CODEC_CLASSES", "REGISTRY", "CODEC_NAME_FORMS", "decoder_for", "codec_from_name"]
