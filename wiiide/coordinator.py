@@ -43,7 +43,14 @@ from wiiide.data import BatchSampler, load_dataset
 from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.model import FlatParams, MomentumSGD, build_mlp, evaluate, model_spec, num_parameters
+from wiiide.model import (
+    FlatParams,
+    MomentumSGD,
+    build_mlp,
+    evaluate,
+    model_spec,
+    num_parameters,
+)
 from wiiide.node import (
     EXIT_CONNECT,
     EXIT_PEER_LOST,

@@ -125,7 +125,8 @@ def stratified_split(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: i
     n_classes = classes.shape[0]
     if not 0.0 < test_fraction < 1.0 or n_train <= 0 or np.min(class_counts) < 2 or n_train < n_classes \
             or n_test < n_classes:
-        from sklearn.model_selection import train_test_split  # raises ValueError with scikit-learn's words
+        # scikit-learn refuses these; it raises its own ValueError, with its words
+        from sklearn.model_selection import train_test_split
 
         return tuple(train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y))
     class_indices = np.split(np.argsort(y_indices.reshape(-1), kind="stable"), np.cumsum(class_counts)[:-1])

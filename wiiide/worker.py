@@ -44,7 +44,6 @@ from wiiide.protocol import PROTOCOL_VERSION, encode_message
 from wiiide.sockets import configure_socket
 from wiiide.tensors import from_wire, to_wire
 
-
 # Connect retries: 50 ms, growing by half each time to at most 250 ms, until the timeout. Nine nodes
 # start within seconds of each other, so the coordinator listens soon; a long backoff (it was 2 s)
 # only delays the first step. A refused connect costs microseconds on the coordinator's host.
