@@ -127,3 +127,23 @@ def test_compare_prints_engines_against_ddp(engines_report):
     assert "baseline" in out.stdout and "n<2" in out.stdout  # one repeat: ratios without a test
     for label in ("wiiide", "fsdp", "ddp-fp16-accum2"):
         assert label in out.stdout
+
+
+def test_ddp_powersgd_hook_runs_past_its_start_step(tmp_path):
+    """DDP with the PowerSGD hook on the digits 512-512 MLP (1.2 MB: two buckets under DDP's default
+    caps) with 3 gloo ranks used to hang or abort with gloo's "collective mismatch" at the hook's start
+    step; the engine now gives it one bucket. Warm-up 3 steps (the hook starts there), then 9 more."""
+    spec = build_spec({
+        "name": "powersgd-tiny", "repeats": 1, "timeout_s": 150,
+        "base": {"dataset": "digits", "hidden_sizes": [512, 512], "num_workers": 2, "max_steps": 12,
+                 "duration_s": 120, "warmup_steps": 3, "log_tier": "silent", "connect_timeout_s": 60,
+                 "engine": "ddp", "ddp_comm_hook": "powersgd", "powersgd_rank": 1},
+        "axes": {"batch_size": [32]},
+    }, "powersgd-tiny.yaml")
+    report = load_report(run_sweep(spec, "local", tmp_path, progress=lambda line: None))
+    point = report["points"][0]
+    assert point["status"] == "ok", point["error"]
+    nodes = point["repeats"][0]["nodes"]
+    assert sorted(n["rank"] for n in nodes.values()) == [0, 1, 2]
+    assert all(n["steps"] == 12 for n in nodes.values())
+    assert nodes["coordinator"]["comm"]["expected"]["scheme"] == "powersgd-rank-1"

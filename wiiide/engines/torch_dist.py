@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import math
 import os
 import socket
 import statistics
@@ -132,6 +133,13 @@ def _track(timer: IntervalTimer, start: float, work: Any) -> None:
         timer.add(start, timer.now())
         return
     work.get_future().add_done_callback(lambda _fut: timer.add(start, timer.now()))
+
+
+def powersgd_bucket_cap_mb(model: nn.Module) -> int:
+    """DDP's ``bucket_cap_mb`` (MiB, int) that puts every parameter of `model` in one gradient bucket:
+    the parameters' bytes rounded up to whole MiB, and at least DDP's default of 25 MiB."""
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return max(25, math.ceil(nbytes / 2**20) + 1)
 
 
 def timed_ddp_hook(inner: Callable, timer: IntervalTimer) -> Callable:
@@ -268,7 +276,15 @@ class TorchNode:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             from torch.nn.parallel import DistributedDataParallel
 
-            ddp = DistributedDataParallel(model)
+            if cfg.ddp_comm_hook == "powersgd":
+                # One bucket. PowerSGD's hook chains two all-reduces per bucket through futures; with
+                # gloo the chains of two buckets reach the wire in different orders on different ranks
+                # (gloo: "Received data size doesn't match expected size ... collective mismatch", or
+                # every rank waiting forever). DDP's default caps give a 1 MiB first bucket, so the
+                # README's 1.2 MB digits MLP had two. An explicit cap also sets the first bucket's.
+                ddp = DistributedDataParallel(model, bucket_cap_mb=powersgd_bucket_cap_mb(model))
+            else:
+                ddp = DistributedDataParallel(model)
             if cfg.ddp_comm_hook == "powersgd":
                 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
