@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from harness.errors import ClusterError, LinkShapingError
-from harness.run.compose import SERVICE_LABEL
 from harness.run.docker_client import docker_client
-from harness.run.shaping import NUMBER_LABEL
+from harness.run.shaping import NUMBER_LABEL, SERVICE_LABEL
 from harness.run.swarm.cluster import swarm_info
 
 ENDPOINTS_ENV = "WIIIIIDE_SWARM_ENDPOINTS"
