@@ -127,3 +127,56 @@ def test_task_container_looks_like_compose_to_shaping_and_judging():
     nodes = {"coordinator": {"status": "ok"}, "worker-1": {"status": "ok", "node_id": "worker-1"}}
     assert judge(nodes, {c.name: 137, "wiiide-stack_coordinator_1": 0}, 2, expected_dead={"worker-2"})[0] == "ok"
     assert judge(nodes, {c.name: 137, "wiiide-stack_coordinator_1": 0}, 2)[0] == "failed"
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    import io
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+class _ArchiveContainer:
+    name = "stack_worker_1"
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+
+    def get_archive(self, path):
+        assert path == "/results/nodes"
+        return iter([self.blob[:100], self.blob[100:]]), {}  # the SDK streams the tar in chunks
+
+
+def test_copy_node_metrics_keeps_only_metrics_files(tmp_path):
+    from harness.run.swarm.tasks import copy_node_metrics
+    blob = _tar({"nodes/worker-1.json": b'{"rank": 1}', "nodes/coordinator.training": b"",
+                 "nodes/notes.txt": b"x", "nodes/../../evil.json": b"{}"})
+    copied = copy_node_metrics(_ArchiveContainer(blob), tmp_path / "nodes")
+    assert sorted(copied) == ["coordinator.training", "evil.json", "worker-1.json"]
+    assert (tmp_path / "nodes" / "worker-1.json").read_bytes() == b'{"rank": 1}'
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == sorted(copied)  # nothing outside nodes/
+
+
+class _EthContainer:
+    name = "stack_worker_1"
+
+    def __init__(self, address: str, eth0: str) -> None:
+        self.attrs = {"NetworkSettings": {"Networks": {"stack_wiiide": {"IPAddress": address}}}}
+        self.eth0 = eth0
+
+    def exec_run(self, argv):
+        return 0, self.eth0.encode()
+
+
+def test_overlay_eth0_is_checked_before_shaping():
+    from harness.errors import LinkShapingError
+    from harness.run.swarm.tasks import check_overlay_eth0
+    line = "2: eth0    inet 10.0.1.4/24 brd 10.0.1.255 scope global eth0"
+    check_overlay_eth0(_EthContainer("10.0.1.4", line), "stack")
+    with pytest.raises(LinkShapingError, match="eth0 does not carry the overlay address 10.0.1.40"):
+        check_overlay_eth0(_EthContainer("10.0.1.40", line), "stack")
