@@ -38,14 +38,14 @@ def leaves_nothing(docker_ready):
     docker_gwbridge). Without an engine, `docker_ready` fails the test with the reason (required) and
     the docker marker skips it (not required)."""
     from harness.run.swarm.cluster import swarm_info
-    from harness.run.swarm.stack import stack_name, stack_objects
+    from harness.run.swarm.stack import object_name, stack_name, stack_objects
     client = docker_client()
     before = swarm_info(client).get("LocalNodeState")
     gwbridge_before = bool(client.networks.list(names=["docker_gwbridge"]))
     yield
     after = swarm_info(client).get("LocalNodeState")
     if after == "active":
-        left = {k: [getattr(o, "name", o.id) for o in v] for k, v in stack_objects(client, stack_name()).items() if v}
+        left = {k: [object_name(o) for o in v] for k, v in stack_objects(client, stack_name()).items() if v}
         assert not left, f"left behind: {left}"
     assert after == before, f"swarm state {before} before the test, {after} after"
     assert bool(client.networks.list(names=["docker_gwbridge"])) == gwbridge_before

@@ -140,13 +140,21 @@ def deploy_stack(files: Sequence[Path], stack: str, env: Mapping[str, str]) -> s
 
 def stack_objects(client, stack: str) -> dict[str, list]:
     """Everything of `stack` still there: ``services``, ``containers`` (its tasks', on this node),
-    ``networks``, ``secrets``, ``configs`` (docker SDK objects, found by `STACK_LABEL`)."""
+    ``networks``, ``secrets``, ``configs`` (docker SDK objects, found by `STACK_LABEL`). Containers are
+    listed without inspecting each (``sparse``): Swarm removes them while this looks, and an inspect of
+    one just removed would fail."""
     label = {"label": f"{STACK_LABEL}={stack}"}
     return {"services": client.services.list(filters=label),
-            "containers": client.containers.list(all=True, filters=label),
+            "containers": client.containers.list(all=True, filters=label, sparse=True),
             "networks": client.networks.list(filters=label),
             "secrets": client.secrets.list(filters=label),
             "configs": client.configs.list(filters=label)}
+
+
+def object_name(obj) -> str:
+    """The name of a docker SDK object of `stack_objects` (a sparse container's from its ``Names``), or its id."""
+    names = (getattr(obj, "attrs", None) or {}).get("Names") or []
+    return getattr(obj, "name", None) or (names[0].lstrip("/") if names else obj.id)
 
 
 def remove_stack(client, stack: str, progress: Progress, wait_s: float = TEARDOWN_WAIT_S) -> None:
@@ -166,21 +174,26 @@ def remove_stack(client, stack: str, progress: Progress, wait_s: float = TEARDOW
             if type(exc).__name__ != "NotFound":
                 progress(f"    swarm: removing service {service.name}: {exc}")
     deadline = time.monotonic() + wait_s
+    left: dict[str, list] = {}
     while True:
-        left = stack_objects(client, stack)
-        if not left["containers"] and not left["services"]:
-            for kind in ("networks", "secrets", "configs"):
-                for obj in left[kind]:
-                    try:
-                        obj.remove()
-                    except Exception as exc:  # the network's endpoints are still being released: retry
-                        if type(exc).__name__ != "NotFound" and time.monotonic() > deadline:
-                            progress(f"    swarm: removing {kind[:-1]} {obj.name}: {exc}")
+        try:
             left = stack_objects(client, stack)
-            if not any(left.values()):
-                return
+            if not left["containers"] and not left["services"]:
+                for kind in ("networks", "secrets", "configs"):
+                    for obj in left[kind]:
+                        try:
+                            obj.remove()
+                        except Exception as exc:  # the network's endpoints are still being released: retry
+                            if type(exc).__name__ != "NotFound" and time.monotonic() > deadline:
+                                progress(f"    swarm: removing {kind[:-1]} {object_name(obj)}: {exc}")
+                left = stack_objects(client, stack)
+                if not any(left.values()):
+                    return
+        except Exception as exc:  # docker.errors.APIError while Swarm removes things: look again
+            if time.monotonic() > deadline:
+                raise ClusterError(f"stack {stack}: cannot list what is left of it: {exc}") from None
         if time.monotonic() > deadline:
-            names = {k: [getattr(o, "name", o.id) for o in v] for k, v in left.items() if v}
+            names = {k: [object_name(o) for o in v] for k, v in left.items() if v}
             raise ClusterError(f"stack {stack} still has {names} after {wait_s:.0f} s; "
                                f"`docker stack rm {stack}` and check `docker service ls`")
         time.sleep(0.5)
