@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, StrictFloat, TypeAdapter, model_validator
 
 from harness.errors import SpecError
-from harness.spec.base import SpecModel, fail, validate
+from harness.spec.base import SpecModel, fail, shown, validate
 
 ACTIONS = ("kill", "restart", "pause", "disconnect")
 NEEDS_DURATION = ("pause", "disconnect")
@@ -32,8 +32,7 @@ TARGET_PATTERN = rf"^(coordinator|worker-[1-9][0-9]{{0,{MAX_WORKER_DIGITS - 1}}}
 
 def _target(target: str) -> str:
     if not re.match(TARGET_PATTERN, target):
-        shown = target if len(target) <= 40 else f"{target[:30]}... ({len(target)} characters)"
-        raise ValueError(f"{shown!r}; allowed: coordinator or worker-N (1 <= N < 10**{MAX_WORKER_DIGITS})")
+        raise ValueError(f"{shown(target)}; allowed: coordinator or worker-N (1 <= N < 10**{MAX_WORKER_DIGITS})")
     return target
 
 

@@ -230,7 +230,7 @@ def test_a_few_aliases_are_fine_and_a_recursive_one_is_refused(tmp_path):
 def test_a_worker_number_of_thousands_of_digits_is_a_clear_error():
     """int() of a 5,000-digit string raises ValueError in Python 3.11: the pattern refuses it first."""
     target = "worker-" + "9" * 5000
-    with pytest.raises(SpecError, match=r"target: 'worker-9{23}\.\.\. \(5007 characters\)'; allowed: coordinator"):
+    with pytest.raises(SpecError, match=r"target: 'worker-9+\.\.\.; allowed: coordinator"):
         parse_faults([{"action": "kill", "target": target, "at_s": 1}], "x.yaml")
     with pytest.raises(SpecError):
         build_spec({"name": "w", "base": {"num_workers": 2},
