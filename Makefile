@@ -39,11 +39,12 @@ image: setup docker-engine
 	$(PYTHON) -m harness image
 
 # SET="key=value ..." takes any RunConfig field or cluster key, as a sweep point (link=rate-100m cpus=0.5).
+# BACKEND=swarm: a stack on Docker Swarm (started on this node when the engine is in none).
 cluster-up: setup
-	$(PYTHON) -m harness up --workers $(WORKERS) $(foreach s,$(SET),--set $(s))
+	$(PYTHON) -m harness up --workers $(WORKERS) $(foreach s,$(SET),--set $(s)) $(if $(filter swarm,$(BACKEND)),--backend swarm)
 
 cluster-down: setup
-	$(PYTHON) -m harness down
+	$(PYTHON) -m harness down $(if $(filter swarm,$(BACKEND)),--backend swarm)
 
 # The running cluster live (Ctrl-C stops watching, the cluster keeps running); ARGS=--once: one snapshot.
 cluster-status: setup

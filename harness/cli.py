@@ -20,6 +20,14 @@ def _log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _use_image(args: argparse.Namespace) -> None:
+    """``--image REPO:TAG``: the node image the docker and swarm backends build and run (it becomes
+    WIIIIIDE_IMAGE); on a swarm of several nodes, a tag in a registry they share (the swarm backend pushes it)."""
+    import os
+    if getattr(args, "image", None):
+        os.environ["WIIIIIDE_IMAGE"] = args.image
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     """`sweep SPEC`: validate the spec, run every point and repeat, print the table and, last, the
     report's path. Raises SpecError/ConfigError (exit 2) before anything starts, HarnessError (exit 1)."""
@@ -29,6 +37,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from harness.sweep import run_sweep
 
     spec = load_spec(args.spec)  # validated before anything starts
+    _use_image(args)
     if args.repeats:
         spec.repeats = args.repeats
     path = run_sweep(spec, args.backend, Path(args.results_dir) if args.results_dir else None,
@@ -137,14 +146,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     from harness.run.select import select_backend
 
     point = up_point(args)  # validated before anything starts
-    backend = select_backend("docker", _log)
+    _use_image(args)
+    backend = select_backend(args.backend, _log)
     results = (REPO_ROOT / "results" / "cluster").resolve()
     (results / "nodes").mkdir(parents=True, exist_ok=True)
     clock = PhaseClock()
     containers = backend.launch(point.config, results, point.cluster, _log, clock)
     for c in containers:
         c.reload()
-        print(f"{c.name}\t{c.status}")
+        print(f"{c.name}\t{c.status}" + (f"\tnode {c.node}" if args.backend == "swarm" else ""))
     cfg = point.config
     cluster = point.cluster
     asked = [f"link {cluster.link.label}"] if cluster.link else []
@@ -154,7 +164,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     _log(f"cluster up in {clock.elapsed_s():.1f} s ({', '.join(f'{k} {v:.1f} s' for k, v in clock.phases_s.items())}): "
          f"1 coordinator + {cfg.num_workers} workers training for {cfg.duration_s:g} s; "
          f"{', '.join(asked) or 'no links or limits'}; "
-         f"node metrics in {results / 'nodes'}; `make cluster-down` removes it")
+         f"node metrics in {results / 'nodes'}; `make cluster-down{' BACKEND=swarm' if args.backend == 'swarm' else ''}` "
+         "removes it")
     return 0
 
 
@@ -164,6 +175,12 @@ def cmd_down(args: argparse.Namespace) -> int:
     problem = engine_problem()
     if problem:
         _log(f"no Docker engine answered ({problem}): nothing to remove")
+        return 0
+    if args.backend == "swarm":
+        from harness.run import swarm
+        swarm.cluster_down(_log)
+        _log(f"stack down: no service, task, network or secret of stack {swarm.stack_name()} is left, and a "
+             "swarm the harness started has been left")
         return 0
     cluster_down(_log)
     _log("cluster down: no container or network of the project is left (their qdiscs and ifb devices "
@@ -219,9 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="run a sweep spec and write its JSON report")
     p.add_argument("spec", help="a YAML sweep spec, e.g. experiments/quick.yaml")
-    p.add_argument("--backend", choices=["auto", "docker", "local"], default="auto",
-                   help="auto: docker when an engine answers, else local (default)")
+    p.add_argument("--backend", choices=["auto", "docker", "swarm", "local"], default="auto",
+                   help="auto: docker when an engine answers, else local (default); swarm: a stack per run on "
+                        "Docker Swarm (a single-node swarm is started and left again when the engine is in none)")
     p.add_argument("--repeats", type=int, help="override the spec's repeats")
+    p.add_argument("--image", metavar="REPO:TAG", help="the node image (default: $WIIIIIDE_IMAGE or wiiide:latest); "
+                                                        "with a swarm of several nodes, a registry tag they can pull")
     p.add_argument("--results-dir", help="where results/<name>-<timestamp>/ go (default: results/)")
     p.add_argument("--resume", metavar="DIR",
                    help="continue an interrupted run of this spec in DIR: finished points are skipped")
@@ -246,9 +266,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "--set cpus=0.5 --set compression=zlib-1 (repeatable; values read as YAML)")
     p.add_argument("--spec", help="a sweep spec whose point --point N to start (with its links and limits)")
     p.add_argument("--point", type=int, help="0-based index of the spec's point (default 0)")
+    p.add_argument("--backend", choices=["docker", "swarm"], default="docker",
+                   help="docker: containers from compose.yaml (default); swarm: a stack on Docker Swarm")
+    p.add_argument("--image", metavar="REPO:TAG", help="the node image (a registry tag the swarm's nodes can "
+                                                        "pull when there are several)")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("down", help="remove the cluster's containers and network")
+    p.add_argument("--backend", choices=["docker", "swarm"], default="docker",
+                   help="swarm: remove the project's stack and leave a swarm the harness started")
     p.set_defaults(func=cmd_down)
 
     p = sub.add_parser("status", help="show the running cluster live: every node's state, step, batches/s, "

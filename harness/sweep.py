@@ -174,6 +174,9 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             backend.teardown()
+            close = getattr(backend, "close", None)  # swarm: leave a swarm the harness started
+            if close is not None:
+                close(note)
             sysctls.__exit__(None, None, None)
     finally:
         display.end_sweep(complete)

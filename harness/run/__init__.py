@@ -4,7 +4,8 @@
   `PhaseClock`, judging a run from node metrics and exit codes;
 - `loop`: `run_point`, the one poll / timeout / fault / judge loop every backend runs under;
 - `compose` (``docker``: compose.yaml's services through the Engine API, `compose_file` reads the
-  file), `local` (processes on 127.0.0.1); a Swarm backend would be ``swarm.py`` beside them;
+  file), `local` (processes on 127.0.0.1), `swarm/` (``swarm``: one Docker Swarm stack per run,
+  generated from compose.yaml; cluster, stack, tasks, backend);
 - `docker_client` (the one Docker client), `image`, `shaping` + `tc_exec` (links and limits),
   `faults`, `sysctls`, `stats` (docker CLI formulas), `machine` (host and commit facts).
 """

@@ -11,8 +11,9 @@ from harness.errors import ClusterError
 ENGINE_HINT = "start one with `bash docker/engine.sh start` (or `make docker-engine`)"
 
 
-def docker_client(timeout_s: float = 60, ping: bool = True):
-    """A `docker.DockerClient` from the environment (DOCKER_HOST or the local socket).
+def docker_client(timeout_s: float = 60, ping: bool = True, base_url: str | None = None):
+    """A `docker.DockerClient` from the environment (DOCKER_HOST or the local socket), or of the engine
+    at `base_url` (``ssh://user@host``, ``tcp://host:2376``: another node of a swarm).
 
     Args:
         timeout_s: the SDK's timeout for one API call, seconds.
@@ -26,7 +27,10 @@ def docker_client(timeout_s: float = 60, ping: bool = True):
     except ImportError as e:
         raise ClusterError("the Python package `docker` is missing: pip install -e .") from e
     try:
-        client = docker.from_env(timeout=int(timeout_s))
+        if base_url:
+            client = docker.DockerClient(base_url=base_url, timeout=int(timeout_s), use_ssh_client=base_url.startswith("ssh://"))
+        else:
+            client = docker.from_env(timeout=int(timeout_s))
         if ping:
             client.ping()
     except Exception as e:  # DockerException, requests errors: all mean "no engine here"

@@ -1,8 +1,8 @@
-"""Choosing a backend: ``docker``, ``local``, or ``auto``.
+"""Choosing a backend: ``docker``, ``swarm``, ``local``, or ``auto``.
 
 Every backend is a `harness.run.backend.Backend` (start / poll / stop / collect / teardown) driven by
-the one loop `harness.run.loop.run_point`. A new one (e.g. ``swarm``: ``harness/run/swarm.py``,
-services on a Swarm overlay network) is a class with those five methods, and one more name here.
+the one loop `harness.run.loop.run_point`; ``swarm`` is `harness.run.swarm.SwarmBackend` (one stack
+per run on a Docker Swarm overlay network).
 """
 
 from __future__ import annotations
@@ -12,16 +12,26 @@ from harness.run.backend import Backend, Progress
 
 
 def select_backend(name: str, progress: Progress, image_tag: str | None = None) -> Backend:
-    """``docker``, ``local`` or ``auto`` (docker when an engine answers, else local, saying which).
-    `image_tag`: the node image for docker (default ``$WIIIIIDE_IMAGE`` or ``wiiide:latest``), built
-    or refreshed here (seconds when cached).
+    """``docker``, ``swarm``, ``local`` or ``auto`` (docker when an engine answers, else local, saying which).
+    `image_tag`: the node image for docker and swarm (default ``$WIIIIIDE_IMAGE`` or ``wiiide:latest``),
+    built or refreshed here (seconds when cached).
 
     Raises:
-        ClusterError: ``docker`` asked for and no engine, no Compose or no image can be had.
+        ClusterError: ``docker`` or ``swarm`` asked for and no engine, no Compose, no swarm or no image
+            can be had.
     """
     from harness.run.local import LocalBackend
     if name == "local":
         return LocalBackend()
+    if name == "swarm":
+        from harness.run.docker_client import engine_problem
+        problem = engine_problem()
+        if problem is not None:
+            raise ClusterError(f"the swarm backend needs a Docker engine: {problem}")
+        from harness.run.swarm import SwarmBackend
+        swarm = SwarmBackend(image_tag=image_tag, progress=progress)
+        swarm.prepare(progress)
+        return swarm
     from harness.run.compose import ComposeBackend
     from harness.run.docker_client import engine_problem
     problem = engine_problem()

@@ -349,7 +349,8 @@ def coordinator_training(client=None, project: str = PROJECT) -> Training:
 
 
 # What `live_training_source` reads on each backend (shown by the sweep's display).
-LIVE_SOURCES = {"docker": "the coordinator container's log", "local": "the coordinator's log file"}
+LIVE_SOURCES = {"docker": "the coordinator container's log", "local": "the coordinator's log file",
+                "swarm": "the coordinator task's container log"}
 
 
 def live_training_source(backend_name: str, run_dir: Path, project: str = PROJECT) -> Callable[[], Training] | None:
@@ -357,6 +358,7 @@ def live_training_source(backend_name: str, run_dir: Path, project: str = PROJEC
 
     - ``docker``: the coordinator container's log tail (`coordinator_training`), one docker client
       made on the first call;
+    - ``swarm``: the log tail of the stack's coordinator task container on this node;
     - ``local``: the coordinator process's log file, ``<run_dir>/logs/coordinator.log``, as the local
       backend writes it (`log_file_training`);
     - any other backend: None (no live figures).
@@ -366,14 +368,19 @@ def live_training_source(backend_name: str, run_dir: Path, project: str = PROJEC
     if backend_name == "local":
         path = Path(run_dir) / "logs" / "coordinator.log"
         return lambda: log_file_training(path)
-    if backend_name == "docker":
+    if backend_name in ("docker", "swarm"):
         clients: list = []
 
         def read() -> Training:
             try:
                 if not clients:
                     clients.append(docker_client(timeout_s=5, ping=False))
-                return coordinator_training(clients[0], project)
+                if backend_name == "docker":
+                    return coordinator_training(clients[0], project)
+                from harness.run.swarm.stack import stack_name
+                found = clients[0].containers.list(filters={  # the coordinator task's running container
+                    "label": f"com.docker.swarm.service.name={stack_name(project)}_coordinator"})
+                return container_log_training(found[0]) if found else Training()
             except Exception:  # ClusterError or a transport error: no figure this time
                 return Training()
         return read

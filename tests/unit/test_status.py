@@ -116,7 +116,8 @@ def test_live_source_per_backend(tmp_path):
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "coordinator.log").write_text(COORDINATOR_LOG)
     assert live_training_source("local", tmp_path)().step == 1900
-    assert live_training_source("swarm", tmp_path) is None
+    assert live_training_source("kubernetes", tmp_path) is None  # a backend without live figures
+    assert callable(live_training_source("swarm", tmp_path))  # the coordinator task's log
 
 
 # --- Engine API samples ----------------------------------------------------------------------------

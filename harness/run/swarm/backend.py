@@ -1,0 +1,314 @@
+"""`SwarmBackend`: one run as a stack, through the run stage's `Backend` protocol (start / poll / stop /
+collect / teardown, driven by `harness.run.loop.run_point`); ``launch`` for ``up``, `cluster_down` for
+``down``."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from harness.errors import ClusterError
+from harness.links.plan import Capabilities
+from harness.run.backend import Collected, PhaseClock, Progress
+from harness.run.compose import (
+    DEFAULT_IMAGE,
+    PROJECT,
+    _ContainerController,
+    _lifetime,
+    _StatsReader,
+    write_cluster_secret,
+)
+from harness.run.docker_client import docker_client
+from harness.run.faults import Controller
+from harness.run.shaping import START_GATE_FILE, ClusterConditions
+from harness.run.stats import summarize_samples
+from harness.run.swarm.cluster import ensure_swarm, leave_swarm_if_ours, swarm_info
+from harness.run.swarm.stack import (
+    STACK_LABEL,
+    deploy_stack,
+    remove_stack,
+    stack_env,
+    stack_name,
+    write_stack_files,
+)
+from harness.run.swarm.tasks import (
+    COPY_METRICS_ENV,
+    NodeEngines,
+    TaskContainer,
+    check_overlay_eth0,
+    copy_node_metrics,
+    task_containers,
+)
+from harness.run.tc_exec import probe_capabilities
+from harness.spec.cluster import ClusterSettings
+from harness.spec.faults import Fault
+from wiiide.config import RunConfig
+
+RUNNING_WAIT_S = 120.0  # seconds after deploy for every task's container to run (image present: ~2 s)
+STOP_GRACE_S = 5
+
+
+class SwarmBackend:
+    """The ``swarm`` `harness.run.backend.Backend`: one stack per run on a Docker Swarm (a single node
+    unless hosts joined), with links, limits and the kill, pause and disconnect faults.
+
+    `close` (the end of a sweep) leaves a swarm the harness started.
+    """
+
+    name = "swarm"
+
+    def __init__(self, image_tag: str | None = None, progress: Progress = print) -> None:
+        """Raises ClusterError when no Docker engine answers. The swarm is joined or started later, by
+        `describe` or the first `start` (so a spec refused by the checks leaves the engine untouched)."""
+        self.image = image_tag or os.environ.get("WIIIIIDE_IMAGE", DEFAULT_IMAGE)
+        self.client = docker_client()
+        self.stack = stack_name()
+        self.started_swarm = False
+        self._progress = progress
+        self._engines: NodeEngines | None = None
+        self._containers: list[TaskContainer] = []
+        self._readers: dict[str, _StatsReader] = {}
+        self._conditions: ClusterConditions | None = None
+        self._deployed = False
+        self._image_pushed = False
+
+    @property
+    def engines(self) -> NodeEngines:
+        """The swarm's node engines; the first use makes sure the engine is in a swarm (`ensure_swarm`).
+
+        Raises:
+            ClusterError: see `ensure_swarm`.
+        """
+        if self._engines is None:
+            self.started_swarm = ensure_swarm(self.client, self._progress)
+            self._engines = NodeEngines(self.client)
+        return self._engines
+
+    def prepare(self, progress: Progress) -> None:
+        """(Re)build the image on this node (the others need it from a registry: see the README).
+
+        Raises:
+            ClusterError: the image cannot be built.
+        """
+        from harness.run.image import build_image
+        build_image(self.image, log=lambda line: progress(f"    image: {line}"))
+
+    def describe(self) -> dict[str, Any]:
+        """Engine version, the swarm (nodes, whether the harness started it), the stack, the image.
+        Joins or starts the swarm first (`engines`); raises ClusterError when it cannot."""
+        self.engines
+        version = self.client.version()
+        info = swarm_info(self.client)
+        return {"name": self.name, "engine_version": version.get("Version"), "api_version": version.get("ApiVersion"),
+                "image": self.image, "project": PROJECT, "stack": self.stack,
+                "swarm_nodes": info.get("Nodes"), "swarm_managers": info.get("Managers"),
+                "swarm_started_by_harness": self.started_swarm, "network": "overlay (VXLAN), internal",
+                "storage_driver": self.client.info().get("Driver")}
+
+    def check_cluster(self, cluster: ClusterSettings | None) -> None:
+        """Links, CPU and memory limits are applied in each task's container (as on ``docker``): never raises."""
+
+    def check_faults(self, faults: Sequence[Fault]) -> None:
+        """``restart`` is refused (ClusterError): Swarm does not restart a task's container, it replaces
+        the task, and with ``restart_policy: none`` a killed task stays down. kill, pause and disconnect work."""
+        if any(f.action == "restart" for f in faults or ()):
+            raise ClusterError("the swarm backend cannot restart a killed node: Swarm replaces tasks rather than "
+                               "restarting their containers, and the stack's restart_policy is none; "
+                               "use --backend docker for `restart` faults")
+
+    def _probe(self) -> Capabilities:
+        return probe_capabilities(self.client, self.image, {STACK_LABEL: self.stack})
+
+    # ---- the steps of one run
+    def launch(self, cfg: RunConfig, out_dir: Path, cluster: ClusterSettings, progress: Progress,
+               clock: PhaseClock | None = None) -> list[TaskContainer]:
+        """Bring the stack up as a sweep run does, without watching it: join or start the swarm, remove
+        a leftover stack, plan the link shaping, deploy, wait until every task's container runs, then
+        set limits, shape links and open the start gate. Each step is timed on `clock` (if given).
+        ``up --backend swarm`` uses it for a long-running stack; `start` for a sweep's run.
+
+        Returns:
+            The tasks' containers (`TaskContainer`), the coordinator first, then workers by slot.
+
+        Raises:
+            ClusterError: the swarm cannot be had, the stack could not be deployed, a task failed or
+                did not run within `RUNNING_WAIT_S` seconds, or a limit could not be set.
+            LinkShapingError: a link profile cannot be applied (before anything is deployed when the
+                kernel lacks a qdisc), or eth0 of a task is not its overlay interface.
+        """
+        clock = clock or PhaseClock()
+        out_dir = Path(out_dir).resolve()
+        (out_dir / "nodes").mkdir(parents=True, exist_ok=True)
+        self._conditions = conditions = ClusterConditions(cluster or ClusterSettings(), self._probe)
+        with clock.phase("clean"):
+            self.engines  # the swarm: joined, or started on this node
+            remove_stack(self.client, self.stack, progress)  # a clean slate: nothing left from a killed run
+        with clock.phase("plan"):
+            conditions.plan(cfg.num_workers)
+        if conditions.gated:
+            cfg = cfg.replace(start_gate_file=START_GATE_FILE)
+        with clock.phase("create"):
+            self._share_image(progress)
+            files = write_stack_files(out_dir / "swarm", cfg.num_workers)
+            write_cluster_secret()
+            self._deployed = True
+            deploy_stack(files, self.stack, stack_env(cfg, out_dir, self.image, conditions.settings.compose_env()))
+            self._containers = self._wait_running(cfg.num_workers)
+        if conditions.gated:
+            with clock.phase("shape"):
+                if conditions.settings.link is not None:
+                    for c in self._containers:
+                        check_overlay_eth0(c, self.stack)
+                conditions.apply(self._containers, clock.t0, progress)
+            with clock.phase("gate"):
+                conditions.open_gate(self._containers, clock.t0)
+        return self._containers
+
+    def start(self, cfg: RunConfig, out_dir: Path, cluster: ClusterSettings, progress: Progress,
+              clock: PhaseClock) -> Controller:
+        """`launch` the stack and stream every task's Engine API stats until `stop`; return the fault
+        controller (kill, pause, disconnect through the task's container).
+
+        Raises:
+            ClusterError, LinkShapingError: as `launch`.
+        """
+        containers = self.launch(cfg, out_dir, cluster, progress, clock)
+        for c in containers:
+            self._readers[c.name] = _StatsReader(c, clock.t0)
+        return _ContainerController(containers)
+
+    def _share_image(self, progress: Progress) -> None:
+        """On a swarm of several nodes, push the image once to the registry its name points at (the
+        other nodes pull it from there); on one node nothing is needed.
+
+        Raises:
+            ClusterError: several nodes and an image name with no registry (``wiiide:latest``), or the push failed.
+        """
+        nodes = swarm_info(self.client).get("Nodes") or 1
+        if nodes <= 1 or self._image_pushed:
+            return
+        repo, sep, tag = self.image.rpartition(":")
+        if not sep or "/" in tag:  # no tag (a colon, if any, is a registry's port)
+            repo, tag = self.image, "latest"
+        if "/" not in repo:
+            raise ClusterError(f"the swarm has {nodes} nodes and the image {self.image} is only on this one: tag it "
+                               "for a registry they share and pass --image REGISTRY/wiiide:TAG (pushed by the harness)")
+        progress(f"    swarm: pushing {self.image} for the other {nodes - 1} nodes")
+        for line in self.client.images.push(repo, tag=tag, stream=True, decode=True):
+            if line.get("error"):
+                raise ClusterError(f"docker push {self.image} failed: {line['error']}")
+        self._image_pushed = True
+
+    def _wait_running(self, num_workers: int) -> list[TaskContainer]:
+        """Every task's container, once all 1 + `num_workers` run. Raises ClusterError (see `start`)."""
+        deadline = time.monotonic() + RUNNING_WAIT_S
+        while True:
+            containers, problems = task_containers(self.engines, self.stack, ("coordinator", "worker"))
+            if problems:
+                raise ClusterError(f"stack {self.stack}: a task failed before it ran: {'; '.join(problems)}")
+            started = [c for c in containers if c.status != "created"]
+            if len(started) >= 1 + num_workers:
+                return containers
+            if time.monotonic() > deadline:
+                raise ClusterError(f"stack {self.stack}: {len(started)} of {1 + num_workers} task containers "
+                                   f"ran within {RUNNING_WAIT_S:.0f} s; see `docker stack ps {self.stack} --no-trunc`")
+            time.sleep(0.25)
+
+    def poll(self) -> dict[str, str]:
+        """Each task container's state now (``running``, ``paused``, ``exited``...), by name: one Engine
+        API list call for this node's tasks, one inspect per task on another node."""
+        local = self.engines.local_node_id
+        listed = {item["Id"]: item.get("State") for item in self.client.api.containers(
+            all=True, filters={"label": f"{STACK_LABEL}={self.stack}"})}
+        states = {}
+        for c in self._containers:
+            if c.node_id == local:
+                states[c.name] = listed.get(c.id, "exited")  # a removed one has exited
+                continue
+            try:
+                c.reload()
+                states[c.name] = c.status
+            except Exception:  # removed behind our back: it is not running
+                states[c.name] = "exited"
+        return states
+
+    def stop(self) -> None:
+        """Stop the stats readers, the counter sampler, and every task container still running. Idempotent."""
+        if self._conditions is not None:
+            self._conditions.stop()
+        for reader in self._readers.values():
+            reader.stop()
+        for c in self._containers:
+            try:
+                c.reload()
+                if c.status in ("running", "paused"):
+                    if c.status == "paused":
+                        c.unpause()
+                    c.stop(timeout=STOP_GRACE_S)
+            except Exception:  # already gone
+                pass
+
+    def collect(self, logs_dir: Path, progress: Progress) -> Collected:
+        """Exit codes (None: still running), each task's log into `logs_dir`, per-task stats with the
+        node that ran it, links and limits. Node metrics of tasks on other hosts (or all, with
+        `COPY_METRICS_ENV` = 1) are copied into ``logs_dir/../nodes`` through their engines."""
+        exit_codes: dict[str, int | None] = {}
+        for c in self._containers:
+            try:
+                c.reload()
+                exit_codes[c.name] = c.attrs["State"]["ExitCode"] if c.status in ("exited", "dead") else None
+                (Path(logs_dir) / f"{c.name}.log").write_bytes(c.logs(stdout=True, stderr=True))
+            except Exception as exc:  # a container already gone: note it, keep going
+                exit_codes.setdefault(c.name, None)
+                progress(f"    could not read {c.name}: {exc}")
+        copy_all = os.environ.get(COPY_METRICS_ENV) == "1"
+        for c in self._containers:
+            if copy_all or c.node_id != self.engines.local_node_id:
+                try:
+                    copy_node_metrics(c, Path(logs_dir).parent / "nodes")
+                    c.metrics_via = "archive copy"
+                except ClusterError as exc:
+                    progress(f"    {exc}")
+        containers = {}
+        for c in self._containers:
+            samples = self._readers[c.name].samples if c.name in self._readers else []
+            containers[c.name] = {"role": c.service, "kind": "container", "exit_code": exit_codes.get(c.name),
+                                  **_lifetime(c), "node": c.node, "node_id": c.node_id, "task_slot": c.slot,
+                                  "container_id": c.id[:12], "metrics_via": c.metrics_via,
+                                  "samples": samples, "summary": summarize_samples(samples)}
+        conditions = self._conditions
+        return Collected(exit_codes=exit_codes, containers=containers,
+                         links=conditions.links if conditions else {}, limits=conditions.limits if conditions else {})
+
+    def teardown(self) -> None:
+        """Remove the run's stack: services, task containers, overlay network, secret. Idempotent."""
+        for reader in self._readers.values():
+            reader.stop()
+        if self._conditions is not None:
+            self._conditions.stop()
+        self._conditions = None
+        if self._deployed:
+            remove_stack(self.client, self.stack, lambda line: None)
+            self._deployed = False
+        self._containers, self._readers = [], {}
+
+    def close(self, progress: Progress = print) -> None:
+        """After the last run: tear down, then leave the swarm if the harness started it."""
+        self.teardown()
+        if self.started_swarm:
+            leave_swarm_if_ours(self.client, progress)
+            self.started_swarm, self._engines = False, None
+
+
+def cluster_down(progress: Progress = print) -> None:
+    """``down --backend swarm``: remove the project's stack (with its network and secret), then leave the
+    swarm if the harness started it. Nothing there: nothing done.
+
+    Raises:
+        ClusterError: the stack could not be removed, or the swarm not left.
+    """
+    client = docker_client()
+    remove_stack(client, stack_name(), progress)
+    leave_swarm_if_ours(client, progress)
