@@ -14,6 +14,7 @@ import os
 import queue
 import socket
 import threading
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -157,8 +158,7 @@ def test_handshake_refuses_every_random_peer(coordinator, peer_input):
 
     def run():
         try:
-            coordinator._handshake_slots.acquire()
-            coordinator._handshake(a, "fuzz")
+            coordinator._handshake(a, "fuzz", time.monotonic() + coordinator.cfg.handshake_timeout_s)
         except BaseException as exc:  # anything escaping the handshake is a finding
             errors.append(exc)
 
@@ -185,8 +185,7 @@ def test_handshake_refuses_every_random_peer(coordinator, peer_input):
 def test_a_correct_hello_is_admitted(coordinator):
     """The property above is not vacuous: the same path admits a peer that knows the secret."""
     a, b = tcp_pair()
-    coordinator._handshake_slots.acquire()
-    thread = threading.Thread(target=coordinator._handshake, args=(a, "good"))
+    thread = threading.Thread(target=coordinator._handshake, args=(a, "good", time.monotonic() + 5.0))
     thread.start()
     b.settimeout(3.0)
     reader = FrameReader(b, MAX_FRAME)
