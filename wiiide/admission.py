@@ -14,7 +14,8 @@ and a worker with the secret connecting from another address is still served:
   `penalty_refill_s` seconds; the token-bucket policer of RFC 2697, counting failures instead of
   bytes). Every failed handshake takes a token, a successful one gives one back; an address with no
   token left is refused at once (no slot, no waiting) until it has earned one back, so a peer that
-  keeps failing is slowed down to one attempt per `penalty_refill_s`.
+  keeps failing is slowed down to one attempt per `penalty_refill_s`. A connection refused because
+  its address already has `max_waiting_per_address` waiting counts as a failure, too.
 
 Memory is bounded: at most `max_waiting` sockets wait, and at most `max_addresses` buckets are kept
 (least recently used evicted first). `HandshakeGate` is thread-safe: the acceptor thread calls
@@ -141,6 +142,9 @@ class HandshakeGate:
             queue = self._waiting.get(pending.address)
             waiting_here = len(queue) if queue else 0
             if waiting_here >= self.max_waiting_per_address or self._n_waiting >= self.max_waiting:
+                if waiting_here >= self.max_waiting_per_address:  # it overflows its own queue: a failure
+                    bucket = self._bucket(pending.address, now)
+                    bucket.tokens = max(0.0, bucket.tokens - 1.0)
                 return Decision("refuse", Refusal(pending, REASON_BUSY, (
                     f"every handshake slot is taken and {waiting_here} connections from {pending.address} "
                     f"({self._n_waiting} in all) already wait; at most {self.max_waiting_per_address} per "
