@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from wiiide.admission import REASON_DEADLINE, HandshakeGate, Pending, Refusal
 from wiiide.auth import (
     HANDSHAKE_MAX_FRAME_BYTES,
     check_nonce,
@@ -38,7 +39,6 @@ from wiiide.auth import (
     verify,
     welcome_mac,
 )
-from wiiide.admission import REASON_DEADLINE, HandshakeGate, Pending, Refusal
 from wiiide.codecs.policy import CompressionPolicy
 from wiiide.config import RunConfig
 from wiiide.data import BatchSampler, load_dataset
@@ -56,7 +56,12 @@ from wiiide.node import (
     touch,
     wait_for_start_gate,
 )
-from wiiide.protocol import PROTOCOL_VERSION, DeadlineExceeded, WireTensor, encode_message
+from wiiide.protocol import (
+    PROTOCOL_VERSION,
+    DeadlineExceeded,
+    WireTensor,
+    encode_message,
+)
 from wiiide.sockets import configure_socket
 from wiiide.tensors import to_wire
 

@@ -18,13 +18,27 @@ from typing import Iterator
 
 import pytest
 
-from wiiide.admission import REASON_BUSY, REASON_DEADLINE, REASON_PENALIZED, HandshakeGate, Pending
+from wiiide.admission import (
+    REASON_BUSY,
+    REASON_DEADLINE,
+    REASON_PENALIZED,
+    HandshakeGate,
+    Pending,
+)
 from wiiide.auth import hello_mac, new_nonce, verify, welcome_mac
 from wiiide.config import RunConfig
 from wiiide.coordinator import Coordinator
 from wiiide.errors import ProtocolError
 from wiiide.metrics import MAX_EVENTS_PER_KIND, NodeMetrics
-from wiiide.protocol import MAGIC, PREFIX, PROTOCOL_VERSION, FrameReader, encode_message, parse_header, send_frames
+from wiiide.protocol import (
+    MAGIC,
+    PREFIX,
+    PROTOCOL_VERSION,
+    FrameReader,
+    encode_message,
+    parse_header,
+    send_frames,
+)
 
 SECRET = b"handshake-tests-shared-secret-0123456789"
 ATTACKER = "127.0.0.2"
