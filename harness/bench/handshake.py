@@ -70,15 +70,23 @@ PROBE_ADDRESS = "127.0.0.1"
 # --------------------------------------------------------------------------------------------------
 # The attacker (a subprocess: its CPU is not the probe's)
 # --------------------------------------------------------------------------------------------------
-def _open(port: int, source: str) -> socket.socket | None:
+IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)  # Linux, include/uapi/linux/in.h
+
+
+def _open(port: int, source: str, counts: dict[str, int]) -> socket.socket | None:
+    """A connection from `source` (its port chosen at connect, so thousands of short connections do
+    not run into ports still in use); None, counted by error, when it cannot be made."""
     sock = socket.socket()
     try:
+        sock.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
         sock.bind((source, 0))
         sock.settimeout(2.0)
         sock.connect(("127.0.0.1", port))
         sock.setblocking(False)
         return sock
-    except OSError:
+    except OSError as exc:
+        key = f"connect_failed_{type(exc).__name__}"
+        counts[key] = counts.get(key, 0) + 1
         sock.close()
         return None
 
@@ -118,7 +126,7 @@ def attack(kind: str, port: int, connections: int, duration_s: float, source: st
         sent_of: dict[socket.socket, int] = {}
         while time.monotonic() < end:
             while len(socks) < connections and time.monotonic() < end:
-                sock = _open(port, source)
+                sock = _open(port, source, counts)
                 if sock is None:
                     counts["connect_failed"] += 1
                     time.sleep(0.1)
@@ -141,7 +149,7 @@ def attack(kind: str, port: int, connections: int, duration_s: float, source: st
     elif kind == "flood":
         while time.monotonic() < end:
             for i in range(connections):
-                sock = _open(port, source)
+                sock = _open(port, source, counts)
                 if sock is None:
                     counts["connect_failed"] += 1
                     continue

@@ -316,3 +316,59 @@ def test_bad_unicode_and_huge_integers_give_a_logged_refusal_and_the_coordinator
     [refusal] = refusals(node)
     assert needle in refusal["cause"] and refusal["reason"] == "protocol"
     assert any("refused connection from 127.0.0.2" in r and needle in r for r in records)
+
+
+def test_a_read_deadline_bounds_a_frame_that_trickles_in(sock_pair):
+    """One byte per 0.2 s would take 3.2 s for a prefix; the read gives up at its 0.5 s deadline."""
+    from wiiide.protocol import DeadlineExceeded
+
+    writer, reader_sock = sock_pair
+    sent: list[int] = []
+
+    def trickle() -> None:
+        for byte in PREFIX.pack(MAGIC, PROTOCOL_VERSION, 0, 64, 4 << 30):
+            try:
+                writer.send(bytes([byte]))
+            except OSError:
+                return
+            sent.append(byte)
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    reader_sock.settimeout(60.0)  # per recv: would never fire while bytes keep coming
+    with pytest.raises(DeadlineExceeded, match="deadline passed"):
+        FrameReader(reader_sock, 1 << 20).read_message(deadline=time.monotonic() + 0.5)
+    assert len(sent) < 16  # it gave up before the prefix was complete
+    assert reader_sock.gettimeout() == 60.0  # the socket's own timeout is restored
+    thread.join(timeout=10)
+
+
+def test_an_unforeseen_exception_in_a_handshake_is_a_logged_refusal(acceptor, monkeypatch):
+    """A bug an input finds (here: verify raising RuntimeError) refuses that peer; the next one joins."""
+    from tests.unit.test_nodes import capture_log
+
+    node, port = acceptor, acceptor.cfg.port
+    calls: list[int] = []
+
+    def broken_verify(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        return verify(*args, **kwargs)
+
+    monkeypatch.setattr("wiiide.coordinator.verify", broken_verify)
+    with capture_log("wiiide.coordinator") as records:
+        with connect(port) as sock:
+            reader = FrameReader(sock, 1 << 20)
+            challenge = reader.read_message()
+            nonce_w = new_nonce()
+            send_frames(sock, [encode_message("hello", {
+                "protocol_version": PROTOCOL_VERSION, "node_id": "first", "nonce": nonce_w,
+                "mac": hello_mac(SECRET, PROTOCOL_VERSION, challenge.meta["nonce"], nonce_w, "first")})])
+            answer = reader.read_message()
+        assert answer.kind == "refused" and "boom" in answer.meta["reason"]
+        assert worker_handshake(node, port, "second") == "welcome"
+    [refusal] = refusals(node)
+    assert refusal["reason"] == "unexpected" and "RuntimeError: boom" in refusal["cause"]
+    assert any("unexpected RuntimeError: boom" in r for r in records)
