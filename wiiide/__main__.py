@@ -2,11 +2,18 @@
 
 Exit codes: 0 done, 1 error, 2 bad configuration, 3 could not connect (worker) or not all workers
 came (coordinator), 4 peer lost, 143 SIGTERM.
+
+The process ends with `exit_now` once the node is done: its metrics file is written (atomically, by
+`wiiide.node.run_node`) and its output flushed by then, so the interpreter's own shutdown (tearing
+down torch's modules and objects: about 0.5 s of CPU per node, seconds when nine nodes end at once
+on two cores) is skipped.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 
 from wiiide.config import RunConfig
@@ -44,5 +51,23 @@ def main(argv: list[str] | None = None) -> int:
     return run(cfg)
 
 
+def exit_now(code: int) -> None:
+    """End the process with `code` at once (``os._exit``), after flushing every logging handler,
+    stdout and stderr; no atexit hooks, no interpreter shutdown. Call it only when everything the
+    process must leave behind (the metrics file) is written. Never returns."""
+    for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+        for handler in getattr(logger, "handlers", ()):
+            try:
+                handler.flush()
+            except (OSError, ValueError):
+                pass  # a closed or broken stream: nothing more can be written to it
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

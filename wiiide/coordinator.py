@@ -45,7 +45,14 @@ from wiiide.data import BatchSampler, load_dataset
 from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.model import FlatParams, build_mlp, evaluate, model_spec, num_parameters
+from wiiide.model import (
+    FlatParams,
+    MomentumSGD,
+    build_mlp,
+    evaluate,
+    model_spec,
+    num_parameters,
+)
 from wiiide.node import (
     EXIT_CONNECT,
     EXIT_PEER_LOST,
@@ -130,7 +137,7 @@ class Coordinator:
             data = load_dataset(cfg)
             model = build_mlp(data.num_features, cfg.hidden_sizes, data.num_classes, cfg.seed)
             flat = FlatParams(model)
-            optimizer = torch.optim.SGD(model.parameters(), lr=cfg.learning_rate, momentum=cfg.momentum)
+            optimizer = MomentumSGD(model.parameters(), lr=cfg.learning_rate, momentum=cfg.momentum)
             spec = model_spec(data.num_features, cfg.hidden_sizes, data.num_classes)
             self.metrics.extra.update({
                 "dataset": data.name, "train_samples": len(data.y_train), "test_samples": len(data.y_test),
@@ -377,7 +384,7 @@ class Coordinator:
                                   f"{self.cfg.connect_timeout_s:g} s; see the events in the metrics", EXIT_PEER_LOST)
         return live
 
-    def _train(self, data, model: nn.Module, flat: FlatParams, optimizer: torch.optim.Optimizer) -> None:
+    def _train(self, data, model: nn.Module, flat: FlatParams, optimizer: MomentumSGD) -> None:
         cfg, metrics = self.cfg, self.metrics
         sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed)
         grad_sum = torch.zeros(flat.numel, dtype=torch.float32)

@@ -106,6 +106,45 @@ class FlatParams:
         self.params.copy_(flat.reshape(-1))
 
 
+class MomentumSGD:
+    """``torch.optim.SGD(params, lr=lr, momentum=momentum)`` (no dampening, weight decay or Nesterov),
+    the same update step for step: `step` calls torch's public functional API ``torch.optim.sgd.sgd``,
+    the function ``SGD.step`` calls, with the same arguments and momentum buffers.
+
+    Why not ``torch.optim.SGD`` itself: the methods of torch's `Optimizer` class are wrapped by
+    ``torch._disable_dynamo``, which imports ``torch._dynamo`` (with sympy and mpmath: about 800
+    modules) at their first call: 1.0 s of CPU on this project's machine (torch 2.13), measured on
+    the coordinator's path to its first step, where nine nodes share two cores.
+
+    Args:
+        params: the parameters (float32 tensors with ``.grad``, e.g. `FlatParams`' views).
+        lr: the learning rate; momentum: the momentum factor (0: plain SGD).
+    """
+
+    def __init__(self, params: Any, lr: float, momentum: float = 0.0) -> None:
+        self.params: list[torch.Tensor] = list(params)
+        self.lr = float(lr)
+        self.momentum = float(momentum)
+        self.momentum_buffers: dict[int, torch.Tensor | None] = {}
+
+    def step(self) -> None:
+        """One update of every parameter that has a gradient (``p -= lr * b``, ``b = momentum * b + grad``,
+        ``b = grad`` at the first step), in place and without autograd recording it."""
+        from torch.optim.sgd import sgd
+
+        indices = [i for i, p in enumerate(self.params) if p.grad is not None]
+        params = [self.params[i] for i in indices]
+        grads = [p.grad for p in params]
+        buffers = [self.momentum_buffers.get(i) for i in indices] if self.momentum != 0 else []
+        with torch.no_grad():
+            sgd(params, grads, buffers, has_sparse_grad=any(g.is_sparse for g in grads), foreach=None, fused=None,
+                weight_decay=0.0, momentum=self.momentum, lr=self.lr, dampening=0.0, nesterov=False,
+                maximize=False)
+        if self.momentum != 0:
+            for i, buffer in zip(indices, buffers):
+                self.momentum_buffers[i] = buffer
+
+
 def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """(accuracy in 0..1, mean cross-entropy in nats) of `model` on a held-out split.
 

@@ -44,6 +44,13 @@ from wiiide.protocol import PROTOCOL_VERSION, encode_message
 from wiiide.sockets import configure_socket
 from wiiide.tensors import from_wire, to_wire
 
+# Connect retries: 50 ms, growing by half each time to at most 250 ms, until the timeout. Nine nodes
+# start within seconds of each other, so the coordinator listens soon; a long backoff (it was 2 s)
+# only delays the first step. A refused connect costs microseconds on the coordinator's host.
+CONNECT_FIRST_DELAY_S = 0.05
+CONNECT_DELAY_GROWTH = 1.5
+CONNECT_MAX_DELAY_S = 0.25
+
 
 class _Lost(Exception):
     """The connection to the coordinator broke (closed, reset, or silent for io_timeout_s)."""
@@ -71,7 +78,7 @@ class Worker:
     def _connect(self, timeout_s: float) -> socket.socket:
         cfg = self.cfg
         deadline = time.monotonic() + timeout_s
-        delay_s, attempts, last_error = 0.2, 0, None
+        delay_s, attempts, last_error = CONNECT_FIRST_DELAY_S, 0, None
         while True:
             attempts += 1
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -91,7 +98,7 @@ class Worker:
                     f"could not reach the coordinator at {cfg.coordinator_host}:{cfg.port} within "
                     f"{timeout_s:g} s ({attempts} attempts; last error: {last_error})", EXIT_CONNECT)
             time.sleep(delay_s)
-            delay_s = min(delay_s * 2, 2.0)
+            delay_s = min(delay_s * CONNECT_DELAY_GROWTH, CONNECT_MAX_DELAY_S)
 
     def _main(self) -> None:
         """Join and train; after losing the coordinator, try to rejoin for io_timeout_s, then give up.

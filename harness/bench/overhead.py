@@ -14,6 +14,11 @@ through the same loop a sweep uses (`harness.run.loop.run_point`). For every run
   the harness's phases and the nodes' start-up, connecting, evaluation and exit);
 - ``load_average``: the machine's 1/5/15-minute load average before and after (``os.getloadavg``).
 
+``--images OLD NEW`` compares node images (e.g. before and after a change to `wiiide/`) in one run:
+each image is used as it is (not rebuilt), the runs are interleaved (image, then worker count, then
+repeat) so a change in the machine's load falls on both, and the summary has one row per image and
+worker count (``1+8 <image>``).
+
 Writes ``results/bench-overhead-<UTC stamp>.json`` with ``machine_info`` and ``commit_info`` at the
 top, every raw run, and per worker count the median, min and max of each figure; prints a table.
 The image check a sweep does once (``prepare_s``) is measured once and kept apart.
@@ -60,8 +65,9 @@ def bench_spec(num_workers: int, duration_s: float, link: str | None = None):
 
 
 def measure_point(backend: Backend, num_workers: int, duration_s: float, out_dir: Path, log: Log,
-                  link: str | None = None) -> dict[str, Any]:
+                  link: str | None = None, image: str | None = None) -> dict[str, Any]:
     """Run the bench point once on `backend` and return its figures (see the module doc); seconds.
+    `image`: the node image's tag, recorded with the figures (None: the backend's one image).
 
     Raises:
         ClusterError: the backend cannot run the point at all (a failed run is recorded instead).
@@ -76,6 +82,7 @@ def measure_point(backend: Backend, num_workers: int, duration_s: float, out_dir
     train_time_s = coordinator.get("train_time_s")
     return {
         "num_workers": num_workers, "containers": num_workers + 1, "duration_s": duration_s, "link": link,
+        "image": image,
         "status": result.status, "error": result.error, "wall_s": round(wall_s, 3),
         "train_time_s": train_time_s, "coordinator_wall_time_s": coordinator.get("wall_time_s"),
         "overhead_s": round(wall_s - train_time_s, 3) if train_time_s is not None else None,
@@ -133,14 +140,18 @@ def _stats(values: Sequence[float]) -> dict[str, float | int | None]:
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per worker count: statistics of ``wall_s``, ``train_time_s``, ``overhead_s`` and each phase
-    over the runs that ended ``ok``."""
+    """Per worker count (and per image when runs carry more than one): statistics of ``wall_s``,
+    ``train_time_s``, ``overhead_s`` and each phase over the runs that ended ``ok``. Keys: ``1+8``,
+    or ``1+8 <image>``."""
     summary: dict[str, Any] = {}
-    for workers in sorted({r["num_workers"] for r in runs}):
-        ok = [r for r in runs if r["num_workers"] == workers and r["status"] == "ok"]
+    images = list(dict.fromkeys(r.get("image") for r in runs))
+    for workers, image in sorted({(r["num_workers"], r.get("image")) for r in runs},
+                                 key=lambda key: (key[0], images.index(key[1]))):
+        mine = [r for r in runs if r["num_workers"] == workers and r.get("image") == image]
+        ok = [r for r in mine if r["status"] == "ok"]
         phases = list(dict.fromkeys(name for r in ok for name in r["phases_s"]))
-        summary[f"1+{workers}"] = {
-            "runs_ok": len(ok), "runs": sum(r["num_workers"] == workers for r in runs),
+        summary[f"1+{workers}" + (f" {image}" if len(images) > 1 else "")] = {
+            "runs_ok": len(ok), "runs": len(mine),
             "wall_s": _stats([r["wall_s"] for r in ok]),
             "train_time_s": _stats([r["train_time_s"] for r in ok]),
             "overhead_s": _stats([r["overhead_s"] for r in ok]),
@@ -167,9 +178,31 @@ def format_summary(summary: dict[str, Any]) -> str:
     return ("median seconds (harness phases; after |: the nodes' side of `run`)\n" + "\n".join(lines))
 
 
+def _image_backends(images: Sequence[str]) -> dict[str, Backend]:
+    """One docker backend per image tag, each image used as it is (not rebuilt from this checkout).
+
+    Raises:
+        ClusterError: no Docker engine, or an image that does not exist.
+    """
+    from harness.errors import ClusterError
+    from harness.run.compose import ComposeBackend
+    from harness.run.image import _image_exists
+
+    backends: dict[str, Backend] = {}
+    for tag in images:
+        backend = ComposeBackend(image_tag=tag)
+        if not _image_exists(backend.client, tag):
+            raise ClusterError(f"bench-overhead --images: no image {tag!r}; build it first "
+                               f"(`wiiide-lab image --tag {tag}` in the checkout it should hold)")
+        backends[tag] = backend
+    return backends
+
+
 def run_bench(workers: Sequence[int], repeats: int, duration_s: float, backend_name: str, results_dir: Path,
-              log: Log, link: str | None = None) -> Path:
+              log: Log, link: str | None = None, images: Sequence[str] = ()) -> Path:
     """Measure every worker count `repeats` times (interleaved: 4, 8, 4, 8...) and write the JSON.
+    `images`: node image tags to compare (docker only, used as they are, interleaved per run);
+    empty: the backend's own image, built from this checkout.
 
     Returns:
         The path of ``bench-overhead-<stamp>.json`` in `results_dir`.
@@ -182,25 +215,31 @@ def run_bench(workers: Sequence[int], repeats: int, duration_s: float, backend_n
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     work_dir = results_dir / f"bench-overhead-{stamp}"
     t0 = time.monotonic()
-    backend = select_backend(backend_name, log)
+    backends: dict[str | None, Backend] = (
+        dict(_image_backends(images)) if images else {None: select_backend(backend_name, log)})
     prepare_s = time.monotonic() - t0
+    backend = next(iter(backends.values()))
     runs: list[dict[str, Any]] = []
     try:
         for repeat in range(repeats):
             for n in workers:
-                log(f"[bench-overhead] 1+{n} containers, repeat {repeat + 1}/{repeats}, load {os.getloadavg()[0]:.2f}")
-                record = measure_point(backend, n, duration_s, work_dir / f"w{n}-r{repeat}", log, link)
-                record["repeat"] = repeat
-                runs.append(record)
-                log(f"[bench-overhead]   {record['status']}: wall {record['wall_s']:.1f} s, training "
-                    f"{record['train_time_s'] or 0:.1f} s, overhead {record['overhead_s'] or 0:.1f} s, "
-                    f"phases {record['phases_s']}")
+                for i, (image, each) in enumerate(backends.items()):
+                    label = f"1+{n} containers" + (f" of {image}" if image else "")
+                    log(f"[bench-overhead] {label}, repeat {repeat + 1}/{repeats}, load {os.getloadavg()[0]:.2f}")
+                    out_dir = work_dir / (f"w{n}-r{repeat}" + (f"-i{i}" if image else ""))
+                    record = measure_point(each, n, duration_s, out_dir, log, link, image)
+                    record["repeat"] = repeat
+                    runs.append(record)
+                    log(f"[bench-overhead]   {record['status']}: wall {record['wall_s']:.1f} s, training "
+                        f"{record['train_time_s'] or 0:.1f} s, overhead {record['overhead_s'] or 0:.1f} s, "
+                        f"phases {record['phases_s']}")
     finally:
-        backend.teardown()
+        for each in backends.values():
+            each.teardown()
     data = {
         "kind": "bench-overhead", "machine_info": machine_info(), "commit_info": commit_info(),
         "params": {"workers": list(workers), "repeats": repeats, "duration_s": duration_s,
-                   "backend": backend.name, "link": link},
+                   "backend": backend.name, "link": link, "images": list(images)},
         "backend": backend.describe(), "prepare_s": round(prepare_s, 3),
         "runs": runs, "summary": summarize(runs),
     }
@@ -218,6 +257,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds of training per run (default 5)")
     parser.add_argument("--backend", choices=["auto", "docker", "local"], default="docker")
     parser.add_argument("--link", help="a link preset to shape every container with (e.g. rate-100m)")
+    parser.add_argument("--images", nargs="+", default=[], metavar="TAG",
+                        help="node images to compare, interleaved (docker; used as they are, not rebuilt)")
     parser.add_argument("--results-dir", default=str(REPO_ROOT / "results"),
                         help="where bench-overhead-<stamp>.json goes (default: results/)")
 
@@ -225,7 +266,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main_from_args(args: argparse.Namespace, log: Log) -> int:
     """Run the benchmark from parsed arguments, print the table and the JSON's path; exit code 0."""
     path = run_bench(args.workers, args.repeats, args.duration_s, args.backend, Path(args.results_dir), log,
-                     args.link)
+                     args.link, args.images)
     print(format_summary(json.loads(path.read_text())["summary"]))
     print(path)
     return 0

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from wiiide.config import RunConfig
-from wiiide.data import BatchSampler, load_dataset
+from wiiide.data import BatchSampler, load_dataset, load_digits_arrays, stratified_split
 from wiiide.errors import ConfigError
 
 
@@ -86,6 +86,72 @@ def test_synthetic_has_configured_shape():
 def test_unusable_synthetic_config_is_a_config_error(fields):
     with pytest.raises(ConfigError):
         load_dataset(RunConfig(dataset="synthetic", **fields))
+
+
+# --------------------------------------------------------------------------------------------------
+# The digits without scikit-learn: the same arrays as load_digits + train_test_split
+# --------------------------------------------------------------------------------------------------
+def test_digits_file_is_what_load_digits_returns():
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits_arrays()
+    x_ref, y_ref = load_digits(return_X_y=True)
+    assert x.dtype == x_ref.dtype and y.dtype == y_ref.dtype
+    assert np.array_equal(x, x_ref) and np.array_equal(y, y_ref)
+
+
+@pytest.mark.parametrize("seed, test_fraction", [(0, 0.2), (1, 0.2), (7, 0.05), (12345, 0.5), (3, 0.33), (2, 0.9)])
+def test_stratified_split_is_scikit_learns(seed, test_fraction):
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits_arrays()
+    ours = stratified_split(x, y, test_fraction, seed)
+    ref = train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)
+    for a, b in zip(ours, ref):  # same rows in the same order
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def test_stratified_split_with_tied_remainders_is_scikit_learns():
+    """Classes of equal size: the rounding ties are broken by the same random draws."""
+    from sklearn.model_selection import train_test_split
+
+    y = np.repeat(np.arange(7), 13)
+    x = np.arange(len(y) * 2, dtype=np.float64).reshape(-1, 2)
+    for seed in range(5):
+        ours = stratified_split(x, y, 0.3, seed)
+        ref = train_test_split(x, y, test_size=0.3, random_state=seed, stratify=y)
+        assert all(np.array_equal(a, b) for a, b in zip(ours, ref))
+
+
+def test_digits_dataset_is_load_digits_and_train_test_split():
+    """The whole of load_dataset('digits') against what it computed with scikit-learn before."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_dataset(RunConfig(dataset="digits", seed=4, test_fraction=0.25))
+    x, y = load_digits(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=4, stratify=y)
+    mean, std = x_train.mean(axis=0), x_train.std(axis=0)
+    std[std == 0] = 1.0
+    assert np.array_equal(d.x_train, ((x_train - mean) / std).astype(np.float32))
+    assert np.array_equal(d.x_test, ((x_test - mean) / std).astype(np.float32))
+    assert np.array_equal(d.y_train, y_train.astype(np.int64)) and np.array_equal(d.y_test, y_test.astype(np.int64))
+
+
+def test_digits_load_does_not_import_scikit_learn():
+    import subprocess
+    import sys
+
+    code = ("import sys; from wiiide.config import RunConfig; from wiiide.data import load_dataset; "
+            "load_dataset(RunConfig(dataset='digits')); print(sorted(m for m in sys.modules if m.startswith('sklearn')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_stratified_split_refusals_are_scikit_learns():
+    y = np.array([0, 0, 0, 1])  # class 1 has one member
+    with pytest.raises(ValueError, match="least populated class"):
+        stratified_split(np.zeros((4, 1)), y, 0.5, 0)
 
 
 # --------------------------------------------------------------------------------------------------

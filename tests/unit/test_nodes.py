@@ -325,6 +325,50 @@ def test_coordinator_survives_stranger_with_unhashable_dtype(tmp_path, free_port
 # --------------------------------------------------------------------------------------------------
 # Whole runs: python -m wiiide coordinator|worker
 # --------------------------------------------------------------------------------------------------
+def test_worker_connect_retries_fast_and_bounded(monkeypatch, free_port):
+    """Refused connects are retried after 50 ms, then growing, never more than 250 ms apart, until the
+    timeout; then exit code 3 with the number of attempts (a fake clock: no real waiting)."""
+    import wiiide.worker as worker_module
+
+    clock = {"now": 1000.0}
+    sleeps: list[float] = []
+
+    def fake_sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        clock["now"] += seconds
+
+    monkeypatch.setattr(worker_module.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(worker_module.time, "sleep", fake_sleep)
+    worker = worker_module.Worker(RunConfig(port=free_port, log_tier="silent", coordinator_host="127.0.0.1"))
+    with pytest.raises(NodeFailure) as info:
+        worker._connect(5.0)
+    assert info.value.exit_code == EXIT_CONNECT
+    assert sleeps[0] == pytest.approx(0.05) and max(sleeps) == pytest.approx(0.25)
+    assert all(a <= b for a, b in zip(sleeps, sleeps[1:]))  # it only grows
+    assert sum(sleeps) <= 5.0 and len(sleeps) > 15  # about 20 attempts in 5 s (it was 5 with a 2 s cap)
+    assert f"({len(sleeps) + 1} attempts;" in str(info.value)
+
+
+def test_exit_now_flushes_output_and_skips_shutdown(tmp_path):
+    """`exit_now` keeps the exit code, flushes stdout, stderr and logging handlers, and runs no atexit hook."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, logging, sys\n"
+            "from wiiide.__main__ import exit_now\n"
+            "logging.basicConfig(stream=sys.stderr)\n"
+            "atexit.register(lambda: print('atexit ran', flush=True))\n"
+            "sys.stdout = open(sys.stdout.fileno(), 'w', buffering=1 << 20, closefd=False)\n"
+            "print('written', end='')\n"
+            "logging.getLogger('node').error('a log line')\n"
+            "exit_now(4)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 4
+    assert proc.stdout == "written" and "atexit ran" not in proc.stdout
+    assert "a log line" in proc.stderr
+
+
 def test_worker_without_coordinator_exits_3(tmp_path, free_port, node_env, node_procs):
     proc = node_procs.start("worker", node_env(connect_timeout_s=1, node_id="lonely"))
     assert node_procs.wait(proc, 60) == EXIT_CONNECT
