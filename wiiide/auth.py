@@ -26,9 +26,12 @@ import os
 import secrets
 from hashlib import sha256
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from wiiide.errors import ConfigError, ProtocolError
+
+if TYPE_CHECKING:
+    from wiiide.protocol import Frame
 
 NONCE_BYTES = 32
 MIN_SECRET_BYTES = 16
@@ -82,6 +85,17 @@ def hello_mac(secret: bytes, version: int, nonce_c: str, nonce_w: str, node_id: 
     and its node id, keyed with the shared secret (bytes).
     """
     return _mac(secret, "wiiide-hello", version, nonce_c, nonce_w, node_id)
+
+
+def hello_frame(secret: bytes, nonce_c: str, node_id: str) -> tuple["Frame", str]:
+    """A worker's hello to a challenge with nonce `nonce_c`: (the frame to send, its fresh nonce_w,
+    which the welcome's MAC covers). Raises nothing for any str `node_id` (see `_mac`)."""
+    from wiiide.protocol import PROTOCOL_VERSION, encode_message
+
+    nonce_w = new_nonce()
+    return encode_message("hello", {
+        "protocol_version": PROTOCOL_VERSION, "node_id": node_id, "nonce": nonce_w,
+        "mac": hello_mac(secret, PROTOCOL_VERSION, nonce_c, nonce_w, node_id)}), nonce_w
 
 
 def welcome_mac(secret: bytes, version: int, nonce_w: str, nonce_c: str, rank: int) -> str:

@@ -47,7 +47,7 @@ import numpy as np
 
 from harness import REPO_ROOT
 from harness.run.machine import commit_info, machine_info
-from wiiide.auth import generate_secret, hello_mac, new_nonce, verify, welcome_mac
+from wiiide.auth import generate_secret, hello_frame, verify, welcome_mac
 from wiiide.config import RunConfig
 from wiiide.metrics import write_json_atomic
 from wiiide.protocol import (
@@ -190,11 +190,9 @@ def probe_join(port: int, secret: bytes, node_id: str, give_up_s: float) -> tupl
             sock.settimeout(max(0.1, give_up_s - (time.monotonic() - t0)))
             sock.connect(("127.0.0.1", port))
             reader = FrameReader(sock, 64 << 20)
-            challenge = reader.read_message()
-            nonce_c, nonce_w = challenge.meta["nonce"], new_nonce()
-            send_frames(sock, [encode_message("hello", {
-                "protocol_version": PROTOCOL_VERSION, "node_id": node_id, "nonce": nonce_w,
-                "mac": hello_mac(secret, PROTOCOL_VERSION, nonce_c, nonce_w, node_id)})])
+            nonce_c = reader.read_message().meta["nonce"]
+            hello, nonce_w = hello_frame(secret, nonce_c, node_id)
+            send_frames(sock, [hello])
             welcome = reader.read_message()
             while welcome.kind == "heartbeat":
                 welcome = reader.read_message()
