@@ -13,6 +13,12 @@ evaluates on the held-out split and writes its metrics (held-out accuracy, per-w
 
 A worker whose connection fails or who sends a malformed frame is closed and dropped from the round;
 the run goes on with the rest (and fails when none are left).
+
+Joining: an acceptor thread accepts connections for the whole run and a `wiiide.admission.HandshakeGate`
+decides which handshake now (on a slot thread), which wait and which are refused at once; each
+handshake must be complete `handshake_timeout_s` after accept, an absolute deadline enforced on every
+read. Any failure in a handshake, an unforeseen exception included, is a ``connection_refused`` event
+with a short ``reason`` and its ``cause``, never a dead thread.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ Field units are in their names. Sources:
   (``getrusage(RUSAGE_SELF).ru_maxrss``, KiB on Linux).
 - ``iface_bytes_sent/recv``: psutil.net_io_counters() of the node's network namespace, end minus
   start (in a container: its eth0 and lo).
+- ``events``: the first MAX_EVENTS_PER_KIND events of each kind; ``event_counts``: every event by
+  kind; ``events_dropped``: those beyond the cap, by kind and ``reason`` (a refusal flood stays small).
 """
 
 from __future__ import annotations
