@@ -13,7 +13,7 @@ from tests.unit.test_handshake import SECRET, acceptor  # noqa: F401 (the fixtur
 def test_the_attacker_is_refused_and_the_probe_is_admitted_meanwhile(acceptor):  # noqa: F811
     node, port = acceptor, acceptor.cfg.port
     counts: dict[str, int] = {}
-    attacker = threading.Thread(target=attack, args=("flood", port, 30, 3.0), kwargs={"counts": counts}, daemon=True)
+    attacker = threading.Thread(target=attack, args=("flood", port, 30, 1.5), kwargs={"counts": counts}, daemon=True)
     attacker.start()
     box: dict = {}
     probe = threading.Thread(target=lambda: box.update(zip(("sock", "reader", "joined"),

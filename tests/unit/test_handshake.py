@@ -330,6 +330,7 @@ def test_a_read_deadline_bounds_a_frame_that_trickles_in(sock_pair):
 
     writer, reader_sock = sock_pair
     sent: list[int] = []
+    done = threading.Event()
 
     def trickle() -> None:
         for byte in PREFIX.pack(MAGIC, PROTOCOL_VERSION, 0, 64, 4 << 30):
@@ -338,7 +339,8 @@ def test_a_read_deadline_bounds_a_frame_that_trickles_in(sock_pair):
             except OSError:
                 return
             sent.append(byte)
-            time.sleep(0.2)
+            if done.wait(0.2):
+                return
 
     thread = threading.Thread(target=trickle, daemon=True)
     thread.start()
@@ -346,6 +348,7 @@ def test_a_read_deadline_bounds_a_frame_that_trickles_in(sock_pair):
     with pytest.raises(DeadlineExceeded, match="deadline passed"):
         FrameReader(reader_sock, 1 << 20).read_message(deadline=time.monotonic() + 0.5)
     assert len(sent) < 16  # it gave up before the prefix was complete
+    done.set()
     assert reader_sock.gettimeout() == 60.0  # the socket's own timeout is restored
     thread.join(timeout=10)
 
