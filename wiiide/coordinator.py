@@ -429,7 +429,7 @@ class Coordinator:
                     if isinstance(loss, bool) or not isinstance(loss, (int, float)):
                         raise ProtocolError(f"gradients: 'loss' must be a number, got {type(loss).__name__}")
                     loss = float(loss)  # OverflowError for an integer beyond a float (10**400)
-                except (ProtocolError, OSError, OverflowError) as exc:
+                except Exception as exc:  # ProtocolError, OSError, or what else a frame can provoke: a drop with its cause
                     self._drop(w, exc)
                     continue
                 grad_sum += torch.from_numpy(grad)
