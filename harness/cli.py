@@ -1,4 +1,4 @@
-"""``python -m harness VERB``: up, down, status, sweep, report, image, compare, bench-wire.
+"""``python -m harness VERB``: up, down, status, sweep, report, image, compare, bench-wire, bench-handshake.
 
 Errors the harness raises on purpose (bad spec, no engine, a failed Compose call) end as one line on
 stderr and exit code 2 (bad input) or 1 (anything else), not a traceback.
@@ -215,6 +215,12 @@ def cmd_bench_overhead(args: argparse.Namespace) -> int:
     return main_from_args(args, _log)
 
 
+def cmd_bench_handshake(args: argparse.Namespace) -> int:
+    """`bench-handshake`: see `harness.bench.handshake`; writes its JSON and prints the table."""
+    from harness.bench.handshake import main_from_args
+    return main_from_args(args, _log)
+
+
 def cmd_image(args: argparse.Namespace) -> int:
     """`image [--force]`: build the node image and print its tag. Raises ClusterError without an engine."""
     from harness.run.image import build_image
@@ -293,6 +299,12 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.bench.overhead import add_arguments as add_overhead_arguments
     add_overhead_arguments(p)
     p.set_defaults(func=cmd_bench_overhead)
+
+    p = sub.add_parser("bench-handshake", help="a worker's admission time and samples/s under a slowloris and a "
+                                               "connection flood, each beside an unattacked twin (JSON)")
+    from harness.bench.handshake import add_arguments as add_handshake_arguments
+    add_handshake_arguments(p)
+    p.set_defaults(func=cmd_bench_handshake)
 
     p = sub.add_parser("image", help="build the node image (wheelhouse, local base when no registry)")
     p.add_argument("--force", action="store_true")

@@ -26,9 +26,12 @@ import os
 import secrets
 from hashlib import sha256
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from wiiide.errors import ConfigError, ProtocolError
+
+if TYPE_CHECKING:
+    from wiiide.protocol import Frame
 
 NONCE_BYTES = 32
 MIN_SECRET_BYTES = 16
@@ -72,7 +75,9 @@ def new_nonce() -> str:
 
 
 def _mac(secret: bytes, *parts: object) -> str:
-    return hmac.new(secret, "|".join(str(p) for p in parts).encode("utf-8"), sha256).hexdigest()
+    # 'surrogatepass': any str has bytes to MAC, a lone surrogate included (a node id from a
+    # surrogateescape'd environment variable), so computing a MAC never raises UnicodeEncodeError.
+    return hmac.new(secret, "|".join(str(p) for p in parts).encode("utf-8", "surrogatepass"), sha256).hexdigest()
 
 
 def hello_mac(secret: bytes, version: int, nonce_c: str, nonce_w: str, node_id: str) -> str:
@@ -82,6 +87,17 @@ def hello_mac(secret: bytes, version: int, nonce_c: str, nonce_w: str, node_id: 
     return _mac(secret, "wiiide-hello", version, nonce_c, nonce_w, node_id)
 
 
+def hello_frame(secret: bytes, nonce_c: str, node_id: str) -> tuple["Frame", str]:
+    """A worker's hello to a challenge with nonce `nonce_c`: (the frame to send, its fresh nonce_w,
+    which the welcome's MAC covers). Raises nothing for any str `node_id` (see `_mac`)."""
+    from wiiide.protocol import PROTOCOL_VERSION, encode_message
+
+    nonce_w = new_nonce()
+    return encode_message("hello", {
+        "protocol_version": PROTOCOL_VERSION, "node_id": node_id, "nonce": nonce_w,
+        "mac": hello_mac(secret, PROTOCOL_VERSION, nonce_c, nonce_w, node_id)}), nonce_w
+
+
 def welcome_mac(secret: bytes, version: int, nonce_w: str, nonce_c: str, rank: int) -> str:
     """HMAC-SHA256 (hex, 64 characters) of the coordinator's welcome over the protocol version, both
     nonces (in the other order than hello's) and the rank it assigns, keyed with the shared secret.
@@ -89,14 +105,22 @@ def welcome_mac(secret: bytes, version: int, nonce_w: str, nonce_c: str, rank: i
     return _mac(secret, "wiiide-welcome", version, nonce_w, nonce_c, rank)
 
 
+def _is_hex(value: object, nchars: int) -> bool:
+    return isinstance(value, str) and len(value) == nchars and all(c in "0123456789abcdef" for c in value)
+
+
 def check_nonce(value: object, what: str) -> str:
     """A nonce from the peer must be 64 lowercase hex characters. Raises ProtocolError."""
-    if not isinstance(value, str) or len(value) != 2 * NONCE_BYTES or any(c not in "0123456789abcdef" for c in value):
+    if not _is_hex(value, 2 * NONCE_BYTES):
         raise ProtocolError(f"{what}: malformed nonce")
-    return value
+    return value  # type: ignore[return-value]
 
 
 def verify(expected: str, received: object, what: str) -> None:
-    """Constant-time comparison of MACs. Raises ProtocolError naming `what` when they differ."""
-    if not isinstance(received, str) or not hmac.compare_digest(expected.encode(), received.encode()):
+    """Constant-time comparison of MACs (64 lowercase hex characters, as `hello_mac` makes them).
+
+    Whatever `received` is (any JSON value, a string with a lone surrogate), the only error is
+    ProtocolError naming `what`; the shape check reveals nothing of the secret.
+    """
+    if not _is_hex(received, len(expected)) or not hmac.compare_digest(expected.encode(), received.encode()):  # type: ignore[union-attr]
         raise ProtocolError(f"{what}: authentication failed (wrong or missing shared secret)")

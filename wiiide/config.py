@@ -278,7 +278,8 @@ class RunConfig(BaseSettings):
     handshake_timeout_s: Float = _field(5.0, "0 < x <= 300 seconds",
                                         "a peer must complete the authenticated handshake within this",
                                         gt=0.0, le=300.0)
-    max_handshakes: Int = _field(8, "1..1024", "connections handshaking at once; more are refused at once",
+    max_handshakes: Int = _field(8, "1..1024", "connections handshaking at once, at most half from one address; "
+                                 "more wait for a slot until their deadline (wiiide.admission)",
                                  ge=1, le=1024)
 
     # ------------------------------------------------------------------------------------------

@@ -13,6 +13,12 @@ evaluates on the held-out split and writes its metrics (held-out accuracy, per-w
 
 A worker whose connection fails or who sends a malformed frame is closed and dropped from the round;
 the run goes on with the rest (and fails when none are left).
+
+Joining: an acceptor thread accepts connections for the whole run and a `wiiide.admission.HandshakeGate`
+decides which handshake now (on a slot thread), which wait and which are refused at once; each
+handshake must be complete `handshake_timeout_s` after accept, an absolute deadline enforced on every
+read. Any failure in a handshake, an unforeseen exception included, is a ``connection_refused`` event
+with a short ``reason`` and its ``cause``, never a dead thread.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import queue
 import socket
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from wiiide.admission import REASON_DEADLINE, HandshakeGate, Pending, Refusal
 from wiiide.auth import (
     HANDSHAKE_MAX_FRAME_BYTES,
     check_nonce,
@@ -61,11 +69,20 @@ from wiiide.node import (
     touch,
     wait_for_start_gate,
 )
-from wiiide.protocol import PROTOCOL_VERSION, WireTensor, encode_message
+from wiiide.protocol import (
+    PROTOCOL_VERSION,
+    DeadlineExceeded,
+    WireTensor,
+    encode_message,
+)
 from wiiide.sockets import configure_socket
 from wiiide.tensors import to_wire
 
 TRAINING_MARKER = "coordinator.training"  # written into metrics_dir when the first step starts
+# Connections the kernel may queue before accept(), beyond the workers and the handshake slots: a burst
+# of 500 junk connects must not make a worker's connect wait for SYN retransmissions (1 s, 3 s, ...).
+# Linux caps it at net.core.somaxconn (4096 since 5.4).
+LISTEN_BACKLOG_MARGIN = 1024
 
 
 @dataclass
@@ -110,7 +127,7 @@ class Coordinator:
         self.secret = b""
         self._joining: queue.Queue[_Joining] = queue.Queue()
         self._closing = threading.Event()
-        self._handshake_slots = threading.BoundedSemaphore(cfg.max_handshakes)
+        self._gate = HandshakeGate.for_cluster(cfg.max_handshakes, cfg.num_workers, cfg.handshake_timeout_s)
         self._heartbeats: Heartbeats | None = None
         self._spec: dict = {}
 
@@ -166,70 +183,124 @@ class Coordinator:
         except OSError as exc:
             sock.close()
             raise NodeFailure(f"cannot listen on {cfg.bind_host}:{cfg.port}: {exc}") from None
-        sock.listen(max(16, cfg.num_workers * 2))
+        sock.listen(cfg.num_workers + cfg.max_handshakes + LISTEN_BACKLOG_MARGIN)
         self.listener = sock
         touch(cfg.ready_file)
         self.log.info("listening on %s:%d for %d workers", cfg.bind_host, cfg.port, cfg.num_workers)
 
     # --- joining: an acceptor thread authenticates, the main thread admits ------------------------
     def _accept_loop(self) -> None:
-        """Accept connections for the whole run; each one is authenticated on a short-lived thread."""
+        """Accept connections for the whole run; the gate (`wiiide.admission`) decides which handshake
+        now (each on a slot thread), which wait and which are refused at once."""
         assert self.listener is not None
         self.listener.settimeout(0.5)
-        while not self._closing.is_set():
+        try:
+            while not self._closing.is_set():
+                for refusal in self._gate.expire(time.monotonic()):
+                    self._refuse_pending(refusal)
+                try:
+                    sock, addr = self.listener.accept()
+                except socket.timeout:
+                    continue
+                except OSError:
+                    return  # the listener was closed: the run is over
+                now = time.monotonic()
+                pending = Pending(sock, str(addr[0]), f"{addr[0]}:{addr[1]}", now + self.cfg.handshake_timeout_s)
+                decision = self._gate.arrive(pending, now)
+                if decision.action == "start":
+                    self._start_slot(pending)
+                elif decision.refusal is not None:
+                    self._refuse_pending(decision.refusal)
+        finally:
+            for pending in self._gate.drain():
+                _close_quietly(pending.sock)
+
+    def _start_slot(self, pending: Pending) -> None:
+        try:
+            threading.Thread(target=self._slot, args=(pending,), name=f"handshake {pending.peer}", daemon=True).start()
+        except RuntimeError as exc:  # no thread to be had: give the slot back
+            self._refuse(pending.sock, pending.peer, f"no handshake thread: {exc}", "unexpected")
+            self._gate.finish(pending.address, False, time.monotonic())
+
+    def _slot(self, pending: Pending | None) -> None:
+        """A handshake slot: run handshakes, then the next waiting connection the gate hands over."""
+        while pending is not None:
+            ok = False
             try:
-                sock, addr = self.listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return  # the listener was closed: the run is over
-            peer = f"{addr[0]}:{addr[1]}"
-            if not self._handshake_slots.acquire(blocking=False):
-                self._refuse(sock, peer, f"more than max_handshakes={self.cfg.max_handshakes} connections handshaking")
-                continue
-            threading.Thread(target=self._handshake, args=(sock, peer), name=f"handshake {peer}", daemon=True).start()
+                ok = self._handshake(pending.sock, pending.peer, pending.deadline)
+            finally:
+                pending, refused = self._gate.finish(pending.address, ok, time.monotonic())
+                for refusal in refused:
+                    self._refuse_pending(refusal)
 
-    def _refuse(self, sock: socket.socket, peer: str, cause: str) -> None:
-        self.log.error("refused connection from %s: %s", peer, cause)
-        self.metrics.event("connection_refused", peer=peer, cause=cause)
-        try:
-            sock.close()
-        except OSError:
-            pass
+    def _refuse_pending(self, refusal: Refusal) -> None:
+        self._refuse(refusal.pending.sock, refusal.pending.peer, refusal.cause, refusal.reason)
 
-    def _handshake(self, sock: socket.socket, peer: str) -> None:
-        """Challenge-response (wiiide.auth) within handshake_timeout_s and a 64 KiB frame limit."""
+    def _refuse(self, sock: socket.socket, peer: str, cause: str, reason: str) -> None:
+        """Close `sock`, record a ``connection_refused`` event (`reason`: a short category, `cause`: the
+        line) and log it; once the events of that kind are capped (`wiiide.metrics`), one line per 1000."""
+        kept = self.metrics.event("connection_refused", peer=peer, reason=reason, cause=cause[:300])
+        count = self.metrics.event_counts.get("connection_refused", 0)
+        if kept:
+            self.log.error("refused connection from %s: %s", peer, cause[:300])
+        elif count % 1000 == 0:
+            self.log.error("refused %d connections so far (the last from %s: %s); by reason beyond the first "
+                           "ones: %s", count, peer, cause[:300], self.metrics.events_dropped.get("connection_refused"))
+        _close_quietly(sock)
+
+    def _handshake(self, sock: socket.socket, peer: str, deadline: float) -> bool:
+        """Challenge-response (wiiide.auth) by `deadline` (a time.monotonic() instant: accept +
+        handshake_timeout_s, enforced on every read, whatever the peer sends and however slowly) and
+        with a 64 KiB frame limit. Returns True if the peer authenticated (it is queued for `_admit`).
+
+        Never raises: any failure, an unforeseen exception included, is a refusal with its cause logged
+        and recorded.
+        """
         cfg = self.cfg
-        deadline = time.monotonic() + cfg.handshake_timeout_s
-        hello = None
+        hello = conn = None
         try:
-            sock.settimeout(cfg.handshake_timeout_s)
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                raise DeadlineExceeded("the deadline passed while the connection waited for a slot")
+            sock.settimeout(remaining_s)  # bounds the challenge's send, too
             options = configure_socket(sock, cfg)
             conn = Connection(sock, cfg, self.metrics, self.log, f"peer {peer}", max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES,
                               pool=self.policy.pool)
             nonce_c = new_nonce()
             conn.send([encode_message("challenge", {"protocol_version": PROTOCOL_VERSION, "nonce": nonce_c})])
-            hello = conn.receive(["hello"])
+            hello = conn.receive(["hello"], deadline=deadline)
             version = hello.meta.get("protocol_version")
             if type(version) is not int or version != PROTOCOL_VERSION:  # noqa: E721 (True == 1)
-                raise ProtocolError(f"protocol version {version!r}, this coordinator speaks {PROTOCOL_VERSION}")
+                raise ProtocolError(f"protocol version {version!r:.40}, this coordinator speaks {PROTOCOL_VERSION}")
             node_id = hello.meta.get("node_id")
             if not isinstance(node_id, str) or not 0 < len(node_id) <= 128:
                 raise ProtocolError("hello: node_id must be a string of 1..128 characters")
             nonce_w = check_nonce(hello.meta.get("nonce"), "hello")
             verify(hello_mac(self.secret, PROTOCOL_VERSION, nonce_c, nonce_w, node_id), hello.meta.get("mac"), "hello")
             if time.monotonic() > deadline:
-                raise ProtocolError(f"handshake took longer than handshake_timeout_s={cfg.handshake_timeout_s:g} s")
+                raise DeadlineExceeded("the hello arrived after the deadline")
             self._joining.put(_Joining(conn, node_id, nonce_c, nonce_w, options, peer))
-        except (ProtocolError, OSError) as exc:
-            if hello is not None:  # a peer that speaks the protocol is told why, in one frame
+            return True
+        except DeadlineExceeded as exc:
+            self._refuse(sock, peer, f"handshake not complete within handshake_timeout_s={cfg.handshake_timeout_s:g} s "
+                                     f"({exc})", REASON_DEADLINE)
+        except Exception as exc:  # ProtocolError, OSError, or a bug an input found: a refusal, never a dead thread
+            if isinstance(exc, ProtocolError):
+                reason = "auth" if "authentication failed" in str(exc) else "protocol"
+            elif isinstance(exc, OSError):
+                reason = "socket"
+            else:
+                reason = "unexpected"
+                self.log.message("handshake with %s failed unexpectedly:\n%s", peer, traceback.format_exc())
+            if hello is not None and conn is not None:  # a peer that speaks the protocol is told why, in one frame
                 try:
+                    sock.settimeout(0.5)
                     conn.send([encode_message("refused", {"reason": str(exc)[:300]})])
                 except OSError:
                     pass
-            self._refuse(sock, peer, f"{type(exc).__name__}: {exc}")
-        finally:
-            self._handshake_slots.release()
+            self._refuse(sock, peer, f"{'unexpected ' if reason == 'unexpected' else ''}{type(exc).__name__}: "
+                                     f"{str(exc)[:300]}", reason)
+        return False
 
     def _admit(self, joining: "_Joining") -> None:
         """Give an authenticated worker a rank (its old one if it comes back) and welcome it."""
@@ -239,7 +310,8 @@ class Coordinator:
         old = next((w for w in self.workers if not w.alive and w.node_id == joining.node_id), None)
         if old is None:
             if sum(w.alive for w in self.workers) >= cfg.num_workers:
-                self._refuse(joining.conn.sock, joining.peer, f"all {cfg.num_workers} worker slots are taken")
+                self._refuse(joining.conn.sock, joining.peer, f"all {cfg.num_workers} worker slots are taken",
+                             "workers_full")
                 return
             if len(self.workers) >= cfg.num_workers:
                 old = next(w for w in self.workers if not w.alive)
@@ -251,7 +323,7 @@ class Coordinator:
                 "mac": welcome_mac(self.secret, PROTOCOL_VERSION, joining.nonce_w, joining.nonce_c, rank),
             })])
         except OSError as exc:
-            self._refuse(conn.sock, joining.peer, f"welcome failed: {exc}")
+            self._refuse(conn.sock, joining.peer, f"welcome failed: {exc}", "socket")
             return
         conn.name = f"worker {rank}"
         conn.reader.max_frame_bytes = cfg.max_frame_bytes
@@ -356,7 +428,8 @@ class Coordinator:
                     loss = msg.meta.get("loss", float("nan"))
                     if isinstance(loss, bool) or not isinstance(loss, (int, float)):
                         raise ProtocolError(f"gradients: 'loss' must be a number, got {type(loss).__name__}")
-                except (ProtocolError, OSError) as exc:
+                    loss = float(loss)  # OverflowError for an integer beyond a float (10**400)
+                except Exception as exc:  # ProtocolError, OSError, or what else a frame can provoke: a drop with its cause
                     self._drop(w, exc)
                     continue
                 grad_sum += torch.from_numpy(grad)
@@ -394,3 +467,10 @@ class Coordinator:
 def main(cfg: RunConfig) -> int:
     """`Coordinator(cfg).run()`: the exit code."""
     return Coordinator(cfg).run()
+
+
+def _close_quietly(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass

@@ -10,6 +10,8 @@ Field units are in their names. Sources:
   (``getrusage(RUSAGE_SELF).ru_maxrss``, KiB on Linux).
 - ``iface_bytes_sent/recv``: psutil.net_io_counters() of the node's network namespace, end minus
   start (in a container: its eth0 and lo).
+- ``events``: the first MAX_EVENTS_PER_KIND events of each kind; ``event_counts``: every event by
+  kind; ``events_dropped``: those beyond the cap, by kind and ``reason`` (a refusal flood stays small).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import resource
 import socket
 import statistics
 import tempfile
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,6 +33,8 @@ import psutil
 from wiiide.summary import training_summary
 
 SCHEMA_VERSION = 1
+MAX_EVENTS_PER_KIND = 100  # events of one kind kept in full; beyond, only counted (by their `reason`)
+MAX_DROPPED_REASONS = 32  # distinct reasons counted per kind beyond the cap; more count as "other"
 
 
 def summarize(values: Iterable[float]) -> dict[str, float | int | None]:
@@ -113,6 +118,9 @@ class NodeMetrics:
         self.losses: list[float] = []
         self.socket_options: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
+        self.event_counts: dict[str, int] = {}  # every event recorded, by kind, kept or not
+        self.events_dropped: dict[str, dict[str, int]] = {}  # beyond the cap: kind -> reason -> count
+        self._events_lock = threading.Lock()  # handshake threads record events, too
         self.extra: dict[str, Any] = {}
         self.warmup_steps = 0  # first steps left out of the Training Summary's timings (run_node sets it)
         self.samples_per_step: float | None = None  # global batch of one step; None: samples / steps
@@ -149,9 +157,29 @@ class NodeMetrics:
         self.decompression_time_s += msg.decode_s
         self.recv_time_s += seconds
 
-    def event(self, kind: str, **fields: Any) -> None:
-        """Record a named event at ``t_s`` seconds since start (rounded to 1 us) with JSON-ready `fields`."""
-        self.events.append({"t_s": round(self.elapsed_s(), 6), "event": kind, **fields})
+    def event(self, kind: str, **fields: Any) -> bool:
+        """Record a named event at ``t_s`` seconds since start (rounded to 1 us) with JSON-ready `fields`.
+
+        The first MAX_EVENTS_PER_KIND events of each kind are kept in full; later ones are only
+        counted in ``events_dropped[kind][reason]`` (`reason`: the event's ``reason`` field, a short
+        category, or ``""``), so a flood of refused connections costs a bounded amount of memory and
+        file, and cannot push out the few events of other kinds (``worker_lost``). Thread-safe.
+
+        Returns:
+            True if the event was kept in full, False if it was only counted.
+        """
+        with self._events_lock:
+            count = self.event_counts.get(kind, 0) + 1
+            self.event_counts[kind] = count
+            if count <= MAX_EVENTS_PER_KIND:
+                self.events.append({"t_s": round(self.elapsed_s(), 6), "event": kind, **fields})
+                return True
+            by_reason = self.events_dropped.setdefault(kind, {})
+            reason = str(fields.get("reason", ""))[:64]
+            if reason not in by_reason and len(by_reason) >= MAX_DROPPED_REASONS:
+                reason = "other"  # the counts stay bounded whatever reasons a caller makes up
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+            return False
 
     def to_dict(self, status: str, error: str | None = None) -> dict[str, Any]:
         """The metrics file's content (JSON-ready): `status` is ``ok``, ``failed`` ...; `error` its one line.
@@ -210,7 +238,9 @@ class NodeMetrics:
                 self.step_times_s, self.losses, self.warmup_steps,
                 self.samples_per_step or (self.samples / self.steps if self.steps else None),
                 self.rss_samples_bytes, peak_rss),
-            "events": self.events,
+            "events": list(self.events),
+            "event_counts": dict(self.event_counts),
+            "events_dropped": {kind: dict(counts) for kind, counts in self.events_dropped.items()},
             **self.extra,
         }
 

@@ -124,12 +124,14 @@ class Connection:
         finally:
             self._send_lock.release()
 
-    def receive(self, expected_kinds: Sequence[str] | None = None) -> Message:
+    def receive(self, expected_kinds: Sequence[str] | None = None, deadline: float | None = None) -> Message:
         """Read one message, passing over heartbeats; raises ProtocolError if its kind is not one of
-        `expected_kinds`, socket.timeout after `io_timeout_s` of silence."""
+        `expected_kinds`, socket.timeout after `io_timeout_s` of silence, and
+        `wiiide.protocol.DeadlineExceeded` (a TimeoutError) once `deadline` (a `time.monotonic()`
+        instant, e.g. the handshake's) has passed, however slowly the peer's bytes trickle in."""
         while True:
             t0 = time.perf_counter()
-            msg = self.reader.read_message()
+            msg = self.reader.read_message(deadline)
             self.metrics.record_received(msg, time.perf_counter() - t0)
             if msg.kind != "heartbeat":
                 break

@@ -76,6 +76,11 @@ DTYPES: dict[str, np.dtype] = {
 _NUMPY_TO_WIRE = {v: k for k, v in DTYPES.items() if k != "bfloat16"}
 
 
+class DeadlineExceeded(TimeoutError):
+    """A read's absolute deadline passed before the frame was complete (a `TimeoutError`, hence an
+    OSError: callers that treat a socket timeout as a lost peer treat this one alike)."""
+
+
 @dataclass
 class WireTensor:
     """One named tensor: a C-contiguous numpy array and its wire dtype name.
@@ -252,20 +257,54 @@ class FrameReader:
         self._payload_buf = bytearray(0)
         self.last_payload_recv_s = 0.0
 
-    def _recv_exact(self, view: memoryview, *, at_boundary: bool = False) -> None:
+    def _recv_exact(self, view: memoryview, *, at_boundary: bool = False, deadline: float | None = None) -> None:
         pos, n = 0, view.nbytes
         chunk = self.recv_chunk_bytes
         while pos < n:
-            got = self.sock.recv_into(view[pos:pos + min(chunk, n - pos)])
+            if deadline is not None:
+                # An absolute deadline, not a timeout per recv: a peer sending one byte per second
+                # cannot stretch the read (the socket's timeout is cut to what is left of it).
+                remaining_s = deadline - time.monotonic()
+                if remaining_s <= 0:
+                    raise DeadlineExceeded(f"read deadline passed with {pos} of {n} bytes of a frame part received")
+                self.sock.settimeout(remaining_s)
+            try:
+                got = self.sock.recv_into(view[pos:pos + min(chunk, n - pos)])
+            except socket.timeout:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise DeadlineExceeded(f"read deadline passed with {pos} of {n} bytes of a frame part "
+                                           "received") from None
+                raise
             if not got:
                 if at_boundary and pos == 0:
                     raise PeerClosed("peer closed the connection")
                 raise PeerClosed(f"peer closed the connection in the middle of a frame ({pos} of {n} bytes)")
             pos += got
 
-    def read_raw(self) -> tuple[dict[str, Any], memoryview, int]:
-        """Read one frame: (parsed and validated header, payload view, frame bytes on the wire)."""
-        self._recv_exact(memoryview(self._prefix), at_boundary=True)
+    def read_raw(self, deadline: float | None = None) -> tuple[dict[str, Any], memoryview, int]:
+        """Read one frame: (parsed and validated header, payload view, frame bytes on the wire).
+
+        `deadline` (a `time.monotonic()` instant) bounds the whole read in wall time whatever the peer
+        sends and however slowly; the socket's own timeout is restored afterwards.
+
+        Raises:
+            ProtocolError: a malformed frame (PeerClosed on EOF).
+            DeadlineExceeded: the deadline passed before the frame was complete (a TimeoutError).
+            OSError: from the socket (socket.timeout after the socket's timeout without a byte).
+        """
+        if deadline is None:
+            return self._read_raw(None)
+        saved_timeout_s = self.sock.gettimeout()
+        try:
+            return self._read_raw(deadline)
+        finally:
+            try:
+                self.sock.settimeout(saved_timeout_s)
+            except OSError:
+                pass
+
+    def _read_raw(self, deadline: float | None) -> tuple[dict[str, Any], memoryview, int]:
+        self._recv_exact(memoryview(self._prefix), at_boundary=True, deadline=deadline)
         magic, version, _flags, header_nbytes, payload_nbytes = PREFIX.unpack(self._prefix)
         if magic != MAGIC:
             raise ProtocolError(f"bad frame magic {bytes(magic)!r} (expected {MAGIC!r}): not a WIIIIIDE peer")
@@ -278,7 +317,7 @@ class FrameReader:
                 f"frame of {header_nbytes + payload_nbytes} bytes exceeds max_frame_bytes={self.max_frame_bytes}"
             )
         header_buf = bytearray(header_nbytes)
-        self._recv_exact(memoryview(header_buf))
+        self._recv_exact(memoryview(header_buf), deadline=deadline)
         header = parse_header(header_buf, self.max_frame_bytes)
         if self.reuse_buffers:
             if len(self._payload_buf) < payload_nbytes:
@@ -287,15 +326,18 @@ class FrameReader:
         else:
             payload = memoryview(bytearray(payload_nbytes))
         t0 = time.perf_counter()
-        self._recv_exact(payload)
+        self._recv_exact(payload, deadline=deadline)
         self.last_payload_recv_s = time.perf_counter() - t0
         if self.quickack:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
         return header, payload, PREFIX_NBYTES + header_nbytes + payload_nbytes
 
-    def read_message(self) -> Message:
-        """Read and decode one message. Raises ProtocolError (PeerClosed on EOF) or OSError."""
-        header, payload, wire_nbytes = self.read_raw()
+    def read_message(self, deadline: float | None = None) -> Message:
+        """Read and decode one message, within `deadline` (a `time.monotonic()` instant) when given.
+
+        Raises ProtocolError (PeerClosed on EOF), DeadlineExceeded or OSError (see `read_raw`).
+        """
+        header, payload, wire_nbytes = self.read_raw(deadline)
         msg = decode_payload(header, payload, self.pool)
         msg.wire_nbytes = wire_nbytes
         msg.payload_recv_s = self.last_payload_recv_s
@@ -305,11 +347,16 @@ class FrameReader:
 def parse_header(header_bytes: bytes | bytearray, max_raw_nbytes: int) -> dict[str, Any]:
     """Parse and validate a frame header (JSON). Raises ProtocolError naming what is wrong."""
     try:
-        header = json.loads(header_bytes)  # json decodes UTF-8 bytes itself: no bytes() copy
+        # json.loads(bytes) would accept UTF-8-encoded surrogates ('surrogatepass'): decode strictly.
+        header_text = header_bytes.decode("utf-8")
+        header = json.loads(header_text)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise ProtocolError(f"frame header is not valid UTF-8 JSON: {exc}") from None
+        # ValueError includes integers of more than sys.get_int_max_str_digits() digits
+        raise ProtocolError(f"frame header is not valid UTF-8 JSON: {str(exc)[:200]}") from None
     if not isinstance(header, dict):
         raise ProtocolError("frame header is not a JSON object")
+    if "\\u" in header_text:  # only an escape can make a lone surrogate: check when there is one
+        _refuse_lone_surrogates(header)
     kind, meta, codec = header.get("kind"), header.get("meta", {}), header.get("codec")
     raw_nbytes, tensors = header.get("raw_nbytes"), header.get("tensors")
     if not isinstance(kind, str) or not 0 < len(kind) <= 64:
@@ -337,13 +384,56 @@ def parse_header(header_bytes: bytes | bytearray, max_raw_nbytes: int) -> dict[s
         if (not isinstance(shape, list) or len(shape) > MAX_TENSOR_RANK
                 or not all(_is_int(d) and d >= 0 for d in shape)):
             raise ProtocolError(f"tensor {name!r}: shape must be a list of at most {MAX_TENSOR_RANK} non-negative integers")
-        nbytes = math.prod(shape) * DTYPES[dtype].itemsize
-        total += nbytes
+        total += _tensor_nbytes(shape, DTYPES[dtype].itemsize, max_raw_nbytes)
         if total > raw_nbytes:
             break
     if total != raw_nbytes:
-        raise ProtocolError(f"frame header: tensor shapes need {total}+ bytes but 'raw_nbytes' declares {raw_nbytes}")
+        need = f"more than {max_raw_nbytes}" if total > max_raw_nbytes else f"{total}+"
+        raise ProtocolError(f"frame header: tensor shapes need {need} bytes but 'raw_nbytes' declares {raw_nbytes}")
     return header
+
+
+def _tensor_nbytes(shape: list[int], itemsize: int, limit_nbytes: int) -> int:
+    """Bytes of a tensor of `shape` (non-negative ints) and `itemsize`, or `limit_nbytes + 1` as soon as
+    the running product passes `limit_nbytes`: a header may declare dimensions of any size (eight of
+    10^600), and their exact product is never built (nor formatted: Python refuses to print an int of
+    more than 4300 digits, sys.get_int_max_str_digits)."""
+    if 0 in shape:
+        return 0
+    nbytes = itemsize
+    for dim in shape:
+        nbytes *= dim
+        if nbytes > limit_nbytes:
+            return limit_nbytes + 1
+    return nbytes
+
+
+def _refuse_lone_surrogates(value: Any) -> None:
+    """Raise ProtocolError when a string anywhere in a parsed JSON value holds a lone surrogate.
+
+    JSON's \\uD800 escapes can produce them; they are not Unicode scalar values, so they cannot be
+    encoded to UTF-8 (a MAC, a log line or the metrics file would fail later). I-JSON (RFC 7493,
+    section 2.1) forbids them. Iterative: the depth is bounded by json's own recursion limit anyway.
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            strings = (item,)
+        elif isinstance(item, dict):
+            strings = item.keys()
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+            continue
+        else:
+            continue
+        for text in strings:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ProtocolError("frame header holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF "
+                                    "escape): not valid Unicode (RFC 7493 I-JSON, section 2.1)") from None
 
 
 def decode_payload(header: dict[str, Any], payload: memoryview, pool: CodecPool | None = None) -> Message:
@@ -365,7 +455,8 @@ def decode_payload(header: dict[str, Any], payload: memoryview, pool: CodecPool 
             try:
                 array = np.empty(t["shape"], dtype=dt)
             except ValueError as exc:  # e.g. [0, 2**70]: zero elements but a dimension numpy cannot hold
-                raise ProtocolError(f"tensor {t['name']!r}: shape {t['shape']} cannot be built: {exc}") from None
+                raise ProtocolError(f"tensor {t['name']!r}: shape {str(t['shape'])[:200]} cannot be built: "
+                                    f"{str(exc)[:200]}") from None
         else:
             array = np.frombuffer(raw, dtype=dt, count=count, offset=offset).reshape(t["shape"])
         offset += count * dt.itemsize

@@ -304,7 +304,7 @@ def test_coordinator_drops_worker_with_wrong_step(tmp_path, free_port):
     assert data["steps"] == 0
 
 
-@pytest.mark.parametrize("loss", ["abc", [1.0]])
+@pytest.mark.parametrize("loss", ["abc", [1.0], 10**400])  # 10**400: beyond a float
 def test_coordinator_drops_worker_with_non_numeric_loss(tmp_path, free_port, loss):
     code, data, _ = run_coordinator_with(tmp_path, free_port, [], lambda step: {"step": step, "loss": loss},
                                          connect_timeout_s=3)
