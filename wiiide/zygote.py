@@ -8,7 +8,8 @@ state, fresh sockets, its own config and exit code), without paying the imports 
 
 The control directory (`CONTROL_DIR`, a bind mount the harness writes) holds:
 
-- ``request.json``: ``{"run_id": str, "env": {WIIIIIDE_*: str}}``, written atomically by the harness;
+- ``request.json``: ``{"run_id": str, "env": {role: {WIIIIIDE_*: str}}}`` (role ``coordinator`` or
+  ``worker``), written atomically by the harness;
   a run is started once per zygote for each new ``run_id`` without an exit file of this slot;
 - ``runs/<run_id>/<slot>.log``: the child's stdout and stderr (appended);
 - ``runs/<run_id>/<slot>.start.json``: ``{"started_at_utc"}`` when the child was forked;
@@ -112,7 +113,7 @@ def run_once(role: str, slot: str, request: dict[str, Any], control_dir: Path) -
     global _child_pid
     run_dir = control_dir / "runs" / request["run_id"]
     run_dir.mkdir(parents=True, exist_ok=True)
-    env = child_environ(dict(os.environ), request["env"])
+    env = child_environ(dict(os.environ), request["env"].get(role) or {})
     started = utc_now()
     write_json_atomic(run_dir / f"{slot}.start.json", {"started_at_utc": started})
     sys.stdout.flush()

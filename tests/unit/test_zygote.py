@@ -36,7 +36,7 @@ def test_read_request_ignores_missing_and_malformed_files(tmp_path):
 
 def test_run_once_forks_a_child_with_the_runs_config_and_records_its_end(tmp_path):
     # a knob no RunConfig has: the child's node refuses its configuration (exit 2), as a fresh process would
-    request = {"run_id": "r7", "env": {"WIIIIIDE_NO_SUCH_KNOB": "1"}}
+    request = {"run_id": "r7", "env": {"worker": {"WIIIIIDE_NO_SUCH_KNOB": "1"}, "coordinator": {}}}
     code = run_once("worker", "worker-3", request, tmp_path)
     run_dir = tmp_path / "runs" / "r7"
     assert code == 2
