@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -285,10 +286,16 @@ def main_from_args(args: argparse.Namespace, log: Log) -> int:
     return 0
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM handler: raise KeyboardInterrupt, so the benchmark's cleanup runs."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m harness.bench.overhead [--workers 4 8] [--repeats 3] [--duration-s 5]``."""
     parser = argparse.ArgumentParser(prog="python -m harness.bench.overhead", description=__doc__.split("\n")[0])
     add_arguments(parser)
+    signal.signal(signal.SIGTERM, _interrupt)  # `timeout`, `kill`: unwind as Ctrl-C does, removing the containers
     return main_from_args(parser.parse_args(argv), lambda line: print(line, file=sys.stderr, flush=True))
 
 

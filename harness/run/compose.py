@@ -38,7 +38,7 @@ from harness.run.stats import (
     start_readers,
     summarize_samples,
 )
-from harness.run.tc_exec import probe_capabilities
+from harness.run.tc_exec import ContainerExec, probe_capabilities, reset_links
 from harness.run.zygote_pool import ZygotePool, pool_key, results_root
 from harness.spec.cluster import ClusterSettings
 from harness.spec.faults import Fault
@@ -312,38 +312,38 @@ class ComposeBackend:
         assert pool is not None
         root = results_root(out_dir)
         key = pool_key(self.image, cfg.num_workers, cluster, root)
-        run_id = pool.next_run_id()
-        conditions = self._conditions = ClusterConditions(cluster, self._probe, gate_file=f"{START_GATE_FILE}-{run_id}")
         self.last_run_reused = pool.usable(key) and self._pool_running()
         if not self.last_run_reused:
             with clock.phase("clean"):
                 cluster_down(progress)  # a pool made for another cluster, or leftovers of a killed run
                 pool.reset()
             self._started = True
+        run_id = pool.next_run_id()
+        conditions = self._conditions = ClusterConditions(cluster, self._probe, gate_file=f"{START_GATE_FILE}-{run_id}")
 
         def create(run_cfg: RunConfig) -> list:
             if not self.last_run_reused:
                 containers = cluster_up(run_cfg, root, self.image, conditions.settings.compose_env(),
                                         zygote_dir=pool.control_dir.resolve())
                 pool.adopt(key, root, containers, {c.name: _slot_of(c) for c in containers})
+                self._readers = start_readers(containers, clock.t0)
             else:
                 write_cluster_secret()  # a fresh secret per run: the mounted file is rewritten in place
+                # counters before the nodes start: a kept container's stats then count this run's bytes only
+                with ThreadPoolExecutor(max_workers=min(PARALLEL_CALLS, len(pool.containers))) as calls:
+                    baselines = dict(zip([c.name for c in pool.containers], calls.map(read_counters, pool.containers)))
+                self._readers = start_readers(pool.containers, clock.t0, baselines)
             self._containers = pool.containers
             pool.write_request(self._node_envs(run_cfg, out_dir, root, conditions))
             return self._containers
 
-        # the stats baselines are read before the nodes start, so a kept container reports this run's bytes
-        baselines = {}
-        if self.last_run_reused:
-            self._containers = pool.containers
-            with ThreadPoolExecutor(max_workers=min(PARALLEL_CALLS, len(pool.containers))) as workers:
-                baselines = dict(zip([c.name for c in pool.containers], workers.map(read_counters, pool.containers)))
-            self._readers = start_readers(pool.containers, clock.t0, baselines)
-        containers = conditions.bring_up(cfg, clock, create, progress)
-        if not self._readers:
-            self._readers = start_readers(containers, clock.t0)
-        if conditions.settings.link is not None:
-            pool.mark_dirty("links shaped")  # qdiscs and the ifb stay in a container's netns: next run starts fresh
+        def unshape(containers: list) -> None:
+            # qdiscs and the ifb device outlive a run in a kept container's netns: shape from scratch
+            if self.last_run_reused and conditions.settings.link is not None:
+                with ThreadPoolExecutor(max_workers=min(PARALLEL_CALLS, len(containers))) as calls:
+                    list(calls.map(lambda c: reset_links(ContainerExec(c)), containers))
+
+        containers = conditions.bring_up(cfg, clock, create, progress, before_shape=unshape)
         return ContainerController(containers, on_action=lambda action, target: pool.mark_dirty(f"{action} {target}"))
 
     def _node_envs(self, cfg: RunConfig, out_dir: Path, root: Path, conditions: ClusterConditions) -> dict[str, dict[str, str]]:

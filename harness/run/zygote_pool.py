@@ -4,8 +4,9 @@ the host side of `wiiide.zygote`.
 A pool is one cluster of containers whose nodes are zygotes: they imported torch once, and each run
 forks a fresh node process in every one of them (`wiiide.zygote`). The pool is kept for the next run
 when that run asks for the same cluster (`pool_key`: image, worker count, cluster settings, results
-mount) and the run ended clean (every node exited 0, no fault touched a container, no link was
-shaped); anything else removes it and the next run starts fresh containers.
+mount) and the run ended clean (every node exited 0, no fault touched a container); anything else
+removes it and the next run starts fresh containers. A kept container's link shaping is removed
+before it is shaped again (`harness.run.tc_exec.reset_links`).
 
 This module keeps the pool's bookkeeping and its control directory on the host (mounted at
 ``/zygote`` in every container): the run request, and the per-node start, exit and log files the
@@ -96,7 +97,9 @@ class ZygotePool:
         Raises:
             OSError: the control directory cannot be written.
         """
-        (self.run_dir()).mkdir(parents=True, exist_ok=True)
+        if self.run_id is None:
+            raise ValueError("write_request before next_run_id: no current run")
+        self.run_dir().mkdir(parents=True, exist_ok=True)
         path = self.control_dir / REQUEST_FILE
         tmp = path.with_name(f".{REQUEST_FILE}.tmp")
         tmp.write_text(json.dumps({"run_id": self.run_id, "env": envs}))

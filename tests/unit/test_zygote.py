@@ -6,7 +6,13 @@ import json
 import os
 import signal
 
-from wiiide.zygote import child_environ, exit_code_of, read_request, run_once, write_json_atomic
+from wiiide.zygote import (
+    child_environ,
+    exit_code_of,
+    read_request,
+    run_once,
+    write_json_atomic,
+)
 
 
 def test_child_environ_replaces_the_containers_knobs_with_the_runs():
