@@ -14,7 +14,7 @@ from wiiide.config import RunConfig
 
 pytestmark = pytest.mark.docker
 FAST = {"dataset": "digits", "log_tier": "normal", "log_every_steps": 100000, "io_timeout_s": 3.0,
-        "heartbeat_interval_s": 0.5, "duration_s": 2.0}
+        "heartbeat_interval_s": 0.5, "duration_s": 2.0, "connect_timeout_s": 180.0}  # a loaded shared machine
 
 
 def test_runs_share_warm_containers_until_a_fault_and_close_removes_them(docker_ready, tmp_path):
