@@ -365,9 +365,11 @@ class ComposeBackend:
             all=True, filters={"label": f"{PROJECT_LABEL}={PROJECT}"}) for name in item.get("Names") or ()}
 
     def _pool_running(self) -> bool:
-        """Whether every container of the warm pool still runs."""
-        listed = self._listed_states()
-        return all(listed.get(c.name) == "running" for c in self._pool.containers) if self._pool else False
+        """Whether every container of the warm pool still runs, the same containers by id (another
+        backend of the project, e.g. ``bench-overhead --images``, makes others of the same names)."""
+        running = {item.get("Id") for item in self.client.api.containers(
+            filters={"label": f"{PROJECT_LABEL}={PROJECT}", "status": "running"})}
+        return bool(self._pool and self._pool.containers) and all(c.id in running for c in self._pool.containers)
 
     def poll(self) -> dict[str, str]:
         """Each node's state (``running``, ``exited``, ``paused``...), from one Engine API list call; in a
