@@ -12,7 +12,8 @@ The control directory (`CONTROL_DIR`, a bind mount the harness writes) holds:
   ``worker``), written atomically by the harness;
   a run is started once per zygote for each new ``run_id`` without an exit file of this slot;
 - ``runs/<run_id>/<slot>.log``: the child's stdout and stderr (appended);
-- ``runs/<run_id>/<slot>.start.json``: ``{"started_at_utc"}`` when the child was forked;
+- ``runs/<run_id>/<slot>.start.json``: ``{"started_at_utc", "counters"}`` when the child was forked
+  (`counters`: the container's byte counters then, the baseline of this run's stats);
 - ``runs/<run_id>/<slot>.exit.json``: ``{"exit_code", "started_at_utc", "finished_at_utc"}`` once it ended
   (exit code as a shell reports it: 128 + N for a signal N).
 
@@ -74,6 +75,40 @@ def child_environ(base: dict[str, str], run_env: dict[str, Any]) -> dict[str, st
     return env
 
 
+def counters() -> dict[str, int]:
+    """This container's cumulative byte counters now, as the Engine API's stats count them: received
+    and sent on its ``eth*`` interfaces (``/proc/net/dev``; not ``lo``, nor an ``ifb`` of the link
+    shaping), read and written by its cgroup (blkio, cgroup v1; ``io.stat``, v2). Keys as
+    `harness.run.stats.CUMULATIVE_KEYS`; a counter that cannot be read is left out."""
+    out: dict[str, int] = {}
+    try:
+        rx = tx = 0
+        for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
+            name, _, fields = line.partition(":")
+            if name.strip().startswith("eth"):
+                values = fields.split()
+                rx, tx = rx + int(values[0]), tx + int(values[8])
+        out.update(net_rx_bytes=rx, net_tx_bytes=tx)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        read = write = 0
+        v1 = Path("/sys/fs/cgroup/blkio/blkio.throttle.io_service_bytes_recursive")
+        if v1.exists():
+            for line in v1.read_text().splitlines():
+                parts = line.split()
+                if len(parts) == 3 and parts[1] in ("Read", "Write"):
+                    read, write = (read + int(parts[2]), write) if parts[1] == "Read" else (read, write + int(parts[2]))
+        else:
+            for line in Path("/sys/fs/cgroup/io.stat").read_text().splitlines():
+                stats = dict(item.split("=", 1) for item in line.split()[1:] if "=" in item)
+                read, write = read + int(stats.get("rbytes", 0)), write + int(stats.get("wbytes", 0))
+        out.update(blk_read_bytes=read, blk_write_bytes=write)
+    except (OSError, ValueError):
+        pass
+    return out
+
+
 def exit_code_of(status: int) -> int:
     """A `os.waitpid` status as a shell reports it: the exit code, or 128 + N for signal N."""
     code = os.waitstatus_to_exitcode(status)
@@ -115,7 +150,7 @@ def run_once(role: str, slot: str, request: dict[str, Any], control_dir: Path) -
     run_dir.mkdir(parents=True, exist_ok=True)
     env = child_environ(dict(os.environ), request["env"].get(role) or {})
     started = utc_now()
-    write_json_atomic(run_dir / f"{slot}.start.json", {"started_at_utc": started})
+    write_json_atomic(run_dir / f"{slot}.start.json", {"started_at_utc": started, "counters": counters()})
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()

@@ -34,7 +34,7 @@ from harness.run.shaping import START_GATE_FILE, ClusterConditions
 from harness.run.stats import (
     StatsReader,
     container_lifetime,
-    read_counters,
+    since_baseline,
     start_readers,
     summarize_samples,
 )
@@ -329,10 +329,7 @@ class ComposeBackend:
                 self._readers = start_readers(containers, clock.t0)
             else:
                 write_cluster_secret()  # a fresh secret per run: the mounted file is rewritten in place
-                # counters before the nodes start: a kept container's stats then count this run's bytes only
-                with ThreadPoolExecutor(max_workers=min(PARALLEL_CALLS, len(pool.containers))) as calls:
-                    baselines = dict(zip([c.name for c in pool.containers], calls.map(read_counters, pool.containers)))
-                self._readers = start_readers(pool.containers, clock.t0, baselines)
+                self._readers = start_readers(pool.containers, clock.t0)
             self._containers = pool.containers
             pool.write_request(self._node_envs(run_cfg, out_dir, root, conditions))
             return self._containers
@@ -419,12 +416,20 @@ class ComposeBackend:
                 progress(f"    could not read {c.name}: {exc}")
         if pool is not None and pool.dirty_reason is None:
             pool.clean = bool(self._containers) and all(exit_codes.get(c.name) == 0 for c in self._containers)
-        stats = {c.name: {"role": c.labels.get(SERVICE_LABEL, "?"), "kind": "container",
-                          "exit_code": exit_codes.get(c.name), **lifetimes.get(c.name, {}),
-                          **({"reused_container": self.last_run_reused} if pool is not None else {}),
-                          "samples": self._readers[c.name].samples,
-                          "summary": summarize_samples(self._readers[c.name].samples)}
-                 for c in self._containers if c.name in self._readers}
+        stats = {}
+        for c in self._containers:
+            if c.name not in self._readers:
+                continue
+            samples = self._readers[c.name].samples
+            if pool is not None and self.last_run_reused:
+                # a kept container's counters run from its creation: this run's bytes are those since
+                # its node was forked (the zygote read them then; the containers idle between runs)
+                baseline = (pool.start_record(pool.slots.get(c.name, "")) or {}).get("counters")
+                samples = [since_baseline(s, baseline) for s in samples]
+            stats[c.name] = {"role": c.labels.get(SERVICE_LABEL, "?"), "kind": "container",
+                             "exit_code": exit_codes.get(c.name), **lifetimes.get(c.name, {}),
+                             **({"reused_container": self.last_run_reused} if pool is not None else {}),
+                             "samples": samples, "summary": summarize_samples(samples)}
         conditions = self._conditions
         return Collected(exit_codes=exit_codes, containers=stats,
                          links=conditions.links if conditions else {}, limits=conditions.limits if conditions else {})

@@ -110,17 +110,12 @@ def since_baseline(record: dict[str, Any], baseline: Mapping[str, int] | None) -
 
 class StatsReader:
     """Streams one container's Engine API stats on a daemon thread into parsed samples (`parse_sample`
-    records, ``t_s`` seconds after `t0`, a `time.monotonic` instant).
+    records, ``t_s`` seconds after `t0`, a `time.monotonic` instant)."""
 
-    `baseline`: cumulative counters (`CUMULATIVE_KEYS`) read before the run, subtracted from every
-    sample (`since_baseline`), so a container kept from an earlier run reports this run's bytes only.
-    """
-
-    def __init__(self, container, t0: float, baseline: Mapping[str, int] | None = None) -> None:
+    def __init__(self, container, t0: float) -> None:
         self.container = container
         self.samples: list[dict[str, Any]] = []
         self._t0 = t0
-        self._baseline = dict(baseline) if baseline else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -132,7 +127,7 @@ class StatsReader:
                     return
                 record = parse_sample(raw, time.monotonic() - self._t0)
                 if record is not None:
-                    self.samples.append(since_baseline(record, self._baseline))
+                    self.samples.append(record)
         except Exception:  # the container went away: the stream ends, keep what we have
             return
 
@@ -142,10 +137,9 @@ class StatsReader:
         self._stop.set()
 
 
-def start_readers(containers: list, t0: float,
-                  baselines: Mapping[str, Mapping[str, int] | None] | None = None) -> dict[str, StatsReader]:
-    """One `StatsReader` per container, by container name; `baselines`: name -> counters (`read_counters`)."""
-    return {c.name: StatsReader(c, t0, (baselines or {}).get(c.name)) for c in containers}
+def start_readers(containers: list, t0: float) -> dict[str, StatsReader]:
+    """One `StatsReader` per container, by container name."""
+    return {c.name: StatsReader(c, t0) for c in containers}
 
 
 def read_counters(container) -> dict[str, int] | None:

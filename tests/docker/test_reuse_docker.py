@@ -51,3 +51,26 @@ def test_runs_share_warm_containers_until_a_fault_and_close_removes_them(docker_
         backend.close(print)
     assert not project_containers()
     assert not backend._pool.control_dir.exists()
+
+
+def test_a_kept_container_is_shaped_again_from_scratch(docker_ready, tmp_path):
+    from harness.results.report import load_report_json
+    from harness.spec.points import build_spec
+    from harness.sweep import run_sweep
+
+    spec = build_spec({
+        "name": "reuse-links", "repeats": 2,
+        "base": {**FAST, "num_workers": 2,
+                 "link": {"all": {"rate": "200mbit"}, "worker-2": {"rate": "50mbit", "qdisc": "tbf", "ingress": True}}},
+    }, "reuse-links.yaml")
+    point = load_report_json(run_sweep(spec, "docker", tmp_path, progress=print))["points"][0]
+    assert point["status"] == "ok", point["error"]
+    first, second = point["repeats"]
+    assert {c["reused_container"] for c in first["containers"].values()} == {False}
+    assert {c["reused_container"] for c in second["containers"].values()} == {True}
+    for repeat in (first, second):  # the same tree each time, not added to the last run's (which tc would refuse)
+        records = {(r["role"], r["worker_index"]): r for r in repeat["links"]["containers"].values()}
+        assert records[("worker", 2)]["applied_rate_bps"] == 50_000_000
+        assert records[("worker", 2)]["devices"] == ["eth0", "ifb0"]
+        assert records[("coordinator", None)]["applied_rate_bps"] == 200_000_000
+    assert not project_containers()
