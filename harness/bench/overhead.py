@@ -19,6 +19,11 @@ each image is used as it is (not rebuilt), the runs are interleaved (image, then
 repeat) so a change in the machine's load falls on both, and the summary has one row per image and
 worker count (``1+8 <image>``).
 
+On docker, warm containers are kept between the runs of the same cluster (the sweep's default,
+`harness.run.zygote_pool`): the first run of each worker count creates them, the later ones fork
+fresh nodes in them; each run records ``reused``, and the summary keeps ``overhead_s_reused`` and
+``overhead_s_fresh`` apart. ``--no-reuse``: fresh containers for every run.
+
 Writes ``results/bench-overhead-<UTC stamp>.json`` with ``machine_info`` and ``commit_info`` at the
 top, every raw run, and per worker count the median, min and max of each figure; prints a table.
 The image check a sweep does once (``prepare_s``) is measured once and kept apart.
