@@ -41,7 +41,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.repeats:
         spec.repeats = args.repeats
     path = run_sweep(spec, args.backend, Path(args.results_dir) if args.results_dir else None,
-                     resume_dir=Path(args.resume) if args.resume else None)
+                     resume_dir=Path(args.resume) if args.resume else None, reuse=args.reuse)
     print(format_table(load_report(path)))
     print(path)
     return 0
@@ -251,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results-dir", help="where results/<name>-<timestamp>/ go (default: results/)")
     p.add_argument("--resume", metavar="DIR",
                    help="continue an interrupted run of this spec in DIR: finished points are skipped")
+    p.add_argument("--no-reuse", dest="reuse", action="store_false",
+                   help="docker: fresh containers for every run (default: warm containers are kept between the "
+                        "runs of the same cluster and each run forks fresh node processes in them; see the README)")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("report", help="print reports as tables (default: the newest); --html: a page with charts")

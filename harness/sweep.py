@@ -67,7 +67,7 @@ def _raise_interrupted(signum, frame) -> None:
 
 def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | None = None,
               progress: Progress | SweepProgress | None = None, backend: Backend | None = None,
-              resume_dir: Path | None = None) -> Path:
+              resume_dir: Path | None = None, reuse: bool = True) -> Path:
     """Run `spec`; return the path of its report.json.
 
     `progress`: where the sweep says what it does: a `harness.present.progress.SweepProgress`, or a
@@ -75,6 +75,8 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
     display when stdout is a terminal, else plain lines on stderr).
     `resume_dir`: the folder of an interrupted run of the same spec; its finished points are kept and
     skipped, the others run again into the same report.
+    `reuse`: on docker, keep warm node containers between the runs of a cluster (`ComposeBackend`'s
+    `reuse`; removed at the end, also after a failure or Ctrl-C); False: fresh containers per run.
 
     Raises:
         ClusterError: the requested backend cannot be had (before anything runs).
@@ -89,7 +91,7 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
         display = progress
     note = display.note
     results_dir = Path(results_dir or REPO_ROOT / "results")
-    backend = backend or select_backend(backend_name, note)
+    backend = backend or select_backend(backend_name, note, reuse=reuse)
     for p in spec.points:  # links and limits the backend cannot apply stop the sweep before anything runs
         backend.check_cluster(p.cluster)
     backend.check_faults(spec.faults)
@@ -174,7 +176,7 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             backend.teardown()
-            close = getattr(backend, "close", None)  # swarm: leave a swarm the harness started
+            close = getattr(backend, "close", None)  # swarm: leave a swarm the harness started; docker: warm containers
             if close is not None:
                 close(note)
             sysctls.__exit__(None, None, None)

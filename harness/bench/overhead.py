@@ -19,6 +19,11 @@ each image is used as it is (not rebuilt), the runs are interleaved (image, then
 repeat) so a change in the machine's load falls on both, and the summary has one row per image and
 worker count (``1+8 <image>``).
 
+On docker, warm containers are kept between the runs of the same cluster (the sweep's default,
+`harness.run.zygote_pool`): the first run of each worker count creates them, the later ones fork
+fresh nodes in them; each run records ``reused``, and the summary keeps ``overhead_s_reused`` and
+``overhead_s_fresh`` apart. ``--no-reuse``: fresh containers for every run.
+
 Writes ``results/bench-overhead-<UTC stamp>.json`` with ``machine_info`` and ``commit_info`` at the
 top, every raw run, and per worker count the median, min and max of each figure; prints a table.
 The image check a sweep does once (``prepare_s``) is measured once and kept apart.
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -141,8 +147,9 @@ def _stats(values: Sequence[float]) -> dict[str, float | int | None]:
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per worker count (and per image when runs carry more than one): statistics of ``wall_s``,
-    ``train_time_s``, ``overhead_s`` and each phase over the runs that ended ``ok``. Keys: ``1+8``,
-    or ``1+8 <image>``."""
+    ``train_time_s``, ``overhead_s`` (also apart for runs in reused and in fresh containers:
+    ``overhead_s_reused``, ``overhead_s_fresh``) and each phase over the runs that ended ``ok``. Keys:
+    ``1+8``, or ``1+8 <image>``."""
     summary: dict[str, Any] = {}
     images = list(dict.fromkeys(r.get("image") for r in runs))
     for workers, image in sorted({(r["num_workers"], r.get("image")) for r in runs},
@@ -155,6 +162,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "wall_s": _stats([r["wall_s"] for r in ok]),
             "train_time_s": _stats([r["train_time_s"] for r in ok]),
             "overhead_s": _stats([r["overhead_s"] for r in ok]),
+            # runs in warm containers kept from the run before, and runs that created their containers
+            "overhead_s_reused": _stats([r["overhead_s"] for r in ok if r.get("reused")]),
+            "overhead_s_fresh": _stats([r["overhead_s"] for r in ok if not r.get("reused")]),
             "phases_s": {name: _stats([r["phases_s"].get(name) for r in ok]) for name in phases},
             "nodes_s": {name: _stats([r["nodes_s"].get(name) for r in ok])
                         for name in ("to_training_s", "train_time_s", "after_training_s")},
@@ -178,7 +188,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     return ("median seconds (harness phases; after |: the nodes' side of `run`)\n" + "\n".join(lines))
 
 
-def _image_backends(images: Sequence[str]) -> dict[str, Backend]:
+def _image_backends(images: Sequence[str], reuse: bool) -> dict[str, Backend]:
     """One docker backend per image tag, each image used as it is (not rebuilt from this checkout).
 
     Raises:
@@ -190,7 +200,7 @@ def _image_backends(images: Sequence[str]) -> dict[str, Backend]:
 
     backends: dict[str, Backend] = {}
     for tag in images:
-        backend = ComposeBackend(image_tag=tag)
+        backend = ComposeBackend(image_tag=tag, reuse=reuse)
         if not _image_exists(backend.client, tag):
             raise ClusterError(f"bench-overhead --images: no image {tag!r}; build it first "
                                f"(`wiiide-lab image --tag {tag}` in the checkout it should hold)")
@@ -199,10 +209,12 @@ def _image_backends(images: Sequence[str]) -> dict[str, Backend]:
 
 
 def run_bench(workers: Sequence[int], repeats: int, duration_s: float, backend_name: str, results_dir: Path,
-              log: Log, link: str | None = None, images: Sequence[str] = ()) -> Path:
+              log: Log, link: str | None = None, images: Sequence[str] = (), reuse: bool = True) -> Path:
     """Measure every worker count `repeats` times (interleaved: 4, 8, 4, 8...) and write the JSON.
     `images`: node image tags to compare (docker only, used as they are, interleaved per run);
-    empty: the backend's own image, built from this checkout.
+    empty: the backend's own image, built from this checkout. `reuse`: docker keeps warm containers
+    between runs of the same cluster (each run says whether it found them: ``reused``); with several
+    images or worker counts interleaved, every run changes the cluster and starts fresh.
 
     Returns:
         The path of ``bench-overhead-<stamp>.json`` in `results_dir`.
@@ -216,7 +228,7 @@ def run_bench(workers: Sequence[int], repeats: int, duration_s: float, backend_n
     work_dir = results_dir / f"bench-overhead-{stamp}"
     t0 = time.monotonic()
     backends: dict[str | None, Backend] = (
-        dict(_image_backends(images)) if images else {None: select_backend(backend_name, log)})
+        dict(_image_backends(images, reuse)) if images else {None: select_backend(backend_name, log, reuse=reuse)})
     prepare_s = time.monotonic() - t0
     backend = next(iter(backends.values()))
     runs: list[dict[str, Any]] = []
@@ -229,6 +241,7 @@ def run_bench(workers: Sequence[int], repeats: int, duration_s: float, backend_n
                     out_dir = work_dir / (f"w{n}-r{repeat}" + (f"-i{i}" if image else ""))
                     record = measure_point(each, n, duration_s, out_dir, log, link, image)
                     record["repeat"] = repeat
+                    record["reused"] = bool(getattr(each, "last_run_reused", False))
                     runs.append(record)
                     log(f"[bench-overhead]   {record['status']}: wall {record['wall_s']:.1f} s, training "
                         f"{record['train_time_s'] or 0:.1f} s, overhead {record['overhead_s'] or 0:.1f} s, "
@@ -236,10 +249,13 @@ def run_bench(workers: Sequence[int], repeats: int, duration_s: float, backend_n
     finally:
         for each in backends.values():
             each.teardown()
+            close = getattr(each, "close", None)  # warm containers (reuse) and a swarm the harness started
+            if close is not None:
+                close(log)
     data = {
         "kind": "bench-overhead", "machine_info": machine_info(), "commit_info": commit_info(),
         "params": {"workers": list(workers), "repeats": repeats, "duration_s": duration_s,
-                   "backend": backend.name, "link": link, "images": list(images)},
+                   "backend": backend.name, "link": link, "images": list(images), "reuse": reuse},
         "backend": backend.describe(), "prepare_s": round(prepare_s, 3),
         "runs": runs, "summary": summarize(runs),
     }
@@ -259,6 +275,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--link", help="a link preset to shape every container with (e.g. rate-100m)")
     parser.add_argument("--images", nargs="+", default=[], metavar="TAG",
                         help="node images to compare, interleaved (docker; used as they are, not rebuilt)")
+    parser.add_argument("--no-reuse", dest="reuse", action="store_false",
+                        help="fresh containers for every run (default: warm containers kept between the runs "
+                             "of the same cluster, each run forking fresh node processes in them)")
     parser.add_argument("--results-dir", default=str(REPO_ROOT / "results"),
                         help="where bench-overhead-<stamp>.json goes (default: results/)")
 
@@ -266,16 +285,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main_from_args(args: argparse.Namespace, log: Log) -> int:
     """Run the benchmark from parsed arguments, print the table and the JSON's path; exit code 0."""
     path = run_bench(args.workers, args.repeats, args.duration_s, args.backend, Path(args.results_dir), log,
-                     args.link, args.images)
+                     args.link, args.images, args.reuse)
     print(format_summary(json.loads(path.read_text())["summary"]))
     print(path)
     return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM handler: raise KeyboardInterrupt, so the benchmark's cleanup runs."""
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m harness.bench.overhead [--workers 4 8] [--repeats 3] [--duration-s 5]``."""
     parser = argparse.ArgumentParser(prog="python -m harness.bench.overhead", description=__doc__.split("\n")[0])
     add_arguments(parser)
+    signal.signal(signal.SIGTERM, _interrupt)  # `timeout`, `kill`: unwind as Ctrl-C does, removing the containers
     return main_from_args(parser.parse_args(argv), lambda line: print(line, file=sys.stderr, flush=True))
 
 

@@ -177,6 +177,14 @@ def ingress_commands(dev: str = DEFAULT_DEV, ifb: str = IFB_DEV) -> list[list[st
     ]
 
 
+def reset_commands(dev: str = DEFAULT_DEV, ifb: str = IFB_DEV) -> list[list[str]]:
+    """Undo whatever `profile_commands` set up on `dev` (root and ingress qdiscs, the ifb device), so a
+    container shaped before can be shaped again from scratch. Each command fails harmlessly when there
+    is nothing to remove (run them without checking). Raises nothing."""
+    return [["tc", "qdisc", "del", "dev", dev, "root"], ["tc", "qdisc", "del", "dev", dev, "ingress"],
+            ["ip", "link", "del", ifb]]
+
+
 def profile_commands(profile: LinkProfile, dev: str = DEFAULT_DEV) -> list[list[str]]:
     """Every command for `profile` on `dev`, in order: the egress tree, then (with ingress) the ifb
     redirect and the same tree on `IFB_DEV`. Raises nothing."""

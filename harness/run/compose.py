@@ -11,8 +11,7 @@ carry the Compose project label, so teardown (`cluster_down`) finds what a kille
 from __future__ import annotations
 
 import os
-import threading
-import time
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -23,16 +22,24 @@ from harness.links.plan import Capabilities
 from harness.run.backend import Collected, PhaseClock, Progress
 from harness.run.compose_file import (
     NETWORK_LABEL,
+    NUMBER_LABEL,
     PROJECT_LABEL,
     SERVICE_LABEL,
     load_project,
 )
 from harness.run.docker_client import docker_client
-from harness.run.faults import Controller
+from harness.run.faults import ContainerController, Controller
 from harness.run.image import DEFAULT_TAG
 from harness.run.shaping import START_GATE_FILE, ClusterConditions
-from harness.run.stats import parse_sample, summarize_samples
-from harness.run.tc_exec import probe_capabilities
+from harness.run.stats import (
+    StatsReader,
+    container_lifetime,
+    since_baseline,
+    start_readers,
+    summarize_samples,
+)
+from harness.run.tc_exec import ContainerExec, probe_capabilities, reset_links
+from harness.run.zygote_pool import ZygotePool, pool_key, results_root
 from harness.spec.cluster import ClusterSettings
 from harness.spec.faults import Fault
 from wiiide.auth import generate_secret
@@ -58,6 +65,15 @@ def compose_env(cfg: RunConfig, results_dir: Path, image: str) -> dict[str, str]
     return env
 
 
+ZYGOTE_MOUNT = "/zygote"  # where a warm node's control directory is mounted (wiiide.zygote.CONTROL_DIR)
+ZYGOTE_SLOT_ENV = "NODE_ZYGOTE_SLOT"  # wiiide.zygote.SLOT_ENV
+
+
+def slot_name(service: str, number: int) -> str:
+    """A node's slot: ``coordinator``, or ``worker-N`` for container number N of the worker service."""
+    return "coordinator" if service == "coordinator" else f"{service}-{number}"
+
+
 def write_cluster_secret() -> Path:
     """A fresh shared secret for the next cluster (wiiide.auth), in a 0600 file Compose mounts as a
     Docker secret. It stays out of the reports and out of `docker inspect`."""
@@ -75,11 +91,13 @@ def project_containers(client=None) -> list:
         ClusterError: no engine answers (when `client` is None).
     """
     client = client or docker_client()
-    return client.containers.list(all=True, filters={"label": f"{PROJECT_LABEL}={PROJECT}"})
+    # ignore_removed: a container removed between the list and its inspect (a run ending) is skipped,
+    # not docker.errors.NotFound
+    return client.containers.list(all=True, filters={"label": f"{PROJECT_LABEL}={PROJECT}"}, ignore_removed=True)
 
 
 def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE,
-               extra_env: dict[str, str] | None = None) -> list:
+               extra_env: dict[str, str] | None = None, zygote_dir: Path | None = None) -> list:
     """Start the project's coordinator and `cfg.num_workers` workers, detached; return the containers
     (docker SDK objects, the coordinator first, then workers 1..N).
 
@@ -88,13 +106,16 @@ def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE,
     coordinator's healthcheck (a worker retries connecting for ``connect_timeout_s``). Workers get
     the coordinator's address in /etc/hosts (``extra_hosts``) besides the network's DNS alias.
     `extra_env`: more compose.yaml variables (e.g. WIIIIIDE_WORKER_CPUS from `ClusterSettings.compose_env`).
+    `zygote_dir`: run every node as a warm `wiiide.zygote` instead (its control directory, on the host,
+    mounted at ``/zygote``): the containers import torch, then wait for run requests (`ZygotePool`).
 
     Raises:
         ClusterError: compose.yaml cannot be read, or the engine refused a network or container
             (with its message); whatever was created is left for `cluster_down`.
     """
     results_dir.mkdir(parents=True, exist_ok=True)
-    (results_dir / "nodes").mkdir(exist_ok=True)
+    if zygote_dir is None:
+        (results_dir / "nodes").mkdir(exist_ok=True)
     write_cluster_secret()
     project = load_project(COMPOSE_FILE, PROJECT,
                            {**compose_env(cfg, results_dir.resolve(), image), **(extra_env or {})})
@@ -110,6 +131,10 @@ def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE,
         kwargs = project.create_kwargs(service, number)
         if extra_hosts:
             kwargs["extra_hosts"] = extra_hosts
+        if zygote_dir is not None:
+            kwargs["command"] = ["python", "-m", "wiiide.zygote", service]
+            kwargs["volumes"] = [*kwargs["volumes"], f"{zygote_dir}:{ZYGOTE_MOUNT}"]
+            kwargs["environment"] = {**kwargs["environment"], ZYGOTE_SLOT_ENV: slot_name(service, number)}
         aliases = [service] + ([kwargs["hostname"]] if kwargs.get("hostname") else [])
         kwargs["networking_config"] = {project.network_name: client.api.create_endpoint_config(aliases=aliases)}
         try:
@@ -126,6 +151,8 @@ def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE,
     # which was seen to answer NXDOMAIN for a whole run while the shared engine's Swarm state changed
     hosts = {"coordinator": address} if address else {}
     workers = [("worker", i) for i in range(1, cfg.num_workers + 1)]
+    if not workers:
+        return [coordinator]
     with ThreadPoolExecutor(max_workers=max(1, min(PARALLEL_CALLS, len(workers)))) as pool:
         return [coordinator, *pool.map(lambda item: start(item, hosts), workers)]
 
@@ -178,114 +205,32 @@ def cluster_down(progress: Progress = print, grace_s: float = DOWN_GRACE_S) -> N
                            f"{'; '.join(problems) or 'no error given'}")
 
 
-class _StatsReader:
-    """Streams one container's Engine API stats on a daemon thread into parsed samples."""
-
-    def __init__(self, container, t0: float) -> None:
-        self.container = container
-        self.samples: list[dict[str, Any]] = []
-        self._t0 = t0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        try:
-            for raw in self.container.stats(stream=True, decode=True):
-                if self._stop.is_set():
-                    return
-                record = parse_sample(raw, time.monotonic() - self._t0)
-                if record is not None:
-                    self.samples.append(record)
-        except Exception:  # the container went away: the stream ends, keep what we have
-            return
-
-    def stop(self) -> None:
-        """Keep no sample from now on. Returns at once: the thread, blocked on the stream until the
-        next sample (about a second), ends by itself, at the latest when the container is removed."""
-        self._stop.set()
-
-
-def _lifetime(container) -> dict[str, str | None]:
-    """When the container's main process started and finished (UTC, RFC 3339 as the Engine API gives
-    it; None when not yet), from ``State.StartedAt`` / ``State.FinishedAt``."""
-    state = container.attrs.get("State") or {}
-
-    def stamp(key: str) -> str | None:
-        value = state.get(key)
-        return None if not value or value.startswith("0001-") else value
-
-    return {"started_at_utc": stamp("StartedAt"), "finished_at_utc": stamp("FinishedAt")}
-
-
-class _ContainerController:
-    """Fault actions on the project's containers (harness.run.faults.Controller), through the Engine API.
-
-    `disconnect` sets the target's eth0 down inside it (``ip link``, NET_ADMIN) and `reconnect` up
-    again: the address and its connected route stay, so TCP connections survive a cut shorter than
-    io_timeout_s and are declared lost after it.
-    """
-
-    def __init__(self, containers: list) -> None:
-        self._by_target = {}
-        for c in containers:
-            service = c.labels.get(SERVICE_LABEL)
-            number = c.labels.get("com.docker.compose.container-number", "1")
-            self._by_target["coordinator" if service == "coordinator" else f"worker-{number}"] = c
-
-    def _get(self, target: str):
-        try:
-            return self._by_target[target]
-        except KeyError:
-            raise ClusterError(f"no container for {target}; have {sorted(self._by_target)}") from None
-
-    def kill(self, target: str) -> None:
-        """SIGKILL the target's container."""
-        self._get(target).kill()
-
-    def restart(self, target: str) -> None:
-        """Start the target's (killed) container again."""
-        self._get(target).start()
-
-    def pause(self, target: str) -> None:
-        """Freeze the target's container (cgroup freezer)."""
-        self._get(target).pause()
-
-    def resume(self, target: str) -> None:
-        """Thaw the target's container."""
-        self._get(target).unpause()
-
-    def _link(self, target: str, state: str) -> None:
-        code, out = self._get(target).exec_run(["ip", "link", "set", "eth0", state])
-        if code != 0:
-            raise ClusterError(f"`ip link set eth0 {state}` in {target} failed ({code}): {out.decode(errors='replace')[:300]}")
-
-    def node_id(self, target: str) -> str:
-        """The target's node id: its container's hostname."""
-        return self._get(target).attrs["Config"]["Hostname"]  # a worker's node id is its hostname
-
-    def disconnect(self, target: str) -> None:
-        """Set the target's eth0 down (ClusterError when `ip` fails)."""
-        self._link(target, "down")
-
-    def reconnect(self, target: str) -> None:
-        """Set the target's eth0 up again (ClusterError when `ip` fails)."""
-        self._link(target, "up")
+ZYGOTE_ROOT = REPO_ROOT / "build" / "zygote"  # control directories of warm pools, one per project
 
 
 class ComposeBackend:
     """The ``docker`` `harness.run.backend.Backend`: a coordinator and N worker containers from
-    ``compose.yaml`` under the Compose project `PROJECT`, with links, limits and every fault."""
+    ``compose.yaml`` under the Compose project `PROJECT`, with links, limits and every fault.
+
+    `reuse`: keep warm containers between runs (`harness.run.zygote_pool`): the first run of a
+    cluster creates containers whose nodes are `wiiide.zygote`s (torch imported once), each run forks
+    fresh node processes in them, and a run that ended clean leaves them for the next run of the same
+    cluster; `close` removes them. False (the default for library use and ``up``): fresh containers
+    per run, each running ``python -m wiiide <role>`` as compose.yaml says.
+    """
 
     name = "docker"
 
-    def __init__(self, image_tag: str | None = None) -> None:
+    def __init__(self, image_tag: str | None = None, reuse: bool = False) -> None:
         """Raises ClusterError when no Docker engine answers."""
         self.image = image_tag or DEFAULT_IMAGE
         self.client = docker_client()
+        self.reuse = reuse
+        self.last_run_reused = False  # whether the last `start` found warm containers to reuse
+        self._pool = ZygotePool(ZYGOTE_ROOT / PROJECT) if reuse else None
         self._started = False
         self._containers: list = []
-        self._readers: dict[str, _StatsReader] = {}
+        self._readers: dict[str, StatsReader] = {}
         self._conditions: ClusterConditions | None = None
 
     def prepare(self, progress: Progress) -> None:
@@ -299,11 +244,13 @@ class ComposeBackend:
         build_image(self.image, log=lambda line: progress(f"    image: {line}"))
 
     def describe(self) -> dict[str, Any]:
-        """Engine and API versions, how containers are made, the image, the project, the storage driver."""
+        """Engine and API versions, how containers are made, the image, the project, the storage driver,
+        whether warm containers are reused between runs."""
         version = self.client.version()
         return {"name": self.name, "engine_version": version.get("Version"), "api_version": version.get("ApiVersion"),
                 "compose": "compose.yaml through the Engine API (harness.run.compose_file)", "image": self.image,
-                "project": PROJECT, "storage_driver": self.client.info().get("Driver")}
+                "project": PROJECT, "storage_driver": self.client.info().get("Driver"),
+                "reuse_containers": self.reuse}
 
     def check_cluster(self, cluster: ClusterSettings | None) -> None:
         """Links, CPU and memory limits: all applied here (harness.run.shaping); never raises."""
@@ -318,8 +265,9 @@ class ComposeBackend:
                clock: PhaseClock | None = None) -> list:
         """Bring a cluster up as a sweep run does, without watching it: remove leftovers of the
         project, plan the link shaping (probing the kernel once), start the containers, then set
-        limits, shape links and open the start gate. Each step is timed on `clock` (if given).
-        `wiiide-lab up` uses it for a long-running cluster; `start` for a sweep's run.
+        limits, shape links and open the start gate (`ClusterConditions.bring_up`). Each step is timed
+        on `clock` (if given). `wiiide-lab up` uses it for a long-running cluster; `start` for a
+        sweep's run without `reuse`.
 
         Returns:
             The project's containers (docker SDK objects), coordinator and workers.
@@ -334,36 +282,102 @@ class ComposeBackend:
         with clock.phase("clean"):
             cluster_down(progress)  # a clean slate: nothing left from an earlier, killed run
         self._started = True
-        with clock.phase("plan"):
-            conditions.plan(cfg.num_workers)  # before any container starts: a profile the kernel cannot apply fails here
-        if conditions.gated:  # the coordinator waits until links and limits are in force
-            cfg = cfg.replace(start_gate_file=START_GATE_FILE)
-        with clock.phase("create"):
+
+        def create(cfg: RunConfig) -> list:
             self._containers = cluster_up(cfg, out_dir, self.image, conditions.settings.compose_env())
-        if conditions.gated:
-            with clock.phase("shape"):
-                conditions.apply(self._containers, clock.t0, progress)
-            with clock.phase("gate"):
-                conditions.open_gate(self._containers, clock.t0)
-        return self._containers
+            return self._containers
+
+        return conditions.bring_up(cfg, clock, create, progress)
 
     def start(self, cfg: RunConfig, out_dir: Path, cluster: ClusterSettings, progress: Progress,
               clock: PhaseClock) -> Controller:
-        """`launch` the cluster and stream every container's Engine API stats until `stop`.
+        """Start the run's nodes (fresh containers with `launch`, or forked in warm ones with `reuse`)
+        and stream every container's Engine API stats until `stop`.
 
         Raises:
             ClusterError, LinkShapingError: as `launch`.
         """
+        if self._pool is not None:
+            return self._start_warm(cfg, Path(out_dir).resolve(), cluster, progress, clock)
         containers = self.launch(cfg, out_dir, cluster, progress, clock)
-        for c in containers:
-            self._readers[c.name] = _StatsReader(c, clock.t0)
-        return _ContainerController(containers)
+        self._readers = start_readers(containers, clock.t0)
+        return ContainerController(containers)
+
+    def _start_warm(self, cfg: RunConfig, out_dir: Path, cluster: ClusterSettings, progress: Progress,
+                    clock: PhaseClock) -> Controller:
+        """`start` with warm containers: reuse the pool when it was made for this cluster and all its
+        containers run, else make a new one (``clean``, then ``create`` with zygotes); per run: a fresh
+        secret, stats baselines, the request that forks every node, then shaping and the gate."""
+        pool = self._pool
+        assert pool is not None
+        root = results_root(out_dir)
+        key = pool_key(self.image, cfg.num_workers, cluster, root)
+        self.last_run_reused = pool.usable(key) and self._pool_running()
+        if not self.last_run_reused:
+            with clock.phase("clean"):
+                cluster_down(progress)  # a pool made for another cluster, or leftovers of a killed run
+                pool.reset()
+            self._started = True
+        run_id = pool.next_run_id()
+        conditions = self._conditions = ClusterConditions(cluster, self._probe, gate_file=f"{START_GATE_FILE}-{run_id}")
+
+        def create(run_cfg: RunConfig) -> list:
+            if not self.last_run_reused:
+                containers = cluster_up(run_cfg, root, self.image, conditions.settings.compose_env(),
+                                        zygote_dir=pool.control_dir.resolve())
+                pool.adopt(key, root, containers, {c.name: _slot_of(c) for c in containers})
+                self._readers = start_readers(containers, clock.t0)
+            else:
+                write_cluster_secret()  # a fresh secret per run: the mounted file is rewritten in place
+                self._readers = start_readers(pool.containers, clock.t0)
+            self._containers = pool.containers
+            pool.write_request(self._node_envs(run_cfg, out_dir, root, conditions))
+            return self._containers
+
+        def unshape(containers: list) -> None:
+            # qdiscs and the ifb device outlive a run in a kept container's netns: shape from scratch
+            if self.last_run_reused and conditions.settings.link is not None:
+                with ThreadPoolExecutor(max_workers=min(PARALLEL_CALLS, len(containers))) as calls:
+                    list(calls.map(lambda c: reset_links(ContainerExec(c)), containers))
+
+        containers = conditions.bring_up(cfg, clock, create, progress, before_shape=unshape)
+        return ContainerController(containers, on_action=lambda action, target: pool.mark_dirty(f"{action} {target}"))
+
+    def _node_envs(self, cfg: RunConfig, out_dir: Path, root: Path, conditions: ClusterConditions) -> dict[str, dict[str, str]]:
+        """Each role's ``WIIIIIDE_*`` variables for this run, as compose.yaml gives them to a fresh
+        container, with the metrics going to ``out_dir/nodes`` (below the pool's mount `root`)."""
+        project = load_project(COMPOSE_FILE, PROJECT, {**compose_env(cfg, root, self.image),
+                                                       **conditions.settings.compose_env()})
+        metrics_dir = f"/results/{out_dir.relative_to(root).as_posix()}/nodes"
+        envs = {}
+        for role in ("coordinator", "worker"):
+            env = {k: v for k, v in project.create_kwargs(role, 1)["environment"].items() if k.startswith("WIIIIIDE_")}
+            env["WIIIIIDE_METRICS_DIR"] = metrics_dir
+            envs[role] = env
+        return envs
+
+    def _listed_states(self) -> dict[str, str]:
+        """Container name -> state of every container of the project, from one Engine API list call."""
+        return {name.lstrip("/"): item.get("State") for item in self.client.api.containers(
+            all=True, filters={"label": f"{PROJECT_LABEL}={PROJECT}"}) for name in item.get("Names") or ()}
+
+    def _pool_running(self) -> bool:
+        """Whether every container of the warm pool still runs, the same containers by id (another
+        backend of the project, e.g. ``bench-overhead --images``, makes others of the same names)."""
+        running = {item.get("Id") for item in self.client.api.containers(
+            filters={"label": f"{PROJECT_LABEL}={PROJECT}", "status": "running"})}
+        return bool(self._pool and self._pool.containers) and all(c.id in running for c in self._pool.containers)
 
     def poll(self) -> dict[str, str]:
-        """Each container's state (``running``, ``exited``, ``paused``...), from one Engine API list call."""
-        listed = {name.lstrip("/"): item.get("State") for item in self.client.api.containers(
-            all=True, filters={"label": f"{PROJECT_LABEL}={PROJECT}"}) for name in item.get("Names") or ()}
-        return {c.name: listed.get(c.name, "exited") for c in self._containers}  # a removed one has exited
+        """Each node's state (``running``, ``exited``, ``paused``...), from one Engine API list call; in a
+        warm container, ``exited`` once its node process of this run has ended (its exit file)."""
+        listed = self._listed_states()
+        states = {c.name: listed.get(c.name, "exited") for c in self._containers}  # a removed one has exited
+        if self._pool is not None:
+            for name, state in states.items():
+                if state == "running" and self._pool.exit_record(self._pool.slots.get(name, "")) is not None:
+                    states[name] = "exited"
+        return states
 
     def stop(self) -> None:
         """Stop reading link counters and container stats."""
@@ -373,29 +387,85 @@ class ComposeBackend:
             reader.stop()
 
     def collect(self, logs_dir: Path, progress: Progress) -> Collected:
-        """Exit codes (None: still running), each container's log into `logs_dir`, stats, links, limits."""
+        """Exit codes (None: still running), each node's log into `logs_dir`, stats, links, limits.
+        With warm containers, the node process's exit code, log and start/end times of this run; the
+        pool stays for the next run only when every node exited 0 and nothing touched a container."""
         exit_codes: dict[str, int | None] = {}
+        lifetimes: dict[str, dict[str, str | None]] = {}
+        pool = self._pool
         for c in self._containers:
             try:
                 c.reload()
                 exit_codes[c.name] = c.attrs["State"]["ExitCode"] if c.status in ("exited", "dead") else None
-                (logs_dir / f"{c.name}.log").write_bytes(c.logs(stdout=True, stderr=True))
+                lifetimes[c.name] = container_lifetime(c)
+                if pool is not None:
+                    slot = pool.slots.get(c.name, "")
+                    end, begin = pool.exit_record(slot), pool.start_record(slot)
+                    if end is not None and c.status == "running":
+                        exit_codes[c.name] = end.get("exit_code")
+                    lifetimes[c.name] = {"started_at_utc": (begin or {}).get("started_at_utc"),
+                                         "finished_at_utc": (end or {}).get("finished_at_utc")}
+                    log = pool.log_bytes(slot)
+                    if c.status != "running":  # killed: what the container printed besides its node's output
+                        log += c.logs(stdout=True, stderr=True)
+                    (logs_dir / f"{c.name}.log").write_bytes(log)
+                else:
+                    (logs_dir / f"{c.name}.log").write_bytes(c.logs(stdout=True, stderr=True))
             except Exception as exc:  # a container already gone: note it, keep going
                 exit_codes.setdefault(c.name, None)
                 progress(f"    could not read {c.name}: {exc}")
-        stats = {c.name: {"role": c.labels.get(SERVICE_LABEL, "?"), "kind": "container",
-                          "exit_code": exit_codes.get(c.name), **_lifetime(c),
-                          "samples": self._readers[c.name].samples,
-                          "summary": summarize_samples(self._readers[c.name].samples)}
-                 for c in self._containers if c.name in self._readers}
+        if pool is not None and pool.dirty_reason is None:
+            pool.clean = bool(self._containers) and all(exit_codes.get(c.name) == 0 for c in self._containers)
+        stats = {}
+        for c in self._containers:
+            if c.name not in self._readers:
+                continue
+            samples = self._readers[c.name].samples
+            if pool is not None and self.last_run_reused:
+                # a kept container's counters run from its creation: this run's bytes are those since
+                # its node was forked (the zygote read them then; the containers idle between runs)
+                baseline = (pool.start_record(pool.slots.get(c.name, "")) or {}).get("counters")
+                samples = [since_baseline(s, baseline) for s in samples]
+            stats[c.name] = {"role": c.labels.get(SERVICE_LABEL, "?"), "kind": "container",
+                             "exit_code": exit_codes.get(c.name), **lifetimes.get(c.name, {}),
+                             **({"reused_container": self.last_run_reused} if pool is not None else {}),
+                             "samples": samples, "summary": summarize_samples(samples)}
         conditions = self._conditions
         return Collected(exit_codes=exit_codes, containers=stats,
                          links=conditions.links if conditions else {}, limits=conditions.limits if conditions else {})
 
     def teardown(self) -> None:
-        """Remove the project's containers and network (`cluster_down`) if this backend started any."""
+        """After a run: remove the project's containers and network (`cluster_down`) if this backend
+        started any; with `reuse`, keep them instead when the run ended clean (`collect`)."""
         self.stop()
         self._containers, self._readers, self._conditions = [], {}, None
+        pool = self._pool
+        if pool is not None and pool.clean:
+            pool.end_run()
+            return
         if self._started:
             cluster_down(lambda line: None)
             self._started = False
+        if pool is not None:
+            pool.reset()
+
+    def close(self, progress: Progress = print) -> None:
+        """After the last run (also after a failure or Ctrl-C): remove warm containers, the network
+        and the control directory. Idempotent.
+
+        Raises:
+            ClusterError: something of the project is still there afterwards (`cluster_down`).
+        """
+        self.stop()
+        self._containers, self._readers, self._conditions = [], {}, None
+        if self._started:
+            cluster_down(progress)
+            self._started = False
+        if self._pool is not None:
+            self._pool.reset()
+            shutil.rmtree(self._pool.control_dir, ignore_errors=True)
+
+
+def _slot_of(container) -> str:
+    """A container's slot (`slot_name`) from its Compose labels."""
+    return slot_name(container.labels.get(SERVICE_LABEL, "?"), int(container.labels.get(NUMBER_LABEL, "1")))

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from harness.errors import ClusterError
+from harness.run.compose_file import NUMBER_LABEL, SERVICE_LABEL
 from harness.spec.faults import Fault
 
 MARKER = "coordinator.training"
@@ -109,3 +111,65 @@ class FaultInjector:
             except Exception:  # the node id only serves judging; a target without one is judged by name
                 pass
             self._record(self._clock() - t0, action, fault.target)
+
+
+class ContainerController:
+    """Fault actions on Compose-labelled containers (a `Controller`), through the Engine API; used by
+    the docker and swarm backends. Targets are ``coordinator`` and ``worker-N`` (N: the container
+    number label).
+
+    `disconnect` sets the target's eth0 down inside it (``ip link``, NET_ADMIN) and `reconnect` up
+    again: the address and its connected route stay, so TCP connections survive a cut shorter than
+    io_timeout_s and are declared lost after it. `on_action(action, target)`, if given, is called
+    before each action (the docker backend marks reused containers as no longer clean).
+    """
+
+    def __init__(self, containers: list, on_action: Callable[[str, str], None] | None = None) -> None:
+        self._by_target = {}
+        self._on_action = on_action
+        for c in containers:
+            service = c.labels.get(SERVICE_LABEL)
+            number = c.labels.get(NUMBER_LABEL, "1")
+            self._by_target["coordinator" if service == "coordinator" else f"worker-{number}"] = c
+
+    def _get(self, target: str, action: str | None = None):
+        try:
+            container = self._by_target[target]
+        except KeyError:
+            raise ClusterError(f"no container for {target}; have {sorted(self._by_target)}") from None
+        if action is not None and self._on_action is not None:
+            self._on_action(action, target)
+        return container
+
+    def kill(self, target: str) -> None:
+        """SIGKILL the target's container."""
+        self._get(target, "kill").kill()
+
+    def restart(self, target: str) -> None:
+        """Start the target's (killed) container again."""
+        self._get(target, "restart").start()
+
+    def pause(self, target: str) -> None:
+        """Freeze the target's container (cgroup freezer)."""
+        self._get(target, "pause").pause()
+
+    def resume(self, target: str) -> None:
+        """Thaw the target's container."""
+        self._get(target, "resume").unpause()
+
+    def _link(self, target: str, state: str) -> None:
+        code, out = self._get(target, f"link {state}").exec_run(["ip", "link", "set", "eth0", state])
+        if code != 0:
+            raise ClusterError(f"`ip link set eth0 {state}` in {target} failed ({code}): {out.decode(errors='replace')[:300]}")
+
+    def node_id(self, target: str) -> str:
+        """The target's node id: its container's hostname."""
+        return self._get(target).attrs["Config"]["Hostname"]  # a worker's node id is its hostname
+
+    def disconnect(self, target: str) -> None:
+        """Set the target's eth0 down (ClusterError when `ip` fails)."""
+        self._link(target, "down")
+
+    def reconnect(self, target: str) -> None:
+        """Set the target's eth0 up again (ClusterError when `ip` fails)."""
+        self._link(target, "up")

@@ -11,10 +11,11 @@ from harness.errors import ClusterError
 from harness.run.backend import Backend, Progress
 
 
-def select_backend(name: str, progress: Progress, image_tag: str | None = None) -> Backend:
+def select_backend(name: str, progress: Progress, image_tag: str | None = None, reuse: bool = False) -> Backend:
     """``docker``, ``swarm``, ``local`` or ``auto`` (docker when an engine answers, else local, saying which).
     `image_tag`: the node image for docker and swarm (default ``$WIIIIIDE_IMAGE`` or ``wiiide:latest``),
-    built or refreshed here (seconds when cached).
+    built or refreshed here (seconds when cached). `reuse`: docker keeps warm containers between runs
+    of the same cluster (`harness.run.compose.ComposeBackend`; the caller must `close` it at the end).
 
     Raises:
         ClusterError: ``docker`` or ``swarm`` asked for and no engine, no Compose, no swarm or no image
@@ -36,7 +37,7 @@ def select_backend(name: str, progress: Progress, image_tag: str | None = None) 
     from harness.run.docker_client import engine_problem
     problem = engine_problem()
     if problem is None:
-        backend = ComposeBackend(image_tag=image_tag)
+        backend = ComposeBackend(image_tag=image_tag, reuse=reuse)
         backend.prepare(progress)
         return backend
     if name == "docker":

@@ -26,9 +26,10 @@ from typing import Any, Callable
 from harness.errors import ClusterError, LinkShapingError
 from harness.links.plan import Capabilities, ShapingPlan, plan_shaping
 from harness.links.readback import rate_in_force_bps
-from harness.run.backend import Sampler
+from harness.run.backend import PhaseClock, Sampler
 from harness.run.tc_exec import ContainerExec, apply_plan, read_back
 from harness.spec.cluster import ClusterSettings
+from wiiide.config import RunConfig
 
 START_GATE_FILE = "/tmp/wiiide-go"
 COUNTER_INTERVAL_S = 2.0
@@ -59,8 +60,10 @@ def limits_of(container) -> dict[str, Any]:
 class ClusterConditions:
     """One run's link shaping and limits. `links` and `limits` are what the report records."""
 
-    def __init__(self, settings: ClusterSettings, probe: Callable[[], Capabilities]) -> None:
+    def __init__(self, settings: ClusterSettings, probe: Callable[[], Capabilities],
+                 gate_file: str = START_GATE_FILE) -> None:
         self.settings = settings
+        self.gate_file = gate_file  # the coordinator's start gate (a path inside its container)
         self._probe = probe
         self.caps: Capabilities | None = None
         self.plans: dict[tuple[str, int | None], ShapingPlan] = {}
@@ -123,8 +126,35 @@ class ClusterConditions:
         if self._shaped:
             self._sampler = Sampler(lambda t_s: self._read_counters(t0), COUNTER_INTERVAL_S).start()
 
+    def bring_up(self, cfg: RunConfig, clock: PhaseClock, create: Callable[[RunConfig], list], progress: Progress,
+                 before_shape: Callable[[list], None] | None = None) -> list:
+        """One cluster's start, as every container backend does it, each step timed on `clock`:
+        ``plan`` the shaping (before anything starts), ``create`` the containers with `create(cfg)`
+        (`cfg` carrying the start gate when anything is to be set up), then ``shape`` (`before_shape`
+        first, then `apply`) and ``gate`` (`open_gate`). Returns what `create` returned.
+
+        Raises:
+            LinkShapingError: a profile cannot be applied (in ``plan`` before anything starts, or a tc
+                command failed).
+            ClusterError: from `create`, or a limit or the gate could not be set.
+        """
+        with clock.phase("plan"):
+            self.plan(cfg.num_workers)  # before any container starts: a profile the kernel cannot apply fails here
+        if self.gated:  # the coordinator waits until links and limits are in force
+            cfg = cfg.replace(start_gate_file=self.gate_file)
+        with clock.phase("create"):
+            containers = create(cfg)
+        if self.gated:
+            with clock.phase("shape"):
+                if before_shape is not None:
+                    before_shape(containers)
+                self.apply(containers, clock.t0, progress)
+            with clock.phase("gate"):
+                self.open_gate(containers, clock.t0)
+        return containers
+
     def open_gate(self, containers: list, t0: float) -> None:
-        """Create the start gate file in the coordinator container: training starts now.
+        """Create the start gate file (`gate_file`) in the coordinator container: training starts now.
 
         Raises:
             ClusterError: no coordinator among `containers`, or the file could not be created.
@@ -133,7 +163,7 @@ class ClusterConditions:
         if coordinator is None:
             raise ClusterError("no coordinator container to open the start gate in")
         try:
-            ContainerExec(coordinator).run(["touch", START_GATE_FILE])
+            ContainerExec(coordinator).run(["touch", self.gate_file])
         except LinkShapingError as exc:
             raise ClusterError(f"cannot open the start gate: {exc}") from None
         if self.links:

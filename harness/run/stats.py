@@ -7,9 +7,13 @@ Source: docker/cli ``cli/command/container/stats_helpers.go`` (``calculateCPUPer
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+import time
+from typing import Any, Mapping
 
 from wiiide.metrics import summarize
+
+CUMULATIVE_KEYS = ("net_rx_bytes", "net_tx_bytes", "blk_read_bytes", "blk_write_bytes")
 
 
 def cpu_percent(sample: dict[str, Any]) -> float:
@@ -88,3 +92,75 @@ def summarize_samples(samples: list[dict[str, Any]]) -> dict[str, Any]:
         "blk_read_bytes": last.get("blk_read_bytes"),
         "blk_write_bytes": last.get("blk_write_bytes"),
     }
+
+
+def since_baseline(record: dict[str, Any], baseline: Mapping[str, int] | None) -> dict[str, Any]:
+    """`record` (a `parse_sample` record) with its cumulative counters (`CUMULATIVE_KEYS`: bytes
+    since the container started) less `baseline`'s: bytes since the baseline was read. A counter
+    that went backwards (the container was restarted) is kept as it is. No baseline: unchanged."""
+    if not baseline:
+        return record
+    out = dict(record)
+    for key in CUMULATIVE_KEYS:
+        before = baseline.get(key)
+        if before is not None and out.get(key) is not None and out[key] >= before:
+            out[key] = out[key] - before
+    return out
+
+
+class StatsReader:
+    """Streams one container's Engine API stats on a daemon thread into parsed samples (`parse_sample`
+    records, ``t_s`` seconds after `t0`, a `time.monotonic` instant)."""
+
+    def __init__(self, container, t0: float) -> None:
+        self.container = container
+        self.samples: list[dict[str, Any]] = []
+        self._t0 = t0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        try:
+            for raw in self.container.stats(stream=True, decode=True):
+                if self._stop.is_set():
+                    return
+                record = parse_sample(raw, time.monotonic() - self._t0)
+                if record is not None:
+                    self.samples.append(record)
+        except Exception:  # the container went away: the stream ends, keep what we have
+            return
+
+    def stop(self) -> None:
+        """Keep no sample from now on. Returns at once: the thread, blocked on the stream until the
+        next sample (about a second), ends by itself, at the latest when the container is removed."""
+        self._stop.set()
+
+
+def start_readers(containers: list, t0: float) -> dict[str, StatsReader]:
+    """One `StatsReader` per container, by container name."""
+    return {c.name: StatsReader(c, t0) for c in containers}
+
+
+def read_counters(container) -> dict[str, int] | None:
+    """The container's cumulative counters now (`CUMULATIVE_KEYS`), from one Engine API stats call
+    (``one-shot``: no wait for a second sample); None when the container cannot be read."""
+    try:
+        raw = container.client.api.stats(container.id, stream=False, one_shot=True)
+    except Exception:  # docker.errors.APIError / NotFound, or an engine without one-shot: no baseline
+        return None
+    rx, tx = network_bytes(raw)
+    blk_read, blk_write = block_io_bytes(raw)
+    return {"net_rx_bytes": rx, "net_tx_bytes": tx, "blk_read_bytes": blk_read, "blk_write_bytes": blk_write}
+
+
+def container_lifetime(container) -> dict[str, str | None]:
+    """When the container's main process started and finished (UTC, RFC 3339 as the Engine API gives
+    it; None when not yet), from ``State.StartedAt`` / ``State.FinishedAt``."""
+    state = container.attrs.get("State") or {}
+
+    def stamp(key: str) -> str | None:
+        value = state.get(key)
+        return None if not value or value.startswith("0001-") else value
+
+    return {"started_at_utc": stamp("StartedAt"), "finished_at_utc": stamp("FinishedAt")}

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Mapping
 from harness.errors import LinkShapingError
 from harness.links.plan import Capabilities, ShapingPlan
 from harness.links.readback import parse_classes, parse_tc_json, show_commands
-from harness.links.tc import ingress_commands
+from harness.links.tc import ingress_commands, reset_commands
 
 
 class TcCommandError(LinkShapingError):
@@ -50,6 +50,17 @@ class ContainerExec:
             message = ((err or b"").decode(errors="replace").strip() or stdout.strip() or "no message")
             raise TcCommandError(f"{where}: `{shlex.join(argv)}` failed (exit {code}): {message}", argv, code, message)
         return stdout
+
+
+def reset_links(runner: ContainerExec) -> None:
+    """Remove any shaping from the container's interface (`harness.links.tc.reset_commands`): nothing
+    there is fine. Makes shaping a reused container idempotent: its qdiscs live in its network
+    namespace and outlive the run that made them. Raises nothing."""
+    for argv in reset_commands():
+        try:
+            runner.run(argv)
+        except LinkShapingError:
+            pass  # nothing to remove, or the container has gone (the shaping that follows says so)
 
 
 def read_back(runner: ContainerExec, devices: Iterable[str]) -> dict[str, list[dict[str, Any]]]:

@@ -47,3 +47,12 @@ def test_summary_of_one_image_keeps_the_plain_keys():
     summary = summarize([_run(4, None, 17.0, 5.0), _run(8, None, 21.0, 5.0)])
     assert list(summary) == ["1+4", "1+8"]
     assert summary["1+8"]["overhead_s"]["median"] == 16.0
+
+
+def test_summary_keeps_runs_in_reused_and_fresh_containers_apart():
+    runs = [{**_run(8, None, 40.0, 5.0), "reused": False}, {**_run(8, None, 8.0, 5.0), "reused": True},
+            {**_run(8, None, 7.0, 5.0), "reused": True}]
+    s = summarize(runs)["1+8"]
+    assert s["overhead_s"]["median"] == 3.0  # all three runs
+    assert s["overhead_s_reused"] == {"count": 2, "median": 2.5, "min": 2.0, "max": 3.0}
+    assert s["overhead_s_fresh"] == {"count": 1, "median": 35.0, "min": 35.0, "max": 35.0}

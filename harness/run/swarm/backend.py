@@ -12,18 +12,16 @@ from typing import Any, Sequence
 from harness.errors import ClusterError
 from harness.links.plan import Capabilities
 from harness.run.backend import Collected, PhaseClock, Progress
-from harness.run.compose import (
-    DEFAULT_IMAGE,
-    PROJECT,
-    _ContainerController,
-    _lifetime,
-    _StatsReader,
-    write_cluster_secret,
-)
+from harness.run.compose import DEFAULT_IMAGE, PROJECT, write_cluster_secret
 from harness.run.docker_client import docker_client
-from harness.run.faults import Controller
-from harness.run.shaping import START_GATE_FILE, ClusterConditions
-from harness.run.stats import summarize_samples
+from harness.run.faults import ContainerController, Controller
+from harness.run.shaping import ClusterConditions
+from harness.run.stats import (
+    StatsReader,
+    container_lifetime,
+    start_readers,
+    summarize_samples,
+)
 from harness.run.swarm.cluster import ensure_swarm, leave_swarm_if_ours, swarm_info
 from harness.run.swarm.stack import (
     STACK_LABEL,
@@ -69,7 +67,7 @@ class SwarmBackend:
         self._progress = progress
         self._engines: NodeEngines | None = None
         self._containers: list[TaskContainer] = []
-        self._readers: dict[str, _StatsReader] = {}
+        self._readers: dict[str, StatsReader] = {}
         self._conditions: ClusterConditions | None = None
         self._deployed = False
         self._image_pushed = False
@@ -145,25 +143,22 @@ class SwarmBackend:
         with clock.phase("clean"):
             self.engines  # the swarm: joined, or started on this node
             remove_stack(self.client, self.stack, progress)  # a clean slate: nothing left from a killed run
-        with clock.phase("plan"):
-            conditions.plan(cfg.num_workers)
-        if conditions.gated:
-            cfg = cfg.replace(start_gate_file=START_GATE_FILE)
-        with clock.phase("create"):
+
+        def create(cfg: RunConfig) -> list[TaskContainer]:
             self._share_image(progress)
             files = write_stack_files(out_dir / "swarm", cfg.num_workers)
             write_cluster_secret()
             self._deployed = True
             deploy_stack(files, self.stack, stack_env(cfg, out_dir, self.image, conditions.settings.compose_env()))
             self._containers = self._wait_running(cfg.num_workers)
-        if conditions.gated:
-            with clock.phase("shape"):
-                if conditions.settings.link is not None:
-                    for c in self._containers:
-                        check_overlay_eth0(c, self.stack)
-                conditions.apply(self._containers, clock.t0, progress)
-            with clock.phase("gate"):
-                conditions.open_gate(self._containers, clock.t0)
+            return self._containers
+
+        def check_eth0(containers: list[TaskContainer]) -> None:
+            if conditions.settings.link is not None:
+                for c in containers:
+                    check_overlay_eth0(c, self.stack)
+
+        conditions.bring_up(cfg, clock, create, progress, before_shape=check_eth0)
         return self._containers
 
     def start(self, cfg: RunConfig, out_dir: Path, cluster: ClusterSettings, progress: Progress,
@@ -175,9 +170,8 @@ class SwarmBackend:
             ClusterError, LinkShapingError: as `launch`.
         """
         containers = self.launch(cfg, out_dir, cluster, progress, clock)
-        for c in containers:
-            self._readers[c.name] = _StatsReader(c, clock.t0)
-        return _ContainerController(containers)
+        self._readers = start_readers(containers, clock.t0)
+        return ContainerController(containers)
 
     def _share_image(self, progress: Progress) -> None:
         """On a swarm of several nodes, push the image once to the registry its name points at (the
@@ -275,7 +269,7 @@ class SwarmBackend:
         for c in self._containers:
             samples = self._readers[c.name].samples if c.name in self._readers else []
             containers[c.name] = {"role": c.service, "kind": "container", "exit_code": exit_codes.get(c.name),
-                                  **_lifetime(c), "node": c.node, "node_id": c.node_id, "task_slot": c.slot,
+                                  **container_lifetime(c), "node": c.node, "node_id": c.node_id, "task_slot": c.slot,
                                   "container_id": c.id[:12], "metrics_via": c.metrics_via,
                                   "samples": samples, "summary": summarize_samples(samples)}
         conditions = self._conditions
