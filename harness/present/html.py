@@ -40,7 +40,13 @@ from harness.present.charts import (
     timeseries_chart,
     timeseries_limits,
 )
-from harness.present.table import TARGET_LEGEND, format_value, has_targets, stats_cell, table_columns
+from harness.present.table import (
+    TARGET_LEGEND,
+    format_value,
+    has_targets,
+    stats_cell,
+    table_columns,
+)
 from harness.results.models import Point, Report
 from harness.results.report import as_report, load_report
 from wiiide.metrics import write_text_atomic
