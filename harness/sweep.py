@@ -25,7 +25,7 @@ from harness.present.progress import (
     choose_progress,
 )
 from harness.results.report import ReportWriter, utc_now
-from harness.results.totals import repeat_totals
+from harness.results.totals import repeat_held_out, repeat_totals
 from harness.run.backend import Backend, default_timeout_s
 from harness.run.loop import run_point
 from harness.run.machine import commit_info, machine_info
@@ -148,6 +148,7 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
                                   "started_at_utc": started, "elapsed_s": result.elapsed_s,
                                   "phases_s": result.phases_s,
                                   "totals": repeat_totals(result.nodes, result.containers, result.links),
+                                  "held_out": repeat_held_out(result.nodes),
                                   "nodes": result.nodes, "containers": result.containers,
                                   "links": result.links, "limits": result.limits, "faults": result.faults,
                                   "exit_codes": result.exit_codes,

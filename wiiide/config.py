@@ -201,6 +201,18 @@ class RunConfig(BaseSettings):
     warmup_steps: Int = _field(10, "0..100000", "first steps left out of the Training Summary's step timings",
                                ge=0, le=100_000)
 
+    # --- held-out evaluation during training: time to target (wiiide.evaluation) ---------------
+    eval_every_s: Float = _field(0.0, f"0 (off) or 0 < x <= {MAX_TIMEOUT_S:g} seconds",
+                                 "evaluate a snapshot of the parameters on the held-out split this often, on a "
+                                 "background thread of the coordinator (rank 0), without pausing training",
+                                 ge=0.0, le=MAX_TIMEOUT_S)
+    target_accuracy: Float = _field(0.0, "0 (no target) or 0 < x <= 1",
+                                    "classification: time to target is the wall time until held-out accuracy "
+                                    "first reaches this (needs eval_every_s)", ge=0.0, le=1.0)
+    target_loss: Float = _field(0.0, "0 (no target) or > 0 nats",
+                                "language model: time to target is the wall time until the validation loss "
+                                "first falls to this (needs eval_every_s)", ge=0.0)
+
     # --- engine: which training system runs on the same containers (wiiide/engines/) ----------
     engine: Literal["wiiide", "ddp", "fsdp"] = _field(
         "wiiide", " | ".join(ENGINES), "wiiide (the parameter server) | ddp | fsdp (PyTorch over gloo)")
@@ -313,6 +325,9 @@ class RunConfig(BaseSettings):
         """Rules between fields; raises ConfigError naming the field (pydantic passes it through)."""
         _check(self.heartbeat_interval_s < self.io_timeout_s, "heartbeat_interval_s", self.heartbeat_interval_s,
                f"> 0 and below io_timeout_s={self.io_timeout_s:g}")
+        for name in ("target_accuracy", "target_loss"):
+            _check(getattr(self, name) == 0 or self.eval_every_s > 0, name, getattr(self, name),
+                   "0 unless eval_every_s > 0 (a target needs evaluations during training)")
         _validate_engine(self)
         return self
 

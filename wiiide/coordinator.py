@@ -49,6 +49,7 @@ from wiiide.codecs.policy import CompressionPolicy
 from wiiide.config import RunConfig
 from wiiide.data import BatchSampler, load_dataset
 from wiiide.errors import ProtocolError
+from wiiide.evaluation import evaluator_for, record_held_out
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.model import (
@@ -130,6 +131,7 @@ class Coordinator:
         self._gate = HandshakeGate.for_cluster(cfg.max_handshakes, cfg.num_workers, cfg.handshake_timeout_s)
         self._heartbeats: Heartbeats | None = None
         self._spec: dict = {}
+        self.evaluator = None  # wiiide.evaluation.BackgroundEvaluator when eval_every_s > 0
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -156,6 +158,8 @@ class Coordinator:
             self._listen()
             self._accept_workers(spec)
             wait_for_start_gate(cfg, self.metrics, self.log)  # links shaped before any training traffic
+            self.evaluator = evaluator_for(cfg, lambda: build_mlp(data.num_features, cfg.hidden_sizes,
+                                                                  data.num_classes, cfg.seed), data)
             self._train(data, model, flat, optimizer)
             self._stop_workers("finished")
             accuracy, test_loss = evaluate(model, data.x_test, data.y_test)
@@ -399,9 +403,12 @@ class Coordinator:
         self.log.info("training for %g s%s", cfg.duration_s, f" or {cfg.max_steps} steps" if cfg.max_steps else "")
         # a marker for whoever drives the run (the harness times its fault injection from it)
         touch(str(Path(cfg.metrics_dir) / TRAINING_MARKER))
+        evaluator = self.evaluator.start(start) if self.evaluator else None
         while True:
             if time.perf_counter() - start >= cfg.duration_s or (cfg.max_steps and step >= cfg.max_steps):
                 break
+            if evaluator:  # a copy of the parameters between steps, evaluated on another thread
+                evaluator.offer(step, metrics.samples, flat.params)
             t_step = time.perf_counter()
             self._admit_waiting()  # workers that came back rejoin with the current parameters
             params_frame = self.policy.encode("params", {"step": step}, [to_wire("params", flat.params)])
@@ -453,6 +460,9 @@ class Coordinator:
                           contributors, metrics.batches / (time.perf_counter() - start))
         metrics.train_time_s = time.perf_counter() - start
         metrics.extra["epochs"] = sampler.epochs_done
+        if evaluator:
+            evaluator.finish(step, metrics.samples, flat.params)
+            record_held_out(metrics, evaluator)
 
     def _stop_workers(self, reason: str) -> None:
         frame = encode_message("stop", {"reason": reason, "steps": self.metrics.steps})

@@ -164,3 +164,19 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, flo
         accuracy = (logits.argmax(dim=1) == labels).float().mean().item()
     model.train()
     return accuracy, loss
+
+
+def held_out_metric(model: nn.Module, data: Any) -> tuple[str, float, bool]:
+    """The one figure time to target is judged on: (name, value, higher_is_better) of `model` on the
+    held-out split of `data` (a `wiiide.data.Dataset`: ``x_test`` float32 (n, features), ``y_test``
+    int64 (n,)).
+
+    Classification (every model today): ``("accuracy", accuracy in 0..1, True)``, compared with
+    ``target_accuracy``. A language model returns ``("validation_loss", nats per token, False)``,
+    compared with ``target_loss`` (`wiiide.evaluation.target_of`).
+
+    Raises:
+        RuntimeError: from torch, when the shapes or dtypes do not fit the model.
+    """
+    accuracy, _loss = evaluate(model, data.x_test, data.y_test)
+    return "accuracy", accuracy, True

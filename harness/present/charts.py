@@ -323,3 +323,72 @@ def timeseries_chart(rep: Repeat, limits: dict[str, tuple[float, float]], title:
     fig.suptitle(title, fontsize=10, x=0.01, ha="left")
     fig.tight_layout()
     return _png(fig)
+
+
+# ------------------------------------------------------------------------- held-out metric over time
+
+# metric name -> (y label, factor applied to the value)
+HELD_OUT_AXES = {"accuracy": ("held-out accuracy, %", 100.0)}
+
+
+def held_out_metrics(reports: Sequence[tuple[str, Report]]) -> list[str]:
+    """The held-out metrics (``accuracy``, ``validation_loss``...) of the repeats of `reports` that
+    evaluated during training, in order of first appearance."""
+    names: list[str] = []
+    for _, report in reports:
+        for point in report.points:
+            for rep in point.repeats:
+                if rep.held_out is not None and rep.held_out.curve and rep.held_out.metric not in names:
+                    names.append(str(rep.held_out.metric))
+    return names
+
+
+def held_out_chart(metric: str, reports: Sequence[tuple[str, Report]]) -> str | None:
+    """The held-out `metric` against wall time since training started, every point of every report a
+    line of its own colour (its ok repeats; the representative one, `representative_repeat`, drawn
+    solid and the others faint), each target a dashed line and each first crossing a star, so that
+    points compare on quality and speed at once. A PNG ``data:`` URI, or None when no repeat has a
+    curve of `metric`."""
+    ylabel, factor = HELD_OUT_AXES.get(metric, (f"held-out {metric.replace('_', ' ')}", 1.0))
+    lines = []  # (label, [(repeat, is representative)])
+    for label, report in reports:
+        for point in report.points:
+            reps = [r for r in (point.ok_repeats or point.repeats)
+                    if r.held_out is not None and r.held_out.metric == metric and r.held_out.curve]
+            if not reps:
+                continue
+            main = representative_repeat(point)
+            name = point_label(point, report.axes)
+            lines.append((f"{label}: {name}" if len(reports) > 1 else f"{point.index}: {name}",
+                          [(r, r is main or (main not in reps and r is reps[0])) for r in reps]))
+    if not lines:
+        return None
+    fig = Figure(figsize=(8.0, 3.8))
+    ax = fig.add_subplot()
+    targets: set[float] = set()
+    for i, (label, reps) in enumerate(lines):
+        color = f"C{i % 10}"
+        for rep, is_main in sorted(reps, key=lambda item: item[1]):  # the representative drawn last, on top
+            held = rep.held_out
+            ax.plot([p.t_s for p in held.curve], [p.value * factor for p in held.curve], color=color,
+                    linewidth=1.6 if is_main else 0.9, alpha=1.0 if is_main else 0.35,
+                    marker="." if is_main else None, markersize=4, label=label if is_main else None)
+            if held.target is not None:
+                targets.add(held.target)
+            if held.time_to_target_s is not None:
+                hit = next((p for p in held.curve if p.t_s == held.time_to_target_s), None)
+                if hit is not None:
+                    ax.plot([hit.t_s], [hit.value * factor], marker="*", markersize=11 if is_main else 7,
+                            color=color, markeredgecolor="black", linestyle="none", alpha=1.0 if is_main else 0.5)
+    for target in sorted(targets):
+        ax.axhline(target * factor, color="0.3", linestyle="--", linewidth=1)
+        ax.annotate(f"target {target * factor:g}", (0, target * factor), xycoords=("axes fraction", "data"),
+                    textcoords="offset points", xytext=(4, 3), fontsize=8, color="0.3")
+    ax.set_xlabel("s since training started (wall time)")
+    ax.set_ylabel(ylabel, fontsize=9)
+    ax.set_title(f"Held-out {metric.replace('_', ' ')} against wall time (star: target first reached)", fontsize=11)
+    ax.set_xlim(left=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return _png(fig)

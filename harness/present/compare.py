@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from harness.errors import HarnessError
-from harness.present.table import render_table, report_title
+from harness.present.table import has_targets, render_table, report_title, target_cell
 from harness.results.models import Point, Report
 from harness.results.report import as_report, load_report
 from wiiide.metrics import write_json_atomic
@@ -68,6 +68,7 @@ class Row:
     p_value: float | None
     significant: bool | None  # None: no test possible
     extra: dict[str, float | None]
+    to_target: str = "-"  # time to target, s (`harness.present.table.target_cell`): median, "(k/n)", "not reached"
 
     def to_dict(self) -> dict[str, Any]:
         """The row as a JSON-ready dict (the ``--json`` output)."""
@@ -99,7 +100,8 @@ def _mean_of(point: Point, key: str) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-EXTRA_KEYS = ("test_accuracy", "comm_share", "comm_expected_bytes_per_step", "comm_measured_bytes_per_step")
+EXTRA_KEYS = ("test_accuracy", "comm_share", "comm_expected_bytes_per_step", "comm_measured_bytes_per_step",
+              "time_to_target_s")
 
 
 def _row(group: dict[str, Any], label: str, point: Point, ref_label: str, ref: Point,
@@ -108,7 +110,7 @@ def _row(group: dict[str, Any], label: str, point: Point, ref_label: str, ref: P
     p = welch_p_value(side.values, ref_side.values)
     ratio = (side.mean / ref_side.mean) if (side.mean is not None and ref_side.mean) else None
     return Row(group, label, ref_label, side.n, side.mean, side.stdev, ref_side.mean, ratio, p,
-               None if p is None else p < alpha, {k: _mean_of(point, k) for k in EXTRA_KEYS})
+               None if p is None else p < alpha, {k: _mean_of(point, k) for k in EXTRA_KEYS}, target_cell(point))
 
 
 def compare_engines(report: Report | Mapping[str, Any], metric: str = DEFAULT_METRIC, baseline: str | None = None,
@@ -178,12 +180,13 @@ def verdict(row: Row, alpha: float = ALPHA) -> str:
     return f"~{row.ratio:.2f}x ns (p={row.p_value:.2g})"
 
 
-def format_rows(rows: list[Row], metric: str, title: str, alpha: float = ALPHA) -> str:
+def format_rows(rows: list[Row], metric: str, title: str, alpha: float = ALPHA, targets: bool = False) -> str:
     """Rows as a text table: group params, label, n, mean ± stdev, verdict against the reference,
-    accuracy (%), communication share (%), expected and measured MB per step (1 MB = 1e6 bytes)."""
+    accuracy (%), communication share (%), expected and measured MB per step (1 MB = 1e6 bytes), and
+    with `targets` the time to target (s, `Row.to_target`)."""
     group_keys = list(rows[0].group) if rows else []
     header = [*group_keys, "engine", "n", f"{metric} mean±sd", "vs", "ratio (Welch)", "acc %", "comm %",
-              "exp MB/step", "meas MB/step"]
+              "exp MB/step", "meas MB/step", *(["to target s"] if targets else [])]
     table = []
     for r in rows:
         sd = f"±{_num(r.stdev)}" if r.stdev is not None else ""
@@ -192,11 +195,14 @@ def format_rows(rows: list[Row], metric: str, title: str, alpha: float = ALPHA) 
         table.append([*(str(r.group[k]) for k in group_keys), r.label, r.n, f"{_num(r.mean)}{sd}",
                       r.reference, verdict(r, alpha),
                       "-" if acc is None else f"{100 * acc:.1f}", "-" if share is None else f"{100 * share:.0f}",
-                      "-" if exp_b is None else f"{exp_b / 1e6:.3g}", "-" if meas_b is None else f"{meas_b / 1e6:.3g}"])
+                      "-" if exp_b is None else f"{exp_b / 1e6:.3g}", "-" if meas_b is None else f"{meas_b / 1e6:.3g}",
+                      *([r.to_target] if targets else [])])
     legend = (f"ratio: mean / reference mean; significant when Welch's t-test p < {alpha:g} over the repeats, "
               "'~... ns' otherwise; comm %: share of step time communicating; MB/step: expected from the "
               "model size vs measured on the nodes' interfaces (docker backend)")
-    return render_table(title, header, table, footer=[legend])
+    target_legend = ["to target s: wall time to the first held-out evaluation reaching the target, median over "
+                     "the repeats that reached it, (k/n) when only k of n did; --metric time_to_target_s tests it"]
+    return render_table(title, header, table, footer=[legend, *(target_legend if targets else [])])
 
 
 def compare(paths: Sequence[str], metric: str = DEFAULT_METRIC, baseline: str | None = None,
@@ -224,4 +230,5 @@ def compare(paths: Sequence[str], metric: str = DEFAULT_METRIC, baseline: str | 
     if json_path:
         write_json_atomic(Path(json_path), {"reports": [str(p) for p in paths], "metric": metric, "alpha": alpha,
                                              "rows": [r.to_dict() for r in rows], "unmatched": unmatched})
-    return "\n".join([format_rows(rows, metric, title, alpha), *unmatched])
+    targets = any(has_targets(r) for r in reports)
+    return "\n".join([format_rows(rows, metric, title, alpha, targets), *unmatched])

@@ -30,6 +30,8 @@ from harness.present.charts import (
     FAILED_COLOR,
     ChartLayout,
     Figure,
+    held_out_chart,
+    held_out_metrics,
     metric_chart,
     param_text,
     point_label,
@@ -38,7 +40,13 @@ from harness.present.charts import (
     timeseries_chart,
     timeseries_limits,
 )
-from harness.present.table import TABLE_COLUMNS, format_value, stats_cell
+from harness.present.table import (
+    TARGET_LEGEND,
+    format_value,
+    has_targets,
+    stats_cell,
+    table_columns,
+)
 from harness.results.models import Point, Report
 from harness.results.report import as_report, load_report
 from wiiide.metrics import write_text_atomic
@@ -108,14 +116,16 @@ def _table(report: Report) -> dict[str, Any]:
     params = report.axes
     buffers = {p.index: socket_buffers(p) for p in report.points}
     show_buffers = any(buffers.values())
-    head = ["#", *params, "status", "n ok", *[c[0] for c in TABLE_COLUMNS],
+    columns = table_columns(report)
+    head = ["#", *params, "status", "n ok", *[c[0] for c in columns],
             *(["socket buffers, requested → effective"] if show_buffers else []), "error"]
     text_columns = {*params, "status", "error"}
     rows = [{"index": p.index, "status": p.status, "params": [param_text(p.params.get(n)) for n in params],
              "n_ok": f"{len(p.ok_repeats)}/{len(p.repeats)}",
-             "cells": [stats_cell(p, key, kind, sep=" ") for _, key, kind in TABLE_COLUMNS],
+             "cells": [stats_cell(p, key, kind, sep=" ") for _, key, kind in columns],
              "buffers": buffers[p.index] or "-", "error": _short_error(p)} for p in report.points]
-    return {"head": [(h, h in text_columns) for h in head], "rows": rows, "show_buffers": show_buffers}
+    return {"head": [(h, h in text_columns) for h in head], "rows": rows, "show_buffers": show_buffers,
+            "target_note": TARGET_LEGEND if has_targets(report) else None}
 
 
 def _failures(report: Report) -> list[dict[str, Any]]:
@@ -175,7 +185,9 @@ def _repeats(report: Report) -> list[dict[str, Any]]:
              "rows": [{"repeat": r.repeat, "status": r.status, "elapsed": format_value(r.elapsed_s),
                        "batches": format_value(r.totals.batches_per_s),
                        "goodput": format_value(r.totals.goodput_bytes_per_s, "bytes_per_s"),
-                       "acc": format_value(r.totals.test_accuracy, "pct"), "error": r.error or ""}
+                       "acc": format_value(r.totals.test_accuracy, "pct"),
+                       "to_target": ("not reached" if r.totals.target_reached is False
+                                     else format_value(r.totals.time_to_target_s)), "error": r.error or ""}
                       for r in p.repeats]} for p in report.points]
 
 
@@ -198,6 +210,12 @@ def render_page(reports: Sequence[tuple[str, Report | Mapping[str, Any]]]) -> st
         uri = metric_chart(key, title, ylabel, factor, layout, typed)
         if uri:
             charts.append({"uri": uri, "alt": f"{title} by {layout.x_name}", "caption": ""})
+    for metric in held_out_metrics(typed):  # quality against wall time, every point of every report
+        uri = held_out_chart(metric, typed)
+        if uri:
+            charts.append({"uri": uri, "alt": f"held-out {metric} against wall time",
+                           "caption": "Evaluated during training on a copy of the parameters (eval_every_s); "
+                                      "faint lines: the other repeats of a point."})
     limits = timeseries_limits(typed)
     compare = len(typed) > 1
     views = []

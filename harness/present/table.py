@@ -86,12 +86,44 @@ TABLE_COLUMNS = [
 ]
 
 UNSTABLE_LEGEND = "'!' marks a spread over 10 % of the mean (unstable)"
+# Shown when a point asked for a target (target_accuracy / target_loss): time to target, its own cell
+TARGET_COLUMN = ("to target s", "time_to_target_s", "target")
+NOT_REACHED = "not reached"
+TARGET_LEGEND = ("to target s: wall time from the start of training to the first held-out evaluation that "
+                 "reached the target, median over the repeats that reached it, (k/n) when only k of n did")
+
+
+def has_targets(report: Report) -> bool:
+    """Whether any repeat of `report` evaluated against a target (its totals' ``target_reached`` is set)."""
+    return any(r.totals.target_reached is not None for p in report.points for r in p.repeats)
+
+
+def table_columns(report: Report) -> list[tuple[str, str, str]]:
+    """`TABLE_COLUMNS`, and `TARGET_COLUMN` when the report has targets (`has_targets`)."""
+    return [*TABLE_COLUMNS, *([TARGET_COLUMN] if has_targets(report) else [])]
+
+
+def target_cell(point: Point, sep: str = "") -> str:
+    """Time to target of a point: the median over the ok repeats that reached it (± stdev, ``!`` as
+    `stats_cell`), followed by ``(k/n)`` when only k of the n ok repeats with a target reached it;
+    ``not reached`` when none did; ``-`` when no ok repeat had a target."""
+    judged = [r for r in point.ok_repeats if r.totals.target_reached is not None]
+    reached = [r for r in judged if r.totals.target_reached]
+    if not judged:
+        return "-"
+    if not reached:
+        return NOT_REACHED
+    text = stats_cell(point, "time_to_target_s", "", sep)
+    return text if len(reached) == len(judged) else f"{text} ({len(reached)}/{len(judged)})"
 
 
 def stats_cell(point: Point, key: str, kind: str = "", sep: str = "") -> str:
     """A figure's cell: its median over the point's ok repeats, ``±stdev`` when several repeats
     spread, ``!`` when unstable (`Stats.unstable`); ``-`` when no ok repeat has it. `kind`: as in
-    `format_value`; `sep`: put around ``±`` and before ``!`` (the HTML page uses a space)."""
+    `format_value`, or ``target`` for `target_cell`; `sep`: put around ``±`` and before ``!`` (the HTML
+    page uses a space)."""
+    if kind == "target":
+        return target_cell(point, sep)
     stats = point.summary.get(key)
     text = format_value(stats.median, kind) if stats else "-"
     if stats and stats.count > 1 and stats.stdev:
@@ -127,16 +159,18 @@ def format_table(report: Report | Mapping[str, Any]) -> str:
     report = as_report(report)
     params = report.axes
     has_links = any((p.cluster or {}).get("link") for p in report.points)  # shaped: show what was applied
-    header = ["#", *params, *(LINK_COLUMNS if has_links else []), "status", "n", *[c[0] for c in TABLE_COLUMNS]]
+    columns = table_columns(report)
+    header = ["#", *params, *(LINK_COLUMNS if has_links else []), "status", "n", *[c[0] for c in columns]]
     rows = []
     for point in report.points:
         rows.append([point.index, *[format_value(point.params.get(p)) for p in params],
                      *(link_cells(point) if has_links else []), point.status, len(point.ok_repeats),
-                     *[stats_cell(point, key, kind) for _, key, kind in TABLE_COLUMNS]])
+                     *[stats_cell(point, key, kind) for _, key, kind in columns]])
     machine = report.machine_info
     title = (f"{report.name} ({report.spec.description}) | backend {report.backend.name} | "
              f"{machine.cpu_count_logical} CPUs, {(machine.memory_total_bytes or 0) / 2**30:.0f} GiB | "
              f"commit {(report.commit_info.id or '?')[:10]}{'' if report.complete else ' | INCOMPLETE'}")
     notes = [f"point {p.index} {p.status}: {p.error}" for p in report.points if p.status != "ok" and p.error]
     legend = f"medians over repeats, ±stdev; {UNSTABLE_LEGEND}"
-    return render_table(title, header, rows, footer=[legend, *notes])
+    targets = [TARGET_LEGEND] if has_targets(report) else []
+    return render_table(title, header, rows, footer=[legend, *targets, *notes])

@@ -10,7 +10,7 @@ them; README "Reading a report")::
             points: [Point: index, params, config, cluster, status, error,
                      repeats: [Repeat: repeat, status, error, started_at_utc, elapsed_s,
                                totals: Totals, nodes, containers, links, limits, faults, exit_codes,
-                               logs_dir],
+                               logs_dir, held_out: HeldOut (curve: [HeldOutPoint])],
                      summary: {<Totals field>: Stats}, unstable: [<Totals field>...]]
 
 Every model keeps keys it does not know (``extra="allow"``): a report written by a newer harness, or
@@ -168,6 +168,13 @@ class Totals(_Model):
     # the links stage: the rate in force on the coordinator's egress, and the share of it used
     link_rate_bps: float | None = None
     coordinator_egress_utilisation: float | None = None
+    # held-out evaluation during training (wiiide.evaluation): the wall time from the start of training
+    # to the first evaluation that reached the target; None when not reached (target_reached False)
+    # or not asked (target_reached None)
+    time_to_target_s: float | None = None
+    target_reached: bool | None = None
+    held_out_metric: str | None = None
+    held_out_target: float | None = None
 
     def figure(self, key: str) -> Any:
         """The figure named `key` (a field or an unknown key kept from the file), None when absent."""
@@ -201,6 +208,39 @@ class Container(_Model):
     finished_at_utc: str | None = None
 
 
+class HeldOutPoint(_Model):
+    """One held-out evaluation during training (`wiiide.evaluation.Evaluation`): ``t_s`` seconds since
+    training started when the parameters were copied, the step and training samples then, the metric's
+    ``value`` (its unit: the metric's), ``eval_s`` seconds the evaluation took, ``final``: the
+    evaluation of the final parameters."""
+
+    t_s: float
+    step: int
+    samples: int
+    value: float
+    eval_s: float = 0.0
+    final: bool = False
+
+
+class HeldOut(_Model):
+    """The held-out metric over one repeat, from the coordinator's (rank 0's) ``held_out`` record:
+    the metric (``accuracy``: higher is better; a loss: lower is), the target and whether and when it
+    was first reached (``time_to_target_s``: None = not reached), and the curve in time order."""
+
+    metric: str | None = None
+    higher_is_better: bool | None = None
+    target: float | None = None
+    target_reached: bool | None = None
+    time_to_target_s: float | None = None
+    step_at_target: int | None = None
+    samples_at_target: int | None = None
+    eval_every_s: float | None = None
+    evaluations: int = 0
+    skipped_busy: int = 0
+    error: str | None = None
+    curve: list[HeldOutPoint] = Field(default_factory=list)
+
+
 class Repeat(_Model):
     """One run of a point. ``status``: ``ok`` or ``failed`` (then ``error`` says why)."""
 
@@ -220,6 +260,7 @@ class Repeat(_Model):
     faults: list[dict[str, Any]] = Field(default_factory=list)
     exit_codes: dict[str, int | None] = Field(default_factory=dict)
     logs_dir: str | None = None  # relative to the report's folder
+    held_out: HeldOut | None = None  # None: no evaluation during training (eval_every_s 0, or older reports)
 
     @property
     def ok(self) -> bool:

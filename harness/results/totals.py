@@ -24,7 +24,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Mapping, Sequence
 
-from harness.results.models import Repeat, Stats, Totals
+from harness.results.models import HeldOut, Repeat, Stats, Totals
 from wiiide.engines.comm import parameter_server
 from wiiide.metrics import summarize
 
@@ -150,6 +150,26 @@ def _link_figures(links: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any
     return {"link_rate_bps": rate, "coordinator_egress_utilisation": utilisation}
 
 
+def _held_out_figures(nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Time to target from the coordinator's (rank 0's) ``held_out`` record ({} without one)."""
+    held = (nodes.get("coordinator") or {}).get("held_out")
+    if not isinstance(held, Mapping):
+        return {}
+    return {"time_to_target_s": held.get("time_to_target_s"), "target_reached": held.get("target_reached"),
+            "held_out_metric": held.get("metric"), "held_out_target": held.get("target")}
+
+
+def repeat_held_out(nodes: Mapping[str, Mapping[str, Any]]) -> HeldOut | None:
+    """The repeat's held-out curve and time to target (`HeldOut`), from the coordinator's (rank 0's)
+    ``held_out`` record (`wiiide.evaluation`); None when the run did not evaluate during training.
+
+    Raises:
+        pydantic.ValidationError: the record holds a value of the wrong type (a bug in the node).
+    """
+    held = (nodes.get("coordinator") or {}).get("held_out")
+    return HeldOut.model_validate(held) if isinstance(held, Mapping) else None
+
+
 def repeat_totals(nodes: Mapping[str, Mapping[str, Any]], containers: Mapping[str, Mapping[str, Any]],
                   links: Mapping[str, Any] | None = None) -> Totals:
     """The `Totals` of one repeat, from the run stage's output (`harness.run.backend.RunResult`).
@@ -165,14 +185,15 @@ def repeat_totals(nodes: Mapping[str, Mapping[str, Any]], containers: Mapping[st
     """
     nodes, containers = dict(nodes), dict(containers)
     return Totals(**_server_figures(nodes, containers), **_engine_figures(nodes, containers),
-                  **_link_figures(links or {}, nodes))
+                  **_link_figures(links or {}, nodes), **_held_out_figures(nodes))
 
 
 # The figures whose statistics over repeats a point keeps (its `summary`), in table order.
 SUMMARY_KEYS = ("batches_per_s", "samples_per_s", "goodput_bytes_per_s", "wire_bytes_per_s", "test_accuracy",
                 "loss_final", "step_time_median_s", "worker_network_time_s", "compression_ratio", "peak_rss_bytes",
                 "container_net_bytes", "throughput_samples_per_s", "step_time_avg_s", "comm_share",
-                "comm_measured_bytes_per_step", "rss_avg_bytes", "coordinator_egress_utilisation")
+                "comm_measured_bytes_per_step", "rss_avg_bytes", "coordinator_egress_utilisation",
+                "time_to_target_s")
 
 
 def summary_stats(values: Sequence[float]) -> Stats:

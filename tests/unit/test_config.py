@@ -165,6 +165,8 @@ BAD_VALUES = [
     ("profile", True),  # needs engine ddp or fsdp
     ("heartbeat_interval_s", 0.0), ("heartbeat_interval_s", 10.0),  # not below io_timeout_s (10 s)
     ("handshake_timeout_s", 0.0), ("handshake_timeout_s", 301.0), ("max_handshakes", 0), ("max_handshakes", 1025),
+    ("eval_every_s", -1.0), ("eval_every_s", float("nan")), ("target_accuracy", 1.5),
+    ("target_accuracy", 0.9), ("target_loss", -1.0), ("target_loss", 2.0),  # 0.9, 2.0: need eval_every_s
 ]
 
 

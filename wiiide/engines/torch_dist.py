@@ -59,6 +59,7 @@ from torch import nn
 from wiiide.config import RunConfig
 from wiiide.data import BatchSampler, load_dataset
 from wiiide.engines.comm import IntervalTimer, estimate
+from wiiide.evaluation import evaluator_for, record_held_out
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics, summarize
 from wiiide.model import build_mlp, evaluate
@@ -320,10 +321,12 @@ class TorchNode:
         wrapped.set_requires_gradient_sync(sync)
         return contextlib.nullcontext()
 
-    def _stop_requested(self, rank: int, start: float) -> bool:
-        flag = torch.tensor([1 if rank == 0 and time.perf_counter() - start >= self.cfg.duration_s else 0])
-        dist.broadcast(flag, src=0)
-        return bool(flag.item())
+    def _stop_requested(self, rank: int, start: float, snapshot_due: bool = False) -> tuple[bool, bool]:
+        """(stop, take a held-out snapshot), as rank 0 decides them, on every rank (one broadcast)."""
+        flags = torch.tensor([1 if rank == 0 and time.perf_counter() - start >= self.cfg.duration_s else 0,
+                              1 if rank == 0 and snapshot_due else 0])
+        dist.broadcast(flags, src=0)
+        return bool(flags[0].item()), bool(flags[1].item())
 
     def _profiler(self, rank: int) -> Any:
         cfg = self.cfg
@@ -379,14 +382,30 @@ class TorchNode:
         loss_sums: list[float] = []
         comm_s: list[float] = []
         prof = self._profiler(rank)
+        # rank 0 evaluates snapshots on a thread (wiiide.evaluation); FSDP's snapshot is an all-gather
+        # on every rank, so rank 0's decision travels with the stop flag
+        evaluator = evaluator_for(cfg, lambda: build_mlp(data.num_features, cfg.hidden_sizes, data.num_classes,
+                                                         cfg.seed), data) if rank == 0 else None
+        fsdp_snapshots = cfg.engine == "fsdp" and cfg.eval_every_s > 0
         net0 = psutil.net_io_counters()
         start = time.perf_counter()
+        if evaluator:
+            evaluator.start(start)
         step = 0
         while True:
             if cfg.max_steps and step >= cfg.max_steps:
                 break
-            if step % STOP_CHECK_EVERY_STEPS == 0 and self._stop_requested(rank, start):
-                break
+            if step % STOP_CHECK_EVERY_STEPS == 0:
+                stop, snapshot = self._stop_requested(rank, start, fsdp_snapshots and evaluator is not None
+                                                      and evaluator.due())
+                if stop:
+                    break
+                if snapshot:
+                    full = [p.full_tensor() for p in model.parameters()]  # a collective on every rank
+                    if evaluator:
+                        evaluator.submit(step, step * global_batch, full)
+            if evaluator and not fsdp_snapshots:  # ddp: rank 0 holds every parameter
+                evaluator.offer(step, step * global_batch, model.parameters)
             self.timer.take_step()  # drop the stop broadcast's and any stray interval
             t0 = time.perf_counter()
             idx = np.concatenate([sampler.next_indices() for _ in range(cfg.num_workers)])[mine]
@@ -421,6 +440,9 @@ class TorchNode:
         m.losses = self._global_losses(loss_sums, global_batch)
         self._record_comm(expected, comm_s, net0, net1)
         eval_model = self._full_model(model, data) if cfg.engine == "fsdp" else model
+        if evaluator:
+            evaluator.finish(step, m.samples, eval_model.parameters())
+            record_held_out(m, evaluator)
         if rank == 0:
             accuracy, test_loss = evaluate(eval_model, data.x_test, data.y_test)
             m.extra.update({"test_accuracy": accuracy, "test_loss": test_loss})
