@@ -69,6 +69,7 @@ from wiiide.node import (
     touch,
     wait_for_start_gate,
 )
+from wiiide.pace.server import PaceServer, uses_pace
 from wiiide.protocol import (
     PROTOCOL_VERSION,
     DeadlineExceeded,
@@ -156,7 +157,11 @@ class Coordinator:
             self._listen()
             self._accept_workers(spec)
             wait_for_start_gate(cfg, self.metrics, self.log)  # links shaped before any training traffic
-            self._train(data, model, flat, optimizer)
+            if uses_pace(cfg):  # workers at their own pace (wiiide.pace.server)
+                touch(str(Path(cfg.metrics_dir) / TRAINING_MARKER))
+                PaceServer(self, data, flat, optimizer).run()
+            else:
+                self._train(data, model, flat, optimizer)
             self._stop_workers("finished")
             accuracy, test_loss = evaluate(model, data.x_test, data.y_test)
             self.metrics.extra.update({"test_accuracy": accuracy, "test_loss": test_loss})
