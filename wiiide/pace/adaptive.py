@@ -19,7 +19,9 @@ from typing import Mapping
 def split_exact(total: int, weights: Mapping[int, float], minimum: int = 1) -> dict[int, int]:
     """`total` split into integers proportional to `weights` (by key), summing to `total` exactly.
 
-    Each key gets at least `minimum`; the rest goes by the largest remainder method (ties: lower key).
+    Floors of the exact shares ``total x w / sum(w)`` first (at least `minimum` each), then one sample at
+    a time to the largest shortfall (the largest remainder method; ties: lower key), or, when the minimum
+    pushed the sum over, one less from the largest excess.
     Weights <= 0 or not finite count as the smallest positive weight given (or all equal when none is).
 
     Raises:
@@ -33,13 +35,15 @@ def split_exact(total: int, weights: Mapping[int, float], minimum: int = 1) -> d
     good = [w for w in weights.values() if math.isfinite(w) and w > 0]
     floor_w = min(good) if good else 1.0
     w = {k: (weights[k] if math.isfinite(weights[k]) and weights[k] > 0 else floor_w) for k in keys}
-    spare = total - minimum * len(keys)
     whole = sum(w.values())
-    quotas = {k: spare * w[k] / whole for k in keys}
-    sizes = {k: minimum + int(math.floor(quotas[k])) for k in keys}
-    left = total - sum(sizes.values())
-    for k in sorted(keys, key=lambda k: (-(quotas[k] - math.floor(quotas[k])), k))[:left]:
+    quotas = {k: total * w[k] / whole for k in keys}
+    sizes = {k: max(minimum, int(math.floor(quotas[k]))) for k in keys}
+    while sum(sizes.values()) < total:  # one more to the largest shortfall (remainder), ties: lower key
+        k = min(keys, key=lambda k: (sizes[k] - quotas[k], k))
         sizes[k] += 1
+    while sum(sizes.values()) > total:  # the minimum pushed the sum over: one less from the largest excess
+        k = min((k for k in keys if sizes[k] > minimum), key=lambda k: (quotas[k] - sizes[k], k))
+        sizes[k] -= 1
     return sizes
 
 
