@@ -80,3 +80,17 @@ def test_local_sgd_and_adaptive_batches_learn(pace_report):
     assert last["2"] > last["1"]  # the slow worker gets the smaller share
     assert adaptive["test_accuracy"] > 0.5
     assert adaptive["staleness_histogram"] == {"0": 2 * adaptive["steps"]}  # rounds: every gradient is fresh
+
+
+def test_ddp_post_local_sgd_baseline_runs(tmp_path):
+    spec = build_spec({
+        "name": "post-local-sgd-tiny", "repeats": 1,
+        "base": {"dataset": "digits", "num_workers": 2, "max_steps": 20, "duration_s": 120, "warmup_steps": 2,
+                 "log_tier": "silent", "connect_timeout_s": 60, "engine": "ddp", "ddp_comm_hook": "post_local_sgd"},
+        "axes": {"local_steps": [4]},
+    }, "post-local-sgd-tiny.yaml")
+    point = load_report(run_sweep(spec, "local", tmp_path, progress=lambda line: None))["points"][0]
+    assert point["status"] == "ok", point["error"]
+    totals = point["repeats"][0]["totals"]
+    assert totals["steps"] == 20 and totals["test_accuracy"] > 0.5
+    assert "post-local-sgd-4" in str(point["repeats"][0]["nodes"]["coordinator"]["comm"]["expected"])

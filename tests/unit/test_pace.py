@@ -207,3 +207,13 @@ def test_pace_knobs():
                 dict(batch_size=4, grad_accum_steps=8), dict(engine="ddp", adaptive_batch=True)):
         with pytest.raises(ConfigError):
             RunConfig(**bad)
+
+
+def test_post_local_sgd_moves_a_parameter_all_reduce_every_h_steps():
+    from wiiide.engines.comm import estimate
+
+    shapes = [(16, 8), (16,), (3, 16), (3,)]
+    every_step = estimate("ddp", shapes, 3, ddp_comm_hook="none")
+    local = estimate("ddp", shapes, 3, ddp_comm_hook="post_local_sgd", local_steps=8)
+    assert local.total_bytes == pytest.approx(every_step.total_bytes / 8)
+    assert local.scheme == "post-local-sgd-8"
