@@ -94,3 +94,23 @@ def test_ddp_post_local_sgd_baseline_runs(tmp_path):
     totals = point["repeats"][0]["totals"]
     assert totals["steps"] == 20 and totals["test_accuracy"] > 0.5
     assert "post-local-sgd-4" in str(point["repeats"][0]["nodes"]["coordinator"]["comm"]["expected"])
+
+
+def test_async_worker_killed_then_restarted_rejoins_and_the_other_never_waits(tmp_path):
+    spec = build_spec({"name": "async-kill-restart", "base": {
+        "dataset": "digits", "num_workers": 2, "log_tier": "normal", "log_every_steps": 100000, "io_timeout_s": 2.0,
+        "heartbeat_interval_s": 0.5, "connect_timeout_s": 30, "duration_s": 14, "staleness_bound": 2},
+        "faults": [{"action": "kill", "target": "worker-1", "at_s": 2},
+                   {"action": "restart", "target": "worker-1", "at_s": 3}]}, "async-kill.yaml")
+    rep = load_report(run_sweep(spec, "local", tmp_path, progress=lambda line: None))["points"][0]["repeats"][0]
+    assert rep["status"] == "ok", rep["error"]
+    events = rep["nodes"]["coordinator"]["events"]
+    lost = [e for e in events if e["event"] == "worker_lost"]
+    rejoined = [e for e in events if e["event"] == "worker_rejoined"]
+    assert len(lost) == 1 and len(rejoined) == 1 and lost[0]["rank"] == rejoined[0]["rank"]
+    assert rejoined[0]["step"] > lost[0].get("step", 0) >= 0
+    totals = rep["totals"]
+    killed, other = str(lost[0]["rank"]), str(3 - lost[0]["rank"])
+    assert 0 < totals["batches_per_worker"][killed] < totals["batches_per_worker"][other]
+    assert totals["clock_gap_max"] <= 3  # SSP held across the loss and the rejoin
+    assert totals["test_accuracy"] > 0.5

@@ -4,8 +4,12 @@
 is not 0, ``local_steps`` > 1 or ``adaptive_batch`` is on (`uses_pace`). Each worker gets a task
 (the current parameters and its batch: ``local_steps`` x its batch size rows) as soon as the SSP rule
 lets it (`wiiide.pace.staleness.SSPClock`) and pushes a gradient (H = 1, tensor ``grad``) or a model
-delta (H > 1, tensor ``delta``; `wiiide.pace.outer`). One receiver thread per worker connection feeds a
-queue; the main thread alone applies updates, sends tasks and touches the model.
+delta (H > 1, tensor ``delta``; `wiiide.pace.outer`). One thread does it all: it waits on every worker's
+socket at once (`selectors`), reads the frame of whichever is ready, applies it and sends tasks. (A
+receiver thread per worker was the first design: every frame then cost two thread hand-offs, which
+on 2 loaded cores took tens of milliseconds each, and a reader that reuses its buffer must not read
+the next frame before the main thread has copied the last.) A worker silent for ``io_timeout_s``
+(no frame, not even a heartbeat) is dropped, as a timed-out read drops it in the synchronous loop.
 
 How updates are applied:
 
@@ -25,8 +29,8 @@ waits for them) and come back (`Coordinator._admit_waiting`; they start at the s
 
 from __future__ import annotations
 
-import queue
-import threading
+import selectors
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -45,7 +49,7 @@ from wiiide.pace.staleness import SSPClock, staleness_scale
 from wiiide.protocol import WireTensor
 from wiiide.tensors import to_wire
 
-QUEUE_POLL_S = 0.2  # how often the loop looks at the clock and at joining workers when no update arrives
+POLL_S = 0.2  # how often the loop looks at the clock, at silent and at joining workers when no frame arrives
 
 
 def uses_pace(cfg: RunConfig) -> bool:
@@ -108,13 +112,13 @@ class PaceServer:
                          if cfg.adaptive_batch else None)
         self.record = PaceRecord()
         self.version = 0
-        self._queue: queue.Queue[tuple[Any, Any, Any]] = queue.Queue()
-        self._receivers: dict[int, Any] = {}  # rank -> the connection a receiver thread reads
+        self._selector = selectors.DefaultSelector()
+        self._receivers: dict[int, Any] = {}  # rank -> the connection registered with the selector
+        self._heard: dict[int, float] = {}  # rank -> time.monotonic() of its last frame
         self._tasks: dict[int, _Task] = {}  # rank -> its task in flight
         self._buffer: list[tuple[torch.Tensor, _Part]] = []  # rounds: the pushes of the round so far
         self._params_frame: tuple[int, Any] | None = None  # (version, frame)
         self._next_task = 0
-        self._stopping = threading.Event()
         self._start = self._last_apply = 0.0
 
     # ------------------------------------------------------------------------------------------
@@ -129,13 +133,11 @@ class PaceServer:
             while not self._done():
                 self._sync_workers()
                 self._dispatch_ready()
-                try:
-                    item = self._queue.get(timeout=QUEUE_POLL_S)
-                except queue.Empty:
-                    continue
-                self._handle(*item)
+                for key, _ in self._selector.select(timeout=POLL_S):
+                    self._read(*key.data)
+                self._drop_silent()
         finally:
-            self._stopping.set()
+            self._selector.close()
             metrics.train_time_s = time.perf_counter() - self._start
             metrics.extra["epochs"] = self.sampler.epochs_done
             metrics.extra.update(self.record.to_extra())
@@ -150,32 +152,56 @@ class PaceServer:
 
     # --- workers joining and leaving ---------------------------------------------------------------
     def _sync_workers(self) -> None:
-        """Admit workers that (re)joined; start a receiver for every live connection that has none."""
+        """Admit workers that (re)joined; register every live connection not yet registered."""
         self.host._admit_waiting()
         for w in self.host._live():
             if self._receivers.get(w.rank) is not w.conn:
+                self._unregister(w.rank)
+                self._selector.register(w.conn.sock, selectors.EVENT_READ, (w, w.conn))
                 self._receivers[w.rank] = w.conn
+                self._heard[w.rank] = time.monotonic()
                 self._tasks.pop(w.rank, None)
                 self.clock.join(w.rank)
-                threading.Thread(target=self._receive, args=(w, w.conn), name=f"receive {w.rank}", daemon=True).start()
 
-    def _receive(self, worker: Any, conn: Any) -> None:
-        """A receiver thread: every frame (or the error that ends the connection) goes on the queue."""
-        while not self._stopping.is_set():
+    def _unregister(self, rank: int) -> None:
+        conn = self._receivers.pop(rank, None)
+        if conn is not None:
             try:
-                msg = conn.receive(["gradients"])
-            except Exception as exc:  # OSError, ProtocolError, timeout: the main thread drops the worker
-                if not self._stopping.is_set():
-                    self._queue.put((worker, conn, exc))
-                return
-            self._queue.put((worker, conn, msg))
+                self._selector.unregister(conn.sock)
+            except (KeyError, ValueError, OSError):  # already closed
+                pass
+
+    def _read(self, worker: Any, conn: Any) -> None:
+        """Read the one frame `worker`'s readable socket holds (the reader reads exact frame lengths, so
+        nothing is left buffered behind it); heartbeats only prove it alive."""
+        if self._receivers.get(worker.rank) is not conn:
+            return
+        try:
+            t0 = time.perf_counter()
+            msg = conn.reader.read_message()
+            conn.metrics.record_received(msg, time.perf_counter() - t0)
+            if msg.kind not in ("heartbeat", "gradients"):
+                raise ProtocolError(f"{conn.name} sent a {msg.kind!r} message where ['gradients'] was expected")
+        except Exception as exc:  # OSError, ProtocolError, timeout mid-frame: a drop with its cause
+            self._lose(worker, exc)
+            return
+        self._heard[worker.rank] = time.monotonic()
+        if msg.kind == "gradients":
+            self._handle(worker, conn, msg)
+
+    def _drop_silent(self) -> None:
+        """Drop every worker silent for io_timeout_s (its heartbeats stopped too: paused, cut off)."""
+        now = time.monotonic()
+        for w in list(self.host.workers):
+            if w.alive and w.rank in self._receivers and now - self._heard.get(w.rank, now) > self.cfg.io_timeout_s:
+                self._lose(w, socket.timeout(f"no frame for io_timeout_s={self.cfg.io_timeout_s:g} s"))
 
     def _lose(self, worker: Any, cause: Exception) -> None:
+        self._unregister(worker.rank)
         self.host._drop(worker, cause)
         if worker.rank in self.clock.live:
             self.clock.leave(worker.rank)
         self._tasks.pop(worker.rank, None)
-        self._receivers.pop(worker.rank, None)
         self._close_round()
 
     def _live_ranks(self) -> list[int]:
@@ -213,11 +239,7 @@ class PaceServer:
 
     # --- updates -----------------------------------------------------------------------------------
     def _handle(self, worker: Any, conn: Any, item: Any) -> None:
-        if not worker.alive or self._receivers.get(worker.rank) is not conn:
-            return  # from a connection already dropped or replaced
-        if isinstance(item, Exception):
-            self._lose(worker, item)
-            return
+        """Check and apply (or keep for the round) one ``gradients`` message of `worker`."""
         try:
             task = self._tasks.pop(worker.rank, None)
             update, loss = self._check(item, task)
