@@ -8,6 +8,10 @@ synchronous rounds. One step:
 2. receive every live worker's ``gradients`` (flat float32 vector, its loss);
 3. average the gradients (the mean over workers, as DDP's all-reduce does), apply one optimizer step.
 
+With ``staleness_bound`` != 0, ``local_steps`` > 1 or ``adaptive_batch``, `wiiide.pace.server.PaceServer`
+runs the training on the same connections instead: workers at their own pace (bounded staleness,
+asynchronous updates, local SGD, adaptive batch sizes).
+
 The run stops after `duration_s` seconds or `max_steps` steps; the coordinator then sends ``stop``,
 evaluates on the held-out split and writes its metrics (held-out accuracy, per-worker batch counts).
 
