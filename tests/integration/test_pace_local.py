@@ -114,3 +114,16 @@ def test_async_worker_killed_then_restarted_rejoins_and_the_other_never_waits(tm
     assert 0 < totals["batches_per_worker"][killed] < totals["batches_per_worker"][other]
     assert totals["clock_gap_max"] <= 3  # SSP held across the loss and the rejoin
     assert totals["test_accuracy"] > 0.5
+
+
+def test_workers_in_the_middle_of_local_steps_when_time_is_up_end_cleanly(tmp_path):
+    # 1.2 MB deltas (more than a socket buffer) and 0.1 s per local step: every worker is mid-push at
+    # the end; the server waits for those pushes before it says stop and closes, so none breaks a pipe.
+    spec = build_spec({"name": "pace-drain", "repeats": 1, "base": {
+        "dataset": "digits", "hidden_sizes": [512, 512], "num_workers": 2, "duration_s": 2, "log_tier": "silent",
+        "connect_timeout_s": 60, "local_steps": 4, "debug_step_sleep_s": 0.1}, "axes": {}}, "pace-drain.yaml")
+    rep = load_report(run_sweep(spec, "local", tmp_path, progress=lambda line: None))["points"][0]["repeats"][0]
+    assert rep["status"] == "ok", rep["error"]
+    assert {name: node["status"] for name, node in rep["nodes"].items()} == {
+        "coordinator": "ok", "worker-1": "ok", "worker-2": "ok"}
+    assert rep["totals"]["steps"] >= 1

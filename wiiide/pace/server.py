@@ -120,6 +120,7 @@ class PaceServer:
         self._params_frame: tuple[int, Any] | None = None  # (version, frame)
         self._next_task = 0
         self._start = self._last_apply = 0.0
+        self._draining = False
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -136,15 +137,28 @@ class PaceServer:
                 for key, _ in self._selector.select(timeout=POLL_S):
                     self._read(*key.data)
                 self._drop_silent()
+            metrics.train_time_s = time.perf_counter() - self._start
+            self._drain()
         finally:
             self._selector.close()
-            metrics.train_time_s = time.perf_counter() - self._start
+            if not metrics.train_time_s:
+                metrics.train_time_s = time.perf_counter() - self._start
             metrics.extra["epochs"] = self.sampler.epochs_done
             metrics.extra.update(self.record.to_extra())
             metrics.extra["pace"] = {"staleness_bound": cfg.staleness_bound, "local_steps": cfg.local_steps,
                                      "outer_optimizer": cfg.outer_optimizer if cfg.local_steps > 1 else None,
                                      "staleness_scaling": cfg.staleness_scaling, "adaptive_batch": cfg.adaptive_batch,
                                      "grad_accum_steps": cfg.grad_accum_steps, "updates": self.version}
+
+    def _drain(self) -> None:
+        """Wait (up to io_timeout_s) for the tasks still in flight and discard them, so that no worker
+        sends its last push into a connection the coordinator has closed (a worker in the middle of H
+        local steps when time is up would otherwise see a broken pipe and fail)."""
+        self._draining = True
+        deadline = time.monotonic() + self.cfg.io_timeout_s
+        while any(r in self._tasks for r in self._live_ranks()) and time.monotonic() < deadline:
+            for key, _ in self._selector.select(timeout=POLL_S):
+                self._read(*key.data)
 
     def _done(self) -> bool:
         cfg = self.cfg
@@ -240,6 +254,9 @@ class PaceServer:
     # --- updates -----------------------------------------------------------------------------------
     def _handle(self, worker: Any, conn: Any, item: Any) -> None:
         """Check and apply (or keep for the round) one ``gradients`` message of `worker`."""
+        if self._draining:  # the run is over: the push is not applied
+            self._tasks.pop(worker.rank, None)
+            return
         try:
             task = self._tasks.pop(worker.rank, None)
             update, loss = self._check(item, task)
