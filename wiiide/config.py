@@ -43,7 +43,10 @@ MAX_TIMEOUT_S = 86400.0
 DATASETS = ("digits", "synthetic")
 LOG_TIERS = ("verbose", "normal", "silent")
 ENGINES = ("wiiide", "ddp", "fsdp")
-DDP_COMM_HOOKS = ("none", "fp16", "powersgd")
+DDP_COMM_HOOKS = ("none", "fp16", "powersgd", "post_local_sgd")
+STALENESS_SCALINGS = ("none", "inverse")
+OUTER_OPTIMIZERS = ("avg", "nesterov")
+MAX_STALENESS_BOUND = 1_000_000
 MIXED_PRECISIONS = ("none", "bf16")
 ZLIB_LEVELS = tuple(range(1, 10))
 COMPRESSION_CHOICES = ("none", "adaptive") + tuple(f"zlib-{level}" for level in ZLIB_LEVELS)
@@ -134,7 +137,17 @@ def _policy_name(value: str) -> str:
     return value
 
 
+def _to_staleness_bound(value: Any) -> int | str:
+    if isinstance(value, str) and value.strip().lower() == "async":
+        return "async"
+    bound = _to_int(value)
+    if not 0 <= bound <= MAX_STALENESS_BOUND:
+        raise ValueError(f"expected 0..{MAX_STALENESS_BOUND} or async")
+    return bound
+
+
 Bool = Annotated[bool, BeforeValidator(_to_bool)]
+StalenessBound = Annotated[int | Literal["async"], BeforeValidator(_to_staleness_bound)]
 Int = Annotated[int, BeforeValidator(_to_int)]
 SizeBytes = Annotated[int, BeforeValidator(_to_size_bytes)]
 RateBps = Annotated[int, BeforeValidator(_to_rate_bps)]
@@ -216,17 +229,44 @@ class RunConfig(BaseSettings):
     # --- engine: which training system runs on the same containers (wiiide/engines/) ----------
     engine: Literal["wiiide", "ddp", "fsdp"] = _field(
         "wiiide", " | ".join(ENGINES), "wiiide (the parameter server) | ddp | fsdp (PyTorch over gloo)")
-    ddp_comm_hook: Literal["none", "fp16", "powersgd"] = _field(
-        "none", " | ".join(DDP_COMM_HOOKS), "ddp: none | fp16 | powersgd")
+    ddp_comm_hook: Literal["none", "fp16", "powersgd", "post_local_sgd"] = _field(
+        "none", " | ".join(DDP_COMM_HOOKS), "ddp: none | fp16 | powersgd | post_local_sgd (local SGD, parameters "
+        "averaged every local_steps steps: PostLocalSGDOptimizer)")
     powersgd_rank: Int = _field(1, "1..64", "ddp with powersgd: matrix approximation rank", ge=1, le=64)
     fsdp_reshard_after_forward: Bool = _field(True, "a boolean",
                                               "fsdp: True is FULL_SHARD, False SHARD_GRAD_OP-like")
-    grad_accum_steps: Int = _field(1, "1..64", "ddp/fsdp: micro-batches per optimizer step "
-                                   "(one gradient sync per step)", ge=1, le=64)
+    grad_accum_steps: Int = _field(1, "1..64", "micro-batches per optimizer step (ddp/fsdp: one gradient sync "
+                                   "per step; wiiide: per push)", ge=1, le=64)
     mixed_precision: Literal["none", "bf16"] = _field(
         "none", " | ".join(MIXED_PRECISIONS), "ddp/fsdp: none | bf16 (CPU autocast; fsdp: bf16 parameters)")
     profile: Bool = _field(False, "a boolean",
                            "ddp/fsdp: torch.profiler traces into the run's folder (metrics_dir's parent)")
+
+    # --- workers at their own pace (wiiide.pace) ------------------------------------------------
+    staleness_bound: StalenessBound = _field(
+        0, "0 (synchronous rounds) | an integer s in 1..1000000 (stale synchronous parallel) | async (no bound)",
+        "wiiide: a worker may run at most this many pushes ahead of the slowest live worker (Ho et al. 2013)")
+    staleness_scaling: Literal["none", "inverse"] = _field(
+        "none", " | ".join(STALENESS_SCALINGS),
+        "wiiide, staleness_bound != 0: none (stale updates as they are, as SSP) | inverse (x 1/(k+1) for an "
+        "update k versions old, Zhang et al. 2016)")
+    local_steps: Int = _field(1, "1..1024", "wiiide: local SGD steps per push (H > 1: workers push model deltas); "
+                              "ddp with ddp_comm_hook post_local_sgd: the averaging period", ge=1, le=1024)
+    outer_optimizer: Literal["avg", "nesterov"] = _field(
+        "avg", " | ".join(OUTER_OPTIMIZERS), "wiiide, local_steps > 1: the server's step over the deltas: avg "
+        "(model averaging) | nesterov (DiLoCo's outer Nesterov momentum)")
+    outer_learning_rate: Float = _field(0.7, "0 < x <= 10", "outer_optimizer nesterov: learning rate (DiLoCo: 0.7)",
+                                        gt=0.0, le=10.0)
+    outer_momentum: Float = _field(0.9, "0 <= x < 1", "outer_optimizer nesterov: momentum (DiLoCo: 0.9)",
+                                   ge=0.0, lt=1.0)
+    adaptive_batch: Bool = _field(False, "a boolean", "wiiide: per-worker batch sizes follow measured samples/s, "
+                                  "the global batch (num_workers x batch_size) constant")
+    adaptive_smoothing: Float = _field(0.5, "0 < x <= 1", "adaptive_batch: weight of a new rate measurement "
+                                       "in the moving average", gt=0.0, le=1.0)
+    debug_step_sleep_s: Float = _field(0.0, "0..60 seconds", "wiiide worker: sleep this long after every local "
+                                       "step (tests' straggler)", ge=0.0, le=60.0)
+    debug_sleep_worker_rank: Int = _field(0, "0 (every worker) or a worker rank 1..256",
+                                          "debug_step_sleep_s applies to this worker rank only", ge=0, le=256)
 
     # --- sockets --------------------------------------------------------------------------------
     sndbuf_bytes: BufferBytes = _field(8 * MIB, "0 (kernel default) or 4096..1 GiB",
@@ -451,7 +491,14 @@ def _validate_engine(c: RunConfig) -> None:
     only = [("ddp_comm_hook", c.ddp_comm_hook != "none", c.engine == "ddp", "engine ddp"),
             ("powersgd_rank", c.powersgd_rank != 1, c.ddp_comm_hook == "powersgd", "ddp_comm_hook powersgd"),
             ("fsdp_reshard_after_forward", not c.fsdp_reshard_after_forward, c.engine == "fsdp", "engine fsdp"),
-            ("grad_accum_steps", c.grad_accum_steps != 1, torch_engine, "engine ddp or fsdp"),
+            ("staleness_bound", c.staleness_bound != 0, c.engine == "wiiide", "engine wiiide"),
+            ("staleness_scaling", c.staleness_scaling != "none", c.staleness_bound != 0, "staleness_bound != 0"),
+            ("local_steps", c.local_steps != 1, c.engine == "wiiide" or c.ddp_comm_hook == "post_local_sgd",
+             "engine wiiide or ddp_comm_hook post_local_sgd"),
+            ("outer_optimizer", c.outer_optimizer != "avg", c.engine == "wiiide" and c.local_steps > 1,
+             "engine wiiide and local_steps > 1"),
+            ("adaptive_batch", c.adaptive_batch, c.engine == "wiiide", "engine wiiide"),
+            ("debug_step_sleep_s", c.debug_step_sleep_s != 0, c.engine == "wiiide", "engine wiiide"),
             ("mixed_precision", c.mixed_precision != "none", torch_engine, "engine ddp or fsdp"),
             ("profile", c.profile, torch_engine, "engine ddp or fsdp"),
             ("compression", c.compression != default_compression, c.engine == "wiiide", "engine wiiide")]
@@ -459,6 +506,9 @@ def _validate_engine(c: RunConfig) -> None:
         if is_set and not applies:
             raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs {needs} "
                               f"(engine is {c.engine!r}, ddp_comm_hook {c.ddp_comm_hook!r})")
+    if c.engine == "wiiide":
+        _check(c.batch_size >= c.grad_accum_steps, "grad_accum_steps", c.grad_accum_steps,
+               f"at most batch_size = {c.batch_size} (every micro-batch needs a sample)")
     if torch_engine:
         global_batch = c.num_workers * c.batch_size
         _check(global_batch >= (c.num_workers + 1) * c.grad_accum_steps, "grad_accum_steps", c.grad_accum_steps,

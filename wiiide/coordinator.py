@@ -8,6 +8,10 @@ synchronous rounds. One step:
 2. receive every live worker's ``gradients`` (flat float32 vector, its loss);
 3. average the gradients (the mean over workers, as DDP's all-reduce does), apply one optimizer step.
 
+With ``staleness_bound`` != 0, ``local_steps`` > 1 or ``adaptive_batch``, `wiiide.pace.server.PaceServer`
+runs the training on the same connections instead: workers at their own pace (bounded staleness,
+asynchronous updates, local SGD, adaptive batch sizes).
+
 The run stops after `duration_s` seconds or `max_steps` steps; the coordinator then sends ``stop``,
 evaluates on the held-out split and writes its metrics (held-out accuracy, per-worker batch counts).
 
@@ -70,6 +74,7 @@ from wiiide.node import (
     touch,
     wait_for_start_gate,
 )
+from wiiide.pace.server import PaceServer, uses_pace
 from wiiide.protocol import (
     PROTOCOL_VERSION,
     DeadlineExceeded,
@@ -160,7 +165,11 @@ class Coordinator:
             wait_for_start_gate(cfg, self.metrics, self.log)  # links shaped before any training traffic
             self.evaluator = evaluator_for(cfg, lambda: build_mlp(data.num_features, cfg.hidden_sizes,
                                                                   data.num_classes, cfg.seed), data)
-            self._train(data, model, flat, optimizer)
+            if uses_pace(cfg):  # workers at their own pace (wiiide.pace.server)
+                touch(str(Path(cfg.metrics_dir) / TRAINING_MARKER))
+                PaceServer(self, data, flat, optimizer).run()
+            else:
+                self._train(data, model, flat, optimizer)
             self._stop_workers("finished")
             accuracy, test_loss = evaluate(model, data.x_test, data.y_test)
             self.metrics.extra.update({"test_accuracy": accuracy, "test_loss": test_loss})

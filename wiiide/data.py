@@ -191,12 +191,14 @@ class BatchSampler:
         """Passes over the training split so far, fractional."""
         return self.epoch + self._pos / self.num_samples
 
-    def next_indices(self) -> np.ndarray:
-        """int64 (batch_size,) indices into the training split."""
-        if self._pos + self.batch_size > self.num_samples:
+    def next_indices(self, count: int | None = None) -> np.ndarray:
+        """int64 (count,) indices into the training split; `count` defaults to batch_size and is capped at
+        the split's size (adaptive and local-SGD batches ask for other counts)."""
+        count = self.batch_size if count is None else max(1, min(int(count), self.num_samples))
+        if self._pos + count > self.num_samples:
             self._order = self.rng.permutation(self.num_samples)
             self._pos = 0
             self.epoch += 1
-        idx = self._order[self._pos:self._pos + self.batch_size]
-        self._pos += self.batch_size
+        idx = self._order[self._pos:self._pos + count]
+        self._pos += count
         return idx

@@ -1,8 +1,10 @@
 """The worker: connects to the coordinator, computes gradients on the batches it is given.
 
 Protocol, after ``hello`` -> ``welcome`` (rank, model description): for every step it receives
-``params`` (flat float32 vector) and ``batch`` (x float32 (b, f), y int64 (b,)), runs forward and
-backward, and sends ``gradients`` (flat float32 vector; meta: step, loss, samples). ``stop`` ends it.
+``params`` (flat float32 vector) and ``batch`` (x float32 (b, f), y int64 (b,); meta: step and
+optionally ``local_steps`` H), runs forward and backward (in ``grad_accum_steps`` micro-batches) and
+sends ``gradients`` (meta: step, loss, samples) holding the flat float32 gradient ``grad``, or for
+H > 1 the model delta ``delta`` after H local SGD steps (`wiiide.pace.outer`). ``stop`` ends it.
 
 A worker that cannot reach the coordinator retries for `connect_timeout_s`, then exits with code 3
 and a message that says so; a worker that loses its coordinator mid-run exits with code 4.
@@ -40,6 +42,7 @@ from wiiide.node import (
     NodeFailure,
     run_node,
 )
+from wiiide.pace.outer import gradient, local_delta
 from wiiide.protocol import PROTOCOL_VERSION, encode_message
 from wiiide.sockets import configure_socket
 from wiiide.tensors import from_wire, to_wire
@@ -195,25 +198,41 @@ class Worker:
             x, y = from_wire(msg.tensors[0], copy=False), from_wire(msg.tensors[1], copy=False)
             if x.dim() != 2 or x.dtype != torch.float32 or y.shape != (x.shape[0],) or y.dtype != torch.int64:
                 raise ProtocolError("batch must hold x (b, f) float32 and y (b,) int64")
-            flat.grads.zero_()
-            try:
-                loss = nn.functional.cross_entropy(model(x), y)
-            except (RuntimeError, IndexError) as exc:  # wrong feature count or label out of range
+            local_steps = msg.meta.get("local_steps", 1)
+            if type(local_steps) is not int or not 1 <= local_steps <= x.shape[0]:  # noqa: E721 (True == 1)
+                raise ProtocolError(f"batch: local_steps must be an integer 1..{x.shape[0]}, got {local_steps!r:.40}")
+            try:  # wrong feature count or label out of range: RuntimeError, IndexError
+                update, loss_value = self._update(model, flat, x, y, local_steps)
+            except (RuntimeError, IndexError) as exc:
                 raise ProtocolError(f"batch does not fit the model: {exc}") from None
-            loss.backward()
-            loss_value = loss.item()
             metrics.compute_time_s += time.perf_counter() - t0
             frame = self.policy.encode("gradients", {"step": step, "loss": loss_value, "samples": int(x.shape[0])},
-                                       [to_wire("grad", flat.grads)])
+                                       [to_wire(*update)])
             conn.send([frame])
             metrics.steps += 1
-            metrics.batches += 1
+            metrics.batches += local_steps
             metrics.samples += int(x.shape[0])
             metrics.losses.append(loss_value)
             metrics.step_times_s.append(time.perf_counter() - t0)
             if metrics.steps % 50 == 0:
                 metrics.sample_rss()
             self.log.step(metrics.steps, "step %s: loss %.4f", step, metrics.losses[-1])
+
+
+    def _update(self, model: nn.Module, flat: FlatParams, x: torch.Tensor, y: torch.Tensor,
+                local_steps: int) -> tuple[tuple[str, torch.Tensor], float]:
+        """The push for one batch: (("grad", mean gradient) or ("delta", model delta after `local_steps`
+        local SGD steps), mean loss), in grad_accum_steps micro-batches each (`wiiide.pace.outer`)."""
+        cfg = self.cfg
+        sleep_s = cfg.debug_step_sleep_s if cfg.debug_sleep_worker_rank in (0, self.metrics.rank) else 0.0
+        if local_steps == 1:
+            loss_value = gradient(model, flat, x, y, cfg.grad_accum_steps)
+            if sleep_s > 0:
+                time.sleep(sleep_s)
+            return ("grad", flat.grads), loss_value
+        delta, loss_value = local_delta(model, flat, x, y, local_steps, cfg.learning_rate, cfg.grad_accum_steps,
+                                        sleep_s)
+        return ("delta", delta), loss_value
 
 
 def main(cfg: RunConfig) -> int:

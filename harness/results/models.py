@@ -146,6 +146,17 @@ class Totals(_Model):
     peak_rss_bytes: int | None = None
     batches_per_worker: dict[str, int] | None = None
     worker_batches_sum: int | None = None
+    # workers at their own pace (wiiide.pace.record): per-worker samples, the staleness k (server versions
+    # between read and apply) of every applied update, the clock gap fastest - slowest (pushes), and
+    # every worker's batch size over time as change points [[t_s, samples], ...]
+    samples_per_worker: dict[str, int] | None = None
+    pushes_per_worker: dict[str, int] | None = None
+    staleness_histogram: dict[str, int] | None = None
+    staleness_max: int | None = None
+    staleness_mean: float | None = None
+    clock_gap_max: int | None = None
+    clock_gap_mean: float | None = None
+    batch_sizes_per_worker: dict[str, list[list[float]]] | None = None
     container_net_rx_bytes: int | None = None
     container_net_tx_bytes: int | None = None
     container_net_bytes: int | None = None

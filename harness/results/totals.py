@@ -86,6 +86,11 @@ def _engine_figures(nodes: dict[str, dict[str, Any]], containers: dict[str, dict
     }
 
 
+# The coordinator's figures of a run at the workers' own pace (wiiide.pace.record.PaceRecord.to_extra).
+PACE_KEYS = ("samples_per_worker", "pushes_per_worker", "staleness_histogram", "staleness_max", "staleness_mean",
+             "clock_gap_max", "clock_gap_mean", "batch_sizes_per_worker")
+
+
 def _server_figures(nodes: dict[str, dict[str, Any]], containers: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The parameter server's figures: rates over the coordinator's training time, bytes, memory, traffic."""
     coord = nodes.get("coordinator") or {}
@@ -121,6 +126,7 @@ def _server_figures(nodes: dict[str, dict[str, Any]], containers: dict[str, dict
         "compression_time_s": sum(n.get("compression_time_s") or 0 for n in nodes.values()),
         "peak_rss_bytes": max((n.get("peak_rss_bytes") or 0 for n in nodes.values()), default=None),
         "batches_per_worker": coord.get("batches_per_worker"),
+        **{key: coord.get(key) for key in PACE_KEYS},
         "worker_batches_sum": sum(n.get("batches") or 0 for n in workers),
         "container_net_rx_bytes": sum(v or 0 for v in rx) if has_net else None,
         "container_net_tx_bytes": sum(v or 0 for v in tx) if has_net else None,

@@ -160,7 +160,12 @@ BAD_VALUES = [
     ("ddp_comm_hook", "fp16"),  # needs engine ddp
     ("powersgd_rank", 0), ("powersgd_rank", 2),  # 2: needs ddp_comm_hook powersgd
     ("fsdp_reshard_after_forward", False),  # needs engine fsdp
-    ("grad_accum_steps", 0), ("grad_accum_steps", 2),  # 2: needs engine ddp or fsdp
+    ("grad_accum_steps", 0), ("grad_accum_steps", 33),  # 33: more micro-batches than batch_size (32) samples
+    ("staleness_bound", -1), ("staleness_bound", "never"), ("local_steps", 0), ("local_steps", 1025),
+    ("outer_optimizer", "nesterov"),  # needs local_steps > 1
+    ("staleness_scaling", "inverse"),  # needs staleness_bound != 0
+    ("outer_learning_rate", 0.0), ("outer_momentum", 1.0), ("adaptive_batch", "maybe"), ("adaptive_smoothing", 0.0),
+    ("debug_step_sleep_s", -1.0), ("debug_sleep_worker_rank", -1),
     ("mixed_precision", "fp8"), ("mixed_precision", "bf16"),  # bf16: needs engine ddp or fsdp
     ("profile", True),  # needs engine ddp or fsdp
     ("heartbeat_interval_s", 0.0), ("heartbeat_interval_s", 10.0),  # not below io_timeout_s (10 s)

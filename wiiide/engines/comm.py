@@ -10,7 +10,8 @@ Expected bytes per optimizer step come from the model's parameter shapes alone (
   Yuan, "Bandwidth optimal all-reduce algorithms", 2009). The fp16 hook halves it; PowerSGD
   (Vogels et al., 2019; ``torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py``) all-reduces
   ``r (n + m)`` values for an n x m weight worth compressing (``n m > r (n + m) x 2``) and the rest
-  uncompressed.
+  uncompressed. ``post_local_sgd`` (PostLocalSGDOptimizer with PeriodicModelAverager) all-reduces the
+  parameters once every ``local_steps`` steps and no gradient: the ring bytes / H per step.
 - ``fsdp`` (FSDP2 ``fully_shard`` of every Linear): each all-gather and reduce-scatter moves
   ``(W-1)/W`` of the (padded) parameter bytes per rank. FULL_SHARD gathers twice per step (forward,
   and again for backward after resharding), ``reshard_after_forward=False`` once, and gradients are
@@ -107,7 +108,8 @@ def fsdp_padded_elements(shapes: Iterable[Sequence[int]], world_size: int) -> in
 
 def estimate(engine: str, shapes: Sequence[Sequence[int]], num_workers: int, *, ddp_comm_hook: str = "none",
              powersgd_rank: int = 1, fsdp_reshard_after_forward: bool = True, param_dtype_bytes: int = FP32_BYTES,
-             reduce_dtype_bytes: int = FP32_BYTES, data_bytes_per_step: float = 0.0) -> CommEstimate:
+             reduce_dtype_bytes: int = FP32_BYTES, data_bytes_per_step: float = 0.0,
+             local_steps: int = 1) -> CommEstimate:
     """Expected bytes per optimizer step of `engine` for a model whose parameters have `shapes`.
 
     World size is ``num_workers + 1`` for every engine (the coordinator is the parameter server, or
@@ -127,6 +129,8 @@ def estimate(engine: str, shapes: Sequence[Sequence[int]], num_workers: int, *, 
         if ddp_comm_hook == "powersgd":
             return _all_reduce(f"powersgd-rank-{powersgd_rank}",
                                powersgd_elements(shapes, powersgd_rank) * FP32_BYTES, param_bytes, world)
+        if ddp_comm_hook == "post_local_sgd":  # one parameter all-reduce every local_steps steps, on average
+            return _all_reduce(f"post-local-sgd-{local_steps}", param_bytes / max(1, local_steps), param_bytes, world)
         raise ValueError(f"unknown ddp_comm_hook {ddp_comm_hook!r}")
     if engine == "fsdp":
         padded = fsdp_padded_elements(shapes, world)

@@ -77,6 +77,9 @@ RANK_KEY = "wiiide/next_rank"
 STOP_CHECK_EVERY_STEPS = 10
 RSS_SAMPLE_EVERY_STEPS = 10
 PROFILE_ACTIVE_STEPS = 5
+# ddp post_local_sgd: gradients are all-reduced at step 0 only (the models start equal anyway); local SGD and
+# the periodic parameter averaging start at step 1.
+POST_LOCAL_SGD_START_STEP = 1
 # WIIIIIDE's own socket knobs, which gloo's sockets do not take: recorded as not applied.
 NOT_APPLIED = ("sndbuf_bytes", "rcvbuf_bytes", "tcp_nodelay", "tcp_quickack", "keepalive", "recv_chunk_bytes",
                "max_frame_bytes", "compression")
@@ -293,6 +296,17 @@ class TorchNode:
                 state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=cfg.powersgd_rank,
                                                     start_powerSGD_iter=max(2, cfg.warmup_steps))
                 ddp.register_comm_hook(state, timed_ddp_hook(powerSGD_hook.powerSGD_hook, self.timer))
+            elif cfg.ddp_comm_hook == "post_local_sgd":
+                from torch.distributed.algorithms.ddp_comm_hooks import (
+                    post_localSGD_hook,
+                )
+
+                # Gradients all-reduced at the first step only, then none: the models drift for
+                # local_steps steps and PeriodicModelAverager (`_optimizer`) averages them.
+                state = post_localSGD_hook.PostLocalSGDState(process_group=None, subgroup=None,
+                                                             start_localSGD_iter=POST_LOCAL_SGD_START_STEP,
+                                                             post_local_gradient_allreduce=False)
+                ddp.register_comm_hook(state, timed_ddp_hook(post_localSGD_hook.post_localSGD_hook, self.timer))
             else:
                 inner = default_hooks.fp16_compress_hook if cfg.ddp_comm_hook == "fp16" else default_hooks.allreduce_hook
                 ddp.register_comm_hook(None, timed_ddp_hook(inner, self.timer))
@@ -313,6 +327,22 @@ class TorchNode:
                 layer.set_custom_reduce_scatter(scatter)
         fully_shard(model, mesh=mesh, reshard_after_forward=cfg.fsdp_reshard_after_forward, mp_policy=policy)
         return model
+
+    def _optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        """SGD; with ddp_comm_hook post_local_sgd wrapped in PyTorch's PostLocalSGDOptimizer, whose
+        PeriodicModelAverager all-reduces (averages) the parameters every local_steps steps (Lin et al.,
+        "Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020): the baseline of wiiide's local_steps."""
+        cfg = self.cfg
+        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.learning_rate, momentum=cfg.momentum)
+        if cfg.engine != "ddp" or cfg.ddp_comm_hook != "post_local_sgd":
+            return optimizer
+        from torch.distributed.algorithms.model_averaging.averagers import (
+            PeriodicModelAverager,
+        )
+        from torch.distributed.optim import PostLocalSGDOptimizer
+
+        averager = PeriodicModelAverager(period=cfg.local_steps, warmup_steps=POST_LOCAL_SGD_START_STEP)
+        return PostLocalSGDOptimizer(optim=optimizer, averager=averager)
 
     def _sync(self, wrapped: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
         """Gradient synchronisation on (last micro-batch) or off (the others), as each engine does it."""
@@ -361,12 +391,12 @@ class TorchNode:
         mine = rank_slices(global_batch, self.world_size)[rank]
         micro = rank_slices(mine.stop - mine.start, cfg.grad_accum_steps)
         wrapped = self._wrap(model)
-        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.learning_rate, momentum=cfg.momentum)
+        optimizer = self._optimizer(model)
         bf16_autocast = cfg.mixed_precision == "bf16" and cfg.engine == "ddp"
         half_bytes = 2 if cfg.mixed_precision == "bf16" else 4
         expected = estimate(cfg.engine, shapes, cfg.num_workers, ddp_comm_hook=cfg.ddp_comm_hook,
                             powersgd_rank=cfg.powersgd_rank, fsdp_reshard_after_forward=cfg.fsdp_reshard_after_forward,
-                            param_dtype_bytes=half_bytes if cfg.engine == "fsdp" else 4)
+                            param_dtype_bytes=half_bytes if cfg.engine == "fsdp" else 4, local_steps=cfg.local_steps)
         m.samples_per_step = global_batch  # the guide's batch_size x world_size
         m.extra.update({
             "dataset": data.name, "train_samples": len(data.y_train), "test_samples": len(data.y_test),

@@ -1,0 +1,89 @@
+"""Adaptive per-worker batch sizes: each worker's share of a constant global batch follows its measured
+samples/s, so that in a synchronous round all workers finish together (the seeds' "adaptive batch
+sizing" and "load balancing"; the idea of Chen et al., "Revisiting Distributed Synchronous SGD" 2016,
+and of the heterogeneity-aware batch sizing of e.g. Tyagi and Sharma, "Taming Resource Heterogeneity
+in Distributed ML Training with Dynamic Batching", 2020).
+
+Rates are smoothed with an exponential moving average, ``r = a x measured + (1 - a) x r``. Sizes are
+the global batch split in proportion to the rates by the largest remainder method (Hamilton's
+apportionment): floors first, then one more sample to the largest fractional parts, so the sizes are
+integers that sum to the global batch exactly; every worker keeps at least `min_batch` samples.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+
+def split_exact(total: int, weights: Mapping[int, float], minimum: int = 1) -> dict[int, int]:
+    """`total` split into integers proportional to `weights` (by key), summing to `total` exactly.
+
+    Floors of the exact shares ``total x w / sum(w)`` first (at least `minimum` each), then one sample at
+    a time to the largest shortfall (the largest remainder method; ties: lower key), or, when the minimum
+    pushed the sum over, one less from the largest excess.
+    Weights <= 0 or not finite count as the smallest positive weight given (or all equal when none is).
+
+    Raises:
+        ValueError: no keys, or total < minimum x keys.
+    """
+    if not weights:
+        raise ValueError("no workers to split the batch between")
+    keys = sorted(weights)
+    if total < minimum * len(keys):
+        raise ValueError(f"a global batch of {total} cannot give {len(keys)} workers {minimum} sample(s) each")
+    good = [w for w in weights.values() if math.isfinite(w) and w > 0]
+    floor_w = min(good) if good else 1.0
+    w = {k: (weights[k] if math.isfinite(weights[k]) and weights[k] > 0 else floor_w) for k in keys}
+    whole = sum(w.values())
+    quotas = {k: total * w[k] / whole for k in keys}
+    sizes = {k: max(minimum, int(math.floor(quotas[k]))) for k in keys}
+    while sum(sizes.values()) < total:  # one more to the largest shortfall (remainder), ties: lower key
+        k = min(keys, key=lambda k: (sizes[k] - quotas[k], k))
+        sizes[k] += 1
+    while sum(sizes.values()) > total:  # the minimum pushed the sum over: one less from the largest excess
+        k = min((k for k in keys if sizes[k] > minimum), key=lambda k: (quotas[k] - sizes[k], k))
+        sizes[k] -= 1
+    return sizes
+
+
+class AdaptiveBatch:
+    """Per-worker batch sizes from measured samples/s, the global batch constant.
+
+    Args:
+        global_batch: samples per round over all workers (``num_workers x batch_size``).
+        smoothing: the EMA weight of a new measurement, in (0, 1] (1: the last measurement only).
+        min_batch: the fewest samples a worker is given (>= 1).
+
+    A worker not yet measured counts at the mean of the measured rates (all equal before any
+    measurement: an even split).
+
+    Raises:
+        ValueError: global_batch < 1, smoothing outside (0, 1], min_batch < 1.
+    """
+
+    def __init__(self, global_batch: int, smoothing: float = 0.5, min_batch: int = 1) -> None:
+        if global_batch < 1 or not 0 < smoothing <= 1 or min_batch < 1:
+            raise ValueError(f"global_batch >= 1, smoothing in (0, 1] and min_batch >= 1, got "
+                             f"{global_batch}, {smoothing}, {min_batch}")
+        self.global_batch, self.smoothing, self.min_batch = global_batch, smoothing, min_batch
+        self.rates_samples_per_s: dict[int, float] = {}
+
+    def observe(self, rank: int, samples: int, seconds: float) -> None:
+        """Record that `rank` took `seconds` (send to receive, > 0) for `samples` samples; ignores seconds <= 0."""
+        if seconds <= 0 or samples <= 0:
+            return
+        rate = samples / seconds
+        old = self.rates_samples_per_s.get(rank)
+        self.rates_samples_per_s[rank] = rate if old is None else self.smoothing * rate + (1 - self.smoothing) * old
+
+    def sizes(self, ranks: list[int] | set[int]) -> dict[int, int]:
+        """The batch size of each of `ranks` (the live workers): sums to global_batch.
+
+        Raises:
+            ValueError: no ranks, or a global batch too small to give each min_batch.
+        """
+        known = [self.rates_samples_per_s[r] for r in ranks if r in self.rates_samples_per_s]
+        default = sum(known) / len(known) if known else 1.0
+        return split_exact(self.global_batch, {r: self.rates_samples_per_s.get(r, default) for r in ranks},
+                           self.min_batch)

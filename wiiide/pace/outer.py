@@ -1,0 +1,121 @@
+"""Local SGD on a worker and the server's outer step over the workers' model deltas.
+
+Local SGD (Stich, "Local SGD Converges Fast and Communicates Little", ICLR 2019; Lin et al.,
+"Don't Use Large Mini-Batches, Use Local SGD", ICLR 2020): each worker takes H plain SGD steps on its
+own batches from the parameters it was sent, then pushes its model delta
+``delta = params_sent - params_after_H_steps`` (flat float32, the "pseudo-gradient" of DiLoCo). The
+server's outer step applies the mean delta:
+
+- ``avg``: ``params -= mean(delta)``, i.e. the workers' models averaged (PyTorch's
+  ``PeriodicModelAverager`` does the same with an all-reduce);
+- ``nesterov``: SGD with Nesterov momentum on the pseudo-gradient, ``b = m b + delta``,
+  ``params -= lr_out (delta + m b)`` (DiLoCo: Douillard et al., "DiLoCo: Distributed Low-Communication
+  Training of Language Models", 2023, outer lr 0.7, momentum 0.9), via torch's functional
+  ``torch.optim.sgd.sgd`` as `wiiide.model.MomentumSGD` does.
+
+With H = 1 and ``avg`` this is synchronous SGD: ``mean(lr g_i) = lr mean(g_i)``.
+`gradient` is also the worker's one-step path, with `micro_batches` gradient accumulation.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import torch
+from torch import nn
+
+from wiiide.model import FlatParams
+
+OuterKind = Literal["avg", "nesterov"]
+
+
+def gradient(model: nn.Module, flat: FlatParams, x: torch.Tensor, y: torch.Tensor, micro_batches: int = 1) -> float:
+    """The mean cross-entropy gradient over the batch into ``flat.grads``, in `micro_batches` pieces.
+
+    Args:
+        x: float32 (b, features); y: int64 (b,); micro_batches: >= 1 pieces (``torch.tensor_split``:
+            sizes differ by at most one; more pieces than rows gives one row each), each with its own
+            forward and backward, accumulated in place into the flat gradient (the same sum as one pass,
+            to float rounding).
+
+    Returns:
+        The mean loss over the batch (float).
+
+    Raises:
+        RuntimeError, IndexError: the batch does not fit the model (wrong feature count, label out of range).
+    """
+    rows = int(x.shape[0])
+    flat.grads.zero_()
+    loss_sum = 0.0
+    for xs, ys in zip(torch.tensor_split(x, min(micro_batches, max(rows, 1))),
+                      torch.tensor_split(y, min(micro_batches, max(rows, 1)))):
+        loss = nn.functional.cross_entropy(model(xs), ys, reduction="sum")
+        (loss / rows).backward()  # AccumulateGrad adds in place into the flat views
+        loss_sum += loss.item()
+    return loss_sum / max(rows, 1)
+
+
+def local_delta(model: nn.Module, flat: FlatParams, x: torch.Tensor, y: torch.Tensor, local_steps: int, lr: float,
+                micro_batches: int = 1, step_sleep_s: float = 0.0) -> tuple[torch.Tensor, float]:
+    """H = `local_steps` plain SGD steps (learning rate `lr`) on the H near-equal pieces of (x, y), from
+    the parameters in `flat`; returns (delta, mean loss) with ``delta = params_before - params_after``
+    (float32, flat.numel) and the parameters in `flat` left at ``params_after``.
+
+    `step_sleep_s`: seconds slept after every local step (a test's straggler; 0 in real runs).
+
+    Raises:
+        ValueError: local_steps < 1 or more steps than rows; RuntimeError/IndexError as `gradient`.
+    """
+    rows = int(x.shape[0])
+    if local_steps < 1 or local_steps > rows:
+        raise ValueError(f"local_steps must be 1..{rows} (the rows of the batch), got {local_steps}")
+    before = flat.params.clone()
+    losses = []
+    for xs, ys in zip(torch.tensor_split(x, local_steps), torch.tensor_split(y, local_steps)):
+        losses.append(gradient(model, flat, xs, ys, micro_batches))
+        flat.params.sub_(flat.grads, alpha=lr)
+        if step_sleep_s > 0:
+            time.sleep(step_sleep_s)
+    return before - flat.params, sum(losses) / len(losses)
+
+
+class OuterOptimizer:
+    """The server's outer step over a mean model delta (see the module docstring for the formulas).
+
+    Args:
+        flat: the server's parameters (`FlatParams`), updated in place.
+        kind: ``avg`` (params -= delta) or ``nesterov`` (Nesterov momentum SGD on the delta).
+        lr: the outer learning rate (``nesterov`` only; ``avg`` is lr 1); momentum: in [0, 1).
+
+    Raises:
+        ValueError: an unknown kind, lr <= 0, momentum outside [0, 1).
+    """
+
+    def __init__(self, flat: FlatParams, kind: OuterKind = "avg", lr: float = 0.7, momentum: float = 0.9) -> None:
+        if kind not in ("avg", "nesterov"):
+            raise ValueError(f"unknown outer optimizer {kind!r}; allowed: avg | nesterov")
+        if lr <= 0 or not 0 <= momentum < 1:
+            raise ValueError(f"outer lr must be > 0 and momentum in [0, 1), got {lr}, {momentum}")
+        self.flat, self.kind, self.lr, self.momentum = flat, kind, float(lr), float(momentum)
+        self._buffer: torch.Tensor | None = None
+
+    def step(self, delta: torch.Tensor) -> None:
+        """Apply one outer step for `delta` (float32, flat.numel): the mean of the workers' deltas, or one
+        worker's share of it (an asynchronous server passes delta / live workers).
+
+        Raises:
+            ValueError: `delta` is not flat.numel float32 values.
+        """
+        if delta.shape != (self.flat.numel,) or delta.dtype != torch.float32:
+            raise ValueError(f"delta of shape {tuple(delta.shape)} {delta.dtype}, expected ({self.flat.numel},) float32")
+        if self.kind == "avg":
+            self.flat.params.sub_(delta)
+            return
+        from torch.optim.sgd import sgd
+
+        buffers = [self._buffer]
+        with torch.no_grad():
+            sgd([self.flat.params], [delta], buffers, has_sparse_grad=False, foreach=None, fused=None,
+                weight_decay=0.0, momentum=self.momentum, lr=self.lr, dampening=0.0, nesterov=True, maximize=False)
+        self._buffer = buffers[0]
