@@ -164,7 +164,15 @@ class Worker:
             metrics.rank = rank
             self.log.info("joined as worker %d of %s", rank, welcome.meta.get("num_workers"))
             heartbeats = Heartbeats(lambda: [conn], cfg.heartbeat_interval_s).start()
-            self._train(conn, model)
+            ps_shards = welcome.meta.get("ps_shards", 1)
+            if type(ps_shards) is not int or not 1 <= ps_shards <= rank + 256:  # noqa: E721 (True == 1)
+                raise ProtocolError(f"welcome carries a bad ps_shards {ps_shards!r:.40}")
+            if ps_shards == 1:
+                self._train(conn, model)
+            else:  # sharded servers (wiiide/ps/)
+                from wiiide.ps.session import run_worker
+
+                run_worker(self, conn, model, welcome.meta, secret)
         except (PeerClosed, ConnectionError, socket.timeout) as exc:
             cause = (f"no frame for io_timeout_s={cfg.io_timeout_s:g} s" if isinstance(exc, socket.timeout) else str(exc))
             raise _Lost(cause) from None
