@@ -78,6 +78,6 @@ def test_a_lost_shard_fails_the_run_with_its_cause(tmp_path, node_env, node_proc
     assert code == 4, node_procs.stderr(coord)[-2000:]
     c = json.loads((metrics_dir / "coordinator.json").read_text())
     assert c["status"] == "failed" and "sharded run" in c["error"], c["error"]
-    assert "2" in c["error"]  # names the lost worker or its shard
+    assert "lost worker 2" in c["error"], c["error"]  # names the worker that died (and what followed)
     for w in (workers[0], workers[2]):
         assert node_procs.wait(w, 60) != 0  # the survivors end too, with an error, not a hang

@@ -48,6 +48,9 @@ from wiiide.ps.shard import ROLE_COORDINATOR, ROLE_WORKER, ShardServer
 from wiiide.tensors import from_wire, to_wire
 
 
+LOSS_GRACE_S = 0.5  # after a failure, the coordinator waits this long to collect every lost peer
+
+
 def policy_may_be_lossy(cfg: RunConfig) -> bool:
     """Whether `cfg`'s compression policy can ever choose a lossy codec (then pulls are deltas)."""
     mode, codec = parse_policy_name(cfg.compression)
@@ -128,7 +131,10 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams) ->
             except OSError as exc:
                 coord._drop(w, exc)
     except (WiiideError, OSError) as exc:
-        cause = shard.failure or f"{type(exc).__name__}: {exc}"
+        # One loss cascades (a worker that lost a shard exits too): give the shard a moment to notice
+        # every peer it lost, and name them all, so the first one (the cause) is in the message.
+        time.sleep(LOSS_GRACE_S)
+        cause = "; ".join(shard.lost) if shard.lost else f"{type(exc).__name__}: {exc}"
         for w in workers:
             if w.alive:
                 try:

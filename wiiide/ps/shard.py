@@ -16,7 +16,7 @@ challenge-response (`wiiide.auth`; the welcome's MAC covers the shard id instead
 (pulls out): full duplex.
 
 Shard loss: a sharded run needs every worker's push for every partition, so a peer that disconnects
-mid-run fails the shard; it tells every other peer (``shard_failed`` with the cause) and the run ends
+mid-run fails the shard (`failure`: the first cause, `lost`: every one); it tells every other peer (``shard_failed`` with the cause) and the run ends
 with that cause (the coordinator exits with code 4). It does not go on without the worker.
 """
 
@@ -101,6 +101,7 @@ class ShardServer:
         self.owned: dict[int, _Owned] = {}
         self.peers: list[_Peer] = []
         self.failure: str | None = None
+        self.lost: list[str] = []  # every peer lost, in the order noticed
         self.updates = 0
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -338,6 +339,7 @@ class ShardServer:
             first = self.failure is None
             if first:
                 self.failure = cause
+            self.lost.append(cause)
         peer.conn.close()
         if not first:
             return
