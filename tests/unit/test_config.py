@@ -165,6 +165,8 @@ BAD_VALUES = [
     ("profile", True),  # needs engine ddp or fsdp
     ("heartbeat_interval_s", 0.0), ("heartbeat_interval_s", 10.0),  # not below io_timeout_s (10 s)
     ("handshake_timeout_s", 0.0), ("handshake_timeout_s", 301.0), ("max_handshakes", 0), ("max_handshakes", 1025),
+    ("ps_shards", "0"), ("ps_shards", "some"), ("ps_shards", 4),  # 4: more than the 3 nodes of 2 workers
+    ("partition_bytes", 2), ("shard_port", 65536), ("batch_handout", "files"),
 ]
 
 
