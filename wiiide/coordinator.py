@@ -164,7 +164,7 @@ class Coordinator:
             else:  # sharded servers (wiiide/ps/): the shards train, this node keeps the barrier
                 from wiiide.ps.session import run_coordinator
 
-                run_coordinator(self, data, model, flat)
+                run_coordinator(self, data, model, flat, TRAINING_MARKER)
             accuracy, test_loss = evaluate(model, data.x_test, data.y_test)
             self.metrics.extra.update({"test_accuracy": accuracy, "test_loss": test_loss,
                                        "params_digest": params_digest(flat.params.numpy())})

@@ -47,7 +47,6 @@ from wiiide.ps.partition import (
 from wiiide.ps.shard import ROLE_COORDINATOR, ROLE_WORKER, ShardServer
 from wiiide.tensors import from_wire, to_wire
 
-
 LOSS_GRACE_S = 0.5  # after a failure, the coordinator waits this long to collect every lost peer
 
 
@@ -74,10 +73,11 @@ def num_shards(cfg: RunConfig) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------
-def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams) -> None:
+def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, training_marker: str) -> None:
     """The coordinator's side of a sharded run, from the joined workers to the stop (module docstring).
 
-    `coord` is the `wiiide.coordinator.Coordinator` (its cfg, metrics, log, secret and workers). On
+    `coord` is the `wiiide.coordinator.Coordinator` (its cfg, metrics, log, secret and workers);
+    `training_marker`: the file name touched in metrics_dir when the first step starts. On
     return `flat` holds the shards' final parameters. Raises NodeFailure (exit 4) when a worker or a
     shard is lost.
     """
@@ -121,7 +121,7 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams) ->
             "batch_handout": {str(r): h for r, h in handout.items()}})
         log.info("sharded: %d shards, %d partitions (%s bytes per shard); batch handout %s", k, len(partitions),
                  shard_loads_bytes(partitions, k), sorted(set(handout.values())))
-        _train(coord, data, workers, handout, shard)
+        _train(coord, data, workers, handout, shard, training_marker)
         final = client.pull_final(partitions, flat.numel)
         flat.load(torch.from_numpy(final))
         stop = encode_message("stop", {"reason": "finished", "steps": metrics.steps}, [to_wire("params", flat.params)])
@@ -165,16 +165,12 @@ def _receive(coord, w, kind: str):
     return msg
 
 
-def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardServer) -> None:
-    from wiiide.coordinator import (
-        TRAINING_MARKER,  # the coordinator imports this module lazily
-    )
-
+def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardServer, training_marker: str) -> None:
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
     sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed)
     start = time.perf_counter()
     step = 0
-    touch(str(Path(cfg.metrics_dir) / TRAINING_MARKER))
+    touch(str(Path(cfg.metrics_dir) / training_marker))
     while not (time.perf_counter() - start >= cfg.duration_s or (cfg.max_steps and step >= cfg.max_steps)):
         t_step = time.perf_counter()
         for w in workers:
