@@ -214,13 +214,7 @@ class Worker:
             frame = self.policy.encode("gradients", {"step": step, "loss": loss_value, "samples": int(x.shape[0])},
                                        [to_wire("grad", flat.grads)])
             conn.send([frame])
-            metrics.steps += 1
-            metrics.batches += 1
-            metrics.samples += int(x.shape[0])
-            metrics.losses.append(loss_value)
-            metrics.step_times_s.append(time.perf_counter() - t0)
-            if metrics.steps % 50 == 0:
-                metrics.sample_rss()
+            metrics.record_worker_step(int(x.shape[0]), loss_value, time.perf_counter() - t0)
             self.log.step(metrics.steps, "step %s: loss %.4f", step, metrics.losses[-1])
 
 

@@ -46,6 +46,7 @@ from wiiide.node import Connection, Heartbeats, NodeFailure
 from wiiide.protocol import PROTOCOL_VERSION, encode_message
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback
 from wiiide.ps.partition import Partition
+from wiiide.ps.shard import drain_outbox
 from wiiide.sockets import configure_socket
 
 CONNECT_RETRY_S = 0.05
@@ -216,22 +217,18 @@ class ShardClient:
         return item
 
     def _send_loop(self, link: _Link) -> None:
-        while True:
-            item = link.outbox.get()
-            if item is None:
-                return
-            try:
-                if isinstance(item, tuple):
-                    step, part, dense = item
-                    values = self._flat.grads[part.start:part.stop].numpy()
-                    frame, _ = self.feedback.encode(link.policy, {"step": step, "partition": part.index},
-                                                    f"p{part.index}", values, dense)
-                else:
-                    frame = item
-                link.conn.send([frame])
-            except Exception as exc:  # OSError, or a codec's error: the run cannot go on
-                self.inbox.put(ShardFailed(f"push to shard {link.shard} failed: {type(exc).__name__}: {exc}"))
-                return
+        def to_frame(item):
+            if not isinstance(item, tuple):
+                return item  # a ready frame (bye, pull_final)
+            step, part, dense = item
+            values = self._flat.grads[part.start:part.stop].numpy()
+            return self.feedback.encode(link.policy, {"step": step, "partition": part.index}, f"p{part.index}",
+                                        values, dense)[0]
+
+        def failed(exc: Exception) -> None:
+            self.inbox.put(ShardFailed(f"push to shard {link.shard} failed: {type(exc).__name__}: {exc}"))
+
+        drain_outbox(link.outbox, link.conn, to_frame, failed)
 
     def _receive_loop(self, link: _Link) -> None:
         try:

@@ -331,11 +331,5 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
         metrics.compute_time_s += time.perf_counter() - t0
         wait_s += client.finish_step(step)
         conn.send([encode_message("step_done", {"step": step, "loss": loss_value, "samples": int(x.shape[0])})])
-        metrics.steps += 1
-        metrics.batches += 1
-        metrics.samples += int(x.shape[0])
-        metrics.losses.append(loss_value)
-        metrics.step_times_s.append(time.perf_counter() - t0)
-        if metrics.steps % 50 == 0:
-            metrics.sample_rss()
+        metrics.record_worker_step(int(x.shape[0]), loss_value, time.perf_counter() - t0)
         log.step(metrics.steps, "step %s: loss %.4f", step, loss_value)

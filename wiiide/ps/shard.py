@@ -27,6 +27,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -252,15 +253,7 @@ class ShardServer:
 
     # --- serving ----------------------------------------------------------------------------------
     def _send_loop(self, peer: _Peer) -> None:
-        while True:
-            frame = peer.outbox.get()
-            if frame is None:
-                return
-            try:
-                peer.conn.send([frame])
-            except OSError as exc:
-                self._fail(peer, exc)
-                return
+        drain_outbox(peer.outbox, peer.conn, lambda frame: frame, lambda exc: self._fail(peer, exc))
 
     def _serve(self, peer: _Peer) -> None:
         try:
@@ -349,6 +342,21 @@ class ShardServer:
         for other in list(self.peers):
             if other is not peer:
                 other.outbox.put(frame)
+
+
+def drain_outbox(outbox: "queue.Queue", conn: Connection, to_frame: Callable[[Any], Any],
+                 on_error: Callable[[Exception], None]) -> None:
+    """A sender thread's loop: send `to_frame(item)` for each item of `outbox` until a None; the first
+    error (OSError, or a codec's in `to_frame`) goes to `on_error` and ends the loop."""
+    while True:
+        item = outbox.get()
+        if item is None:
+            return
+        try:
+            conn.send([to_frame(item)])
+        except Exception as exc:
+            on_error(exc)
+            return
 
 
 def _close_quietly(sock: socket.socket) -> None:
