@@ -9,7 +9,8 @@ After the usual join (`wiiide.coordinator`, `wiiide.worker`, whose welcome carri
    batch handout (``indices`` to workers whose data set has the coordinator's fingerprint, else
    ``samples``) and the initial parameters;
 3. each worker connects to every shard (`wiiide.ps.client`) and sends ``ps_ready``;
-4. per step the coordinator hands out the batches (``batch`` with samples, or ``batch_indices``);
+4. per step the coordinator hands out the batches (``batch`` with samples, or ``batch_indices``), one
+   step ahead (`HANDOUT_AHEAD`);
    each worker computes, pushes and pulls through the shards and reports ``step_done`` (its loss): the
    coordinator's step barrier. Parameters never pass through the coordinator's link during training;
 5. at the end the coordinator pulls the exact parameters from the shards (for evaluation) and sends
@@ -47,6 +48,7 @@ from wiiide.ps.partition import (
 from wiiide.ps.shard import ROLE_COORDINATOR, ROLE_WORKER, ShardServer
 from wiiide.tensors import from_wire, to_wire
 
+HANDOUT_AHEAD = 1  # batches handed out this many steps ahead of the barrier
 LOSS_GRACE_S = 0.5  # after a failure, the coordinator waits this long to collect every lost peer
 
 
@@ -166,13 +168,18 @@ def _receive(coord, w, kind: str):
 
 
 def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardServer, training_marker: str) -> None:
+    """The step barrier. Batches go out `HANDOUT_AHEAD` steps ahead, so a worker whose pulls are in
+    starts its next step at once, without a round trip through the coordinator; whether a step runs
+    (duration_s, max_steps) is decided when its batches are sent."""
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
     sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed)
     start = time.perf_counter()
-    step = 0
     touch(str(Path(cfg.metrics_dir) / training_marker))
-    while not (time.perf_counter() - start >= cfg.duration_s or (cfg.max_steps and step >= cfg.max_steps)):
-        t_step = time.perf_counter()
+
+    def more(sent: int) -> bool:
+        return not (time.perf_counter() - start >= cfg.duration_s or (cfg.max_steps and sent >= cfg.max_steps))
+
+    def hand_out(step: int) -> None:
         for w in workers:
             idx = sampler.next_indices()
             if handout[w.rank] == "indices":
@@ -185,6 +192,13 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
             except OSError as exc:
                 coord._drop(w, exc)
                 raise NodeFailure(f"lost worker {w.rank}: {exc}", EXIT_PEER_LOST) from None
+
+    sent = 0
+    while sent <= HANDOUT_AHEAD and more(sent):
+        hand_out(sent)
+        sent += 1
+    step, t_step = 0, time.perf_counter()
+    while step < sent:
         losses = []
         for w in workers:
             msg = _receive(coord, w, "step_done")
@@ -196,15 +210,20 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
         if shard.failure:
             raise NodeFailure(shard.failure, EXIT_PEER_LOST)
         step += 1
+        if more(sent):
+            hand_out(sent)
+            sent += 1
         metrics.steps = step
         metrics.batches += len(workers)
         metrics.samples += len(workers) * sampler.batch_size
-        metrics.step_times_s.append(time.perf_counter() - t_step)
+        now = time.perf_counter()
+        metrics.step_times_s.append(now - t_step)  # from one step's barrier to the next
+        t_step = now
         metrics.losses.append(sum(losses) / len(losses))
         if step % 50 == 0:
             metrics.sample_rss()
         log.step(step, "step %d: loss %.4f, %d workers, %.1f batches/s (sharded)", step, metrics.losses[-1],
-                 len(workers), metrics.batches / (time.perf_counter() - start))
+                 len(workers), metrics.batches / (now - start))
     metrics.train_time_s = time.perf_counter() - start
     metrics.extra["epochs"] = sampler.epochs_done
 
