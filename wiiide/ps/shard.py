@@ -77,6 +77,7 @@ class _Owned:
     replica: PullReplica
     step: int = 0
     pushes: dict[int, np.ndarray] = field(default_factory=dict)
+    first_push_s: float = 0.0
 
 
 @dataclass
@@ -104,6 +105,8 @@ class ShardServer:
         self.failure: str | None = None
         self.lost: list[str] = []  # every peer lost, in the order noticed
         self.updates = 0
+        self.update_s = 0.0  # averaging, optimizer step and pull encoding, summed over updates
+        self.push_spread_s = 0.0  # first to last push of each update, summed
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._gate = HandshakeGate.for_cluster(cfg.max_handshakes, cfg.num_workers + 1, cfg.handshake_timeout_s)
@@ -160,7 +163,8 @@ class ShardServer:
         for peer in list(self.peers):
             peer.outbox.put(None)
             peer.conn.close()
-        self.stats["updates"] = self.updates
+        self.stats.update({"updates": self.updates, "update_s": round(self.update_s, 4),
+                           "push_spread_s": round(self.push_spread_s, 4)})
         self.stats["pull_policy"] = self.policy.record["choices"]
         with self._lock:
             gaps = [o.replica.max_abs_gap(o.param.numpy()) for o in self.owned.values()]
@@ -296,6 +300,8 @@ class ShardServer:
                 raise ProtocolError(f"push of partition {index} for step {step!r:.40}, the shard is at step {owned.step}")
             if rank in owned.pushes:
                 raise ProtocolError(f"worker {rank} pushed partition {index} twice at step {step}")
+            if not owned.pushes:
+                owned.first_push_s = time.perf_counter()
             owned.pushes[rank] = values
             if len(owned.pushes) < self.num_workers:
                 return None
@@ -303,6 +309,8 @@ class ShardServer:
 
     def _update(self, owned: _Owned):
         """Average the pushes (in rank order), one optimizer step, the pull frame. Holds the lock."""
+        t0 = time.perf_counter()
+        self.push_spread_s += t0 - owned.first_push_s  # first to last push: how far apart the workers are
         grad = owned.param.grad
         grad.zero_()
         for rank in sorted(owned.pushes):
@@ -315,8 +323,10 @@ class ShardServer:
         self.updates += 1
         index = owned.part.index
         dense = not self._lossy or step < self._warmup_steps
-        return owned.replica.frame_for(self.policy, {"step": step, "partition": index}, f"p{index}",
-                                       owned.param.numpy(), dense)
+        frame = owned.replica.frame_for(self.policy, {"step": step, "partition": index}, f"p{index}",
+                                        owned.param.numpy(), dense)
+        self.update_s += time.perf_counter() - t0
+        return frame
 
     def _final_frame(self):
         with self._lock:
