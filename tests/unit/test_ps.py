@@ -121,3 +121,85 @@ def test_params_digest_tells_close_from_different():
     c = params_digest(flat * 1.01)
     assert a["sha256"] != b["sha256"] and np.allclose(a["projections"], b["projections"], atol=1e-3)
     assert not np.allclose(a["projections"], c["projections"], atol=1e-3)
+
+
+# --- a shard and its clients in this process, on loopback -------------------------------------------
+SECRET = b"ps-unit-tests-secret-0123456789abcdef"
+
+
+def _node(cfg: RunConfig, role: str, name: str):
+    from wiiide.log import TieredLog
+    from wiiide.metrics import NodeMetrics
+
+    return NodeMetrics(role, name), TieredLog(cfg, name)
+
+
+def test_a_shard_averages_pushes_steps_its_optimizer_slice_and_answers_every_worker():
+    import torch
+
+    from wiiide.model import MomentumSGD
+    from wiiide.ps.client import ShardClient
+    from wiiide.ps.shard import ROLE_WORKER, ShardServer
+
+    cfg = RunConfig(num_workers=2, log_tier="silent", learning_rate=0.1, momentum=0.9, io_timeout_s=5,
+                    connect_timeout_s=5)
+    metrics, log = _node(cfg, "coordinator", "shard0")
+    models = [build_mlp(8, [4], 3, seed=0) for _ in range(2)]
+    flats = [FlatParams(m) for m in models]
+    parts = partition_flat(flats[0].numel, 1, 64)  # several partitions, all on shard 0
+    assert len(parts) > 2
+    server = ShardServer(cfg, SECRET, metrics, log, 0)
+    port = server.listen()
+    server.configure(parts, flats[0].params.numpy().copy(), lossy_pulls=False)
+    server.start()
+    reference = build_mlp(8, [4], 3, seed=0)
+    ref_flat = FlatParams(reference)
+    ref_opt = MomentumSGD(reference.parameters(), lr=0.1, momentum=0.9)
+    clients = []
+    try:
+        for rank, (model, flat) in enumerate(zip(models, flats), start=1):
+            m, lg = _node(cfg, "worker", f"w{rank}")
+            client = ShardClient(cfg, SECRET, m, lg, [("127.0.0.1", port)], ROLE_WORKER, rank, f"w{rank}")
+            client.attach(model, flat, parts, lossy=False)
+            clients.append(client)
+        x = torch.randn(6, 8, generator=torch.Generator().manual_seed(5))
+        y = torch.tensor([0, 1, 2, 0, 1, 2])
+        for step in range(3):
+            grads = []
+            for i, (model, flat, client) in enumerate(zip(models, flats, clients)):
+                flat.grads.zero_()
+                client.begin_step(step)
+                torch.nn.functional.cross_entropy(model(x[i * 3:(i + 1) * 3]), y[i * 3:(i + 1) * 3]).backward()
+                grads.append(flat.grads.clone())
+            for client in clients:
+                client.finish_step(step)
+            ref_flat.grads.copy_(grads[0] + grads[1]).div_(2)  # the central server's average and step
+            ref_opt.step()
+            for flat in flats:
+                assert torch.equal(flat.params, ref_flat.params)
+        assert server.updates == 3 * len(parts) and server.failure is None
+    finally:
+        for client in clients:
+            client.close()
+        server.close()
+
+
+def test_a_shard_refuses_a_peer_without_the_secret():
+    from wiiide.ps.client import ShardFailed, connect_shard
+    from wiiide.ps.shard import ROLE_WORKER, ShardServer
+
+    cfg = RunConfig(num_workers=1, log_tier="silent", handshake_timeout_s=2, connect_timeout_s=2)
+    metrics, log = _node(cfg, "worker", "shard1")
+    server = ShardServer(cfg, SECRET, metrics, log, 1)
+    port = server.listen()
+    server.configure(partition_flat(100, 2, 64), np.zeros(100, np.float32), lossy_pulls=False)
+    server.start()
+    try:
+        m, lg = _node(cfg, "worker", "intruder")
+        with pytest.raises(ShardFailed, match="handshake with shard 1"):
+            connect_shard(cfg, b"not-the-secret", m, lg, "127.0.0.1", port, 1, ROLE_WORKER, 1, "intruder")
+        assert metrics.event_counts.get("shard_connection_refused") == 1
+        with pytest.raises(ShardFailed, match="shard 2's welcome|handshake"):  # a shard must prove its id too
+            connect_shard(cfg, SECRET, m, lg, "127.0.0.1", port, 2, ROLE_WORKER, 1, "w1")
+    finally:
+        server.close()
