@@ -73,11 +73,12 @@ def test_a_lost_shard_fails_the_run_with_its_cause(tmp_path, node_env, node_proc
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(1.0)
-    workers[1].kill()  # worker 2 hosts shard 2
+    workers[1].kill()  # node w2: every worker hosts a shard (its rank is its join order)
     code = node_procs.wait(coord, 60)
     assert code == 4, node_procs.stderr(coord)[-2000:]
     c = json.loads((metrics_dir / "coordinator.json").read_text())
     assert c["status"] == "failed" and "sharded run" in c["error"], c["error"]
-    assert "lost worker 2" in c["error"], c["error"]  # names the worker that died (and what followed)
+    rank = next(e["rank"] for e in c["events"] if e["event"] == "worker_joined" and e["node_id"] == "w2")
+    assert f"lost worker {rank}" in c["error"], c["error"]  # names the worker that died (and what followed)
     for w in (workers[0], workers[2]):
         assert node_procs.wait(w, 60) != 0  # the survivors end too, with an error, not a hang
