@@ -34,6 +34,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from wiiide.codecs.policy import check_policy_name
 from wiiide.errors import ConfigError
+from wiiide.units import MIB as _MIB
 from wiiide.units import parse_rate_bps, parse_size_bytes
 
 ENV_PREFIX = "WIIIIIDE_"
@@ -130,6 +131,13 @@ def _buffer_size(value: int) -> int:
     return value
 
 
+def _ps_shards(value: str) -> str:
+    text = value.strip().lower()
+    if text != "all" and not (text.isdigit() and 1 <= int(text) <= 257):
+        raise ValueError("expected 1, all, or an integer 1..nodes (coordinator + workers)")
+    return text
+
+
 def _policy_name(value: str) -> str:
     problem = check_policy_name(value)
     if problem is not None:
@@ -157,6 +165,7 @@ LayerWidths = Annotated[tuple[Annotated[int, Field(ge=1, le=65536)], ...],
                         BeforeValidator(_to_int_tuple)]
 BufferBytes = Annotated[SizeBytes, AfterValidator(_buffer_size)]
 PolicyName = Annotated[Str, AfterValidator(_policy_name)]
+PsShards = Annotated[Str, AfterValidator(_ps_shards)]
 
 
 def _field(default: Any, allowed: str, description: str, **constraints: Any) -> Any:
@@ -267,6 +276,19 @@ class RunConfig(BaseSettings):
                                        "step (tests' straggler)", ge=0.0, le=60.0)
     debug_sleep_worker_rank: Int = _field(0, "0 (every worker) or a worker rank 1..256",
                                           "debug_step_sleep_s applies to this worker rank only", ge=0, le=256)
+    # --- sharded parameter server (wiiide/ps/) -------------------------------------------------
+    ps_shards: PsShards = _field("1", "1 | all | an integer 1..nodes (coordinator + workers)",
+                                 "wiiide: server shards; 1: the central server on the coordinator; all: one on "
+                                 "every node (coordinator and each worker); k: the coordinator and workers 1..k-1")
+    partition_bytes: SizeBytes = _field(4 * _MIB, "4 bytes..1 GiB",
+                                        "ps_shards > 1: largest parameter partition (BytePS's default 4 MiB); "
+                                        "at least one partition per shard", ge=4, le=1024 * _MIB)
+    shard_port: Int = _field(0, "0 (a free port, reported at join) or 1..65535",
+                             "ps_shards > 1: TCP port a node's shard listens on", ge=0, le=65535)
+    batch_handout: Literal["auto", "indices", "samples"] = _field(
+        "auto", "auto | indices | samples",
+        "ps_shards > 1: send a worker the batch's indices (it holds the data set) or its samples; auto: "
+        "indices when the worker's data set has the coordinator's fingerprint")
 
     # --- sockets --------------------------------------------------------------------------------
     sndbuf_bytes: BufferBytes = _field(8 * MIB, "0 (kernel default) or 4096..1 GiB",
@@ -369,6 +391,9 @@ class RunConfig(BaseSettings):
             _check(getattr(self, name) == 0 or self.eval_every_s > 0, name, getattr(self, name),
                    "0 unless eval_every_s > 0 (a target needs evaluations during training)")
         _validate_engine(self)
+        nodes = self.num_workers + 1
+        _check(self.ps_shards == "all" or int(self.ps_shards) <= nodes, "ps_shards", self.ps_shards,
+               f"1, all, or an integer 1..{nodes} (coordinator + {self.num_workers} workers)")
         return self
 
     # ------------------------------------------------------------------------------------------
@@ -501,11 +526,19 @@ def _validate_engine(c: RunConfig) -> None:
             ("debug_step_sleep_s", c.debug_step_sleep_s != 0, c.engine == "wiiide", "engine wiiide"),
             ("mixed_precision", c.mixed_precision != "none", torch_engine, "engine ddp or fsdp"),
             ("profile", c.profile, torch_engine, "engine ddp or fsdp"),
-            ("compression", c.compression != default_compression, c.engine == "wiiide", "engine wiiide")]
+            ("compression", c.compression != default_compression, c.engine == "wiiide", "engine wiiide"),
+            ("ps_shards", c.ps_shards != "1", c.engine == "wiiide", "engine wiiide")]
     for name, is_set, applies, needs in only:
         if is_set and not applies:
             raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs {needs} "
                               f"(engine is {c.engine!r}, ddp_comm_hook {c.ddp_comm_hook!r})")
+    if c.ps_shards != "1":  # the sharded servers run synchronous rounds of one batch, evaluated at the end
+        for name, is_set in (("staleness_bound", c.staleness_bound != 0), ("local_steps", c.local_steps != 1),
+                             ("adaptive_batch", c.adaptive_batch), ("grad_accum_steps", c.grad_accum_steps != 1),
+                             ("eval_every_s", c.eval_every_s != 0)):
+            if is_set:
+                raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs ps_shards 1 (the central "
+                                  f"server); the sharded servers (ps_shards {c.ps_shards!r}) do not offer it yet")
     if c.engine == "wiiide":
         _check(c.batch_size >= c.grad_accum_steps, "grad_accum_steps", c.grad_accum_steps,
                f"at most batch_size = {c.batch_size} (every micro-batch needs a sample)")

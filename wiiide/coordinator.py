@@ -81,6 +81,8 @@ from wiiide.protocol import (
     WireTensor,
     encode_message,
 )
+from wiiide.ps.digest import params_digest
+from wiiide.ps.partition import resolve_shards
 from wiiide.sockets import configure_socket
 from wiiide.tensors import to_wire
 
@@ -163,16 +165,22 @@ class Coordinator:
             self._listen()
             self._accept_workers(spec)
             wait_for_start_gate(cfg, self.metrics, self.log)  # links shaped before any training traffic
-            self.evaluator = evaluator_for(cfg, lambda: build_mlp(data.num_features, cfg.hidden_sizes,
-                                                                  data.num_classes, cfg.seed), data)
-            if uses_pace(cfg):  # workers at their own pace (wiiide.pace.server)
-                touch(str(Path(cfg.metrics_dir) / TRAINING_MARKER))
-                PaceServer(self, data, flat, optimizer).run()
+            if self.cfg.ps_shards != "1":  # sharded servers (wiiide/ps/): the shards train, this node keeps the barrier
+                from wiiide.ps.session import run_coordinator
+
+                run_coordinator(self, data, model, flat, TRAINING_MARKER)
             else:
-                self._train(data, model, flat, optimizer)
-            self._stop_workers("finished")
+                self.evaluator = evaluator_for(cfg, lambda: build_mlp(data.num_features, cfg.hidden_sizes,
+                                                                      data.num_classes, cfg.seed), data)
+                if uses_pace(cfg):  # workers at their own pace (wiiide.pace.server)
+                    touch(str(Path(cfg.metrics_dir) / TRAINING_MARKER))
+                    PaceServer(self, data, flat, optimizer).run()
+                else:
+                    self._train(data, model, flat, optimizer)
+                self._stop_workers("finished")
             accuracy, test_loss = evaluate(model, data.x_test, data.y_test)
-            self.metrics.extra.update({"test_accuracy": accuracy, "test_loss": test_loss})
+            self.metrics.extra.update({"test_accuracy": accuracy, "test_loss": test_loss,
+                                       "params_digest": params_digest(flat.params.numpy())})
             self.log.info("held-out accuracy %.4f, loss %.4f after %d steps", accuracy, test_loss, self.metrics.steps)
         finally:
             self.metrics.extra["batches_per_worker"] = {str(w.rank): w.batches for w in self.workers}
@@ -333,6 +341,7 @@ class Coordinator:
         try:
             conn.send([encode_message("welcome", {
                 "rank": rank, "world_size": cfg.num_workers + 1, "num_workers": cfg.num_workers, "model": self._spec,
+                **({"ps_shards": resolve_shards(cfg.ps_shards, cfg.num_workers + 1)} if cfg.ps_shards != "1" else {}),
                 "mac": welcome_mac(self.secret, PROTOCOL_VERSION, joining.nonce_w, joining.nonce_c, rank),
             })])
         except OSError as exc:

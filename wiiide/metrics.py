@@ -131,6 +131,17 @@ class NodeMetrics:
         """Seconds since this object was made (the node's start)."""
         return self._clock() - self._t0
 
+    def record_worker_step(self, samples: int, loss: float, seconds: float, batches: int = 1) -> None:
+        """Count one step (one push) of a worker: `batches` trained batches (local SGD: H of them) of
+        `samples` samples in all, their mean `loss` and the step's `seconds`; samples the RSS every 50 steps."""
+        self.steps += 1
+        self.batches += batches
+        self.samples += samples
+        self.losses.append(loss)
+        self.step_times_s.append(seconds)
+        if self.steps % 50 == 0:
+            self.sample_rss()
+
     def sample_rss(self) -> int:
         """The process's resident set size now, in bytes (psutil); kept for the peak and the summary."""
         rss = self._proc.memory_info().rss

@@ -167,7 +167,15 @@ class Worker:
             metrics.rank = rank
             self.log.info("joined as worker %d of %s", rank, welcome.meta.get("num_workers"))
             heartbeats = Heartbeats(lambda: [conn], cfg.heartbeat_interval_s).start()
-            self._train(conn, model)
+            ps_shards = welcome.meta.get("ps_shards", 1)
+            if type(ps_shards) is not int or not 1 <= ps_shards <= rank + 256:  # noqa: E721 (True == 1)
+                raise ProtocolError(f"welcome carries a bad ps_shards {ps_shards!r:.40}")
+            if ps_shards == 1:
+                self._train(conn, model)
+            else:  # sharded servers (wiiide/ps/)
+                from wiiide.ps.session import run_worker
+
+                run_worker(self, conn, model, welcome.meta, secret)
         except (PeerClosed, ConnectionError, socket.timeout) as exc:
             cause = (f"no frame for io_timeout_s={cfg.io_timeout_s:g} s" if isinstance(exc, socket.timeout) else str(exc))
             raise _Lost(cause) from None
@@ -209,13 +217,7 @@ class Worker:
             frame = self.policy.encode("gradients", {"step": step, "loss": loss_value, "samples": int(x.shape[0])},
                                        [to_wire(*update)])
             conn.send([frame])
-            metrics.steps += 1
-            metrics.batches += local_steps
-            metrics.samples += int(x.shape[0])
-            metrics.losses.append(loss_value)
-            metrics.step_times_s.append(time.perf_counter() - t0)
-            if metrics.steps % 50 == 0:
-                metrics.sample_rss()
+            metrics.record_worker_step(int(x.shape[0]), loss_value, time.perf_counter() - t0, batches=local_steps)
             self.log.step(metrics.steps, "step %s: loss %.4f", step, metrics.losses[-1])
 
 

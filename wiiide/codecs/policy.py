@@ -357,6 +357,14 @@ class CompressionPolicy:
         self.link.observe(msg.payload_nbytes, msg.payload_recv_s)
         self.record["link_bandwidth_bps_measured"] = self.link.bps
 
+    def drop_residuals(self, stream: str, name: str) -> None:
+        """Forget the error-feedback residual any of this policy's codecs keeps for tensor `name` of `stream`
+        (top-k's), for a caller that keeps its own residual (`wiiide.ps.feedback`)."""
+        for codec in [*self._codecs.values(), self._fixed]:
+            residuals = getattr(codec, "residuals", None)
+            if isinstance(residuals, dict):
+                residuals.pop(f"{stream}/{name}", None)
+
     def close(self) -> None:
         """Stop the codec pool's threads; frame readers given `pool` must not decode afterwards."""
         self.pool.close()

@@ -1,0 +1,84 @@
+"""Sharded parameter servers (wiiide/ps/, issue 11) on loopback: ``python -m wiiide`` subprocesses.
+
+- central (ps_shards 1) and sharded (ps_shards all) training from the same seed reach the same
+  parameters after 20 steps (fp32; the coordinator's ``params_digest``);
+- a lossy codec both ways keeps every worker's copy equal to the shards' parameters (delta pulls);
+- a worker holding a shard that dies fails the run cleanly, with the cause named.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from tests.unit.conftest import free_port, node_env, node_procs  # noqa: F401  (fixtures)
+
+RUN = {"num_workers": 3, "hidden_sizes": "64,64", "max_steps": 20, "duration_s": 120, "momentum": 0.9,
+       "learning_rate": 0.05, "seed": 3, "partition_bytes": "8KiB"}
+
+
+def _run(node_env, node_procs, metrics_dir: Path, **fields) -> dict:  # noqa: F811
+    fields = {**RUN, "metrics_dir": metrics_dir, **fields}
+    coord = node_procs.start("coordinator", node_env(node_id="coord", **fields), name=f"{metrics_dir.name}-coord")
+    workers = [node_procs.start("worker", node_env(node_id=f"w{i}", **fields), name=f"{metrics_dir.name}-w{i}")
+               for i in range(1, fields["num_workers"] + 1)]
+    codes = [node_procs.wait(p, 120) for p in (coord, *workers)]
+    assert codes == [0] * len(codes), [node_procs.stderr(p)[-1500:] for p in (coord, *workers)]
+    return {p.stem: json.loads(p.read_text()) for p in metrics_dir.glob("*.json")}
+
+
+def test_central_and_sharded_reach_the_same_parameters(tmp_path, node_env, node_procs):  # noqa: F811
+    central = _run(node_env, node_procs, tmp_path / "central", ps_shards=1)
+    sharded = _run(node_env, node_procs, tmp_path / "sharded", ps_shards="all")
+    c, s = central["coordinator"]["params_digest"], sharded["coordinator"]["params_digest"]
+    assert central["coordinator"]["steps"] == sharded["coordinator"]["steps"] == 20
+    assert c["numel"] == s["numel"] == 64 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10
+    for a, b in zip([c["sum"], c["l2"], *c["projections"]], [s["sum"], s["l2"], *s["projections"]]):
+        assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-4), (c, s)
+    ps = sharded["coordinator"]["ps"]
+    assert ps["ps_shards"] == 4 and len(ps["shard_loads_bytes"]) == 4 and min(ps["shard_loads_bytes"]) > 0
+    assert set(ps["batch_handout"].values()) == {"indices"}  # every worker holds the digits set
+    for rank in (1, 2, 3):
+        w = sharded[f"worker-{rank}"]
+        assert w["steps"] == 20 and w["ps"]["batch_handout"] == "indices"
+        assert w["ps"]["param_max_abs_diff"] == 0.0  # fp32 pulls: the worker's copy is the shard's
+    assert sharded["worker-1"]["ps"]["shard"]["updates"] == 20 * sharded["worker-1"]["ps"]["shard"]["partitions"]
+    assert abs(central["coordinator"]["test_accuracy"] - sharded["coordinator"]["test_accuracy"]) < 0.01
+
+
+def test_lossy_both_ways_keeps_the_workers_copy_on_the_shards(tmp_path, node_env, node_procs):  # noqa: F811
+    out = _run(node_env, node_procs, tmp_path / "int8", ps_shards="all", compression="fixed:int8",
+               lossy_warmup_steps=5, batch_handout="samples")
+    for rank in (1, 2, 3):
+        w = out[f"worker-{rank}"]
+        assert w["ps"]["batch_handout"] == "samples"
+        # int8 of a delta: its error is carried to the next pull; after the last pull the copy is within
+        # half an int8 step of the last update's delta, far below the parameters' scale (about 0.1)
+        assert w["ps"]["param_max_abs_diff"] < 1e-3, w["ps"]
+        assert any("int8" in choices.get("gradients", {}) for choices in w["ps"]["push_policy"])
+    assert out["coordinator"]["ps"]["shard"]["pull_policy"]["gradients"]["int8"] > 0
+    assert out["coordinator"]["test_accuracy"] > 0.5
+
+
+def test_a_lost_shard_fails_the_run_with_its_cause(tmp_path, node_env, node_procs):  # noqa: F811
+    metrics_dir = tmp_path / "lost"
+    fields = {**RUN, "metrics_dir": metrics_dir, "ps_shards": "all", "max_steps": 0, "duration_s": 60,
+              "io_timeout_s": 5, "heartbeat_interval_s": 0.5}
+    coord = node_procs.start("coordinator", node_env(node_id="coord", **fields))
+    workers = [node_procs.start("worker", node_env(node_id=f"w{i}", **fields), name=f"worker-{i}") for i in (1, 2, 3)]
+    marker = metrics_dir / "coordinator.training"
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    workers[1].kill()  # node w2: every worker hosts a shard (its rank is its join order)
+    code = node_procs.wait(coord, 60)
+    assert code == 4, node_procs.stderr(coord)[-2000:]
+    c = json.loads((metrics_dir / "coordinator.json").read_text())
+    assert c["status"] == "failed" and "sharded run" in c["error"], c["error"]
+    rank = next(e["rank"] for e in c["events"] if e["event"] == "worker_joined" and e["node_id"] == "w2")
+    assert f"lost worker {rank}" in c["error"], c["error"]  # names the worker that died (and what followed)
+    for w in (workers[0], workers[2]):
+        assert node_procs.wait(w, 60) != 0  # the survivors end too, with an error, not a hang

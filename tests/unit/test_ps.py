@@ -1,0 +1,205 @@
+"""Sharded parameter servers (wiiide/ps/): partitioning, error feedback both ways, delta pulls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wiiide.codecs.policy import CompressionPolicy
+from wiiide.config import RunConfig
+from wiiide.errors import ConfigError
+from wiiide.model import FlatParams, build_mlp
+from wiiide.ps.digest import params_digest
+from wiiide.ps.feedback import ErrorFeedback, PullReplica, decoded_values
+from wiiide.ps.partition import partition_flat, resolve_shards, shard_loads_bytes
+from wiiide.ps.session import policy_may_be_lossy
+from wiiide.units import MIB
+
+DIGITS_MLP_NUMEL = 64 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10  # 301,066: 1.2 MB
+
+
+@pytest.mark.parametrize("numel, shards, partition_bytes", [
+    (DIGITS_MLP_NUMEL, 5, 4 * MIB), (DIGITS_MLP_NUMEL, 9, 4 * MIB), (6_500_000, 5, 4 * MIB),
+    (6_500_000, 9, 1 * MIB), (10, 9, 4 * MIB), (7, 3, 4), (1000, 1, 64)])
+def test_partitions_tile_the_vector_and_balance_the_shards(numel, shards, partition_bytes):
+    parts = partition_flat(numel, shards, partition_bytes)
+    covered = np.zeros(numel, dtype=np.int64)
+    for p in parts:
+        covered[p.start:p.stop] += 1
+        assert 0 < p.nbytes <= partition_bytes
+    assert covered.min() == covered.max() == 1  # every element in exactly one partition
+    assert [p.index for p in parts] == list(range(len(parts)))
+    loads = shard_loads_bytes(parts, shards)
+    assert sum(loads) == numel * 4
+    if len(parts) >= shards:
+        assert min(loads) > 0  # a small model spreads over every shard too
+    assert max(loads) - min(loads) <= max(p.nbytes for p in parts)  # within one partition's size
+
+
+def test_the_digits_model_spreads_over_every_shard():
+    parts = partition_flat(DIGITS_MLP_NUMEL, 5, 4 * MIB)  # 1.2 MB < 4 MiB: still one partition per shard
+    assert len(parts) == 5 and sorted(p.shard for p in parts) == [0, 1, 2, 3, 4]
+    big = partition_flat(6_500_000, 5, 4 * MIB)  # 26 MB: big tensors split into 4 MiB pieces
+    assert len(big) == 7 and all(p.nbytes <= 4 * MIB for p in big)
+
+
+def test_resolve_shards():
+    assert resolve_shards("all", 5) == 5 and resolve_shards("1", 5) == 1 and resolve_shards(3, 5) == 3
+    for bad in ("0", "6", "many", True):
+        with pytest.raises(ConfigError, match="ps_shards"):
+            resolve_shards(bad, 5)
+
+
+@pytest.mark.parametrize("codec", ["fixed:int8", "fixed:topk-0.05", "fixed:fp16", "fixed:bf16", "fixed:none",
+                                   "fixed:zstd-1"])
+def test_error_feedback_sent_plus_residual_is_the_sum_of_inputs(codec):
+    rng = np.random.default_rng(1)
+    policy = CompressionPolicy(codec)
+    feedback = ErrorFeedback("push")
+    inputs_sum = np.zeros(5000, dtype=np.float64)
+    sent_sum = np.zeros(5000, dtype=np.float64)
+    for step in range(12):
+        g = rng.standard_normal(5000).astype(np.float32) * (1 + step)
+        inputs_sum += g
+        frame, sent = feedback.encode(policy, {"step": step}, "p0", g, dense=step < 2)
+        assert np.array_equal(decoded_values(frame, "p0", 5000), sent)  # what the receiver decodes
+        sent_sum += sent
+    residual = feedback.residual("p0")
+    total = sent_sum + (residual if residual is not None else 0)
+    assert np.allclose(total, inputs_sum, rtol=0, atol=1e-3)
+    if codec in ("fixed:none", "fixed:zstd-1"):
+        assert residual is None
+    else:
+        assert residual is not None and np.abs(residual).max() > 0
+
+
+def test_topk_error_feedback_is_counted_once():
+    """Top-k keeps its own residual in the codec; with the feedback's it would send the error twice."""
+    policy = CompressionPolicy("fixed:topk-0.1")
+    feedback = ErrorFeedback("push")
+    g = np.arange(100, dtype=np.float32)
+    sent_total = np.zeros(100)
+    for step in range(30):
+        _, sent = feedback.encode(policy, {}, "p0", g if step == 0 else np.zeros(100, np.float32), dense=False)
+        sent_total += sent
+    assert np.allclose(sent_total, g)  # all of g arrived, once, and nothing more
+    assert feedback.residual("p0") is None or not np.any(feedback.residual("p0"))
+
+
+@pytest.mark.parametrize("codec", ["fixed:int8", "fixed:topk-0.01", "fixed:fp16"])
+def test_delta_pulls_keep_the_workers_copy_on_the_shards_parameters(codec):
+    """A worker applying every pull (absolute or delta) holds the replica exactly; the gap to the
+    shard's parameters is what the lossy codec still owes, and it does not grow over the steps."""
+    rng = np.random.default_rng(2)
+    params = rng.standard_normal(20_000).astype(np.float32)
+    replica = PullReplica(params)
+    policy = CompressionPolicy(codec)
+    worker = params.copy()
+    gaps = []
+    for step in range(40):
+        params = params - 0.01 * rng.standard_normal(params.size).astype(np.float32)
+        frame = replica.frame_for(policy, {"step": step}, "p0", params, dense=step < 3)
+        values = decoded_values(frame, "p0", params.size)
+        delta = frame.buffers[0].find(b'"delta":true') >= 0
+        worker = worker + values if delta else values.copy()
+        assert np.array_equal(worker, replica.replica)
+        gaps.append(replica.max_abs_gap(params))
+    assert gaps[2] == 0.0  # dense steps are exact
+    assert max(gaps[20:]) < 5 * max(gaps[3:20]) + 1e-6  # bounded: the error is fed back, not accumulated
+
+
+def test_policy_may_be_lossy():
+    assert policy_may_be_lossy(RunConfig(compression="fixed:int8"))
+    assert not policy_may_be_lossy(RunConfig(compression="fixed:zstd-1"))
+    assert not policy_may_be_lossy(RunConfig(compression="network-aware"))
+    assert policy_may_be_lossy(RunConfig(compression="network-aware+lossy"))
+
+
+def test_params_digest_tells_close_from_different():
+    flat = FlatParams(build_mlp(64, [32], 10, seed=0)).params.numpy().copy()
+    a, b = params_digest(flat), params_digest(flat + 1e-7)
+    c = params_digest(flat * 1.01)
+    assert a["sha256"] != b["sha256"] and np.allclose(a["projections"], b["projections"], atol=1e-3)
+    assert not np.allclose(a["projections"], c["projections"], atol=1e-3)
+
+
+# --- a shard and its clients in this process, on loopback -------------------------------------------
+SECRET = b"ps-unit-tests-secret-0123456789abcdef"
+
+
+def _node(cfg: RunConfig, role: str, name: str):
+    from wiiide.log import TieredLog
+    from wiiide.metrics import NodeMetrics
+
+    return NodeMetrics(role, name), TieredLog(cfg, name)
+
+
+def test_a_shard_averages_pushes_steps_its_optimizer_slice_and_answers_every_worker():
+    import torch
+
+    from wiiide.model import MomentumSGD
+    from wiiide.ps.client import ShardClient
+    from wiiide.ps.shard import ROLE_WORKER, ShardServer
+
+    cfg = RunConfig(num_workers=2, log_tier="silent", learning_rate=0.1, momentum=0.9, io_timeout_s=5,
+                    connect_timeout_s=5)
+    metrics, log = _node(cfg, "coordinator", "shard0")
+    models = [build_mlp(8, [4], 3, seed=0) for _ in range(2)]
+    flats = [FlatParams(m) for m in models]
+    parts = partition_flat(flats[0].numel, 1, 64)  # several partitions, all on shard 0
+    assert len(parts) > 2
+    server = ShardServer(cfg, SECRET, metrics, log, 0)
+    port = server.listen()
+    server.configure(parts, flats[0].params.numpy().copy(), lossy_pulls=False)
+    server.start()
+    reference = build_mlp(8, [4], 3, seed=0)
+    ref_flat = FlatParams(reference)
+    ref_opt = MomentumSGD(reference.parameters(), lr=0.1, momentum=0.9)
+    clients = []
+    try:
+        for rank, (model, flat) in enumerate(zip(models, flats), start=1):
+            m, lg = _node(cfg, "worker", f"w{rank}")
+            client = ShardClient(cfg, SECRET, m, lg, [("127.0.0.1", port)], ROLE_WORKER, rank, f"w{rank}")
+            client.attach(model, flat, parts, lossy=False)
+            clients.append(client)
+        x = torch.randn(6, 8, generator=torch.Generator().manual_seed(5))
+        y = torch.tensor([0, 1, 2, 0, 1, 2])
+        for step in range(3):
+            grads = []
+            for i, (model, flat, client) in enumerate(zip(models, flats, clients)):
+                flat.grads.zero_()
+                client.begin_step(step)
+                torch.nn.functional.cross_entropy(model(x[i * 3:(i + 1) * 3]), y[i * 3:(i + 1) * 3]).backward()
+                grads.append(flat.grads.clone())
+            for client in clients:
+                client.finish_step(step)
+            ref_flat.grads.copy_(grads[0] + grads[1]).div_(2)  # the central server's average and step
+            ref_opt.step()
+            for flat in flats:
+                assert torch.equal(flat.params, ref_flat.params)
+        assert server.updates == 3 * len(parts) and server.failure is None
+    finally:
+        for client in clients:
+            client.close()
+        server.close()
+
+
+def test_a_shard_refuses_a_peer_without_the_secret():
+    from wiiide.ps.client import ShardFailed, connect_shard
+    from wiiide.ps.shard import ROLE_WORKER, ShardServer
+
+    cfg = RunConfig(num_workers=1, log_tier="silent", handshake_timeout_s=2, connect_timeout_s=2)
+    metrics, log = _node(cfg, "worker", "shard1")
+    server = ShardServer(cfg, SECRET, metrics, log, 1)
+    port = server.listen()
+    server.configure(partition_flat(100, 2, 64), np.zeros(100, np.float32), lossy_pulls=False)
+    server.start()
+    try:
+        m, lg = _node(cfg, "worker", "intruder")
+        with pytest.raises(ShardFailed, match="handshake with shard 1"):
+            connect_shard(cfg, b"not-the-secret", m, lg, "127.0.0.1", port, 1, ROLE_WORKER, 1, "intruder")
+        assert metrics.event_counts.get("shard_connection_refused") == 1
+        with pytest.raises(ShardFailed, match="shard 2's welcome|handshake"):  # a shard must prove its id too
+            connect_shard(cfg, SECRET, m, lg, "127.0.0.1", port, 2, ROLE_WORKER, 1, "w1")
+    finally:
+        server.close()

@@ -1,0 +1,294 @@
+"""A node's connections to every server shard: pushes out from backward hooks, pulls in.
+
+A worker pushes each partition's gradient to the partition's shard the moment backward has produced
+it: per-parameter hooks (``Tensor.register_post_accumulate_grad_hook``) count down the parameters
+each partition overlaps, as DDP's Reducer marks a bucket ready when its last gradient arrives, so
+the last layers' partitions are on the wire while backward still runs. Each shard connection has a
+sender thread (encodes with error feedback, `wiiide.ps.feedback.ErrorFeedback`, and sends) and a
+receiver thread (decodes pulls into an inbox): full duplex. The main thread applies the pulls (an
+absolute value or a delta) once backward is over and all partitions of the step are in.
+
+The coordinator uses the same client with role ``coordinator`` (no pushes) to pull the final
+parameters (``pull_final``).
+
+Handshake: the worker side of `wiiide.auth`'s challenge-response; the hello's node id is
+``<role>-<rank>@<node id>`` (so the MAC covers the rank) and the shard's welcome MAC covers its shard id.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from wiiide.auth import (
+    HANDSHAKE_MAX_FRAME_BYTES,
+    check_nonce,
+    hello_mac,
+    new_nonce,
+    verify,
+    welcome_mac,
+)
+from wiiide.codecs.policy import CompressionPolicy
+from wiiide.config import RunConfig
+from wiiide.errors import ProtocolError
+from wiiide.log import TieredLog
+from wiiide.metrics import NodeMetrics
+from wiiide.model import FlatParams
+from wiiide.node import Connection, Heartbeats, NodeFailure
+from wiiide.protocol import PROTOCOL_VERSION, encode_message
+from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback
+from wiiide.ps.partition import Partition
+from wiiide.ps.shard import drain_outbox
+from wiiide.sockets import configure_socket
+
+CONNECT_RETRY_S = 0.05
+BYE = encode_message("bye")
+PULL_FINAL = encode_message("pull_final")
+
+
+class ShardFailed(NodeFailure):
+    """A shard (or the connection to it) failed: the sharded run cannot go on."""
+
+
+@dataclass
+class _Link:
+    shard: int
+    conn: Connection
+    policy: CompressionPolicy
+    outbox: "queue.Queue" = field(default_factory=queue.Queue)
+
+
+def connect_shard(cfg: RunConfig, secret: bytes, metrics: NodeMetrics, log: TieredLog, host: str, port: int,
+                  shard: int, role: str, rank: int, node_id: str, pool=None) -> Connection:
+    """Connect (retrying for connect_timeout_s) and authenticate to shard `shard` at host:port.
+
+    Raises:
+        ShardFailed: unreachable, refused, or a welcome that does not authenticate the shard.
+    """
+    deadline = time.monotonic() + cfg.connect_timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            configure_socket(sock, cfg)
+            sock.settimeout(cfg.handshake_timeout_s)
+            sock.connect((host, port))
+            break
+        except OSError as exc:
+            sock.close()
+            last = exc
+            time.sleep(CONNECT_RETRY_S)
+    else:
+        raise ShardFailed(f"could not reach shard {shard} at {host}:{port} within connect_timeout_s="
+                          f"{cfg.connect_timeout_s:g} s: {last}")
+    conn = Connection(sock, cfg, metrics, log, f"shard {shard}", max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES, pool=pool)
+    try:
+        challenge = conn.receive(["challenge"])
+        nonce_c = check_nonce(challenge.meta.get("nonce"), "challenge")
+        nonce_w = new_nonce()
+        hello_id = f"{role}-{rank}@{node_id}"[:160]
+        conn.send([encode_message("hello", {
+            "protocol_version": PROTOCOL_VERSION, "node_id": hello_id, "nonce": nonce_w, "rank": rank, "role": role,
+            "mac": hello_mac(secret, PROTOCOL_VERSION, nonce_c, nonce_w, hello_id)})])
+        welcome = conn.receive(["welcome"])
+        verify(welcome_mac(secret, PROTOCOL_VERSION, nonce_w, nonce_c, shard), welcome.meta.get("mac"),
+               f"shard {shard}'s welcome")
+    except (ProtocolError, OSError) as exc:
+        conn.close()
+        raise ShardFailed(f"handshake with shard {shard} at {host}:{port} failed: {type(exc).__name__}: {exc}") from None
+    conn.reader.max_frame_bytes = cfg.max_frame_bytes
+    sock.settimeout(cfg.io_timeout_s)
+    return conn
+
+
+class ShardClient:
+    """Connections to every shard (`addresses[s]` = (host, port) of shard s) for a node of `role`/`rank`.
+
+    Workers call `attach` (the model, the partitions), then per step `begin_step`, backward (the hooks
+    push), `finish_step` (waits for and applies the pulls). The coordinator calls `pull_final`.
+    `close` says goodbye to every shard.
+    """
+
+    def __init__(self, cfg: RunConfig, secret: bytes, metrics: NodeMetrics, log: TieredLog,
+                 addresses: Sequence[tuple[str, int]], role: str, rank: int, node_id: str) -> None:
+        self.cfg, self.metrics, self.log = cfg, metrics, log
+        self.links: list[_Link] = []
+        self.inbox: queue.Queue = queue.Queue()
+        self.feedback = ErrorFeedback("push")
+        self._closing = threading.Event()
+        self._partitions: list[Partition] = []
+        self._flat: FlatParams | None = None
+        self._step = 0
+        self._dense = True
+        self._lossy = False
+        for shard, (host, port) in enumerate(addresses):
+            policy = CompressionPolicy.from_config(cfg.replace(lossy_warmup_steps=0))
+            conn = connect_shard(cfg, secret, metrics, log, host, port, shard, role, rank, node_id, policy.pool)
+            self.links.append(_Link(shard, conn, policy))
+        for link in self.links:
+            threading.Thread(target=self._receive_loop, args=(link,), name=f"pull <- {link.shard}", daemon=True).start()
+            threading.Thread(target=self._send_loop, args=(link,), name=f"push -> {link.shard}", daemon=True).start()
+        self._heartbeats = Heartbeats(lambda: [link.conn for link in self.links], cfg.heartbeat_interval_s).start()
+
+    # --- worker -----------------------------------------------------------------------------------
+    def attach(self, model: nn.Module, flat: FlatParams, partitions: Sequence[Partition], lossy: bool) -> None:
+        """Register the hooks that push each partition once every parameter overlapping it has its gradient.
+
+        `lossy`: the policy may choose a lossy codec (after ``lossy_warmup_steps`` steps).
+        """
+        self._flat, self._partitions, self._lossy = flat, list(partitions), lossy
+        starts = np.array([p.start for p in partitions])
+        overlaps: list[list[int]] = []
+        offset = 0
+        params = list(model.parameters())
+        for p in params:
+            first = int(np.searchsorted(starts, offset, side="right")) - 1
+            covered = []
+            i = first
+            while i < len(partitions) and partitions[i].start < offset + p.numel():
+                covered.append(i)
+                i += 1
+            overlaps.append(covered)
+            offset += p.numel()
+        self._needed = [0] * len(partitions)
+        for covered in overlaps:
+            for i in covered:
+                self._needed[i] += 1
+        self._remaining = list(self._needed)
+        for p, covered in zip(params, overlaps):
+            p.register_post_accumulate_grad_hook(lambda _p, covered=covered: self._grad_ready(covered))
+
+    def begin_step(self, step: int) -> None:
+        """Arm the hooks for `step` (call before backward)."""
+        self._step = step
+        self._dense = not self._lossy or step < self.cfg.lossy_warmup_steps
+        self._remaining = list(self._needed)
+
+    def _grad_ready(self, covered: list[int]) -> None:
+        for i in covered:
+            self._remaining[i] -= 1
+            if self._remaining[i] == 0:
+                part = self._partitions[i]
+                self.links[part.shard].outbox.put((self._step, part, self._dense))
+
+    def finish_step(self, step: int) -> float:
+        """Wait for every partition's pull of `step` and apply it; returns the seconds waited.
+
+        Raises:
+            ShardFailed: a shard failed or a connection broke; ProtocolError: a pull for another step.
+        """
+        assert self._flat is not None
+        if any(self._remaining):
+            raise ProtocolError(f"step {step}: backward left {sum(1 for r in self._remaining if r)} partitions "
+                                "without a gradient (a parameter unused by the loss?)")
+        t0 = time.perf_counter()
+        params = self._flat.params
+        for _ in range(len(self._partitions)):
+            kind, meta, values = self._next()
+            index = meta.get("partition")
+            if meta.get("step") != step or type(index) is not int or not 0 <= index < len(self._partitions):  # noqa: E721
+                raise ProtocolError(f"pull for step {meta.get('step')!r:.40} partition {index!r:.40}, expected step {step}")
+            part = self._partitions[index]
+            if values.shape != (part.numel,):
+                raise ProtocolError(f"pull of partition {index}: {values.shape}, expected ({part.numel},)")
+            target = params[part.start:part.stop]
+            with torch.no_grad():
+                if meta.get("delta"):
+                    target += torch.from_numpy(values)
+                else:
+                    target.copy_(torch.from_numpy(values))
+        return time.perf_counter() - t0
+
+    def _next(self, timeout_s: float | None = None):
+        try:
+            item = self.inbox.get(timeout=timeout_s or self.cfg.io_timeout_s * 3)
+        except queue.Empty:
+            raise ShardFailed(f"no pull from the shards for {timeout_s or self.cfg.io_timeout_s * 3:g} s") from None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def _send_loop(self, link: _Link) -> None:
+        def to_frame(item):
+            if not isinstance(item, tuple):
+                return item  # a ready frame (bye, pull_final)
+            step, part, dense = item
+            values = self._flat.grads[part.start:part.stop].numpy()
+            return self.feedback.encode(link.policy, {"step": step, "partition": part.index}, f"p{part.index}",
+                                        values, dense)[0]
+
+        def failed(exc: Exception) -> None:
+            self.inbox.put(ShardFailed(f"push to shard {link.shard} failed: {type(exc).__name__}: {exc}"))
+
+        drain_outbox(link.outbox, link.conn, to_frame, failed)
+
+    def _receive_loop(self, link: _Link) -> None:
+        try:
+            while not self._closing.is_set():
+                msg = link.conn.receive([DENSE_KIND, LOSSY_KIND, "final", "shard_failed"])
+                if msg.kind == "shard_failed":
+                    raise ShardFailed(f"shard {link.shard} failed: {str(msg.meta.get('cause'))[:500]}")
+                if msg.kind == "final":
+                    arrays = {t.name: np.array(t.array, dtype=np.float32, copy=True) for t in msg.tensors}
+                    self.inbox.put(("final", msg.meta, arrays))
+                    continue
+                if len(msg.tensors) != 1 or msg.tensors[0].dtype != "float32":
+                    raise ProtocolError("a pull carries one float32 tensor")
+                self.inbox.put(("pulled", msg.meta, np.array(msg.tensors[0].array, copy=True).reshape(-1)))
+        except Exception as exc:
+            if not self._closing.is_set():
+                cause = exc if isinstance(exc, ShardFailed) else ShardFailed(
+                    f"lost shard {link.shard} ({link.conn.name}): {type(exc).__name__}: {exc}")
+                self.inbox.put(cause)
+
+    # --- coordinator ------------------------------------------------------------------------------
+    def pull_final(self, partitions: Sequence[Partition], numel: int) -> np.ndarray:
+        """The shards' exact current parameters, as one flat float32 vector of `numel`.
+
+        Raises:
+            ShardFailed / ProtocolError: a shard failed or answered with other partitions.
+        """
+        for link in self.links:
+            link.outbox.put(PULL_FINAL)
+        out = np.zeros(numel, dtype=np.float32)
+        seen = set()
+        for _ in self.links:
+            kind, meta, arrays = self._next()
+            if kind != "final":
+                raise ProtocolError(f"expected the shards' final parameters, got {kind!r}")
+            for name, values in arrays.items():
+                index = int(name[1:]) if name[1:].isdigit() else -1
+                if not 0 <= index < len(partitions) or values.shape != (partitions[index].numel,):
+                    raise ProtocolError(f"final parameters: bad partition {name!r:.40} {values.shape}")
+                out[partitions[index].start:partitions[index].stop] = values
+                seen.add(index)
+        if len(seen) != len(partitions):
+            raise ProtocolError(f"final parameters cover {len(seen)} of {len(partitions)} partitions")
+        return out
+
+    def policy_records(self) -> list[dict]:
+        """Each link's push policy choices (codec counts by kind)."""
+        return [link.policy.record["choices"] for link in self.links]
+
+    def close(self) -> None:
+        """Say goodbye to every shard and stop the threads."""
+        self._closing.set()
+        self._heartbeats.stop()
+        for link in self.links:
+            link.outbox.put(BYE)
+            link.outbox.put(None)
+        time.sleep(0)  # let the senders run
+        for link in self.links:
+            deadline = time.monotonic() + 1.0
+            while not link.outbox.empty() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            link.conn.close()
+            link.policy.close()

@@ -1,0 +1,354 @@
+"""Sharded training (``ps_shards`` > 1): the coordinator's loop and a worker's.
+
+After the usual join (`wiiide.coordinator`, `wiiide.worker`, whose welcome carries ``ps_shards``):
+
+1. each worker that hosts a shard (ranks 1..k-1; shard 0 is the coordinator's) starts listening and
+   every worker sends ``ps_join`` (its shard port, the fingerprint of the data set it holds);
+2. the coordinator sends ``ps_plan``: the shards' addresses (the host it saw each worker connect from,
+   ``""`` for its own: the workers' ``coordinator_host``), the partitions (`wiiide.ps.partition`), the
+   batch handout (``indices`` to workers whose data set has the coordinator's fingerprint, else
+   ``samples``) and the initial parameters;
+3. each worker connects to every shard (`wiiide.ps.client`) and sends ``ps_ready``;
+4. per step the coordinator hands out the batches (``batch`` with samples, or ``batch_indices``), one
+   step ahead (`HANDOUT_AHEAD`);
+   each worker computes, pushes and pulls through the shards and reports ``step_done`` (its loss): the
+   coordinator's step barrier. Parameters never pass through the coordinator's link during training;
+5. at the end the coordinator pulls the exact parameters from the shards (for evaluation) and sends
+   them with ``stop``; each worker records the max abs difference between its copy and them.
+
+A lost worker fails the run (its pushes are needed for every partition, and it may host a shard): the
+coordinator exits with code 4 (`wiiide.node.EXIT_PEER_LOST`) and says which worker and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from wiiide.codecs.policy import parse_policy_name
+from wiiide.codecs.registry import codec_from_name
+from wiiide.config import RunConfig
+from wiiide.data import BatchSampler, Dataset, load_dataset
+from wiiide.errors import ProtocolError, WiiideError
+from wiiide.model import FlatParams
+from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure, touch
+from wiiide.protocol import WireTensor, encode_message
+from wiiide.ps.client import ShardClient
+from wiiide.ps.partition import (
+    Partition,
+    partition_flat,
+    resolve_shards,
+    shard_loads_bytes,
+)
+from wiiide.ps.shard import ROLE_COORDINATOR, ROLE_WORKER, ShardServer
+from wiiide.tensors import from_wire, to_wire
+
+HANDOUT_AHEAD = 1  # batches handed out this many steps ahead of the barrier
+LOSS_GRACE_S = 0.5  # after a failure, the coordinator waits this long to collect every lost peer
+
+
+def policy_may_be_lossy(cfg: RunConfig) -> bool:
+    """Whether `cfg`'s compression policy can ever choose a lossy codec (then pulls are deltas)."""
+    mode, codec = parse_policy_name(cfg.compression)
+    if mode == "fixed":
+        return not codec_from_name(codec).lossless
+    return mode == "network-aware" and (cfg.allow_lossy or cfg.compression == "network-aware+lossy")
+
+
+def data_fingerprint(data: Dataset) -> str:
+    """SHA-256 (first 32 hex characters) of the training split's bytes (x then y): equal on two nodes
+    exactly when a batch's indices mean the same samples on both."""
+    digest = hashlib.sha256()
+    digest.update(np.ascontiguousarray(data.x_train).tobytes())
+    digest.update(np.ascontiguousarray(data.y_train).tobytes())
+    return digest.hexdigest()[:32]
+
+
+def num_shards(cfg: RunConfig) -> int:
+    """The shard count `cfg.ps_shards` means for this run's nodes (coordinator + workers). Raises ConfigError."""
+    return resolve_shards(cfg.ps_shards, cfg.num_workers + 1)
+
+
+# ---------------------------------------------------------------------------------------------------
+def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, training_marker: str) -> None:
+    """The coordinator's side of a sharded run, from the joined workers to the stop (module docstring).
+
+    `coord` is the `wiiide.coordinator.Coordinator` (its cfg, metrics, log, secret and workers);
+    `training_marker`: the file name touched in metrics_dir when the first step starts. On
+    return `flat` holds the shards' final parameters. Raises NodeFailure (exit 4) when a worker or a
+    shard is lost.
+    """
+    cfg, metrics, log = coord.cfg, coord.metrics, coord.log
+    k = num_shards(cfg)
+    partitions = partition_flat(flat.numel, k, cfg.partition_bytes)
+    shard = ShardServer(cfg, coord.secret, metrics, log, 0)
+    port = shard.listen()
+    fingerprint = data_fingerprint(data)
+    workers = sorted(coord.workers, key=lambda w: w.rank)
+    addresses: list[tuple[str, int]] = [("", port)] + [("", 0)] * (k - 1)
+    handout: dict[int, str] = {}
+    client = None
+    try:
+        for w in workers:
+            join = _receive(coord, w, "ps_join")
+            if w.rank < k:
+                shard_port = join.meta.get("shard_port")
+                if type(shard_port) is not int or not 1 <= shard_port <= 65535:  # noqa: E721
+                    raise ProtocolError(f"worker {w.rank} hosts shard {w.rank} but reports port {shard_port!r:.40}")
+                addresses[w.rank] = (_peer_host(w.conn), shard_port)
+            wanted = cfg.batch_handout
+            handout[w.rank] = ("indices" if wanted == "indices" or (wanted == "auto" and join.meta.get("data") == fingerprint)
+                               else "samples")
+        shard.configure(partitions, flat.params.numpy(), policy_may_be_lossy(cfg))
+        shard.start()
+        plan = {"shards": [list(a) for a in addresses], "partitions": [[p.start, p.stop, p.shard] for p in partitions],
+                "data": fingerprint}
+        for w in workers:
+            w.conn.send([encode_message("ps_plan", {**plan, "batch_handout": handout[w.rank]},
+                                        [to_wire("params", flat.params)])])
+        for w in workers:
+            _receive(coord, w, "ps_ready")
+        own = [(cfg.coordinator_host if not h else h, p) for h, p in addresses]
+        own[0] = ("127.0.0.1", port)
+        client = ShardClient(cfg, coord.secret, metrics, log, own, ROLE_COORDINATOR, 0, coord.metrics.node_id)
+        metrics.extra["ps"].update({
+            "ps_shards": k, "partitions": len(partitions), "partition_bytes": cfg.partition_bytes,
+            "shard_loads_bytes": shard_loads_bytes(partitions, k),
+            "shard_hosts": [f"{h or 'coordinator'}:{p}" for h, p in addresses],
+            "batch_handout": {str(r): h for r, h in handout.items()}})
+        log.info("sharded: %d shards, %d partitions (%s bytes per shard); batch handout %s", k, len(partitions),
+                 shard_loads_bytes(partitions, k), sorted(set(handout.values())))
+        _train(coord, data, workers, handout, shard, training_marker)
+        final = client.pull_final(partitions, flat.numel)
+        flat.load(torch.from_numpy(final))
+        stop = encode_message("stop", {"reason": "finished", "steps": metrics.steps}, [to_wire("params", flat.params)])
+        for w in workers:
+            try:
+                w.conn.send([stop])
+            except OSError as exc:
+                coord._drop(w, exc)
+    except (WiiideError, OSError) as exc:
+        # One loss cascades (a worker that lost a shard exits too): give the shard a moment to notice
+        # every peer it lost, and name them all, so the first one (the cause) is in the message.
+        time.sleep(LOSS_GRACE_S)
+        cause = "; ".join(shard.lost) if shard.lost else f"{type(exc).__name__}: {exc}"
+        for w in workers:
+            if w.alive:
+                try:
+                    w.conn.send([encode_message("stop", {"reason": f"failed: {cause[:300]}", "steps": metrics.steps})])
+                except OSError:
+                    pass
+        raise NodeFailure(f"sharded run (ps_shards={cfg.ps_shards}) cannot go on: {cause}", EXIT_PEER_LOST) from None
+    finally:
+        if client is not None:
+            client.close()
+        shard.close()
+
+
+def _peer_host(conn: Connection) -> str:
+    try:
+        return str(conn.sock.getpeername()[0])
+    except OSError as exc:
+        raise ProtocolError(f"{conn.name}: no peer address: {exc}") from None
+
+
+def _receive(coord, w, kind: str):
+    """One message of `kind` from worker `w`; a failure drops it and raises (the run cannot go on)."""
+    try:
+        msg = w.conn.receive([kind])
+    except Exception as exc:
+        coord._drop(w, exc)
+        raise NodeFailure(f"lost worker {w.rank} ({w.node_id}): {type(exc).__name__}: {exc}", EXIT_PEER_LOST) from None
+    return msg
+
+
+def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardServer, training_marker: str) -> None:
+    """The step barrier. Batches go out `HANDOUT_AHEAD` steps ahead, so a worker whose pulls are in
+    starts its next step at once, without a round trip through the coordinator; whether a step runs
+    (duration_s, max_steps) is decided when its batches are sent."""
+    cfg, metrics, log = coord.cfg, coord.metrics, coord.log
+    sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed)
+    start = time.perf_counter()
+    touch(str(Path(cfg.metrics_dir) / training_marker))
+
+    def more(sent: int) -> bool:
+        return not (time.perf_counter() - start >= cfg.duration_s or (cfg.max_steps and sent >= cfg.max_steps))
+
+    def hand_out(step: int) -> None:
+        for w in workers:
+            idx = sampler.next_indices()
+            if handout[w.rank] == "indices":
+                frame = encode_message("batch_indices", {"step": step}, [WireTensor("idx", np.asarray(idx, np.int64))])
+            else:
+                frame = coord.policy.encode("batch", {"step": step},
+                                            [WireTensor("x", data.x_train[idx]), WireTensor("y", data.y_train[idx])])
+            try:
+                w.conn.send([frame])
+            except OSError as exc:
+                coord._drop(w, exc)
+                raise NodeFailure(f"lost worker {w.rank}: {exc}", EXIT_PEER_LOST) from None
+
+    sent = 0
+    while sent <= HANDOUT_AHEAD and more(sent):
+        hand_out(sent)
+        sent += 1
+    step, t_step = 0, time.perf_counter()
+    while step < sent:
+        losses = []
+        for w in workers:
+            msg = _receive(coord, w, "step_done")
+            if msg.meta.get("step") != step:
+                raise ProtocolError(f"worker {w.rank}: step_done for step {msg.meta.get('step')!r:.40}, expected {step}")
+            loss = msg.meta.get("loss")
+            losses.append(float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else float("nan"))
+            w.batches += 1
+        if shard.failure:
+            raise NodeFailure(shard.failure, EXIT_PEER_LOST)
+        step += 1
+        if more(sent):
+            hand_out(sent)
+            sent += 1
+        metrics.steps = step
+        metrics.batches += len(workers)
+        metrics.samples += len(workers) * sampler.batch_size
+        now = time.perf_counter()
+        metrics.step_times_s.append(now - t_step)  # from one step's barrier to the next
+        t_step = now
+        metrics.losses.append(sum(losses) / len(losses))
+        if step % 50 == 0:
+            metrics.sample_rss()
+        log.step(step, "step %d: loss %.4f, %d workers, %.1f batches/s (sharded)", step, metrics.losses[-1],
+                 len(workers), metrics.batches / (now - start))
+    metrics.train_time_s = time.perf_counter() - start
+    metrics.extra["epochs"] = sampler.epochs_done
+
+
+# ---------------------------------------------------------------------------------------------------
+def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, secret: bytes) -> None:
+    """A worker's side of a sharded run, from its welcome to the stop (module docstring).
+
+    Raises:
+        ProtocolError: a malformed plan, batch or pull; NodeFailure / ShardFailed: a shard failed.
+    """
+    cfg, metrics, log = worker.cfg, worker.metrics, worker.log
+    rank = metrics.rank
+    k = welcome_meta.get("ps_shards")
+    shard = ShardServer(cfg, secret, metrics, log, rank) if rank < k else None
+    data, fingerprint = None, None
+    if cfg.batch_handout != "samples":
+        try:
+            data = load_dataset(cfg)
+            fingerprint = data_fingerprint(data)
+        except (WiiideError, OSError) as exc:
+            log.info("no local data set (%s): batches come as samples", exc)
+    client = None
+    try:
+        conn.send([encode_message("ps_join", {"shard_port": shard.listen() if shard else 0, "data": fingerprint})])
+        plan = conn.receive(["ps_plan"])
+        flat = FlatParams(model)
+        partitions = _plan_partitions(plan.meta, flat.numel, k)
+        params = plan.tensor("params")
+        if params.shape != (flat.numel,) or params.dtype != np.float32:
+            raise ProtocolError(f"ps_plan: params of shape {params.shape}, expected ({flat.numel},)")
+        flat.load(torch.from_numpy(params.copy()))
+        handout = plan.meta.get("batch_handout")
+        if handout == "indices" and plan.meta.get("data") != fingerprint:
+            raise ProtocolError("ps_plan: indices handout, but this worker's data set differs from the coordinator's")
+        metrics.extra.setdefault("ps", {}).update({"ps_shards": k, "partitions": len(partitions),
+                                                   "batch_handout": handout})
+        if shard is not None:
+            shard.configure(partitions, params, policy_may_be_lossy(cfg))
+            shard.start()
+        addresses = _plan_addresses(plan.meta, k, cfg.coordinator_host)
+        client = ShardClient(cfg, secret, metrics, log, addresses, ROLE_WORKER, rank, worker.node_id)
+        client.attach(model, flat, partitions, policy_may_be_lossy(cfg))
+        conn.send([encode_message("ps_ready")])
+        _worker_steps(worker, conn, model, flat, client, data)
+    finally:
+        if client is not None:
+            metrics.extra.setdefault("ps", {})["push_policy"] = client.policy_records()
+            client.close()
+        if shard is not None:
+            shard.close()
+
+
+def _plan_partitions(meta: dict, numel: int, k: int) -> list[Partition]:
+    rows = meta.get("partitions")
+    if not isinstance(rows, list) or not rows:
+        raise ProtocolError("ps_plan: partitions must be a non-empty list")
+    partitions, at = [], 0
+    for i, row in enumerate(rows):
+        if (not isinstance(row, list) or len(row) != 3 or any(type(v) is not int for v in row)  # noqa: E721
+                or row[0] != at or row[1] <= row[0] or not 0 <= row[2] < k):
+            raise ProtocolError(f"ps_plan: partition {i} is {row!r:.80}; partitions must tile the vector in order")
+        partitions.append(Partition(i, row[0], row[1], row[2]))
+        at = row[1]
+    if at != numel:
+        raise ProtocolError(f"ps_plan: partitions cover {at} of {numel} parameters")
+    return partitions
+
+
+def _plan_addresses(meta: dict, k: int, coordinator_host: str) -> list[tuple[str, int]]:
+    rows = meta.get("shards")
+    if not isinstance(rows, list) or len(rows) != k:
+        raise ProtocolError(f"ps_plan: shards must list {k} addresses")
+    out = []
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 2 and isinstance(row[0], str) and type(row[1]) is int  # noqa: E721
+                and 1 <= row[1] <= 65535 and len(row[0]) <= 255):
+            raise ProtocolError(f"ps_plan: bad shard address {row!r:.80}")
+        out.append((row[0] or coordinator_host, row[1]))
+    return out
+
+
+def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, client: ShardClient,
+                  data: Dataset | None) -> None:
+    metrics, log = worker.metrics, worker.log
+    wait_s = 0.0
+    while True:
+        msg = conn.receive(["batch", "batch_indices", "stop"])
+        if msg.kind == "stop":
+            reason = str(msg.meta.get("reason"))
+            if msg.tensors:
+                final = msg.tensor("params")
+                if final.shape == (flat.numel,):
+                    gap = float(np.max(np.abs(flat.params.numpy() - final)))
+                    metrics.extra["ps"]["param_max_abs_diff"] = gap
+            metrics.extra["ps"]["pull_wait_s"] = round(wait_s, 4)
+            log.info("stop after %d steps: %s", metrics.steps, reason)
+            if reason.startswith("failed"):
+                raise NodeFailure(f"the coordinator stopped the sharded run: {reason[:400]}", EXIT_PEER_LOST)
+            return
+        step = msg.meta.get("step")
+        t0 = time.perf_counter()
+        if msg.kind == "batch_indices":
+            if data is None:
+                raise ProtocolError("batch_indices sent to a worker without the data set")
+            idx = msg.tensor("idx")
+            if idx.dtype != np.int64 or idx.ndim != 1 or idx.size == 0 or idx.min() < 0 or idx.max() >= len(data.y_train):
+                raise ProtocolError("batch_indices: int64 (b,) indices into the training split expected")
+            x, y = torch.from_numpy(data.x_train[idx]), torch.from_numpy(data.y_train[idx])
+        else:
+            if len(msg.tensors) != 2:
+                raise ProtocolError(f"batch holds {len(msg.tensors)} tensors, expected x and y")
+            x, y = from_wire(msg.tensors[0]), from_wire(msg.tensors[1])
+            if x.dim() != 2 or x.dtype != torch.float32 or y.shape != (x.shape[0],) or y.dtype != torch.int64:
+                raise ProtocolError("batch must hold x (b, f) float32 and y (b,) int64")
+        flat.grads.zero_()
+        client.begin_step(step)
+        try:
+            loss = nn.functional.cross_entropy(model(x), y)
+        except (RuntimeError, IndexError) as exc:
+            raise ProtocolError(f"batch does not fit the model: {exc}") from None
+        loss.backward()  # the hooks push each partition as its gradients are ready
+        loss_value = loss.item()
+        metrics.compute_time_s += time.perf_counter() - t0
+        wait_s += client.finish_step(step)
+        conn.send([encode_message("step_done", {"step": step, "loss": loss_value, "samples": int(x.shape[0])})])
+        metrics.record_worker_step(int(x.shape[0]), loss_value, time.perf_counter() - t0)
+        log.step(metrics.steps, "step %s: loss %.4f", step, loss_value)

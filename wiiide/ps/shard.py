@@ -1,0 +1,376 @@
+"""A server shard: owns some partitions of the parameters and their slice of the optimizer state.
+
+One runs in the coordinator's process (shard 0) and one in each of the workers of rank 1..k-1
+(``ps_shards`` = k), as BytePS colocates its servers with the workers (``docs/architecture.md``;
+``docs/rationale.md`` gives the bandwidth argument) and ps-lite gives each server a key range
+(``src/postoffice.cc``). For step t a shard takes a push of each of its partitions from every worker,
+averages the gradients (summed in rank order, as the central server sums them, so ``ps_shards`` 1 and
+``all`` agree to the last bit in fp32), applies `wiiide.model.MomentumSGD` to that partition (its
+momentum buffer lives here only) and sends the partition back to every worker at once: a partition is
+answered as soon as its last push arrived, not at the end of the step. Pulls are deltas against the
+workers' copy (`wiiide.ps.feedback.PullReplica`), compressed by the shard's own policy.
+
+Connections: the same frames, limits and socket knobs as the coordinator's, and the same HMAC
+challenge-response (`wiiide.auth`; the welcome's MAC covers the shard id instead of a rank) behind a
+`wiiide.admission.HandshakeGate`. Each peer has a receiver thread (pushes in) and a sender thread
+(pulls out): full duplex.
+
+Shard loss: a sharded run needs every worker's push for every partition, so a peer that disconnects
+mid-run fails the shard (`failure`: the first cause, `lost`: every one); it tells every other peer (``shard_failed`` with the cause) and the run ends
+with that cause (the coordinator exits with code 4). It does not go on without the worker.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from wiiide.admission import HandshakeGate, Pending
+from wiiide.auth import (
+    HANDSHAKE_MAX_FRAME_BYTES,
+    check_nonce,
+    hello_mac,
+    new_nonce,
+    verify,
+    welcome_mac,
+)
+from wiiide.codecs.policy import CompressionPolicy
+from wiiide.config import RunConfig
+from wiiide.errors import ProtocolError
+from wiiide.log import TieredLog
+from wiiide.metrics import NodeMetrics
+from wiiide.model import MomentumSGD
+from wiiide.node import Connection, Heartbeats
+from wiiide.protocol import PROTOCOL_VERSION, WireTensor, encode_message
+from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica
+from wiiide.ps.partition import Partition
+from wiiide.sockets import configure_socket
+
+ROLE_WORKER = "worker"
+ROLE_COORDINATOR = "coordinator"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def shard_bind_host(cfg: RunConfig) -> str:
+    """Where a shard listens: `bind_host`, or every interface when the cluster is not on loopback
+    (workers keep the default 127.0.0.1 bind host in containers, but their peers are elsewhere)."""
+    if cfg.bind_host in LOOPBACK_HOSTS and cfg.coordinator_host not in LOOPBACK_HOSTS:
+        return "0.0.0.0"
+    return cfg.bind_host
+
+
+@dataclass
+class _Owned:
+    """One partition this shard owns: its parameters with their gradient slot and optimizer, the
+    pushes of the step under way (rank -> float32 array), and the workers' replica."""
+
+    part: Partition
+    param: torch.Tensor
+    optimizer: MomentumSGD
+    replica: PullReplica
+    step: int = 0
+    pushes: dict[int, np.ndarray] = field(default_factory=dict)
+    first_push_s: float = 0.0
+
+
+@dataclass
+class _Peer:
+    conn: Connection
+    rank: int
+    role: str
+    outbox: "queue.Queue" = field(default_factory=queue.Queue)
+
+
+class ShardServer:
+    """The shard `shard_id` of a run with `num_workers` workers (see the module docstring).
+
+    Use: `listen` (returns the port), `configure` (partitions and initial parameters, once the plan is
+    known), `start` (accepts peers), `close`. `failure` holds the cause once the shard failed.
+    """
+
+    def __init__(self, cfg: RunConfig, secret: bytes, metrics: NodeMetrics, log: TieredLog, shard_id: int) -> None:
+        self.cfg, self.secret, self.metrics, self.log, self.shard_id = cfg, secret, metrics, log, shard_id
+        self.num_workers = cfg.num_workers
+        self.policy = CompressionPolicy.from_config(cfg.replace(lossy_warmup_steps=0))
+        self.listener: socket.socket | None = None
+        self.owned: dict[int, _Owned] = {}
+        self.peers: list[_Peer] = []
+        self.failure: str | None = None
+        self.lost: list[str] = []  # every peer lost, in the order noticed
+        self.updates = 0
+        self.update_s = 0.0  # averaging, optimizer step and pull encoding, summed over updates
+        self.push_spread_s = 0.0  # first to last push of each update, summed
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._gate = HandshakeGate.for_cluster(cfg.max_handshakes, cfg.num_workers + 1, cfg.handshake_timeout_s)
+        self._heartbeats: Heartbeats | None = None
+        self._warmup_steps = cfg.lossy_warmup_steps
+        self._lossy = False
+        self.stats: dict = {"shard": shard_id}
+        metrics.extra.setdefault("ps", {})["shard"] = self.stats
+
+    # --- set-up -----------------------------------------------------------------------------------
+    def listen(self) -> int:
+        """Bind ``shard_port`` (0: a free port) and listen; returns the port. Raises OSError."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        configure_socket(sock, self.cfg)
+        try:
+            sock.bind((shard_bind_host(self.cfg), self.cfg.shard_port))
+            sock.listen(self.cfg.num_workers + self.cfg.max_handshakes + 64)
+        except OSError:
+            sock.close()
+            raise
+        self.listener = sock
+        port = sock.getsockname()[1]
+        self.stats["port"] = port
+        return port
+
+    def configure(self, partitions: list[Partition], params: np.ndarray, lossy_pulls: bool) -> None:
+        """Own the partitions of `partitions` whose shard is this one, starting from `params` (the whole
+        flat float32 vector); `lossy_pulls`: the policy may pick a lossy codec (pulls become deltas)."""
+        cfg = self.cfg
+        for p in partitions:
+            if p.shard != self.shard_id:
+                continue
+            values = torch.from_numpy(np.array(params[p.start:p.stop], dtype=np.float32, copy=True))
+            values.grad = torch.zeros_like(values)
+            self.owned[p.index] = _Owned(p, values, MomentumSGD([values], lr=cfg.learning_rate, momentum=cfg.momentum),
+                                         PullReplica(values.numpy()))
+        self._lossy = lossy_pulls
+        self.stats.update({"partitions": len(self.owned), "bytes": sum(o.part.nbytes for o in self.owned.values())})
+
+    def start(self) -> "ShardServer":
+        """Accept and serve peers on daemon threads; returns self."""
+        threading.Thread(target=self._accept_loop, name=f"shard {self.shard_id} acceptor", daemon=True).start()
+        self._heartbeats = Heartbeats(lambda: [p.conn for p in list(self.peers)], self.cfg.heartbeat_interval_s).start()
+        return self
+
+    def close(self) -> None:
+        """Stop serving: close the listener and every peer (their threads end)."""
+        self._closing.set()
+        if self._heartbeats is not None:
+            self._heartbeats.stop()
+        if self.listener is not None:
+            self.listener.close()
+        for peer in list(self.peers):
+            peer.outbox.put(None)
+            peer.conn.close()
+        self.stats.update({"updates": self.updates, "update_s": round(self.update_s, 4),
+                           "push_spread_s": round(self.push_spread_s, 4)})
+        self.stats["pull_policy"] = self.policy.record["choices"]
+        with self._lock:
+            gaps = [o.replica.max_abs_gap(o.param.numpy()) for o in self.owned.values()]
+        self.stats["replica_max_abs_gap"] = max(gaps, default=0.0)
+        self.policy.close()
+
+    # --- joining ----------------------------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        assert self.listener is not None
+        self.listener.settimeout(0.5)
+        while not self._closing.is_set():
+            for refusal in self._gate.expire(time.monotonic()):
+                _close_quietly(refusal.pending.sock)
+            try:
+                sock, addr = self.listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            now = time.monotonic()
+            pending = Pending(sock, str(addr[0]), f"{addr[0]}:{addr[1]}", now + self.cfg.handshake_timeout_s)
+            decision = self._gate.arrive(pending, now)
+            if decision.action == "start":
+                threading.Thread(target=self._slot, args=(pending,), daemon=True).start()
+            elif decision.refusal is not None:
+                self._refused(decision.refusal.pending, decision.refusal.cause)
+
+    def _refused(self, pending: Pending, cause: str) -> None:
+        self.metrics.event("shard_connection_refused", shard=self.shard_id, peer=pending.peer, cause=cause[:300])
+        self.log.error("shard %d refused %s: %s", self.shard_id, pending.peer, cause[:300])
+        _close_quietly(pending.sock)
+
+    def _slot(self, pending: Pending | None) -> None:
+        while pending is not None:
+            peer = None
+            try:
+                peer = self._handshake(pending)
+            except Exception as exc:  # ProtocolError, OSError, or an input that found a bug: a refusal
+                self._refused(pending, f"{type(exc).__name__}: {exc}")
+            pending, refused = self._gate.finish(pending.address, peer is not None, time.monotonic())
+            for refusal in refused:
+                self._refused(refusal.pending, refusal.cause)
+            if peer is not None:
+                threading.Thread(target=self._serve, args=(peer,), name=f"shard {self.shard_id} <- {peer.rank}",
+                                 daemon=True).start()
+                threading.Thread(target=self._send_loop, args=(peer,), name=f"shard {self.shard_id} -> {peer.rank}",
+                                 daemon=True).start()
+
+    def _handshake(self, pending: Pending) -> _Peer:
+        """The coordinator's challenge-response, bounded by the pending connection's deadline.
+
+        Raises:
+            ProtocolError: a bad version, node id, nonce, MAC, rank or role; OSError / DeadlineExceeded.
+        """
+        sock, cfg = pending.sock, self.cfg
+        sock.settimeout(max(0.01, pending.deadline - time.monotonic()))
+        configure_socket(sock, cfg)
+        conn = Connection(sock, cfg, self.metrics, self.log, f"shard peer {pending.peer}",
+                          max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES, pool=self.policy.pool)
+        nonce_c = new_nonce()
+        conn.send([encode_message("challenge", {"protocol_version": PROTOCOL_VERSION, "nonce": nonce_c})])
+        hello = conn.receive(["hello"], deadline=pending.deadline)
+        meta = hello.meta
+        if meta.get("protocol_version") != PROTOCOL_VERSION or type(meta.get("protocol_version")) is not int:  # noqa: E721
+            raise ProtocolError(f"protocol version {meta.get('protocol_version')!r:.40}, this shard speaks {PROTOCOL_VERSION}")
+        node_id = meta.get("node_id")
+        if not isinstance(node_id, str) or not 0 < len(node_id) <= 160:
+            raise ProtocolError("hello: node_id must be a string of 1..160 characters")
+        nonce_w = check_nonce(meta.get("nonce"), "hello")
+        verify(hello_mac(self.secret, PROTOCOL_VERSION, nonce_c, nonce_w, node_id), meta.get("mac"), "hello")
+        rank, role = meta.get("rank"), meta.get("role")
+        if role not in (ROLE_WORKER, ROLE_COORDINATOR) or type(rank) is not int:  # noqa: E721
+            raise ProtocolError(f"hello: role {role!r:.40} / rank {rank!r:.40}: expected worker 1..{self.num_workers} "
+                                "or coordinator 0")
+        if not node_id.startswith(f"{role}-{rank}@"):
+            raise ProtocolError("hello: node_id must start with '<role>-<rank>@' (the MAC covers it)")
+        if (role == ROLE_WORKER and not 1 <= rank <= self.num_workers) or (role == ROLE_COORDINATOR and rank != 0):
+            raise ProtocolError(f"hello: rank {rank} out of range for a {role}")
+        with self._lock:
+            if any(p.rank == rank and p.role == role for p in self.peers):
+                raise ProtocolError(f"{role} {rank} is already connected to shard {self.shard_id}")
+            conn.send([encode_message("welcome", {
+                "shard": self.shard_id, "mac": welcome_mac(self.secret, PROTOCOL_VERSION, nonce_w, nonce_c, self.shard_id)})])
+            conn.reader.max_frame_bytes = cfg.max_frame_bytes
+            conn.sock.settimeout(cfg.io_timeout_s)
+            conn.name = f"{role} {rank}"
+            peer = _Peer(conn, rank, role)
+            self.peers.append(peer)
+        return peer
+
+    # --- serving ----------------------------------------------------------------------------------
+    def _send_loop(self, peer: _Peer) -> None:
+        drain_outbox(peer.outbox, peer.conn, lambda frame: frame, lambda exc: self._fail(peer, exc))
+
+    def _serve(self, peer: _Peer) -> None:
+        try:
+            while True:
+                msg = peer.conn.receive([DENSE_KIND, LOSSY_KIND, "pull_final", "bye"])
+                if msg.kind == "bye":  # the peer is done: its disconnect is no failure
+                    peer.outbox.put(None)
+                    peer.conn.close()
+                    return
+                if msg.kind == "pull_final":
+                    peer.outbox.put(self._final_frame())
+                    continue
+                if peer.role != ROLE_WORKER:
+                    raise ProtocolError("only workers push")
+                frame = self._on_push(peer.rank, msg)
+                if frame is not None:
+                    for other in list(self.peers):
+                        if other.role == ROLE_WORKER:
+                            other.outbox.put(frame)
+        except Exception as exc:  # the peer is gone, or sent what it must not: the shard cannot go on
+            self._fail(peer, exc)
+
+    def _on_push(self, rank: int, msg) -> object | None:
+        """Record one push; the pull frame when it completed its partition's step, else None.
+
+        Raises:
+            ProtocolError: an unknown partition, a wrong step, a second push or a bad tensor.
+        """
+        step, index = msg.meta.get("step"), msg.meta.get("partition")
+        owned = self.owned.get(index) if type(index) is int else None  # noqa: E721
+        if owned is None:
+            raise ProtocolError(f"push for partition {index!r:.40}, which shard {self.shard_id} does not own")
+        values = msg.tensor(f"p{index}")
+        if values.shape != (owned.part.numel,) or values.dtype != np.float32:
+            raise ProtocolError(f"push of partition {index}: {values.shape} {values.dtype}, expected "
+                                f"({owned.part.numel},) float32")
+        values = values.copy()  # the reader reuses its buffer for the next frame
+        with self._lock:
+            if step != owned.step:
+                raise ProtocolError(f"push of partition {index} for step {step!r:.40}, the shard is at step {owned.step}")
+            if rank in owned.pushes:
+                raise ProtocolError(f"worker {rank} pushed partition {index} twice at step {step}")
+            if not owned.pushes:
+                owned.first_push_s = time.perf_counter()
+            owned.pushes[rank] = values
+            if len(owned.pushes) < self.num_workers:
+                return None
+            return self._update(owned)
+
+    def _update(self, owned: _Owned):
+        """Average the pushes (in rank order), one optimizer step, the pull frame. Holds the lock."""
+        t0 = time.perf_counter()
+        self.push_spread_s += t0 - owned.first_push_s  # first to last push: how far apart the workers are
+        grad = owned.param.grad
+        grad.zero_()
+        for rank in sorted(owned.pushes):
+            grad += torch.from_numpy(owned.pushes[rank])
+        grad.div_(len(owned.pushes))
+        owned.optimizer.step()
+        owned.pushes.clear()
+        step = owned.step
+        owned.step += 1
+        self.updates += 1
+        index = owned.part.index
+        dense = not self._lossy or step < self._warmup_steps
+        frame = owned.replica.frame_for(self.policy, {"step": step, "partition": index}, f"p{index}",
+                                        owned.param.numpy(), dense)
+        self.update_s += time.perf_counter() - t0
+        return frame
+
+    def _final_frame(self):
+        with self._lock:
+            tensors = [WireTensor(f"p{i}", o.param.numpy().copy()) for i, o in sorted(self.owned.items())]
+            steps = {str(i): o.step for i, o in self.owned.items()}
+        return encode_message("final", {"shard": self.shard_id, "steps": steps}, tensors)
+
+    def _fail(self, peer: _Peer, exc: BaseException) -> None:
+        if self._closing.is_set():
+            return
+        cause = f"shard {self.shard_id} lost {peer.role} {peer.rank}: {type(exc).__name__}: {exc}"
+        with self._lock:
+            first = self.failure is None
+            if first:
+                self.failure = cause
+            self.lost.append(cause)
+        peer.conn.close()
+        if not first:
+            return
+        self.metrics.event("shard_failed", shard=self.shard_id, cause=cause[:300])
+        self.log.error("%s", cause)
+        frame = encode_message("shard_failed", {"shard": self.shard_id, "cause": cause[:500]})
+        for other in list(self.peers):
+            if other is not peer:
+                other.outbox.put(frame)
+
+
+def drain_outbox(outbox: "queue.Queue", conn: Connection, to_frame: Callable[[Any], Any],
+                 on_error: Callable[[Exception], None]) -> None:
+    """A sender thread's loop: send `to_frame(item)` for each item of `outbox` until a None; the first
+    error (OSError, or a codec's in `to_frame`) goes to `on_error` and ends the loop."""
+    while True:
+        item = outbox.get()
+        if item is None:
+            return
+        try:
+            conn.send([to_frame(item)])
+        except Exception as exc:
+            on_error(exc)
+            return
+
+
+def _close_quietly(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass
