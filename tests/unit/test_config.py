@@ -165,6 +165,7 @@ BAD_VALUES = [
     ("profile", True),  # needs engine ddp or fsdp
     ("heartbeat_interval_s", 0.0), ("heartbeat_interval_s", 10.0),  # not below io_timeout_s (10 s)
     ("handshake_timeout_s", 0.0), ("handshake_timeout_s", 301.0), ("max_handshakes", 0), ("max_handshakes", 1025),
+    ("tls", "maybe"),
 ]
 
 
@@ -182,7 +183,8 @@ def test_validation_error_names_the_field(field, value):
 def test_every_field_has_a_bad_value_test():
     tested = {f for f, _ in BAD_VALUES}
     unchecked = {"coordinator_host", "bind_host", "node_id", "seed", "metrics_dir", "ready_file", "start_gate_file",
-                 "tcp_nodelay", "tcp_quickack", "keepalive", "allow_lossy"}  # free strings / any int / booleans
+                 "tcp_nodelay", "tcp_quickack", "keepalive", "allow_lossy",
+                 "tls_ca_file", "tls_cert_file", "tls_key_file"}  # free strings / any int / booleans
     assert set(RunConfig.field_names()) - unchecked == tested
 
 
