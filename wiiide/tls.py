@@ -43,6 +43,16 @@ class TLSHandshakeError(ProtocolError):
     The connection is closed; nothing else is affected."""
 
 
+# OpenSSL's reason codes for a failed handshake, in the terms of this module
+_REASONS = {
+    "UNSUPPORTED_PROTOCOL": "the peer offers only TLS 1.2 or older; TLS 1.3 is required",
+    "TLSV1_ALERT_PROTOCOL_VERSION": "the peer does not speak TLS 1.3",
+    "WRONG_VERSION_NUMBER": "not a TLS record: a plaintext peer, or tls is off on its side",
+    "HTTP_REQUEST": "not a TLS record: a plaintext peer",
+    "PEER_DID_NOT_RETURN_A_CERTIFICATE": "the peer offered no certificate; one signed by the cluster's CA is required",
+    "TLSV1_ALERT_UNKNOWN_CA": "the peer does not trust this node's certificate (another cluster's CA?)",
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED": "the peer requires a certificate signed by its cluster's CA",
+}
 _FILE_FIELDS = ("tls_ca_file", "tls_cert_file", "tls_key_file")
 _contexts: dict[tuple[bool, str, str, str], ssl.SSLContext] = {}
 _contexts_lock = threading.Lock()
@@ -120,7 +130,10 @@ def _handshake(tls_sock: ssl.SSLSocket, deadline: float, who: str) -> ssl.SSLSoc
         raise DeadlineExceeded(f"TLS handshake with {who} not complete by the deadline") from None
     except ssl.SSLError as exc:
         tls_sock.close()
-        raise TLSHandshakeError(f"TLS handshake with {who} failed: {exc.reason or exc}") from None
+        # SSLCertVerificationError says why the chain or the name failed; other reasons get a gloss
+        detail = getattr(exc, "verify_message", None) or _REASONS.get(str(exc.reason))
+        raise TLSHandshakeError(f"TLS handshake with {who} failed: {exc.reason or exc}"
+                                + (f" ({detail})" if detail else "")) from None
     except BaseException:
         tls_sock.close()
         raise
