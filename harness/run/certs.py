@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from harness.errors import HarnessError
+from wiiide.config import ENV_PREFIX
 
 CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "node.crt", "node.key"
 VALID_BEFORE_S = 24 * 3600  # not-before lies this far in the past: hosts' clocks may differ
@@ -57,12 +58,17 @@ class NodeTLS:
         """The node's private key (0600)."""
         return self.folder / KEY_FILE
 
-    def config_fields(self, folder: str | None = None) -> dict[str, str]:
-        """``tls_ca_file``/``tls_cert_file``/``tls_key_file`` for a `RunConfig`: these files, or the
-        same names under `folder` (where a container mounts this node's folder)."""
-        base = str(self.folder) if folder is None else folder.rstrip("/")
-        return {"tls_ca_file": f"{base}/{CA_FILE}", "tls_cert_file": f"{base}/{CERT_FILE}",
-                "tls_key_file": f"{base}/{KEY_FILE}"}
+    def env(self) -> dict[str, str]:
+        """These files as a node's ``WIIIIIDE_TLS_*_FILE`` environment variables."""
+        return {ENV_PREFIX + k.upper(): v for k, v in config_fields(str(self.folder)).items()}
+
+
+def config_fields(folder: str) -> dict[str, str]:
+    """``tls_ca_file``/``tls_cert_file``/``tls_key_file`` for a `RunConfig`: a node's three files in
+    `folder` (its own folder on the host, or where a container mounts it)."""
+    base = folder.rstrip("/")
+    return {"tls_ca_file": f"{base}/{CA_FILE}", "tls_cert_file": f"{base}/{CERT_FILE}",
+            "tls_key_file": f"{base}/{KEY_FILE}"}
 
 
 def _san(name: str) -> x509.GeneralName:

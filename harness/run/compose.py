@@ -21,6 +21,7 @@ from harness import REPO_ROOT
 from harness.errors import ClusterError
 from harness.links.plan import Capabilities
 from harness.run.backend import Collected, PhaseClock, Progress
+from harness.run.certs import config_fields, write_cluster_tls
 from harness.run.compose_file import (
     NETWORK_LABEL,
     PROJECT_LABEL,
@@ -58,6 +59,27 @@ def compose_env(cfg: RunConfig, results_dir: Path, image: str) -> dict[str, str]
     return env
 
 
+CONTAINER_TLS_DIR = "/results/tls"  # where a container finds its node's ca.crt, node.crt, node.key
+
+
+def tls_node_name(service: str, number: int) -> str:
+    """A container's node name for its certificate: ``coordinator``, ``worker-3``."""
+    return service if service == "coordinator" else f"{service}-{number}"
+
+
+def write_docker_tls(cfg: RunConfig, results_dir: Path) -> tuple[RunConfig, Path]:
+    """A fresh CA and node certificates under ``results_dir/tls`` (`harness.run.certs`): the
+    coordinator's names ``coordinator`` (what workers dial) and its container name, each worker's
+    ``worker-N`` and its container name. Returns `cfg` with the three file fields pointing into
+    `CONTAINER_TLS_DIR`, and the folder for `cluster_up`'s `tls_dir`. Raises HarnessError."""
+    names = {"coordinator": ["coordinator", f"{PROJECT}_coordinator_1"],
+             **{tls_node_name("worker", i): [tls_node_name("worker", i), f"{PROJECT}_worker_{i}"]
+                for i in range(1, cfg.num_workers + 1)}}
+    folder = (results_dir / "tls").resolve()
+    write_cluster_tls(folder, names, PROJECT)
+    return cfg.replace(**config_fields(CONTAINER_TLS_DIR)), folder
+
+
 def write_cluster_secret() -> Path:
     """A fresh shared secret for the next cluster (wiiide.auth), in a 0600 file Compose mounts as a
     Docker secret. It stays out of the reports and out of `docker inspect`."""
@@ -79,7 +101,7 @@ def project_containers(client=None) -> list:
 
 
 def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE,
-               extra_env: dict[str, str] | None = None) -> list:
+               extra_env: dict[str, str] | None = None, tls_dir: Path | None = None) -> list:
     """Start the project's coordinator and `cfg.num_workers` workers, detached; return the containers
     (docker SDK objects, the coordinator first, then workers 1..N).
 
@@ -88,6 +110,8 @@ def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE,
     coordinator's healthcheck (a worker retries connecting for ``connect_timeout_s``). Workers get
     the coordinator's address in /etc/hosts (``extra_hosts``) besides the network's DNS alias.
     `extra_env`: more compose.yaml variables (e.g. WIIIIIDE_WORKER_CPUS from `ClusterSettings.compose_env`).
+    `tls_dir`: `write_docker_tls`'s folder: each container mounts its own node's sub-folder read-only at
+    `CONTAINER_TLS_DIR`, over the run folder's ``tls`` (so it sees no other node's key).
 
     Raises:
         ClusterError: compose.yaml cannot be read, or the engine refused a network or container
@@ -108,6 +132,8 @@ def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE,
     def start(item: tuple[str, int], extra_hosts: dict[str, str] | None = None):
         service, number = item
         kwargs = project.create_kwargs(service, number)
+        if tls_dir is not None:
+            kwargs["volumes"].append(f"{tls_dir / tls_node_name(service, number)}:{CONTAINER_TLS_DIR}:ro")
         if extra_hosts:
             kwargs["extra_hosts"] = extra_hosts
         aliases = [service] + ([kwargs["hostname"]] if kwargs.get("hostname") else [])
@@ -338,8 +364,11 @@ class ComposeBackend:
             conditions.plan(cfg.num_workers)  # before any container starts: a profile the kernel cannot apply fails here
         if conditions.gated:  # the coordinator waits until links and limits are in force
             cfg = cfg.replace(start_gate_file=START_GATE_FILE)
+        tls_dir = None
+        if cfg.tls:
+            cfg, tls_dir = write_docker_tls(cfg, out_dir)
         with clock.phase("create"):
-            self._containers = cluster_up(cfg, out_dir, self.image, conditions.settings.compose_env())
+            self._containers = cluster_up(cfg, out_dir, self.image, conditions.settings.compose_env(), tls_dir)
         if conditions.gated:
             with clock.phase("shape"):
                 conditions.apply(self._containers, clock.t0, progress)

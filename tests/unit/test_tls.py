@@ -18,7 +18,7 @@ from typing import Iterator
 
 import pytest
 
-from harness.run.certs import write_cluster_tls
+from harness.run.certs import config_fields, write_cluster_tls
 from tests.unit.test_handshake import SECRET, connect, refusals, wait_for
 from wiiide.admission import REASON_DEADLINE
 from wiiide.auth import hello_frame, verify, welcome_mac
@@ -40,7 +40,7 @@ def pki(tmp_path_factory) -> dict:
 
 
 def node_cfg(pki: dict, node: str, **fields) -> RunConfig:
-    return RunConfig(tls=True, **pki[node].config_fields(), **fields)
+    return RunConfig(tls=True, **config_fields(str(pki[node].folder)), **fields)
 
 
 @pytest.fixture
@@ -176,11 +176,11 @@ def test_missing_or_bad_tls_files_are_config_errors_naming_the_field(tmp_path, p
         client_context(RunConfig(tls=True))
     bad = tmp_path / "bad.pem"
     bad.write_text("not a certificate")
-    fields = {**pki["worker-1"].config_fields(), "tls_ca_file": str(bad)}
+    fields = {**config_fields(str(pki["worker-1"].folder)), "tls_ca_file": str(bad)}
     with pytest.raises(ConfigError, match="tls_ca_file"):
         client_context(RunConfig(tls=True, **fields))
     with pytest.raises(ConfigError, match="tls_key_file"):
-        client_context(RunConfig(tls=True, **{**pki["worker-1"].config_fields(),
+        client_context(RunConfig(tls=True, **{**config_fields(str(pki["worker-1"].folder)),
                                               "tls_key_file": str(pki["coordinator"].key_file)}))
 
 

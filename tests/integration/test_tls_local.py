@@ -1,0 +1,28 @@
+"""A run with ``tls: true`` on the local backend: the harness makes a CA and node certificates in the
+run's folder, every connection is TLS 1.3 with the HMAC handshake inside, and the model trains."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from harness.results.report import load_report_json as load_report  # the report as its JSON object
+from harness.spec.points import build_spec
+from harness.sweep import run_sweep
+
+
+def test_a_local_run_with_tls_trains(tmp_path):
+    spec = build_spec({"name": "tls", "base": {"dataset": "digits", "num_workers": 2, "max_steps": 150,
+                                               "duration_s": 60, "log_tier": "normal", "tls": True}}, "tls.yaml")
+    report = load_report(run_sweep(spec, "local", tmp_path, progress=lambda line: None))
+    rep = report["points"][0]["repeats"][0]
+    assert rep["status"] == "ok", rep["error"]
+    coord = rep["nodes"]["coordinator"]
+    assert coord["tls"] == "TLSv1.3"
+    assert coord["steps"] == 150 and sum(coord["batches_per_worker"].values()) == 300
+    assert [e["event"] for e in coord["events"]].count("worker_joined") == 2
+    assert not [e for e in coord["events"] if e["event"] == "connection_refused"]
+    assert rep["totals"]["test_accuracy"] > 0.5
+    keys = sorted(tmp_path.glob("**/tls/*/node.key"))
+    assert [k.parent.name for k in keys] == ["coordinator", "worker-1", "worker-2"]
+    assert all(stat.S_IMODE(os.stat(k).st_mode) == 0o600 for k in keys)
