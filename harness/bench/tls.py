@@ -11,7 +11,9 @@ connection's setup (TCP connect, TLS handshake) is timed apart, as ``connect_s``
 
 Repeats are interleaved (plain, TLS, then TLS, plain, ...) so that both modes see the same load; the
 summary gives medians and the median of the per-repeat ratios TLS / plaintext (target >= 0.8x for
-1 MiB frames, issue 12). The JSON keeps every raw trial, `machine_info` and `commit_info`.
+1 MiB frames, issue 12), and each side's CPU seconds per MiB (`time.thread_time` of the sending and
+of the receiving thread: user + system), which, unlike goodput, does not depend on what else the
+machine runs. The JSON keeps every raw trial, `machine_info` and `commit_info`.
 
 ``python -m harness bench-tls --backend docker [--size 1MiB --bytes-per-trial-mib 256 --repeats 7]``
 """
@@ -67,9 +69,10 @@ def _serve(listener: socket.socket, cfg, tls: bool) -> None:
             control = reader.read_message()
             if control.kind == "done":
                 return
+            cpu0_s = time.thread_time()
             for _ in range(int(control.meta["count"])):
                 reader.read_message()
-            send_frames(conn, [encode_message("ack")])
+            send_frames(conn, [encode_message("ack", {"cpu_s": time.thread_time() - cpu0_s})])
 
 
 def sink_main(host: str, tls_dir: str, plain_port: int, tls_port: int) -> None:
@@ -132,17 +135,18 @@ def source_main(host: str, tls_dir: str, plain_port: int, tls_port: int, plan: d
             connect_s = time.perf_counter() - t0
             with sock:
                 reader = FrameReader(sock, 1 << 20)
-                t1 = time.perf_counter()
+                t1, cpu1_s = time.perf_counter(), time.thread_time()
                 send_frames(sock, [encode_message("trial", {"count": count})])
                 for _ in range(count):
                     send_frames(sock, frames)
                 ack = reader.read_message()
-                seconds = time.perf_counter() - t1
+                seconds, source_cpu_s = time.perf_counter() - t1, time.thread_time() - cpu1_s
             if ack.kind != "ack":
                 raise ConnectionError(f"expected an ack, got {ack.kind!r}")
             goodput = count * size_bytes / seconds
             trials.append({"mode": mode, "repeat": repeat, "frames": count, "size_bytes": size_bytes,
-                           "seconds": seconds, "connect_s": connect_s, "goodput_bytes_per_s": goodput})
+                           "seconds": seconds, "connect_s": connect_s, "goodput_bytes_per_s": goodput,
+                           "source_cpu_s": source_cpu_s, "sink_cpu_s": float(ack.meta.get("cpu_s", 0.0))})
             progress(f"repeat {repeat + 1}/{plan['repeats']} {mode:5s}: {goodput / 1e6:8.1f} MB/s "
                      f"(connect {connect_s * 1e3:.1f} ms)")
     for port, tls in ((plain_port, False), (tls_port, True)):
@@ -160,7 +164,13 @@ def summarize(trials: Sequence[dict[str, Any]]) -> dict[str, Any]:
         values = [t["goodput_bytes_per_s"] for t in rows]
         out[mode] = {"goodput_median_bytes_per_s": statistics.median(values), "goodput_min_bytes_per_s": min(values),
                      "goodput_max_bytes_per_s": max(values),
-                     "connect_median_s": statistics.median(t["connect_s"] for t in rows), "trials": len(rows)}
+                     "connect_median_s": statistics.median(t["connect_s"] for t in rows), "trials": len(rows),
+                     # CPU seconds (user + system, of the sending / receiving thread) per MiB: what the
+                     # mode costs whatever else runs on the machine
+                     "source_cpu_median_s_per_mib": statistics.median(
+                         t["source_cpu_s"] / (t["frames"] * t["size_bytes"] / 2**20) for t in rows),
+                     "sink_cpu_median_s_per_mib": statistics.median(
+                         t["sink_cpu_s"] / (t["frames"] * t["size_bytes"] / 2**20) for t in rows)}
     plain = {t["repeat"]: t["goodput_bytes_per_s"] for t in by_mode["plain"]}
     ratios = [t["goodput_bytes_per_s"] / plain[t["repeat"]] for t in by_mode["tls"] if t["repeat"] in plain]
     out["tls_over_plain_median_of_ratios"] = statistics.median(ratios)
@@ -314,6 +324,9 @@ def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = p
     print(f"plaintext {s['plain']['goodput_median_bytes_per_s'] / 1e6:.1f} MB/s, TLS 1.3 "
           f"{s['tls']['goodput_median_bytes_per_s'] / 1e6:.1f} MB/s (medians); TLS / plaintext "
           f"{s['tls_over_plain_median_of_ratios']:.2f}x (median of per-repeat ratios; target >= {TARGET_RATIO}x)")
+    print("CPU per MiB (median; sender / receiver thread): plaintext "
+          f"{s['plain']['source_cpu_median_s_per_mib'] * 1e3:.2f} / {s['plain']['sink_cpu_median_s_per_mib'] * 1e3:.2f} ms, "
+          f"TLS {s['tls']['source_cpu_median_s_per_mib'] * 1e3:.2f} / {s['tls']['sink_cpu_median_s_per_mib'] * 1e3:.2f} ms")
     print(path)
     return 0
 
