@@ -202,54 +202,22 @@ def _run_local(plan: dict[str, Any], tls_root: Path, progress: Callable[[str], N
 
 def _run_docker(plan: dict[str, Any], tls_root: Path, progress: Callable[[str], None]) -> dict[str, Any]:
     from harness import REPO_ROOT
-    from harness.errors import ClusterError
-    from harness.run.compose import DEFAULT_IMAGE, PROJECT, PROJECT_LABEL, SERVICE_LABEL
-    from harness.run.docker_client import docker_client
-    from harness.run.image import build_image
+    from harness.bench.pair import Peer, run_pair
 
-    client = docker_client(timeout_s=600)
-    build_image(log=progress)
-    labels = {PROJECT_LABEL: PROJECT, SERVICE_LABEL: REPORT_NAME}
-    stamp = datetime.now(timezone.utc).strftime("%H%M%S")
-    network = client.networks.create(f"{PROJECT}-{REPORT_NAME}-{stamp}", driver="bridge", labels=labels)
     out_dir = tls_root / "out"
     out_dir.mkdir()
 
-    def volumes(node: str) -> dict[str, dict[str, str]]:
-        return {str(REPO_ROOT / "harness"): {"bind": "/app/harness", "mode": "ro"},
-                str(tls_root / node): {"bind": "/tls", "mode": "ro"}, str(out_dir): {"bind": "/out", "mode": "rw"}}
+    def peer(node: str, *options: str) -> Peer:
+        return Peer(["python", "-m", "harness.bench.tls", "--tls-dir", "/tls", "--plain-port", str(PLAIN_PORT),
+                     "--tls-port", str(TLS_PORT), "--peer", node, *options], node,
+                    {str(REPO_ROOT / "harness"): ("/app/harness", "ro"), str(tls_root / node): ("/tls", "ro"),
+                     str(out_dir): ("/out", "rw")})
 
-    peer = ["python", "-m", "harness.bench.tls", "--tls-dir", "/tls", "--plain-port", str(PLAIN_PORT),
-            "--tls-port", str(TLS_PORT)]
-    containers = []
-    try:
-        containers.append(client.containers.run(
-            DEFAULT_IMAGE, [*peer, "--peer", "sink", "--host", "0.0.0.0"], name=f"{PROJECT}-tls-sink-{stamp}",
-            hostname="sink", detach=True, network=network.name, labels=labels, volumes=volumes("sink")))
-        src = client.containers.run(
-            DEFAULT_IMAGE, [*peer, "--peer", "source", "--host", "sink", "--plan", json.dumps(plan),
-                            "--out", "/out/source.json"],
-            name=f"{PROJECT}-tls-source-{stamp}", detach=True, network=network.name, labels=labels,
-            volumes=volumes("source"))
-        containers.append(src)
-        for line in src.logs(stream=True, follow=True):
-            progress(line.decode(errors="replace").rstrip())
-        status = src.wait(timeout=60)
-        if status.get("StatusCode") != 0:
-            raise ClusterError(f"bench-tls source container exited {status.get('StatusCode')}: "
-                               f"{src.logs(tail=20).decode(errors='replace')}")
-        result = json.loads((out_dir / "source.json").read_text())
-        version = client.version()
-    finally:
-        for c in containers:
-            try:
-                c.remove(force=True)
-            except Exception as exc:  # keep removing the rest; report what is left
-                progress(f"could not remove container {c.name}: {exc}")
-        network.remove()
+    result, backend = run_pair(REPORT_NAME, peer("sink", "--host", "0.0.0.0"),
+                               peer("source", "--host", "sink", "--plan", json.dumps(plan), "--out", "/out/source.json"),
+                               out_dir / "source.json", progress)
     return {"backend": {"name": "docker", "transport": "TCP between two containers on a user-defined bridge",
-                        "engine_version": version.get("Version"), "image": DEFAULT_IMAGE, "project": PROJECT},
-            **result}
+                        **backend}, **result}
 
 
 def run_bench(backend: str, size_bytes: int, bytes_per_trial: int, repeats: int, results_dir: Path,

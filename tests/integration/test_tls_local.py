@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import stat
 
-from harness.results.report import load_report_json as load_report  # the report as its JSON object
+from harness.results.report import (
+    load_report_json as load_report,  # the report as its JSON object
+)
 from harness.spec.points import build_spec
 from harness.sweep import run_sweep
 
@@ -26,3 +28,16 @@ def test_a_local_run_with_tls_trains(tmp_path):
     keys = sorted(tmp_path.glob("**/tls/*/node.key"))
     assert [k.parent.name for k in keys] == ["coordinator", "worker-1", "worker-2"]
     assert all(stat.S_IMODE(os.stat(k).st_mode) == 0o600 for k in keys)
+
+
+def test_bench_tls_tiny_local_run_writes_both_modes(tmp_path):
+    import json
+
+    from harness.bench.tls import run_bench
+
+    path = run_bench("local", 64 * 1024, 1024 * 1024, 1, tmp_path, progress=lambda line: None)
+    report = json.loads(path.read_text())
+    assert sorted(t["mode"] for t in report["trials"]) == ["plain", "tls"]
+    assert all(t["frames"] == 16 and t["goodput_bytes_per_s"] > 0 and t["sink_cpu_s"] > 0 for t in report["trials"])
+    assert set(report["summary"]) >= {"plain", "tls", "tls_over_plain_median_of_ratios", "meets_target"}
+    assert not list(tmp_path.glob(".bench-tls-*"))  # the certificates are gone with the scratch folder

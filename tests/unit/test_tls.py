@@ -19,7 +19,14 @@ from typing import Iterator
 import pytest
 
 from harness.run.certs import config_fields, write_cluster_tls
-from tests.unit.test_handshake import SECRET, connect, refusals, wait_for
+from tests.unit.test_handshake import (
+    ACCEPTOR_FIELDS,
+    SECRET,
+    connect,
+    refusals,
+    running_acceptor,
+    wait_for,
+)
 from wiiide.admission import REASON_DEADLINE
 from wiiide.auth import hello_frame, verify, welcome_mac
 from wiiide.config import RunConfig
@@ -46,19 +53,8 @@ def node_cfg(pki: dict, node: str, **fields) -> RunConfig:
 @pytest.fixture
 def tls_acceptor(tmp_path, free_port, pki) -> Iterator[Coordinator]:
     """A TLS coordinator listening on 127.0.0.1:free_port with its acceptor thread running (no training)."""
-    node = Coordinator(node_cfg(pki, "coordinator", port=free_port, num_workers=1, handshake_timeout_s=2.0,
-                                max_handshakes=4, log_tier="silent", metrics_dir=str(tmp_path / "metrics")))
-    node.secret = SECRET
-    node._spec = {"hidden_sizes": [8]}
-    node._listen()
-    thread = threading.Thread(target=node._accept_loop, daemon=True)
-    thread.start()
-    try:
-        yield node
-    finally:
-        node._closing.set()
-        node.listener.close()
-        thread.join(timeout=10)
+    yield from running_acceptor(node_cfg(pki, "coordinator", port=free_port, metrics_dir=str(tmp_path / "metrics"),
+                                         **ACCEPTOR_FIELDS))
 
 
 def tls_worker_handshake(node: Coordinator, cfg: RunConfig) -> str:
@@ -201,3 +197,16 @@ def test_node_names_must_be_plain(tmp_path):
 
     with pytest.raises(HarnessError, match="plain name"):
         write_cluster_tls(Path(tmp_path), {"../evil": ["x"]})
+
+
+def test_docker_certificates_name_what_peers_dial_and_point_into_the_mount(tmp_path):
+    from cryptography import x509
+
+    from harness.run.compose import CONTAINER_TLS_DIR, PROJECT, write_docker_tls
+
+    cfg, folder = write_docker_tls(RunConfig(num_workers=2, tls=True), tmp_path)
+    assert cfg.tls_cert_file == f"{CONTAINER_TLS_DIR}/node.crt" and cfg.tls_key_file.startswith(CONTAINER_TLS_DIR)
+    assert sorted(p.name for p in folder.iterdir()) == ["coordinator", "worker-1", "worker-2"]
+    cert = x509.load_pem_x509_certificate((folder / "coordinator" / "node.crt").read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert names == ["coordinator", f"{PROJECT}_coordinator_1"]  # workers dial coordinator_host=coordinator
