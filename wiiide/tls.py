@@ -128,6 +128,9 @@ def _handshake(tls_sock: ssl.SSLSocket, deadline: float, who: str) -> ssl.SSLSoc
     except socket.timeout:
         tls_sock.close()
         raise DeadlineExceeded(f"TLS handshake with {who} not complete by the deadline") from None
+    except (ssl.SSLEOFError, ssl.SSLZeroReturnError):
+        tls_sock.close()  # the peer closed mid-handshake (a busy coordinator, say): a lost connection, retried
+        raise ConnectionAbortedError(f"{who} closed the connection during the TLS handshake") from None
     except ssl.SSLError as exc:
         tls_sock.close()
         # SSLCertVerificationError says why the chain or the name failed; other reasons get a gloss
@@ -151,6 +154,7 @@ def wrap_server(sock: socket.socket, cfg: RunConfig, deadline: float | None = No
         TLSHandshakeError: the peer's certificate is missing, from another CA, or the peer speaks
             TLS 1.2 or older, or plaintext (the returned socket is never made; `sock` is closed).
         DeadlineExceeded: the handshake was not complete by `deadline` (closed, too).
+        ConnectionAbortedError: the peer closed the connection during the handshake.
         OSError: from the socket.
     """
     ctx = server_context(cfg)

@@ -210,3 +210,13 @@ def test_docker_certificates_name_what_peers_dial_and_point_into_the_mount(tmp_p
     cert = x509.load_pem_x509_certificate((folder / "coordinator" / "node.crt").read_bytes())
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
     assert names == ["coordinator", f"{PROJECT}_coordinator_1"]  # workers dial coordinator_host=coordinator
+
+
+def test_a_server_that_closes_during_the_handshake_is_a_lost_connection_the_worker_retries(pki):
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        closer = threading.Thread(target=lambda: listener.accept()[0].close(), daemon=True)
+        closer.start()
+        with pytest.raises(OSError) as info:  # not TLSHandshakeError: Worker._connect retries OSErrors
+            wrap_client(connect(listener.getsockname()[1]), node_cfg(pki, "worker-1"), "127.0.0.1")
+        assert not isinstance(info.value, TLSHandshakeError)
+        closer.join(timeout=10)
