@@ -1,4 +1,5 @@
-"""``python -m harness VERB``: up, down, status, sweep, report, image, compare, bench-wire, bench-handshake.
+"""``python -m harness VERB``: up, down, status, sweep, report, image, compare, bench-wire, bench-handshake,
+bench-tls.
 
 Errors the harness raises on purpose (bad spec, no engine, a failed Compose call) end as one line on
 stderr and exit code 2 (bad input) or 1 (anything else), not a traceback.
@@ -221,6 +222,12 @@ def cmd_bench_handshake(args: argparse.Namespace) -> int:
     return main_from_args(args, _log)
 
 
+def cmd_bench_tls(args: argparse.Namespace) -> int:
+    """`bench-tls`: see `harness.bench.tls`; writes its JSON and prints the medians."""
+    from harness.bench.tls import main_from_args
+    return main_from_args(args, _log)
+
+
 def cmd_image(args: argparse.Namespace) -> int:
     """`image [--force]`: build the node image and print its tag. Raises ClusterError without an engine."""
     from harness.run.image import build_image
@@ -308,6 +315,11 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.bench.handshake import add_arguments as add_handshake_arguments
     add_handshake_arguments(p)
     p.set_defaults(func=cmd_bench_handshake)
+
+    p = sub.add_parser("bench-tls", help="goodput of 1 MiB frames over TLS 1.3 against plaintext, side by side (JSON)")
+    from harness.bench.tls import add_arguments as add_tls_arguments
+    add_tls_arguments(p)
+    p.set_defaults(func=cmd_bench_tls)
 
     p = sub.add_parser("image", help="build the node image (wheelhouse, local base when no registry)")
     p.add_argument("--force", action="store_true")

@@ -91,6 +91,9 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
         display = progress
     note = display.note
     results_dir = Path(results_dir or REPO_ROOT / "results")
+    if reuse and any(p.config.tls for p in spec.points):  # each TLS run mounts its own certificates
+        note("tls: fresh containers for every run (warm containers are not reused)")
+        reuse = False
     backend = backend or select_backend(backend_name, note, reuse=reuse)
     for p in spec.points:  # links and limits the backend cannot apply stop the sweep before anything runs
         backend.check_cluster(p.cluster)

@@ -355,6 +355,14 @@ class RunConfig(BaseSettings):
     max_handshakes: Int = _field(8, "1..1024", "connections handshaking at once, at most half from one address; "
                                  "more wait for a slot until their deadline (wiiide.admission)",
                                  ge=1, le=1024)
+    # TLS 1.3 on every connection (wiiide.tls): mutual authentication against a per-cluster CA, the HMAC
+    # handshake inside it. The harness writes the files per cluster and sets the three paths.
+    tls: Bool = _field(False, "a boolean", "TLS 1.3 with mutual certificate authentication on every connection "
+                       "(engine wiiide; needs tls_ca_file, tls_cert_file, tls_key_file)")
+    tls_ca_file: Str = _field("", "a PEM file path or empty", "tls: the cluster's CA certificate (PEM)")
+    tls_cert_file: Str = _field("", "a PEM file path or empty",
+                                "tls: this node's certificate (PEM), signed by the cluster's CA")
+    tls_key_file: Str = _field("", "a PEM file path or empty", "tls: this node's private key (PEM, unencrypted)")
 
     # ------------------------------------------------------------------------------------------
     def __init__(self, **values: Any) -> None:
@@ -527,7 +535,8 @@ def _validate_engine(c: RunConfig) -> None:
             ("mixed_precision", c.mixed_precision != "none", torch_engine, "engine ddp or fsdp"),
             ("profile", c.profile, torch_engine, "engine ddp or fsdp"),
             ("compression", c.compression != default_compression, c.engine == "wiiide", "engine wiiide"),
-            ("ps_shards", c.ps_shards != "1", c.engine == "wiiide", "engine wiiide")]
+            ("ps_shards", c.ps_shards != "1", c.engine == "wiiide", "engine wiiide"),
+            ("tls", c.tls, c.engine == "wiiide", "engine wiiide (gloo's own sockets are not wrapped)")]
     for name, is_set, applies, needs in only:
         if is_set and not applies:
             raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs {needs} "
@@ -535,7 +544,7 @@ def _validate_engine(c: RunConfig) -> None:
     if c.ps_shards != "1":  # the sharded servers run synchronous rounds of one batch, evaluated at the end
         for name, is_set in (("staleness_bound", c.staleness_bound != 0), ("local_steps", c.local_steps != 1),
                              ("adaptive_batch", c.adaptive_batch), ("grad_accum_steps", c.grad_accum_steps != 1),
-                             ("eval_every_s", c.eval_every_s != 0)):
+                             ("eval_every_s", c.eval_every_s != 0), ("tls", c.tls)):
             if is_set:
                 raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs ps_shards 1 (the central "
                                   f"server); the sharded servers (ps_shards {c.ps_shards!r}) do not offer it yet")

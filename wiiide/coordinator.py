@@ -21,7 +21,8 @@ the run goes on with the rest (and fails when none are left).
 Joining: an acceptor thread accepts connections for the whole run and a `wiiide.admission.HandshakeGate`
 decides which handshake now (on a slot thread), which wait and which are refused at once; each
 handshake must be complete `handshake_timeout_s` after accept, an absolute deadline enforced on every
-read. Any failure in a handshake, an unforeseen exception included, is a ``connection_refused`` event
+read (with ``tls`` on, the TLS handshake runs first on the slot thread, within the same deadline:
+`wiiide.tls`). Any failure in a handshake, an unforeseen exception included, is a ``connection_refused`` event
 with a short ``reason`` and its ``cause``, never a dead thread.
 """
 
@@ -85,6 +86,7 @@ from wiiide.ps.digest import params_digest
 from wiiide.ps.partition import resolve_shards
 from wiiide.sockets import configure_socket
 from wiiide.tensors import to_wire
+from wiiide.tls import TLSHandshakeError, server_context, wrap_server
 
 TRAINING_MARKER = "coordinator.training"  # written into metrics_dir when the first step starts
 # Connections the kernel may queue before accept(), beyond the workers and the handshake slots: a burst
@@ -148,6 +150,9 @@ class Coordinator:
     def _main(self) -> None:
         cfg = self.cfg
         self.secret = load_secret()  # ConfigError (exit 2) before anything listens when there is none
+        if cfg.tls:
+            server_context(cfg)  # ConfigError (exit 2) before anything listens when a TLS file is bad
+            self.metrics.extra["tls"] = "TLSv1.3"
         try:
             data = load_dataset(cfg)
             model = build_mlp(data.num_features, cfg.hidden_sizes, data.num_classes, cfg.seed)
@@ -285,6 +290,9 @@ class Coordinator:
                 raise DeadlineExceeded("the deadline passed while the connection waited for a slot")
             sock.settimeout(remaining_s)  # bounds the challenge's send, too
             options = configure_socket(sock, cfg)
+            if cfg.tls:  # here on the slot thread, bounded by the same deadline (wiiide.tls)
+                sock = wrap_server(sock, cfg, deadline, peer)
+                sock.settimeout(max(0.001, deadline - time.monotonic()))
             conn = Connection(sock, cfg, self.metrics, self.log, f"peer {peer}", max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES,
                               pool=self.policy.pool)
             nonce_c = new_nonce()
@@ -306,7 +314,9 @@ class Coordinator:
             self._refuse(sock, peer, f"handshake not complete within handshake_timeout_s={cfg.handshake_timeout_s:g} s "
                                      f"({exc})", REASON_DEADLINE)
         except Exception as exc:  # ProtocolError, OSError, or a bug an input found: a refusal, never a dead thread
-            if isinstance(exc, ProtocolError):
+            if isinstance(exc, TLSHandshakeError):
+                reason = "tls"
+            elif isinstance(exc, ProtocolError):
                 reason = "auth" if "authentication failed" in str(exc) else "protocol"
             elif isinstance(exc, OSError):
                 reason = "socket"

@@ -30,7 +30,8 @@ A frame leaves in one `socket.sendmsg` call (scatter-gather: prefix, header and 
 buffers, no concatenation copy when uncompressed) and is received with `recv_into` into one buffer
 per frame (or one buffer reused for every frame, `reuse_buffers`), in chunks of `recv_chunk_bytes`
 (seed 001: 256 KiB). Decoded tensors are numpy views of that buffer when uncompressed: no copy and
-no `bytes()` round trip between the socket and the arrays.
+no `bytes()` round trip between the socket and the arrays. A TLS socket (`wiiide.tls`) has no
+`sendmsg`: there each large buffer goes out with `sendall` and the small ones are joined.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from __future__ import annotations
 import json
 import math
 import socket
+import ssl
 import struct
 import time
 from dataclasses import dataclass, field
@@ -214,6 +216,9 @@ def send_frames(sock: socket.socket, frames: Sequence[Frame]) -> int:
     """
     buffers = [memoryview(b).cast("B") for f in frames for b in f.buffers]
     total = sum(b.nbytes for b in buffers)
+    if isinstance(sock, ssl.SSLSocket):  # no sendmsg on TLS sockets (wiiide.tls)
+        _send_buffers_tls(sock, buffers)
+        return total
     sent_total = 0
     while buffers:
         sent = sock.sendmsg(buffers[:1024])  # IOV_MAX on Linux is 1024
@@ -226,6 +231,25 @@ def send_frames(sock: socket.socket, frames: Sequence[Frame]) -> int:
             buffers[0] = buffers[0][sent:]
     assert sent_total == total
     return total
+
+
+TLS_COALESCE_BYTES = 64 * 1024  # buffers below this are joined before a TLS write (one record, not one each)
+
+
+def _send_buffers_tls(sock: ssl.SSLSocket, buffers: list[memoryview]) -> None:
+    """`sendall` each buffer of at least `TLS_COALESCE_BYTES`, and the small ones between (prefixes,
+    headers) joined into one write: each write is at least one TLS record of its own. Raises OSError."""
+    small: list[memoryview] = []
+    for buf in buffers:
+        if buf.nbytes < TLS_COALESCE_BYTES:
+            small.append(buf)
+            continue
+        if small:
+            sock.sendall(b"".join(small))
+            small = []
+        sock.sendall(buf)
+    if small:
+        sock.sendall(b"".join(small))
 
 
 class FrameReader:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import time
 
 import torch
@@ -46,6 +47,7 @@ from wiiide.pace.outer import gradient, local_delta
 from wiiide.protocol import PROTOCOL_VERSION, encode_message
 from wiiide.sockets import configure_socket
 from wiiide.tensors import from_wire, to_wire
+from wiiide.tls import TLSHandshakeError, client_context, wrap_client
 
 # Connect retries: 50 ms, growing by half each time to at most 250 ms, until the timeout. Nine nodes
 # start within seconds of each other, so the coordinator listens soon; a long backoff (it was 2 s)
@@ -89,13 +91,18 @@ class Worker:
                 options = configure_socket(sock, cfg)  # before connect: the window scale is fixed at SYN
                 sock.settimeout(max(0.5, min(5.0, deadline - time.monotonic())))
                 sock.connect((cfg.coordinator_host, cfg.port))
+                if cfg.tls:  # the coordinator's certificate must name coordinator_host (wiiide.tls)
+                    sock = wrap_client(sock, cfg, cfg.coordinator_host)
                 sock.settimeout(cfg.io_timeout_s)
                 self.metrics.socket_options.append(options)
                 self.metrics.event("connected", attempts=attempts)
                 return sock
-            except OSError as exc:
+            except OSError as exc:  # a TLS handshake timeout (DeadlineExceeded) too: the coordinator may be busy
                 sock.close()
                 last_error = exc
+            except TLSHandshakeError as exc:  # its certificate is not the cluster's, or names another host
+                raise NodeFailure(f"the coordinator at {cfg.coordinator_host}:{cfg.port} failed TLS: {exc}",
+                                  EXIT_CONNECT) from None
             if time.monotonic() + delay_s > deadline:
                 raise NodeFailure(
                     f"could not reach the coordinator at {cfg.coordinator_host}:{cfg.port} within "
@@ -111,6 +118,8 @@ class Worker:
         """
         cfg, metrics = self.cfg, self.metrics
         secret = load_secret()  # ConfigError (exit 2) before connecting when there is none
+        if cfg.tls:
+            client_context(cfg)  # ConfigError (exit 2) before connecting when a TLS file is bad
         lost = None
         while True:
             try:
@@ -176,7 +185,7 @@ class Worker:
                 from wiiide.ps.session import run_worker
 
                 run_worker(self, conn, model, welcome.meta, secret)
-        except (PeerClosed, ConnectionError, socket.timeout) as exc:
+        except (PeerClosed, ConnectionError, socket.timeout, ssl.SSLError) as exc:  # SSLError: a TLS alert, a bad record
             cause = (f"no frame for io_timeout_s={cfg.io_timeout_s:g} s" if isinstance(exc, socket.timeout) else str(exc))
             raise _Lost(cause) from None
         finally:

@@ -20,6 +20,7 @@ from harness import REPO_ROOT
 from harness.errors import ClusterError
 from harness.links.plan import Capabilities
 from harness.run.backend import Collected, PhaseClock, Progress
+from harness.run.certs import config_fields, write_cluster_tls
 from harness.run.compose_file import (
     NETWORK_LABEL,
     NUMBER_LABEL,
@@ -73,6 +74,21 @@ def slot_name(service: str, number: int) -> str:
     """A node's slot: ``coordinator``, or ``worker-N`` for container number N of the worker service."""
     return "coordinator" if service == "coordinator" else f"{service}-{number}"
 
+CONTAINER_TLS_DIR = "/results/tls"  # where a container finds its node's ca.crt, node.crt, node.key
+
+
+def write_docker_tls(cfg: RunConfig, results_dir: Path) -> tuple[RunConfig, Path]:
+    """A fresh CA and node certificates under ``results_dir/tls`` (`harness.run.certs`): the
+    coordinator's names ``coordinator`` (what workers dial) and its container name, each worker's
+    ``worker-N`` and its container name. Returns `cfg` with the three file fields pointing into
+    `CONTAINER_TLS_DIR`, and the folder for `cluster_up`'s `tls_dir`. Raises HarnessError."""
+    names = {"coordinator": ["coordinator", f"{PROJECT}_coordinator_1"],
+             **{slot_name("worker", i): [slot_name("worker", i), f"{PROJECT}_worker_{i}"]
+                for i in range(1, cfg.num_workers + 1)}}
+    folder = (results_dir / "tls").resolve()
+    write_cluster_tls(folder, names, PROJECT)
+    return cfg.replace(**config_fields(CONTAINER_TLS_DIR)), folder
+
 
 def write_cluster_secret() -> Path:
     """A fresh shared secret for the next cluster (wiiide.auth), in a 0600 file Compose mounts as a
@@ -97,7 +113,8 @@ def project_containers(client=None) -> list:
 
 
 def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE,
-               extra_env: dict[str, str] | None = None, zygote_dir: Path | None = None) -> list:
+               extra_env: dict[str, str] | None = None, zygote_dir: Path | None = None,
+               tls_dir: Path | None = None) -> list:
     """Start the project's coordinator and `cfg.num_workers` workers, detached; return the containers
     (docker SDK objects, the coordinator first, then workers 1..N).
 
@@ -108,6 +125,8 @@ def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE,
     `extra_env`: more compose.yaml variables (e.g. WIIIIIDE_WORKER_CPUS from `ClusterSettings.compose_env`).
     `zygote_dir`: run every node as a warm `wiiide.zygote` instead (its control directory, on the host,
     mounted at ``/zygote``): the containers import torch, then wait for run requests (`ZygotePool`).
+    `tls_dir`: `write_docker_tls`'s folder: each container mounts its own node's sub-folder read-only at
+    `CONTAINER_TLS_DIR`, over the run folder's ``tls`` (so it sees no other node's key).
 
     Raises:
         ClusterError: compose.yaml cannot be read, or the engine refused a network or container
@@ -129,6 +148,8 @@ def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE,
     def start(item: tuple[str, int], extra_hosts: dict[str, str] | None = None):
         service, number = item
         kwargs = project.create_kwargs(service, number)
+        if tls_dir is not None:
+            kwargs["volumes"].append(f"{tls_dir / slot_name(service, number)}:{CONTAINER_TLS_DIR}:ro")
         if extra_hosts:
             kwargs["extra_hosts"] = extra_hosts
         if zygote_dir is not None:
@@ -282,9 +303,13 @@ class ComposeBackend:
         with clock.phase("clean"):
             cluster_down(progress)  # a clean slate: nothing left from an earlier, killed run
         self._started = True
+        tls_dir = None
+        if cfg.tls:  # a fresh CA and node certificates in the run folder, each container mounting its own
+            cfg, tls_dir = write_docker_tls(cfg, out_dir)
 
         def create(cfg: RunConfig) -> list:
-            self._containers = cluster_up(cfg, out_dir, self.image, conditions.settings.compose_env())
+            self._containers = cluster_up(cfg, out_dir, self.image, conditions.settings.compose_env(),
+                                          tls_dir=tls_dir)
             return self._containers
 
         return conditions.bring_up(cfg, clock, create, progress)

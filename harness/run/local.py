@@ -29,6 +29,7 @@ from harness.run.backend import (
     Sampler,
     refuse_cluster_settings,
 )
+from harness.run.certs import write_cluster_tls
 from harness.run.faults import Controller
 from harness.run.stats import summarize_samples
 from harness.spec.cluster import ClusterSettings
@@ -105,7 +106,8 @@ class LocalBackend:
     def start(self, cfg: RunConfig, out_dir: Path, cluster: ClusterSettings, progress: Progress,
               clock: PhaseClock) -> Controller:
         """Spawn the coordinator and `cfg.num_workers` workers (``python -m wiiide ROLE``) on a free
-        port with a fresh shared secret, and sample each process every `SAMPLE_INTERVAL_S` seconds.
+        port with a fresh shared secret (and with ``tls``, a fresh CA and node certificates under
+        ``out_dir/tls``), and sample each process every `SAMPLE_INTERVAL_S` seconds.
 
         Raises:
             ClusterError: `cluster` asks for links or limits.
@@ -119,12 +121,16 @@ class LocalBackend:
         base_env["WIIIIIDE_SECRET"] = generate_secret()  # per run; processes of this user only
         base_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), base_env.get("PYTHONPATH")]))
         names = ["coordinator"] + [f"worker-{i + 1}" for i in range(cfg.num_workers)]
+        # tls: a CA and a certificate per node in the run's folder (harness.run.certs); all on loopback
+        tls = write_cluster_tls(out_dir / "tls", {n: [n, "localhost", "127.0.0.1"] for n in names}) if cfg.tls else {}
         self._samples = {n: [] for n in names}
         self._handles = {}
 
         def spawn(name: str) -> None:
             role = "coordinator" if name == "coordinator" else "worker"
             env = dict(base_env, WIIIIIDE_NODE_ID=f"local-{name}")  # a restarted node keeps its id
+            if name in tls:
+                env.update(tls[name].env())
             # SIGINT/SIGTERM deferred until the process is registered: the sweep's handler raises, and
             # a node spawned but not yet in self._procs would outlive the teardown (seen when Ctrl-C
             # came as the next point started)

@@ -174,6 +174,7 @@ BAD_VALUES = [
     ("target_accuracy", 0.9), ("target_loss", -1.0), ("target_loss", 2.0),  # 0.9, 2.0: need eval_every_s
     ("ps_shards", "0"), ("ps_shards", "some"), ("ps_shards", 4),  # 4: more than the 3 nodes of 2 workers
     ("partition_bytes", 2), ("shard_port", 65536), ("batch_handout", "files"),
+    ("tls", "maybe"),
 ]
 
 
@@ -191,7 +192,8 @@ def test_validation_error_names_the_field(field, value):
 def test_every_field_has_a_bad_value_test():
     tested = {f for f, _ in BAD_VALUES}
     unchecked = {"coordinator_host", "bind_host", "node_id", "seed", "metrics_dir", "ready_file", "start_gate_file",
-                 "tcp_nodelay", "tcp_quickack", "keepalive", "allow_lossy"}  # free strings / any int / booleans
+                 "tcp_nodelay", "tcp_quickack", "keepalive", "allow_lossy",
+                 "tls_ca_file", "tls_cert_file", "tls_key_file"}  # free strings / any int / booleans
     assert set(RunConfig.field_names()) - unchecked == tested
 
 

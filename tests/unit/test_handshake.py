@@ -163,11 +163,17 @@ def test_events_are_capped_per_kind_and_counted_by_reason(tmp_path):
 # --------------------------------------------------------------------------------------------------
 # The coordinator's acceptor under attack
 # --------------------------------------------------------------------------------------------------
+ACCEPTOR_FIELDS = {"num_workers": 1, "handshake_timeout_s": 2.0, "max_handshakes": 4, "log_tier": "silent"}
+
+
 @pytest.fixture
 def acceptor(tmp_path, free_port) -> Iterator[Coordinator]:
     """A coordinator listening on 127.0.0.1:free_port with its acceptor thread running (no training)."""
-    cfg = RunConfig(port=free_port, num_workers=1, handshake_timeout_s=2.0, max_handshakes=4, log_tier="silent",
-                    metrics_dir=str(tmp_path / "metrics"))
+    yield from running_acceptor(RunConfig(port=free_port, metrics_dir=str(tmp_path / "metrics"), **ACCEPTOR_FIELDS))
+
+
+def running_acceptor(cfg: RunConfig) -> Iterator[Coordinator]:
+    """A coordinator of `cfg` up to its acceptor thread (the body of the `acceptor` fixtures)."""
     node = Coordinator(cfg)
     node.secret = SECRET
     node._spec = {"hidden_sizes": [8]}

@@ -136,6 +136,9 @@ class SwarmBackend:
             LinkShapingError: a link profile cannot be applied (before anything is deployed when the
                 kernel lacks a qdisc), or eth0 of a task is not its overlay interface.
         """
+        if cfg.tls:  # replicas of one service share one spec: no per-node certificate without per-task secrets
+            raise ClusterError("tls: true runs on the docker and local backends; on swarm, encrypt the overlay "
+                               "network instead (IPsec between hosts) or use --backend docker")
         clock = clock or PhaseClock()
         out_dir = Path(out_dir).resolve()
         (out_dir / "nodes").mkdir(parents=True, exist_ok=True)

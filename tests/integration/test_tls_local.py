@@ -1,0 +1,43 @@
+"""A run with ``tls: true`` on the local backend: the harness makes a CA and node certificates in the
+run's folder, every connection is TLS 1.3 with the HMAC handshake inside, and the model trains."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from harness.results.report import (
+    load_report_json as load_report,  # the report as its JSON object
+)
+from harness.spec.points import build_spec
+from harness.sweep import run_sweep
+
+
+def test_a_local_run_with_tls_trains(tmp_path):
+    spec = build_spec({"name": "tls", "base": {"dataset": "digits", "num_workers": 2, "max_steps": 150,
+                                               "duration_s": 60, "log_tier": "normal", "tls": True}}, "tls.yaml")
+    report = load_report(run_sweep(spec, "local", tmp_path, progress=lambda line: None))
+    rep = report["points"][0]["repeats"][0]
+    assert rep["status"] == "ok", rep["error"]
+    coord = rep["nodes"]["coordinator"]
+    assert coord["tls"] == "TLSv1.3"
+    assert coord["steps"] == 150 and sum(coord["batches_per_worker"].values()) == 300
+    assert [e["event"] for e in coord["events"]].count("worker_joined") == 2
+    assert not [e for e in coord["events"] if e["event"] == "connection_refused"]
+    assert rep["totals"]["test_accuracy"] > 0.5
+    keys = sorted(tmp_path.glob("**/tls/*/node.key"))
+    assert [k.parent.name for k in keys] == ["coordinator", "worker-1", "worker-2"]
+    assert all(stat.S_IMODE(os.stat(k).st_mode) == 0o600 for k in keys)
+
+
+def test_bench_tls_tiny_local_run_writes_both_modes(tmp_path):
+    import json
+
+    from harness.bench.tls import run_bench
+
+    path = run_bench("local", 64 * 1024, 1024 * 1024, 1, tmp_path, progress=lambda line: None)
+    report = json.loads(path.read_text())
+    assert sorted(t["mode"] for t in report["trials"]) == ["plain", "tls"]
+    assert all(t["frames"] == 16 and t["goodput_bytes_per_s"] > 0 and t["sink_cpu_s"] > 0 for t in report["trials"])
+    assert set(report["summary"]) >= {"plain", "tls", "tls_over_plain_median_of_ratios", "meets_target"}
+    assert not list(tmp_path.glob(".bench-tls-*"))  # the certificates are gone with the scratch folder
