@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from wiiide import models
-from wiiide.models.mlp import build_mlp
+from wiiide.models.mlp import build_mlp  # noqa: F401 (re-exported: importable from here as before)
 
 # The language model's validation: at most this many windows (evenly spaced over the split), this many
 # at a time, so that an evaluation of a 25 M-parameter model takes seconds, not minutes, on one core.

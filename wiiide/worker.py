@@ -32,6 +32,7 @@ from wiiide.errors import PeerClosed, ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.model import FlatParams, model_from_spec
+from wiiide.models import check_batch, loss_mean
 from wiiide.node import (
     EXIT_CONNECT,
     EXIT_PEER_LOST,
@@ -42,6 +43,7 @@ from wiiide.node import (
 )
 from wiiide.protocol import PROTOCOL_VERSION, encode_message
 from wiiide.sockets import configure_socket
+from wiiide.sparse import UPDATE_KIND, SparseRows
 from wiiide.tensors import from_wire, to_wire
 
 # Connect retries: 50 ms, growing by half each time to at most 250 ms, until the timeout. Nine nodes
@@ -155,8 +157,9 @@ class Worker:
                 raise ProtocolError(f"welcome carries a bad rank {rank!r}")
             verify(welcome_mac(secret, PROTOCOL_VERSION, nonce_w, nonce_c, rank), welcome.meta.get("mac"),
                    "the coordinator's welcome")
+            spec = welcome.meta.get("model") or {}
             try:
-                model = model_from_spec(welcome.meta.get("model") or {})
+                model = model_from_spec(spec)
             except ValueError as exc:
                 raise ProtocolError(str(exc)) from None
             conn.reader.max_frame_bytes = cfg.max_frame_bytes
@@ -164,7 +167,7 @@ class Worker:
             metrics.rank = rank
             self.log.info("joined as worker %d of %s", rank, welcome.meta.get("num_workers"))
             heartbeats = Heartbeats(lambda: [conn], cfg.heartbeat_interval_s).start()
-            self._train(conn, model)
+            self._train(conn, model, spec["type"], spec.get("sparse_rows") is True and spec["type"] == "embedding")
         except (PeerClosed, ConnectionError, socket.timeout) as exc:
             cause = (f"no frame for io_timeout_s={cfg.io_timeout_s:g} s" if isinstance(exc, socket.timeout) else str(exc))
             raise _Lost(cause) from None
@@ -173,16 +176,24 @@ class Worker:
                 heartbeats.stop()
             conn.close()
 
-    def _train(self, conn: Connection, model: nn.Module) -> None:
+    def _train(self, conn: Connection, model: nn.Module, kind: str = "mlp", sparse_rows: bool = False) -> None:
         metrics = self.metrics
         flat = FlatParams(model)
+        sparse = SparseRows(model, flat.numel) if sparse_rows else None
+        has_params = False
         while True:
             msg = conn.receive(["params", "batch", "stop"])
             self.policy.observe_received(msg)
             if msg.kind == "stop":
                 self.log.info("stop after %d steps: %s", metrics.steps, msg.meta.get("reason"))
                 return
+            if msg.kind == "params" and msg.meta.get("update") == UPDATE_KIND:
+                if sparse is None or not has_params:
+                    raise ProtocolError("a sparse params update before any full parameters, or for a dense model")
+                sparse.apply_update(msg, flat.params)
+                continue
             if msg.kind == "params":
+                has_params = True
                 params = msg.tensor("params")
                 if params.shape != (flat.numel,):
                     raise ProtocolError(f"params of shape {params.shape}, expected ({flat.numel},)")
@@ -193,18 +204,21 @@ class Worker:
             if len(msg.tensors) != 2:
                 raise ProtocolError(f"batch holds {len(msg.tensors)} tensors, expected x and y")
             x, y = from_wire(msg.tensors[0], copy=False), from_wire(msg.tensors[1], copy=False)
-            if x.dim() != 2 or x.dtype != torch.float32 or y.shape != (x.shape[0],) or y.dtype != torch.int64:
-                raise ProtocolError("batch must hold x (b, f) float32 and y (b,) int64")
+            try:
+                check_batch(kind, x, y)
+            except ValueError as exc:
+                raise ProtocolError(str(exc)) from None
             flat.grads.zero_()
             try:
-                loss = nn.functional.cross_entropy(model(x), y)
-            except (RuntimeError, IndexError) as exc:  # wrong feature count or label out of range
+                loss = loss_mean(kind, model(x), y)
+            except (RuntimeError, IndexError, ValueError) as exc:  # wrong feature count, label out of range, too long
                 raise ProtocolError(f"batch does not fit the model: {exc}") from None
             loss.backward()
             loss_value = loss.item()
             metrics.compute_time_s += time.perf_counter() - t0
-            frame = self.policy.encode("gradients", {"step": step, "loss": loss_value, "samples": int(x.shape[0])},
-                                       [to_wire("grad", flat.grads)])
+            meta = {"step": step, "loss": loss_value, "samples": int(x.shape[0])}
+            frame = (self.policy.encode("gradients", meta, [to_wire("grad", flat.grads)]) if sparse is None
+                     else sparse.gradients_frame(meta, flat.grads))
             conn.send([frame])
             metrics.steps += 1
             metrics.batches += 1

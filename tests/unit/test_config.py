@@ -165,6 +165,11 @@ BAD_VALUES = [
     ("profile", True),  # needs engine ddp or fsdp
     ("heartbeat_interval_s", 0.0), ("heartbeat_interval_s", 10.0),  # not below io_timeout_s (10 s)
     ("handshake_timeout_s", 0.0), ("handshake_timeout_s", 301.0), ("max_handshakes", 0), ("max_handshakes", 1025),
+    ("model", "rnn"), ("cnn_channels", 0), ("transformer_layers", 0), ("transformer_layers", 49),
+    ("transformer_width", 4), ("transformer_width", 130),  # 130: not a multiple of the 4 heads
+    ("transformer_heads", 0), ("transformer_context", 4), ("embedding_rows", 1), ("embedding_dim", 0),
+    ("embedding_fields", 0), ("embedding_zipf_exponent", -0.5), ("embedding_samples", 10),
+    ("sparse_embedding", True),  # needs model embedding
 ]
 
 
@@ -184,6 +189,18 @@ def test_every_field_has_a_bad_value_test():
     unchecked = {"coordinator_host", "bind_host", "node_id", "seed", "metrics_dir", "ready_file", "start_gate_file",
                  "tcp_nodelay", "tcp_quickack", "keepalive", "allow_lossy"}  # free strings / any int / booleans
     assert set(RunConfig.field_names()) - unchecked == tested
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"model": "embedding", "sparse_embedding": True, "engine": "fsdp"}, "sparse_embedding"),
+    ({"model": "embedding", "sparse_embedding": True, "momentum": 0.9}, "sparse_embedding"),
+    ({"model": "transformer", "transformer_width": 100, "transformer_heads": 8}, "transformer_width"),
+])
+def test_workload_rules_between_fields(changes, field):
+    with pytest.raises(ConfigError, match=field):
+        RunConfig(**changes)
+    ok = RunConfig(model="embedding", sparse_embedding=True, engine="ddp", momentum=0.9)  # ddp: momentum is fine
+    assert ok.sparse_embedding
 
 
 def test_boundary_values_accepted():

@@ -380,4 +380,4 @@ def test_codec_names_round_trip(name):
 def test_bad_codec_names(name):
     with pytest.raises(ValueError):
         codec_from_name(name)
-    assert len(CODEC_NAME_FORMS) == 10
+    assert len(CODEC_NAME_FORMS) == 11

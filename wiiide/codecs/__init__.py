@@ -55,7 +55,6 @@ from wiiide.codecs.lossless import (
     ZstdCodec,
 )
 from wiiide.codecs.lossy import Bf16Codec, Fp16Codec, Int8BlockCodec, TopKCodec
-from wiiide.codecs.rows import RowsCodec
 from wiiide.codecs.registry import (
     CODEC_CLASSES,
     CODEC_NAME_FORMS,
@@ -63,6 +62,7 @@ from wiiide.codecs.registry import (
     codec_from_name,
     decoder_for,
 )
+from wiiide.codecs.rows import RowsCodec
 
 __all__ = ["Buffer", "TensorSpecs", "Codec", "ByteCodec", "NoCodec", "ZlibCodec", "ZstdCodec", "Lz4Codec",
            "Blosc2Codec", "Fp16Codec", "Bf16Codec", "Int8BlockCodec", "TopKCodec", "RowsCodec", "CODEC_CLASSES", "REGISTRY",

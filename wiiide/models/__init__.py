@@ -158,4 +158,12 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
 
 
 __all__ = ["MODELS", "TASKS", "build_model", "build_from_spec", "model_spec", "model_from_spec", "task_of",
-           "check_batch", "loss_sum", "shard_units", "build_mlp"]
+           "check_batch", "loss_sum", "loss_mean", "shard_units", "build_mlp"]
+
+
+def loss_mean(kind: str, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The mean cross-entropy (nats) a worker trains on: over the samples (classification, as
+    ``nn.functional.cross_entropy`` gives it) or over every next-byte prediction (language model)."""
+    if output.dim() == 3:
+        return nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), y.reshape(-1))
+    return nn.functional.cross_entropy(output, y)
