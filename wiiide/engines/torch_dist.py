@@ -63,6 +63,7 @@ from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics, summarize
 from wiiide.model import evaluate
 from wiiide.models import build_model, shard_units
+from wiiide.models import loss_sum as summed_loss
 from wiiide.node import (
     EXIT_CONNECT,
     EXIT_ERROR,
@@ -399,7 +400,7 @@ class TorchNode:
                 with self._sync(wrapped, j == len(micro) - 1):
                     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16_autocast):
                         logits = wrapped(x[part])
-                    loss = loss_sum(cfg.model, logits, y[part])
+                    loss = summed_loss(cfg.model, logits, y[part])
                     (loss * scale).backward()
                 loss_sum += loss.item()
             optimizer.step()
