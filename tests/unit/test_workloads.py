@@ -5,6 +5,7 @@ bitwise in step and moves fewer bytes than the dense one."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from pathlib import Path
@@ -25,7 +26,13 @@ from wiiide.corpus import (
 )
 from wiiide.data import load_dataset
 from wiiide.errors import ConfigError, ProtocolError
-from wiiide.model import ClassificationEval, FlatParams, LanguageModelEval, MomentumSGD, evaluate
+from wiiide.model import (
+    ClassificationEval,
+    FlatParams,
+    LanguageModelEval,
+    MomentumSGD,
+    evaluate,
+)
 from wiiide.models import (
     build_model,
     check_batch,
@@ -35,8 +42,18 @@ from wiiide.models import (
     shard_units,
     task_of,
 )
-from wiiide.models.embedding import expected_distinct_rows, make_zipf_data, zipf_probabilities
-from wiiide.protocol import WireTensor, decode_payload, encode_message, parse_header
+from wiiide.models.embedding import (
+    expected_distinct_rows,
+    make_zipf_data,
+    zipf_probabilities,
+)
+from wiiide.protocol import (
+    PREFIX,
+    WireTensor,
+    decode_payload,
+    encode_message,
+    parse_header,
+)
 from wiiide.sparse import SparseRows
 from wiiide.worker import Worker
 
@@ -144,16 +161,11 @@ def rows_frame(tensors: list[WireTensor]):
 
 
 def decode(wire: bytes, **header_changes):
-    import json
-    import struct
-
-    from wiiide.protocol import PREFIX
-
-    _, _, _, header_len, payload_len = PREFIX.unpack(wire[:PREFIX.size])
+    """A frame's bytes -> its Message, as a receiver decodes it (header fields may be replaced first)."""
+    _, _, _, header_len, _ = PREFIX.unpack(wire[:PREFIX.size])
     header = json.loads(wire[PREFIX.size:PREFIX.size + header_len])
     header.update(header_changes)
     header = parse_header(json.dumps(header).encode(), 1 << 30)
-    _ = struct
     return decode_payload(header, memoryview(wire[PREFIX.size + header_len:]))
 
 
