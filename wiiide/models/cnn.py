@@ -2,8 +2,8 @@
 
 Layers (C = `channels`): conv3x3 1->C, ReLU; a residual block (two conv3x3 C->C with a ReLU between,
 added to its input, no batch norm: it would add running statistics, buffers outside the gradient);
-conv3x3 C->2C, ReLU, 2x2 max-pool; Linear 2C*(s/2)^2 -> 64, ReLU; Linear 64 -> classes. 14 parameter
-tensors; C=16 on 8x8 is 46,154 parameters. Input: flat float32 (batch, s*s) features, reshaped to
+conv3x3 C->2C, ReLU, 2x2 max-pool; Linear 2C*(s/2)^2 -> 64, ReLU; Linear 64 -> classes. 12 parameter
+tensors; C=16 on 8x8 is 42,922 parameters. Input: flat float32 (batch, s*s) features, reshaped to
 (batch, 1, s, s) inside `forward`, so the batches on the wire are the MLP's.
 """
 

@@ -5,8 +5,8 @@ LayerNorm -> causal multi-head self-attention (`torch.nn.functional.scaled_dot_p
 ``is_causal=True``: position t sees positions <= t) -> residual, LayerNorm -> MLP (width -> 4 width
 -> width, GELU) -> residual; a final LayerNorm and a Linear to 256 logits. No dropout.
 
-Parameters: about 12 L d^2 + 2 d (256 + context) (L layers, d width). L=4, d=128, context 128: 0.87 M;
-L=8, d=512: 25.5 M; L=12, d=576: 48 M. Input int64 (batch, T) bytes with T <= context, output
+Parameters: about 12 L d^2 + 2 d (256 + context) (L layers, d width). L=4, d=128, context 128: 0.88 M;
+L=8, d=512: 25.5 M; L=12, d=576: 48.2 M. Input int64 (batch, T) bytes with T <= context, output
 float32 (batch, T, 256) logits of the next byte.
 """
 
