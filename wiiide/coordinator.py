@@ -162,7 +162,7 @@ class Coordinator:
             self._stop_workers("finished")
             result = evaluate(model, data.x_test, data.y_test, data.task)
             self.metrics.extra.update(result.to_metrics())
-            self.log.info("held-out %s after %d steps", result, self.metrics.steps)
+            self.log.info("held-out %s after %d steps", result.log_text(), self.metrics.steps)
         finally:
             self.metrics.extra["batches_per_worker"] = {str(w.rank): w.batches for w in self.workers}
             self.metrics.extra["workers_connected"] = len(self.workers)

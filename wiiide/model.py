@@ -134,6 +134,10 @@ class ClassificationEval(NamedTuple):
         """The node's metrics fields: ``test_accuracy``, ``test_loss``."""
         return {"test_accuracy": self.accuracy, "test_loss": self.loss}
 
+    def log_text(self) -> str:
+        """``accuracy 0.9611, loss 0.1270``: the words of the node's final log line (`harness.run.status` reads it)."""
+        return f"accuracy {self.accuracy:.4f}, loss {self.loss:.4f}"
+
 
 class LanguageModelEval(NamedTuple):
     """Held-out figures of a language model: mean next-byte cross-entropy in nats, its perplexity
@@ -148,6 +152,10 @@ class LanguageModelEval(NamedTuple):
         ``test_loss`` (the same loss, under the name every model's reports share)."""
         return {"validation_loss": self.loss, "perplexity": self.perplexity, "validation_tokens": self.tokens,
                 "test_loss": self.loss}
+
+    def log_text(self) -> str:
+        """``validation loss 2.1092, perplexity 8.2420``: the words of the node's final log line."""
+        return f"validation loss {self.loss:.4f}, perplexity {self.perplexity:.4f}"
 
 
 def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, task: str = "classification"

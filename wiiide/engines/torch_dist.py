@@ -427,7 +427,7 @@ class TorchNode:
         if rank == 0:
             result = evaluate(eval_model, data.x_test, data.y_test, data.task)
             m.extra.update(result.to_metrics())
-            self.log.info("held-out %s after %d steps", result, step)
+            self.log.info("held-out %s after %d steps", result.log_text(), step)
 
     def _global_losses(self, loss_sums: list[float], global_batch: int) -> list[float]:
         """Mean loss over the global batch of every step (all ranks' sums added); checks the step counts agree."""
