@@ -44,6 +44,7 @@ MAX_TIMEOUT_S = 86400.0
 DATASETS = ("digits", "synthetic")
 LOG_TIERS = ("verbose", "normal", "silent")
 ENGINES = ("wiiide", "ddp", "fsdp")
+MODELS = ("mlp", "cnn", "transformer", "embedding")
 DDP_COMM_HOOKS = ("none", "fp16", "powersgd", "post_local_sgd")
 STALENESS_SCALINGS = ("none", "inverse")
 OUTER_OPTIMIZERS = ("avg", "nesterov")
@@ -210,6 +211,26 @@ class RunConfig(BaseSettings):
     test_fraction: Float = _field(0.2, "0 < x < 1", "share of samples held out for evaluation", gt=0.0, lt=1.0)
     hidden_sizes: LayerWidths = _field((64,), "1..16 layer widths, each 1..65536", "MLP hidden layer widths",
                                        min_length=1, max_length=16)
+    model: Literal["mlp", "cnn", "transformer", "embedding"] = _field(
+        "mlp", " | ".join(MODELS), "mlp | cnn (digits as 1x8x8) | transformer (byte LM on the Python standard "
+        "library's source; ignores dataset) | embedding (Zipf ids into a big table; ignores dataset)")
+    cnn_channels: Int = _field(16, "1..512", "cnn: channels of the first convolutions (the last has twice)",
+                               ge=1, le=512)
+    transformer_layers: Int = _field(2, "1..48", "transformer: blocks", ge=1, le=48)
+    transformer_width: Int = _field(128, "8..4096, a multiple of transformer_heads", "transformer: model width",
+                                    ge=8, le=4096)
+    transformer_heads: Int = _field(4, "1..64", "transformer: attention heads", ge=1, le=64)
+    transformer_context: Int = _field(128, "8..8192", "transformer: bytes per sequence (window)", ge=8, le=8192)
+    embedding_rows: Int = _field(100_000, "2..100000000", "embedding: rows of the table", ge=2, le=100_000_000)
+    embedding_dim: Int = _field(16, "1..1024", "embedding: floats per row", ge=1, le=1024)
+    embedding_fields: Int = _field(8, "1..256", "embedding: ids (lookups) per sample", ge=1, le=256)
+    embedding_zipf_exponent: Float = _field(1.1, "0 <= x <= 5", "embedding: ids drawn with P(k) ~ 1/(k+1)^x",
+                                            ge=0.0, le=5.0)
+    embedding_samples: Int = _field(65536, ">= 20", "embedding: synthetic samples (train + test)", ge=20,
+                                    le=100_000_000)
+    sparse_embedding: Bool = _field(False, "a boolean",
+                                    "embedding: wiiide sends only touched rows (codec rows) and pulls only "
+                                    "changed rows; ddp uses nn.Embedding(sparse=True); fsdp cannot")
     batch_size: Int = _field(32, "1..65536", "samples per worker per step", ge=1, le=65536)
     learning_rate: Float = _field(0.1, "0 < x <= 100", "SGD learning rate", gt=0.0, le=100.0)
     momentum: Float = _field(0.0, "0 <= x < 1", "SGD momentum", ge=0.0, lt=1.0)
@@ -544,13 +565,26 @@ def _validate_engine(c: RunConfig) -> None:
     if c.ps_shards != "1":  # the sharded servers run synchronous rounds of one batch, evaluated at the end
         for name, is_set in (("staleness_bound", c.staleness_bound != 0), ("local_steps", c.local_steps != 1),
                              ("adaptive_batch", c.adaptive_batch), ("grad_accum_steps", c.grad_accum_steps != 1),
-                             ("eval_every_s", c.eval_every_s != 0), ("tls", c.tls)):
+                             ("eval_every_s", c.eval_every_s != 0), ("tls", c.tls),
+                             ("model", c.model not in ("mlp", "cnn")), ("sparse_embedding", c.sparse_embedding)):
             if is_set:
                 raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs ps_shards 1 (the central "
                                   f"server); the sharded servers (ps_shards {c.ps_shards!r}) do not offer it yet")
     if c.engine == "wiiide":
         _check(c.batch_size >= c.grad_accum_steps, "grad_accum_steps", c.grad_accum_steps,
                f"at most batch_size = {c.batch_size} (every micro-batch needs a sample)")
+    _check(c.transformer_width % c.transformer_heads == 0, "transformer_width", c.transformer_width,
+           f"a multiple of transformer_heads={c.transformer_heads}")
+    if c.sparse_embedding:
+        _check(c.model == "embedding", "sparse_embedding", c.sparse_embedding, "False unless model is embedding")
+        _check(c.engine != "fsdp", "sparse_embedding", c.sparse_embedding,
+               "False with engine fsdp (FSDP shards dense parameters only; sparse gradients are not supported)")
+        _check(c.engine != "wiiide" or (c.staleness_bound == 0 and c.local_steps == 1 and not c.adaptive_batch),
+               "sparse_embedding", c.sparse_embedding, "False with staleness_bound, local_steps or adaptive_batch "
+               "(the pace server sends dense parameters)")
+        _check(c.engine != "wiiide" or c.momentum == 0, "sparse_embedding", c.sparse_embedding,
+               "False with engine wiiide and momentum > 0 (momentum moves every row every step, so the "
+               "parameter server could not pull changed rows only; set momentum: 0)")
     if torch_engine:
         global_batch = c.num_workers * c.batch_size
         _check(global_batch >= (c.num_workers + 1) * c.grad_accum_steps, "grad_accum_steps", c.grad_accum_steps,
@@ -563,5 +597,5 @@ def default_config() -> RunConfig:
     return RunConfig()
 
 
-__all__ = ["RunConfig", "ConfigError", "COMPRESSION_CHOICES", "LOG_TIERS", "DATASETS", "ENGINES", "ENV_PREFIX",
+__all__ = ["RunConfig", "ConfigError", "COMPRESSION_CHOICES", "LOG_TIERS", "DATASETS", "ENGINES", "MODELS", "ENV_PREFIX",
            "default_config"]

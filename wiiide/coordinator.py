@@ -57,14 +57,8 @@ from wiiide.errors import ProtocolError
 from wiiide.evaluation import evaluator_for, record_held_out
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.model import (
-    FlatParams,
-    MomentumSGD,
-    build_mlp,
-    evaluate,
-    model_spec,
-    num_parameters,
-)
+from wiiide.model import FlatParams, MomentumSGD, evaluate, num_parameters
+from wiiide.models import build_model, model_spec
 from wiiide.node import (
     EXIT_CONNECT,
     EXIT_PEER_LOST,
@@ -85,8 +79,10 @@ from wiiide.protocol import (
 from wiiide.ps.digest import params_digest
 from wiiide.ps.partition import resolve_shards
 from wiiide.sockets import configure_socket
+from wiiide.sparse import SparseRows
 from wiiide.tensors import to_wire
 from wiiide.tls import TLSHandshakeError, server_context, wrap_server
+from wiiide.workload import sparse_comm_expected, workload_record
 
 TRAINING_MARKER = "coordinator.training"  # written into metrics_dir when the first step starts
 # Connections the kernel may queue before accept(), beyond the workers and the handshake slots: a burst
@@ -141,6 +137,7 @@ class Coordinator:
         self._heartbeats: Heartbeats | None = None
         self._spec: dict = {}
         self.evaluator = None  # wiiide.evaluation.BackgroundEvaluator when eval_every_s > 0
+        self.sparse: SparseRows | None = None
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -155,17 +152,22 @@ class Coordinator:
             self.metrics.extra["tls"] = "TLSv1.3"
         try:
             data = load_dataset(cfg)
-            model = build_mlp(data.num_features, cfg.hidden_sizes, data.num_classes, cfg.seed)
+            model = build_model(cfg, data.num_features, data.num_classes)
             flat = FlatParams(model)
             optimizer = MomentumSGD(model.parameters(), lr=cfg.learning_rate, momentum=cfg.momentum)
-            spec = model_spec(data.num_features, cfg.hidden_sizes, data.num_classes)
+            spec = model_spec(cfg, data.num_features, data.num_classes)
+            self.sparse = SparseRows(model, flat.numel) if cfg.sparse_embedding else None
+            if self.sparse is not None:
+                spec["sparse_rows"] = True  # the worker pushes rows and applies sparse updates
+                self.metrics.extra["comm"] = {"expected": sparse_comm_expected(cfg, flat.numel)}
+            self.metrics.extra.update(workload_record(cfg, data, model))
             self.metrics.extra.update({
                 "dataset": data.name, "train_samples": len(data.y_train), "test_samples": len(data.y_test),
                 "num_parameters": num_parameters(model), "gradient_bytes": flat.numel * 4,
                 "compression": cfg.compression, "log_tier": cfg.log_tier, "num_workers": cfg.num_workers,
             })
             self.log.info("model %s: %d parameters (%.1f KB of gradient); data %s: %d train / %d test",
-                          spec["hidden_sizes"], flat.numel, flat.numel * 4 / 1e3, data.name,
+                          spec, flat.numel, flat.numel * 4 / 1e3, data.name,
                           len(data.y_train), len(data.y_test))
             self._listen()
             self._accept_workers(spec)
@@ -175,18 +177,17 @@ class Coordinator:
 
                 run_coordinator(self, data, model, flat, TRAINING_MARKER)
             else:
-                self.evaluator = evaluator_for(cfg, lambda: build_mlp(data.num_features, cfg.hidden_sizes,
-                                                                      data.num_classes, cfg.seed), data)
+                self.evaluator = evaluator_for(cfg, lambda: build_model(cfg, data.num_features, data.num_classes),
+                                               data)
                 if uses_pace(cfg):  # workers at their own pace (wiiide.pace.server)
                     touch(str(Path(cfg.metrics_dir) / TRAINING_MARKER))
                     PaceServer(self, data, flat, optimizer).run()
                 else:
                     self._train(data, model, flat, optimizer)
                 self._stop_workers("finished")
-            accuracy, test_loss = evaluate(model, data.x_test, data.y_test)
-            self.metrics.extra.update({"test_accuracy": accuracy, "test_loss": test_loss,
-                                       "params_digest": params_digest(flat.params.numpy())})
-            self.log.info("held-out accuracy %.4f, loss %.4f after %d steps", accuracy, test_loss, self.metrics.steps)
+            result = evaluate(model, data.x_test, data.y_test, data.task)
+            self.metrics.extra.update({**result.to_metrics(), "params_digest": params_digest(flat.params.numpy())})
+            self.log.info("held-out %s after %d steps", result.log_text(), self.metrics.steps)
         finally:
             self.metrics.extra["batches_per_worker"] = {str(w.rank): w.batches for w in self.workers}
             self.metrics.extra["workers_connected"] = len(self.workers)
@@ -439,14 +440,18 @@ class Coordinator:
                 evaluator.offer(step, metrics.samples, flat.params)
             t_step = time.perf_counter()
             self._admit_waiting()  # workers that came back rejoin with the current parameters
-            params_frame = self.policy.encode("params", {"step": step}, [to_wire("params", flat.params)])
             live = self._live()
+            sparse = self.sparse
+            params_frame = (self.policy.encode("params", {"step": step}, [to_wire("params", flat.params)])
+                            if sparse is None or sparse.needs_full([w.conn for w in live]) else None)
             for w in live:
                 idx = sampler.next_indices()
                 batch = [WireTensor("x", data.x_train[idx]), WireTensor("y", data.y_train[idx])]
                 batch_frame = self.policy.encode("batch", {"step": step}, batch)
                 try:
-                    w.conn.send([params_frame, batch_frame])
+                    frame = params_frame if sparse is None else sparse.params_frame(
+                        w.conn, step, flat.params, flat.grads, cfg.learning_rate, params_frame)
+                    w.conn.send([frame, batch_frame])
                 except OSError as exc:
                     self._drop(w, exc)
             grad_sum.zero_()
@@ -457,17 +462,20 @@ class Coordinator:
                     self.policy.observe_received(msg)
                     if msg.meta.get("step") != step:
                         raise ProtocolError(f"gradients for step {msg.meta.get('step')!r}, expected {step}")
-                    grad = msg.tensor("grad")
-                    if grad.shape != (flat.numel,) or grad.dtype != np.float32:
+                    grad = msg.tensor("grad") if sparse is None else None
+                    if grad is not None and (grad.shape != (flat.numel,) or grad.dtype != np.float32):
                         raise ProtocolError(f"gradient of shape {grad.shape} {grad.dtype}, expected ({flat.numel},) float32")
                     loss = msg.meta.get("loss", float("nan"))
                     if isinstance(loss, bool) or not isinstance(loss, (int, float)):
                         raise ProtocolError(f"gradients: 'loss' must be a number, got {type(loss).__name__}")
                     loss = float(loss)  # OverflowError for an integer beyond a float (10**400)
+                    if sparse is not None:
+                        sparse.add_gradients(msg, grad_sum)  # checks both tensors before adding
                 except Exception as exc:  # ProtocolError, OSError, or what else a frame can provoke: a drop with its cause
                     self._drop(w, exc)
                     continue
-                grad_sum += torch.from_numpy(grad)
+                if grad is not None:
+                    grad_sum += torch.from_numpy(grad)
                 losses.append(float(loss))
                 contributors += 1
                 w.batches += 1
@@ -476,6 +484,8 @@ class Coordinator:
                 continue
             flat.grads.copy_(grad_sum).div_(contributors)
             optimizer.step()
+            if sparse is not None:
+                sparse.stepped()
             step += 1
             metrics.steps = step
             metrics.batches += contributors

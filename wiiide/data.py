@@ -14,8 +14,9 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,12 @@ from wiiide.errors import ConfigError
 
 @dataclass(frozen=True)
 class Dataset:
-    """x_*: float32 (n, features); y_*: int64 (n,) class ids in 0..num_classes-1."""
+    """x_*: float32 (n, features), or int64 (n, fields) ids (embedding), or int64 (n, T) bytes (language
+    model); y_*: int64 (n,) class ids in 0..num_classes-1, or int64 (n, T) next bytes.
+
+    task: ``classification`` or ``language_model``; tokens_per_sample: T for the language model, else 1;
+    info: what a report records about the data (the corpus' files and bytes, the Zipf parameters).
+    """
 
     name: str
     x_train: np.ndarray
@@ -34,6 +40,9 @@ class Dataset:
     y_test: np.ndarray
     num_features: int
     num_classes: int
+    task: str = "classification"
+    tokens_per_sample: int = 1
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 def load_dataset(cfg: RunConfig) -> Dataset:
@@ -42,7 +51,17 @@ def load_dataset(cfg: RunConfig) -> Dataset:
     digits: scikit-learn's digits file (`load_digits_arrays`: 1,797 8x8 images, 10 classes; UCI
     optdigits test set), split by `stratified_split` (scikit-learn's split, without scikit-learn).
     synthetic: ``sklearn.datasets.make_classification`` with the configured samples/features/classes.
+    model transformer: the pinned Python standard-library corpus (`wiiide.corpus`), split by file, in
+    windows of ``transformer_context`` bytes. model embedding: `wiiide.models.embedding.make_zipf_data`.
+
+    Raises:
+        ConfigError: a size combination the data set cannot be made from, or a missing/changed corpus.
     """
+    model = getattr(cfg, "model", "mlp")
+    if model == "transformer":
+        return _load_corpus(cfg)
+    if model == "embedding":
+        return _load_zipf(cfg)
     try:
         return _load(cfg)
     except ValueError as exc:  # sklearn's refusal of a size combination RunConfig cannot foresee
@@ -173,6 +192,32 @@ def _load(cfg: RunConfig) -> Dataset:
         x_test=prep(x_test), y_test=y_test.astype(np.int64),
         num_features=int(x.shape[1]), num_classes=num_classes,
     )
+
+
+def _load_corpus(cfg: RunConfig) -> Dataset:
+    from wiiide.corpus import VOCAB_SIZE, load_corpus, unigram_loss_nats, windows
+
+    corpus = load_corpus()
+    x_train, y_train = windows(corpus.train, cfg.transformer_context)
+    x_test, y_test = windows(corpus.validation, cfg.transformer_context)
+    info = corpus.info()
+    info["unigram_loss_nats"] = unigram_loss_nats(corpus.train, corpus.validation)
+    return Dataset(name=corpus.name, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
+                   num_features=cfg.transformer_context, num_classes=VOCAB_SIZE, task="language_model",
+                   tokens_per_sample=cfg.transformer_context, info=info)
+
+
+def _load_zipf(cfg: RunConfig) -> Dataset:
+    from wiiide.models.embedding import NUM_CLASSES, make_zipf_data
+
+    x, y = make_zipf_data(cfg.embedding_samples, cfg.embedding_rows, cfg.embedding_fields,
+                          cfg.embedding_zipf_exponent, cfg.seed)
+    n_test = max(1, int(round(cfg.test_fraction * len(y))))
+    return Dataset(name="zipf", x_train=x[n_test:], y_train=y[n_test:], x_test=x[:n_test], y_test=y[:n_test],
+                   num_features=cfg.embedding_fields, num_classes=NUM_CLASSES,
+                   info={"rows": cfg.embedding_rows, "fields": cfg.embedding_fields,
+                         "zipf_exponent": cfg.embedding_zipf_exponent, "samples": len(y),
+                         "label_share_positive": float(y.mean())})
 
 
 class BatchSampler:

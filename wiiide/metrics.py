@@ -248,7 +248,7 @@ class NodeMetrics:
             "training_summary": training_summary(
                 self.step_times_s, self.losses, self.warmup_steps,
                 self.samples_per_step or (self.samples / self.steps if self.steps else None),
-                self.rss_samples_bytes, peak_rss),
+                self.rss_samples_bytes, peak_rss, self.extra.get("tokens_per_sample")),
             "events": list(self.events),
             "event_counts": dict(self.event_counts),
             "events_dropped": {kind: dict(counts) for kind, counts in self.events_dropped.items()},

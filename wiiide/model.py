@@ -1,5 +1,6 @@
-"""The model: an MLP with configurable hidden sizes, flat views of its parameters and gradients, and
-its evaluation on the held-out split (`evaluate`, used by every engine).
+"""Flat views of a model's parameters and gradients, the optimizer, and the evaluation on the held-out
+split (`evaluate`, used by every engine). The models themselves live in `wiiide.models`; `build_mlp`,
+`model_spec` and `model_from_spec` stay importable from here.
 
 Parameters live in one contiguous float32 vector, so a gradient or a parameter update is one tensor on
 the wire. Sizes: 64-64-10 on digits is 4,810 parameters (19 KB of gradient); 1024-4096-4096-10 on
@@ -8,60 +9,37 @@ the wire. Sizes: 64-64-10 on digits is 4,810 parameters (19 KB of gradient); 102
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import math
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from wiiide import models
+from wiiide.models.mlp import build_mlp  # noqa: F401 (re-exported: importable from here as before)
 
-def build_mlp(num_features: int, hidden_sizes: Sequence[int], num_classes: int, seed: int) -> nn.Sequential:
-    """Linear+ReLU layers of the given widths, then a Linear to `num_classes` logits.
-
-    Input (batch, `num_features`) float32, output (batch, `num_classes`) float32 logits. Weights are
-    PyTorch's default initialisation after ``torch.manual_seed(seed)``, so equal arguments build equal
-    models on every node.
-    """
-    torch.manual_seed(seed)
-    layers: list[nn.Module] = []
-    width = num_features
-    for h in hidden_sizes:
-        layers += [nn.Linear(width, h), nn.ReLU()]
-        width = h
-    layers.append(nn.Linear(width, num_classes))
-    return nn.Sequential(*layers)
+# The language model's validation: at most this many windows (evenly spaced over the split), this many
+# at a time, so that an evaluation of a 25 M-parameter model takes seconds, not minutes, on one core.
+EVAL_MAX_WINDOWS = 64
+EVAL_BATCH_WINDOWS = 16
 
 
 def model_spec(num_features: int, hidden_sizes: Sequence[int], num_classes: int) -> dict[str, Any]:
-    """The JSON description a worker needs to build the same model (`model_from_spec` reads it)."""
+    """The JSON description of an MLP (`model_from_spec` reads it); `wiiide.models.model_spec` describes any model."""
     return {"type": "mlp", "num_features": num_features, "hidden_sizes": list(hidden_sizes), "num_classes": num_classes}
 
 
-def model_from_spec(spec: dict[str, Any]) -> nn.Sequential:
-    """Build the model a coordinator described (`model_spec`), with seed 0 (the coordinator sends its
-    parameters right after, so the seed does not matter).
+def model_from_spec(spec: dict[str, Any]) -> nn.Module:
+    """Build the model a coordinator described (`wiiide.models.model_spec`: mlp, cnn, transformer or
+    embedding), with seed 0 (the coordinator sends its parameters right after, so the seed does not matter).
 
     Raises:
         ValueError: a malformed description (missing keys, non-integers) or sizes out of range
-            (features 1..1,000,000, classes 1..100,000, 1..16 hidden layers of 1..65,536).
+            (mlp: features 1..1,000,000, classes 1..100,000, 1..16 hidden layers of 1..65,536; the
+            others: `wiiide.models`).
     """
-    def whole(value: Any) -> int:
-        # JSON integers only: no bools, floats (1e400 is inf), strings or lists of digits
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"expected an integer, got {type(value).__name__}")
-        return value
-
-    try:
-        if spec.get("type") != "mlp":
-            raise ValueError(f"unknown model type {spec.get('type')!r}")
-        if not isinstance(spec["hidden_sizes"], list):
-            raise TypeError("hidden_sizes must be a list")
-        nf, hs, nc = whole(spec["num_features"]), [whole(h) for h in spec["hidden_sizes"]], whole(spec["num_classes"])
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(f"malformed model description: {exc}") from None
-    if not (0 < nf <= 1_000_000 and 0 < nc <= 100_000 and 0 < len(hs) <= 16 and all(0 < h <= 65536 for h in hs)):
-        raise ValueError("model description out of range")
-    return build_mlp(nf, hs, nc, seed=0)
+    return models.model_from_spec(spec)
 
 
 def num_parameters(model: nn.Module) -> int:
@@ -145,38 +123,98 @@ class MomentumSGD:
                 self.momentum_buffers[i] = buffer
 
 
-def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """(accuracy in 0..1, mean cross-entropy in nats) of `model` on a held-out split.
+class ClassificationEval(NamedTuple):
+    """Held-out figures of a classifier: accuracy in 0..1 and mean cross-entropy in nats (unpacks as
+    ``accuracy, loss``, as ``evaluate`` returned them before it returned a type per task)."""
+
+    accuracy: float
+    loss: float
+
+    def to_metrics(self) -> dict[str, float]:
+        """The node's metrics fields: ``test_accuracy``, ``test_loss``."""
+        return {"test_accuracy": self.accuracy, "test_loss": self.loss}
+
+    def log_text(self) -> str:
+        """``accuracy 0.9611, loss 0.1270``: the words of the node's final log line (`harness.run.status` reads it)."""
+        return f"accuracy {self.accuracy:.4f}, loss {self.loss:.4f}"
+
+
+class LanguageModelEval(NamedTuple):
+    """Held-out figures of a language model: mean next-byte cross-entropy in nats, its perplexity
+    (``exp(loss)``), and the bytes (tokens) it was measured on."""
+
+    loss: float
+    perplexity: float
+    tokens: int
+
+    def to_metrics(self) -> dict[str, float | int]:
+        """The node's metrics fields: ``validation_loss``, ``perplexity``, ``validation_tokens``, and
+        ``test_loss`` (the same loss, under the name every model's reports share)."""
+        return {"validation_loss": self.loss, "perplexity": self.perplexity, "validation_tokens": self.tokens,
+                "test_loss": self.loss}
+
+    def log_text(self) -> str:
+        """``validation loss 2.1092, perplexity 8.2420``: the words of the node's final log line."""
+        return f"validation loss {self.loss:.4f}, perplexity {self.perplexity:.4f}"
+
+
+def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, task: str = "classification"
+             ) -> ClassificationEval | LanguageModelEval:
+    """The held-out figures of `model` (left in training mode afterwards).
 
     Args:
-        model: a classifier returning (n, classes) logits; left in training mode afterwards.
-        x: float32 features, shape (n, features).
-        y: int64 class labels, shape (n,).
+        model: a classifier returning (n, classes) logits, or a language model returning (n, T, 256).
+        x: classification: float32 features (n, features) or int64 ids (n, fields); language model:
+            int64 (n, T) byte windows (at most `EVAL_MAX_WINDOWS` evenly spaced ones are used).
+        y: int64 class labels (n,), or int64 next bytes (n, T).
+        task: ``classification`` or ``language_model`` (`wiiide.models.task_of`).
+
+    Returns:
+        `ClassificationEval` or `LanguageModelEval`.
 
     Raises:
         RuntimeError: from torch, when the shapes or dtypes do not fit the model.
+        ValueError: an unknown task.
     """
+    if task not in ("classification", "language_model"):
+        raise ValueError(f"unknown task {task!r}; known: classification, language_model")
     model.eval()
-    with torch.no_grad():
-        logits = model(torch.from_numpy(x))
-        labels = torch.from_numpy(y)
-        loss = nn.functional.cross_entropy(logits, labels).item()
-        accuracy = (logits.argmax(dim=1) == labels).float().mean().item()
-    model.train()
-    return accuracy, loss
+    try:
+        with torch.no_grad():
+            if task == "classification":
+                logits = model(torch.from_numpy(x))
+                labels = torch.from_numpy(y)
+                loss = nn.functional.cross_entropy(logits, labels).item()
+                accuracy = (logits.argmax(dim=1) == labels).float().mean().item()
+                return ClassificationEval(accuracy, loss)
+            pick = np.unique(np.linspace(0, len(x) - 1, num=min(len(x), EVAL_MAX_WINDOWS)).round().astype(np.int64))
+            total, tokens = 0.0, 0
+            for i in range(0, len(pick), EVAL_BATCH_WINDOWS):
+                rows = pick[i:i + EVAL_BATCH_WINDOWS]
+                target = torch.from_numpy(y[rows])
+                logits = model(torch.from_numpy(x[rows]))
+                total += nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                                     reduction="sum").item()
+                tokens += target.numel()
+            loss = total / tokens
+            return LanguageModelEval(loss, math.exp(min(loss, 700.0)), tokens)
+    finally:
+        model.train()
 
 
 def held_out_metric(model: nn.Module, data: Any) -> tuple[str, float, bool]:
     """The one figure time to target is judged on: (name, value, higher_is_better) of `model` on the
-    held-out split of `data` (a `wiiide.data.Dataset`: ``x_test`` float32 (n, features), ``y_test``
-    int64 (n,)).
+    held-out split of `data` (a `wiiide.data.Dataset`: ``x_test``, ``y_test`` and its ``task``).
 
-    Classification (every model today): ``("accuracy", accuracy in 0..1, True)``, compared with
-    ``target_accuracy``. A language model returns ``("validation_loss", nats per token, False)``,
-    compared with ``target_loss`` (`wiiide.evaluation.target_of`).
+    Classification: ``("accuracy", accuracy in 0..1, True)``, compared with ``target_accuracy``. A
+    language model: ``("validation_loss", nats per byte, False)``, compared with ``target_loss``
+    (`wiiide.evaluation.target_of`).
 
     Raises:
         RuntimeError: from torch, when the shapes or dtypes do not fit the model.
     """
-    accuracy, _loss = evaluate(model, data.x_test, data.y_test)
-    return "accuracy", accuracy, True
+    task = getattr(data, "task", "classification")
+    result = evaluate(model, data.x_test, data.y_test, task)
+    if isinstance(result, LanguageModelEval):
+        return "validation_loss", result.loss, False
+    return "accuracy", result.accuracy, True

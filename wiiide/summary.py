@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 def training_summary(step_times_s: Sequence[float], losses: Sequence[float], warmup_steps: int,
                      samples_per_step: float | None, rss_samples_bytes: Sequence[int],
-                     peak_rss_bytes: int | None) -> dict[str, Any]:
+                     peak_rss_bytes: int | None, tokens_per_sample: int | None = None) -> dict[str, Any]:
     """The guide's Training Summary of one node.
 
     Args:
@@ -28,16 +28,24 @@ def training_summary(step_times_s: Sequence[float], losses: Sequence[float], war
         samples_per_step: samples one step trains on across the cluster (the global batch); None: unknown.
         rss_samples_bytes: resident set sizes sampled during the run (bytes).
         peak_rss_bytes: the node's peak RSS (bytes), None if unknown.
+        tokens_per_sample: tokens (bytes) a sample holds, for a language model (its context); None or 1:
+            ``throughput_tokens_per_s`` is left out (a classifier's sample is not made of tokens).
 
     Returns:
         ``num_steps`` (timed steps, after warm-up), ``warmup_steps`` (left out), ``total_steps``,
         ``avg/min/max/median/stdev_step_time_s``, ``throughput_samples_per_s``, ``avg_loss``, ``final_loss``,
-        ``peak_rss_bytes``, ``avg_rss_bytes``. Timing fields are None when every step was a warm-up step.
+        ``peak_rss_bytes``, ``avg_rss_bytes``, and for a language model ``throughput_tokens_per_s``
+        (samples/s x tokens per sample). Timing fields are None when every step was a warm-up step.
     """
     total = len(step_times_s)
     skipped = min(max(0, int(warmup_steps)), total)
     timed = [float(t) for t in step_times_s[skipped:]]
     avg = statistics.fmean(timed) if timed else None
+    samples_per_s = (samples_per_step / avg) if (samples_per_step and avg) else None
+    tokens = {}
+    if tokens_per_sample and tokens_per_sample > 1:
+        tokens = {"tokens_per_sample": tokens_per_sample,
+                  "throughput_tokens_per_s": samples_per_s * tokens_per_sample if samples_per_s else None}
     return {
         "num_steps": len(timed),
         "warmup_steps": skipped,
@@ -48,7 +56,8 @@ def training_summary(step_times_s: Sequence[float], losses: Sequence[float], war
         "median_step_time_s": statistics.median(timed) if timed else None,
         "stdev_step_time_s": statistics.stdev(timed) if len(timed) > 1 else (0.0 if timed else None),
         "samples_per_step": samples_per_step,
-        "throughput_samples_per_s": (samples_per_step / avg) if (samples_per_step and avg) else None,
+        "throughput_samples_per_s": samples_per_s,
+        **tokens,
         "avg_loss": statistics.fmean(losses) if losses else None,
         "final_loss": float(losses[-1]) if losses else None,
         "peak_rss_bytes": peak_rss_bytes,

@@ -16,6 +16,7 @@ import os
 import socket
 import ssl
 import time
+from functools import partial
 
 import torch
 from torch import nn
@@ -35,6 +36,7 @@ from wiiide.errors import PeerClosed, ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.model import FlatParams, model_from_spec
+from wiiide.models import check_batch, loss_mean
 from wiiide.node import (
     EXIT_CONNECT,
     EXIT_PEER_LOST,
@@ -46,6 +48,7 @@ from wiiide.node import (
 from wiiide.pace.outer import gradient, local_delta
 from wiiide.protocol import PROTOCOL_VERSION, encode_message
 from wiiide.sockets import configure_socket
+from wiiide.sparse import UPDATE_KIND, SparseRows
 from wiiide.tensors import from_wire, to_wire
 from wiiide.tls import TLSHandshakeError, client_context, wrap_client
 
@@ -167,8 +170,9 @@ class Worker:
                 raise ProtocolError(f"welcome carries a bad rank {rank!r}")
             verify(welcome_mac(secret, PROTOCOL_VERSION, nonce_w, nonce_c, rank), welcome.meta.get("mac"),
                    "the coordinator's welcome")
+            spec = welcome.meta.get("model") or {}
             try:
-                model = model_from_spec(welcome.meta.get("model") or {})
+                model = model_from_spec(spec)
             except ValueError as exc:
                 raise ProtocolError(str(exc)) from None
             conn.reader.max_frame_bytes = cfg.max_frame_bytes
@@ -180,7 +184,7 @@ class Worker:
             if type(ps_shards) is not int or not 1 <= ps_shards <= rank + 256:  # noqa: E721 (True == 1)
                 raise ProtocolError(f"welcome carries a bad ps_shards {ps_shards!r:.40}")
             if ps_shards == 1:
-                self._train(conn, model)
+                self._train(conn, model, spec["type"], spec.get("sparse_rows") is True and spec["type"] == "embedding")
             else:  # sharded servers (wiiide/ps/)
                 from wiiide.ps.session import run_worker
 
@@ -193,16 +197,24 @@ class Worker:
                 heartbeats.stop()
             conn.close()
 
-    def _train(self, conn: Connection, model: nn.Module) -> None:
+    def _train(self, conn: Connection, model: nn.Module, kind: str = "mlp", sparse_rows: bool = False) -> None:
         metrics = self.metrics
         flat = FlatParams(model)
+        sparse = SparseRows(model, flat.numel) if sparse_rows else None
+        has_params = False
         while True:
             msg = conn.receive(["params", "batch", "stop"])
             self.policy.observe_received(msg)
             if msg.kind == "stop":
                 self.log.info("stop after %d steps: %s", metrics.steps, msg.meta.get("reason"))
                 return
+            if msg.kind == "params" and msg.meta.get("update") == UPDATE_KIND:
+                if sparse is None or not has_params:
+                    raise ProtocolError("a sparse params update before any full parameters, or for a dense model")
+                sparse.apply_update(msg, flat.params)
+                continue
             if msg.kind == "params":
+                has_params = True
                 params = msg.tensor("params")
                 if params.shape != (flat.numel,):
                     raise ProtocolError(f"params of shape {params.shape}, expected ({flat.numel},)")
@@ -213,36 +225,41 @@ class Worker:
             if len(msg.tensors) != 2:
                 raise ProtocolError(f"batch holds {len(msg.tensors)} tensors, expected x and y")
             x, y = from_wire(msg.tensors[0], copy=False), from_wire(msg.tensors[1], copy=False)
-            if x.dim() != 2 or x.dtype != torch.float32 or y.shape != (x.shape[0],) or y.dtype != torch.int64:
-                raise ProtocolError("batch must hold x (b, f) float32 and y (b,) int64")
+            try:
+                check_batch(kind, x, y)
+            except ValueError as exc:
+                raise ProtocolError(str(exc)) from None
             local_steps = msg.meta.get("local_steps", 1)
             if type(local_steps) is not int or not 1 <= local_steps <= x.shape[0]:  # noqa: E721 (True == 1)
                 raise ProtocolError(f"batch: local_steps must be an integer 1..{x.shape[0]}, got {local_steps!r:.40}")
-            try:  # wrong feature count or label out of range: RuntimeError, IndexError
-                update, loss_value = self._update(model, flat, x, y, local_steps)
-            except (RuntimeError, IndexError) as exc:
+            if sparse is not None and local_steps != 1:
+                raise ProtocolError("batch: local_steps must be 1 when the parameter server pulls sparse rows")
+            try:  # wrong feature count, label out of range, a sequence too long
+                update, loss_value = self._update(model, flat, x, y, local_steps, kind)
+            except (RuntimeError, IndexError, ValueError) as exc:
                 raise ProtocolError(f"batch does not fit the model: {exc}") from None
             metrics.compute_time_s += time.perf_counter() - t0
-            frame = self.policy.encode("gradients", {"step": step, "loss": loss_value, "samples": int(x.shape[0])},
-                                       [to_wire(*update)])
+            meta = {"step": step, "loss": loss_value, "samples": int(x.shape[0])}
+            frame = (self.policy.encode("gradients", meta, [to_wire(*update)]) if sparse is None
+                     else sparse.gradients_frame(meta, flat.grads))
             conn.send([frame])
             metrics.record_worker_step(int(x.shape[0]), loss_value, time.perf_counter() - t0, batches=local_steps)
             self.log.step(metrics.steps, "step %s: loss %.4f", step, metrics.losses[-1])
 
 
     def _update(self, model: nn.Module, flat: FlatParams, x: torch.Tensor, y: torch.Tensor,
-                local_steps: int) -> tuple[tuple[str, torch.Tensor], float]:
+                local_steps: int, kind: str = "mlp") -> tuple[tuple[str, torch.Tensor], float]:
         """The push for one batch: (("grad", mean gradient) or ("delta", model delta after `local_steps`
         local SGD steps), mean loss), in grad_accum_steps micro-batches each (`wiiide.pace.outer`)."""
         cfg = self.cfg
         sleep_s = cfg.debug_step_sleep_s if cfg.debug_sleep_worker_rank in (0, self.metrics.rank) else 0.0
         if local_steps == 1:
-            loss_value = gradient(model, flat, x, y, cfg.grad_accum_steps)
+            loss_value = gradient(model, flat, x, y, cfg.grad_accum_steps, loss_fn=partial(loss_mean, kind))
             if sleep_s > 0:
                 time.sleep(sleep_s)
             return ("grad", flat.grads), loss_value
         delta, loss_value = local_delta(model, flat, x, y, local_steps, cfg.learning_rate, cfg.grad_accum_steps,
-                                        sleep_s)
+                                        sleep_s, loss_fn=partial(loss_mean, kind))
         return ("delta", delta), loss_value
 
 

@@ -155,13 +155,15 @@ class RunClock:
 
 
 def result_line(record: dict[str, Any]) -> str:
-    """The one line a finished run gets: ``    ok: <batches/s>, <goodput MB/s>, <accuracy %>`` or
-    ``    FAILED: <error>`` (goodput in MB/s = 1e6 bytes/s; accuracy of the held-out split, %)."""
+    """The one line a finished run gets: ``    ok: <batches/s>, <goodput MB/s>, <accuracy %>`` (a language
+    model: ``validation loss <nats>``) or ``    FAILED: <error>`` (goodput in MB/s = 1e6 bytes/s; accuracy
+    of the held-out split, %)."""
     totals = record.get("totals") or {}
     if record.get("status") == "ok":
         return (f"    ok: {totals.get('batches_per_s') or 0:.0f} batches/s, "
                 f"{(totals.get('goodput_bytes_per_s') or 0) / 1e6:.2f} MB/s goodput, "
-                f"held-out accuracy {100 * (totals.get('test_accuracy') or 0):.1f} %")
+                + (f"validation loss {totals['validation_loss']:.3f}" if totals.get("validation_loss") is not None
+                 else f"held-out accuracy {100 * (totals.get('test_accuracy') or 0):.1f} %"))
     return f"    FAILED: {record.get('error')}"
 
 

@@ -165,6 +165,10 @@ class Totals(_Model):
     world_size: int | None = None
     timed_steps: int | None = None
     throughput_samples_per_s: float | None = None
+    throughput_tokens_per_s: float | None = None  # language model: samples/s x context bytes
+    validation_loss: float | None = None  # language model: held-out next-byte cross-entropy, nats
+    perplexity: float | None = None  # language model: exp(validation_loss)
+    rss_peak_max_bytes: int | None = None  # the largest peak RSS of one node (per rank: FSDP vs DDP)
     step_time_avg_s: float | None = None
     step_time_min_s: float | None = None
     step_time_max_s: float | None = None

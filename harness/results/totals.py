@@ -72,6 +72,10 @@ def _engine_figures(nodes: dict[str, dict[str, Any]], containers: dict[str, dict
         "world_size": coord.get("world_size") or (num_workers + 1 if num_workers else None),
         "timed_steps": summary.get("num_steps"),
         "throughput_samples_per_s": summary.get("throughput_samples_per_s"),
+        "throughput_tokens_per_s": summary.get("throughput_tokens_per_s"),
+        "validation_loss": coord.get("validation_loss"),
+        "perplexity": coord.get("perplexity"),
+        "rss_peak_max_bytes": max(peaks) if peaks else None,
         "step_time_avg_s": summary.get("avg_step_time_s"),
         "step_time_min_s": summary.get("min_step_time_s"),
         "step_time_max_s": summary.get("max_step_time_s"),
@@ -199,7 +203,8 @@ SUMMARY_KEYS = ("batches_per_s", "samples_per_s", "goodput_bytes_per_s", "wire_b
                 "loss_final", "step_time_median_s", "worker_network_time_s", "compression_ratio", "peak_rss_bytes",
                 "container_net_bytes", "throughput_samples_per_s", "step_time_avg_s", "comm_share",
                 "comm_measured_bytes_per_step", "rss_avg_bytes", "coordinator_egress_utilisation",
-                "time_to_target_s")
+                "time_to_target_s",
+                "throughput_tokens_per_s", "validation_loss", "rss_peak_max_bytes", "comm_expected_bytes_per_step")
 
 
 def summary_stats(values: Sequence[float]) -> Stats:

@@ -38,7 +38,8 @@ _STEP_LINE = re.compile(r"^(?P<asctime>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (?P
                         r"(?P<rest>.*)$")
 _BATCHES_PER_S = re.compile(r"(?P<value>[0-9]+(?:\.[0-9]+)?) batches/s")
 _CONTRIBUTORS = re.compile(r", (?P<workers>[0-9]+) workers,")
-_FINAL_LINE = re.compile(r" INFO held-out accuracy \S+, loss \S+ after (?P<step>\d+) steps")
+_FINAL_LINE = re.compile(r" INFO held-out (?:accuracy \S+, loss|validation loss \S+, perplexity) \S+ after "
+                         r"(?P<step>\d+) steps")
 _ASCTIME_FORMAT = "%Y-%m-%d %H:%M:%S,%f"
 
 # How much of a log is read for the last progress lines: the newest lines are enough, and a long

@@ -7,7 +7,9 @@ import re
 
 import pytest
 
-from harness.results.report import load_report_json as load_report  # the report as its JSON object
+from harness.results.report import (
+    load_report_json as load_report,  # the report as its JSON object
+)
 from harness.spec.points import build_spec
 from harness.sweep import run_sweep
 

@@ -13,7 +13,9 @@ import pytest
 
 from harness.links.plan import plan_shaping
 from harness.links.readback import rate_in_force_bps
-from harness.results.report import load_report_json as load_report  # the report as its JSON object
+from harness.results.report import (
+    load_report_json as load_report,  # the report as its JSON object
+)
 from harness.run.compose import (
     PROJECT,
     PROJECT_LABEL,

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.results.report import load_report_json as load_report  # the report as its JSON object
+from harness.results.report import (
+    load_report_json as load_report,  # the report as its JSON object
+)
 from harness.spec.points import build_spec
 from harness.sweep import run_sweep
 

@@ -175,6 +175,11 @@ BAD_VALUES = [
     ("ps_shards", "0"), ("ps_shards", "some"), ("ps_shards", 4),  # 4: more than the 3 nodes of 2 workers
     ("partition_bytes", 2), ("shard_port", 65536), ("batch_handout", "files"),
     ("tls", "maybe"),
+    ("model", "rnn"), ("cnn_channels", 0), ("transformer_layers", 0), ("transformer_layers", 49),
+    ("transformer_width", 4), ("transformer_width", 130),  # 130: not a multiple of the 4 heads
+    ("transformer_heads", 0), ("transformer_context", 4), ("embedding_rows", 1), ("embedding_dim", 0),
+    ("embedding_fields", 0), ("embedding_zipf_exponent", -0.5), ("embedding_samples", 10),
+    ("sparse_embedding", True),  # needs model embedding
 ]
 
 
@@ -195,6 +200,18 @@ def test_every_field_has_a_bad_value_test():
                  "tcp_nodelay", "tcp_quickack", "keepalive", "allow_lossy",
                  "tls_ca_file", "tls_cert_file", "tls_key_file"}  # free strings / any int / booleans
     assert set(RunConfig.field_names()) - unchecked == tested
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"model": "embedding", "sparse_embedding": True, "engine": "fsdp"}, "sparse_embedding"),
+    ({"model": "embedding", "sparse_embedding": True, "momentum": 0.9}, "sparse_embedding"),
+    ({"model": "transformer", "transformer_width": 100, "transformer_heads": 8}, "transformer_width"),
+])
+def test_workload_rules_between_fields(changes, field):
+    with pytest.raises(ConfigError, match=field):
+        RunConfig(**changes)
+    ok = RunConfig(model="embedding", sparse_embedding=True, engine="ddp", momentum=0.9)  # ddp: momentum is fine
+    assert ok.sparse_embedding
 
 
 def test_boundary_values_accepted():

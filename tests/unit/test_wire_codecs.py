@@ -363,9 +363,9 @@ def test_bad_payload_controls_decode():
 # Registry and names
 # --------------------------------------------------------------------------------------------------
 def test_registry_holds_every_codec_with_its_flag():
-    assert set(REGISTRY) == {"none", "zlib", "zstd", "lz4", "blosc2", "fp16", "bf16", "int8", "topk"}
+    assert set(REGISTRY) == {"none", "zlib", "zstd", "lz4", "blosc2", "fp16", "bf16", "int8", "topk", "rows"}
     lossless = {wid for wid, cls in REGISTRY.items() if cls.lossless}
-    assert lossless == {"none", "zlib", "zstd", "lz4", "blosc2"}
+    assert lossless == {"none", "zlib", "zstd", "lz4", "blosc2", "rows"}
     for wid in REGISTRY:
         assert decoder_for(wid).wire_id == wid
 
@@ -380,4 +380,4 @@ def test_codec_names_round_trip(name):
 def test_bad_codec_names(name):
     with pytest.raises(ValueError):
         codec_from_name(name)
-    assert len(CODEC_NAME_FORMS) == 10
+    assert len(CODEC_NAME_FORMS) == 11

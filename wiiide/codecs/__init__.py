@@ -18,6 +18,8 @@ bf16       no        float32 -> bfloat16, round to nearest even (float32 tensors
 int8       no        8-bit blockwise absmax quantization: one float32 scale per block
 topk       no        the k largest magnitudes per tensor (int32 index + float32 value), with
                      error feedback: what is not sent is kept per tensor and added back next time
+rows       yes       the non-zero rows of each float32 tensor: row ids (int32/int64) + rows
+                     (sparse embedding gradients and updates; `wiiide.codecs.rows`)
 =========  ========  ==========================================================================
 
 Lossless codecs work on bytes (any dtype). Lossy codecs change what travels (dtype, element count),
@@ -60,7 +62,8 @@ from wiiide.codecs.registry import (
     codec_from_name,
     decoder_for,
 )
+from wiiide.codecs.rows import RowsCodec
 
 __all__ = ["Buffer", "TensorSpecs", "Codec", "ByteCodec", "NoCodec", "ZlibCodec", "ZstdCodec", "Lz4Codec",
-           "Blosc2Codec", "Fp16Codec", "Bf16Codec", "Int8BlockCodec", "TopKCodec", "CODEC_CLASSES", "REGISTRY",
+           "Blosc2Codec", "Fp16Codec", "Bf16Codec", "Int8BlockCodec", "TopKCodec", "RowsCodec", "CODEC_CLASSES", "REGISTRY",
            "CODEC_NAME_FORMS", "decoder_for", "codec_from_name", "check_params", "byte_view"]

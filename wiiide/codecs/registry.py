@@ -11,10 +11,11 @@ from __future__ import annotations
 from wiiide.codecs.base import Codec, NoCodec
 from wiiide.codecs.lossless import Blosc2Codec, Lz4Codec, ZlibCodec, ZstdCodec
 from wiiide.codecs.lossy import Bf16Codec, Fp16Codec, Int8BlockCodec, TopKCodec
+from wiiide.codecs.rows import RowsCodec
 from wiiide.errors import ProtocolError
 
 CODEC_CLASSES: tuple[type[Codec], ...] = (NoCodec, ZlibCodec, ZstdCodec, Lz4Codec, Blosc2Codec,
-                                          Fp16Codec, Bf16Codec, Int8BlockCodec, TopKCodec)
+                                          Fp16Codec, Bf16Codec, Int8BlockCodec, TopKCodec, RowsCodec)
 REGISTRY: dict[str, type[Codec]] = {cls.wire_id: cls for cls in CODEC_CLASSES}
 # One decoder per wire id: decoding needs no level or state (lossy parameters travel in the header).
 _DECODERS: dict[str, Codec] = {wid: cls() for wid, cls in REGISTRY.items()}
@@ -27,7 +28,7 @@ def _check_registry() -> None:
     for wid, cls in REGISTRY.items():
         if not (wid and wid.isascii() and len(wid) <= 16 and cls.wire_id == wid and issubclass(cls, Codec)):
             raise RuntimeError(f"codec registry: bad entry {wid!r} -> {cls!r}")
-        if cls.lossless is not (cls in (NoCodec, ZlibCodec, ZstdCodec, Lz4Codec, Blosc2Codec)):
+        if cls.lossless is not (cls in (NoCodec, ZlibCodec, ZstdCodec, Lz4Codec, Blosc2Codec, RowsCodec)):
             raise RuntimeError(f"codec registry: {wid!r} has an unexpected lossless flag")
         if type(_DECODERS[wid]) is not cls:
             raise RuntimeError(f"codec registry: no decoder for {wid!r}")
@@ -49,7 +50,7 @@ def decoder_for(wire_id: str) -> Codec:
 
 
 CODEC_NAME_FORMS = ("none", "zlib-1..9", "zstd-1..22", "lz4", "shuffle-zstd[-1..9]", "shuffle-lz4[-1..9]",
-                    "fp16", "bf16", "int8[-<block 16..65536>]", "topk-<fraction 0..1>")
+                    "fp16", "bf16", "int8[-<block 16..65536>]", "topk-<fraction 0..1>", "rows")
 
 
 def codec_from_name(name: str) -> Codec:
@@ -70,6 +71,8 @@ def codec_from_name(name: str) -> Codec:
             return ZstdCodec(int(arg))
         if name == "lz4":
             return Lz4Codec()
+        if name == "rows":
+            return RowsCodec()
         if head == "shuffle" and arg:
             inner, _, level = arg.partition("-")
             if inner in ("zstd", "lz4"):

@@ -62,7 +62,9 @@ from wiiide.engines.comm import IntervalTimer, estimate
 from wiiide.evaluation import evaluator_for, record_held_out
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics, summarize
-from wiiide.model import build_mlp, evaluate
+from wiiide.model import evaluate
+from wiiide.models import build_model, shard_units
+from wiiide.models import loss_sum as summed_loss
 from wiiide.node import (
     EXIT_CONNECT,
     EXIT_ERROR,
@@ -72,6 +74,7 @@ from wiiide.node import (
     touch,
     wait_for_start_gate,
 )
+from wiiide.workload import workload_record
 
 RANK_KEY = "wiiide/next_rank"
 STOP_CHECK_EVERY_STEPS = 10
@@ -320,11 +323,10 @@ class TorchNode:
         gather, scatter = _timed_fsdp_comms(self.timer)
         # One FSDP unit per Linear, so FULL_SHARD reshards between forward and backward (FSDP2 never
         # reshards the root after forward); the root then holds no parameters of its own.
-        for layer in model:
-            if isinstance(layer, nn.Linear):
-                fully_shard(layer, mesh=mesh, reshard_after_forward=cfg.fsdp_reshard_after_forward, mp_policy=policy)
-                layer.set_custom_all_gather(gather)
-                layer.set_custom_reduce_scatter(scatter)
+        for layer in shard_units(model):
+            fully_shard(layer, mesh=mesh, reshard_after_forward=cfg.fsdp_reshard_after_forward, mp_policy=policy)
+            layer.set_custom_all_gather(gather)
+            layer.set_custom_reduce_scatter(scatter)
         fully_shard(model, mesh=mesh, reshard_after_forward=cfg.fsdp_reshard_after_forward, mp_policy=policy)
         return model
 
@@ -383,7 +385,7 @@ class TorchNode:
     def _train(self, rank: int) -> None:
         cfg, m = self.cfg, self.metrics
         data = load_dataset(cfg)
-        model = build_mlp(data.num_features, cfg.hidden_sizes, data.num_classes, cfg.seed)
+        model = build_model(cfg, data.num_features, data.num_classes, sparse=cfg.sparse_embedding)
         shapes = [tuple(p.shape) for p in model.parameters()]
         numel = sum(p.numel() for p in model.parameters())
         sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed)
@@ -405,17 +407,18 @@ class TorchNode:
             "grad_accum_steps": cfg.grad_accum_steps, "mixed_precision": cfg.mixed_precision,
             "ddp_comm_hook": cfg.ddp_comm_hook if cfg.engine == "ddp" else None,
             "fsdp_reshard_after_forward": cfg.fsdp_reshard_after_forward if cfg.engine == "fsdp" else None,
+            **workload_record(cfg, data, model),
         })
         self.log.info("model %s: %d parameters (%.1f MB); global batch %d, this rank %d in %d micro-batch(es)",
-                      list(cfg.hidden_sizes), numel, numel * 4 / 1e6, global_batch, mine.stop - mine.start, len(micro))
+                      cfg.model, numel, numel * 4 / 1e6, global_batch, mine.stop - mine.start, len(micro))
         scale = self.world_size / global_batch
         loss_sums: list[float] = []
         comm_s: list[float] = []
         prof = self._profiler(rank)
         # rank 0 evaluates snapshots on a thread (wiiide.evaluation); FSDP's snapshot is an all-gather
         # on every rank, so rank 0's decision travels with the stop flag
-        evaluator = evaluator_for(cfg, lambda: build_mlp(data.num_features, cfg.hidden_sizes, data.num_classes,
-                                                         cfg.seed), data) if rank == 0 else None
+        evaluator = evaluator_for(cfg, lambda: build_model(cfg, data.num_features, data.num_classes),
+                                  data) if rank == 0 else None
         fsdp_snapshots = cfg.engine == "fsdp" and cfg.eval_every_s > 0
         net0 = psutil.net_io_counters()
         start = time.perf_counter()
@@ -446,7 +449,7 @@ class TorchNode:
                 with self._sync(wrapped, j == len(micro) - 1):
                     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16_autocast):
                         logits = wrapped(x[part])
-                    loss = nn.functional.cross_entropy(logits.float(), y[part], reduction="sum")
+                    loss = summed_loss(cfg.model, logits, y[part])
                     (loss * scale).backward()
                 loss_sum += loss.item()
             optimizer.step()
@@ -474,9 +477,9 @@ class TorchNode:
             evaluator.finish(step, m.samples, eval_model.parameters())
             record_held_out(m, evaluator)
         if rank == 0:
-            accuracy, test_loss = evaluate(eval_model, data.x_test, data.y_test)
-            m.extra.update({"test_accuracy": accuracy, "test_loss": test_loss})
-            self.log.info("held-out accuracy %.4f, loss %.4f after %d steps", accuracy, test_loss, step)
+            result = evaluate(eval_model, data.x_test, data.y_test, data.task)
+            m.extra.update(result.to_metrics())
+            self.log.info("held-out %s after %d steps", result.log_text(), step)
 
     def _global_losses(self, loss_sums: list[float], global_batch: int) -> list[float]:
         """Mean loss over the global batch of every step (all ranks' sums added); checks the step counts agree."""
@@ -490,7 +493,7 @@ class TorchNode:
     def _full_model(self, model: nn.Module, data: Any) -> nn.Module:
         """A plain copy of the FSDP model with every parameter all-gathered (a collective on every rank)."""
         full = {name: p.full_tensor() for name, p in model.named_parameters()}
-        plain = build_mlp(data.num_features, self.cfg.hidden_sizes, data.num_classes, self.cfg.seed)
+        plain = build_model(self.cfg, data.num_features, data.num_classes)
         plain.load_state_dict(full)
         return plain
 
