@@ -274,6 +274,20 @@ class RunConfig(BaseSettings):
     heartbeat_interval_s: Float = _field(1.0, "> 0 and below io_timeout_s",
                                          "a connection idle this long gets a heartbeat frame", gt=0.0)
 
+    # --- checkpoints and recovery (wiiide.checkpoint; off while both intervals are 0) ------------
+    checkpoint_every_steps: Int = _field(0, ">= 0 (0: not by steps)",
+                                         "coordinator: write a checkpoint every this many steps", ge=0)
+    checkpoint_every_s: Float = _field(0.0, f"0..{MAX_TIMEOUT_S:g} seconds (0: not by time)",
+                                       "coordinator: write a checkpoint when this many seconds passed since the last",
+                                       ge=0.0, le=MAX_TIMEOUT_S)
+    checkpoint_dir: Str = _field("", "a directory path or empty",
+                                 "where checkpoints go and are restored from ('': metrics_dir's parent/checkpoints)")
+    checkpoint_keep: Int = _field(3, "2..100", "newest checkpoint files kept (older ones are deleted)", ge=2, le=100)
+    rejoin_timeout_s: Float = _field(0.0, f"0..{MAX_TIMEOUT_S:g} seconds (0: io_timeout_s)",
+                                     "worker: after losing the coordinator, retry connecting this long (a restarted "
+                                     "coordinator needs its start-up time); restarted coordinator: wait this long for "
+                                     "the workers to come back", ge=0.0, le=MAX_TIMEOUT_S)
+
     # --- who may connect (the secret itself is never a config field: see wiiide.auth) ---------
     handshake_timeout_s: Float = _field(5.0, "0 < x <= 300 seconds",
                                         "a peer must complete the authenticated handshake within this",

@@ -75,6 +75,7 @@ from wiiide.protocol import (
     WireTensor,
     encode_message,
 )
+from wiiide.recovery import ServerRecovery, rejoin_hint
 from wiiide.sockets import configure_socket
 from wiiide.tensors import to_wire
 
@@ -95,6 +96,7 @@ class _Joining:
     nonce_w: str
     options: dict
     peer: str
+    rejoin: dict | None = None  # a rejoining worker's hint (wiiide.recovery.rejoin_hint)
 
 
 @dataclass
@@ -130,6 +132,7 @@ class Coordinator:
         self._gate = HandshakeGate.for_cluster(cfg.max_handshakes, cfg.num_workers, cfg.handshake_timeout_s)
         self._heartbeats: Heartbeats | None = None
         self._spec: dict = {}
+        self.recovery: ServerRecovery | None = None  # checkpoints and restore (wiiide.recovery), made in _main
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -145,6 +148,8 @@ class Coordinator:
             flat = FlatParams(model)
             optimizer = MomentumSGD(model.parameters(), lr=cfg.learning_rate, momentum=cfg.momentum)
             spec = model_spec(data.num_features, cfg.hidden_sizes, data.num_classes)
+            self.recovery = ServerRecovery(cfg, self.metrics, self.log)
+            start_step, trained_s = self.recovery.restore(flat, optimizer)
             self.metrics.extra.update({
                 "dataset": data.name, "train_samples": len(data.y_train), "test_samples": len(data.y_test),
                 "num_parameters": num_parameters(model), "gradient_bytes": flat.numel * 4,
@@ -154,9 +159,9 @@ class Coordinator:
                           spec["hidden_sizes"], flat.numel, flat.numel * 4 / 1e3, data.name,
                           len(data.y_train), len(data.y_test))
             self._listen()
-            self._accept_workers(spec)
+            self._accept_workers(spec, restarted=self.recovery.incarnation > 1)
             wait_for_start_gate(cfg, self.metrics, self.log)  # links shaped before any training traffic
-            self._train(data, model, flat, optimizer)
+            self._train(data, model, flat, optimizer, start_step, trained_s)
             self._stop_workers("finished")
             accuracy, test_loss = evaluate(model, data.x_test, data.y_test)
             self.metrics.extra.update({"test_accuracy": accuracy, "test_loss": test_loss})
@@ -277,9 +282,10 @@ class Coordinator:
                 raise ProtocolError("hello: node_id must be a string of 1..128 characters")
             nonce_w = check_nonce(hello.meta.get("nonce"), "hello")
             verify(hello_mac(self.secret, PROTOCOL_VERSION, nonce_c, nonce_w, node_id), hello.meta.get("mac"), "hello")
+            hint = rejoin_hint(hello.meta)
             if time.monotonic() > deadline:
                 raise DeadlineExceeded("the hello arrived after the deadline")
-            self._joining.put(_Joining(conn, node_id, nonce_c, nonce_w, options, peer))
+            self._joining.put(_Joining(conn, node_id, nonce_c, nonce_w, options, peer, hint))
             return True
         except DeadlineExceeded as exc:
             self._refuse(sock, peer, f"handshake not complete within handshake_timeout_s={cfg.handshake_timeout_s:g} s "
@@ -326,6 +332,8 @@ class Coordinator:
             self._refuse(conn.sock, joining.peer, f"welcome failed: {exc}", "socket")
             return
         conn.name = f"worker {rank}"
+        if self.recovery is not None:
+            self.recovery.note_rejoin(joining.rejoin)
         conn.reader.max_frame_bytes = cfg.max_frame_bytes
         conn.sock.settimeout(cfg.io_timeout_s)
         self.metrics.socket_options.append({"rank": rank, **joining.options})
@@ -350,15 +358,22 @@ class Coordinator:
                 return
             self._admit(joining)
 
-    def _accept_workers(self, spec: dict) -> None:
+    def _accept_workers(self, spec: dict, restarted: bool = False) -> None:
+        """Wait for all `num_workers` within connect_timeout_s (NodeFailure, exit 3, if they do not come);
+        a `restarted` coordinator waits rejoin_timeout_s (or connect_timeout_s) and goes on with those
+        that came back, if any."""
         cfg = self.cfg
         self._spec = spec
         self._acceptor = threading.Thread(target=self._accept_loop, name="acceptor", daemon=True)
         self._acceptor.start()
         self._heartbeats = Heartbeats(lambda: [w.conn for w in self.workers if w.alive], cfg.heartbeat_interval_s).start()
-        deadline = time.monotonic() + cfg.connect_timeout_s
+        deadline = time.monotonic() + ((restarted and cfg.rejoin_timeout_s) or cfg.connect_timeout_s)
         while sum(w.alive for w in self.workers) < cfg.num_workers:
             remaining = deadline - time.monotonic()
+            if remaining <= 0 and restarted and any(w.alive for w in self.workers):
+                self.log.error("restarted: %d of %d workers came back; going on with them",
+                               sum(w.alive for w in self.workers), cfg.num_workers)
+                return
             if remaining <= 0:
                 raise NodeFailure(
                     f"only {sum(w.alive for w in self.workers)} of {cfg.num_workers} workers connected within "
@@ -390,12 +405,16 @@ class Coordinator:
                                   f"{self.cfg.connect_timeout_s:g} s; see the events in the metrics", EXIT_PEER_LOST)
         return live
 
-    def _train(self, data, model: nn.Module, flat: FlatParams, optimizer: MomentumSGD) -> None:
+    def _train(self, data, model: nn.Module, flat: FlatParams, optimizer: MomentumSGD, start_step: int = 0,
+               trained_s: float = 0.0) -> None:
+        """Train from `start_step` (a restored checkpoint's; its `trained_s` seconds count towards
+        duration_s) until duration_s or max_steps; a restored run draws its batches from a stream seeded
+        with seed + start_step."""
         cfg, metrics = self.cfg, self.metrics
-        sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed)
+        sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed + start_step)
         grad_sum = torch.zeros(flat.numel, dtype=torch.float32)
-        start = time.perf_counter()
-        step = 0
+        start = time.perf_counter() - trained_s
+        step = start_step
         self.log.info("training for %g s%s", cfg.duration_s, f" or {cfg.max_steps} steps" if cfg.max_steps else "")
         # a marker for whoever drives the run (the harness times its fault injection from it)
         touch(str(Path(cfg.metrics_dir) / TRAINING_MARKER))
@@ -449,9 +468,11 @@ class Coordinator:
             metrics.losses.append(sum(losses) / len(losses))
             if step % 50 == 0:
                 metrics.sample_rss()
+            if self.recovery is not None:
+                self.recovery.after_step(step, flat, optimizer, time.perf_counter() - start)
             self.log.step(step, "step %d: loss %.4f, %d workers, %.1f batches/s", step, metrics.losses[-1],
-                          contributors, metrics.batches / (time.perf_counter() - start))
-        metrics.train_time_s = time.perf_counter() - start
+                          contributors, metrics.batches / (time.perf_counter() - start - trained_s))
+        metrics.train_time_s = time.perf_counter() - start - trained_s  # this incarnation's, as its batches
         metrics.extra["epochs"] = sampler.epochs_done
 
     def _stop_workers(self, reason: str) -> None:
