@@ -168,6 +168,13 @@ class Totals(_Model):
     # the links stage: the rate in force on the coordinator's egress, and the share of it used
     link_rate_bps: float | None = None
     coordinator_egress_utilisation: float | None = None
+    # checkpoints and recovery (wiiide.recovery): set when the coordinator was restarted from a checkpoint;
+    # steps_lost = steps the killed coordinator had reached - restored_step; recovery_s: its last step to
+    # the first step after the restart (wall clock)
+    restored_step: int | None = None
+    steps_lost: int | None = None
+    recovery_s: float | None = None
+    checkpoints_written: int | None = None
 
     def figure(self, key: str) -> Any:
         """The figure named `key` (a field or an unknown key kept from the file), None when absent."""

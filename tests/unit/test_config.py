@@ -165,6 +165,8 @@ BAD_VALUES = [
     ("profile", True),  # needs engine ddp or fsdp
     ("heartbeat_interval_s", 0.0), ("heartbeat_interval_s", 10.0),  # not below io_timeout_s (10 s)
     ("handshake_timeout_s", 0.0), ("handshake_timeout_s", 301.0), ("max_handshakes", 0), ("max_handshakes", 1025),
+    ("checkpoint_every_steps", -1), ("checkpoint_every_s", -1.0), ("checkpoint_every_s", 86_401.0),
+    ("checkpoint_keep", 1), ("checkpoint_keep", 101), ("rejoin_timeout_s", -1.0), ("rejoin_timeout_s", 86_401.0),
 ]
 
 
@@ -182,7 +184,7 @@ def test_validation_error_names_the_field(field, value):
 def test_every_field_has_a_bad_value_test():
     tested = {f for f, _ in BAD_VALUES}
     unchecked = {"coordinator_host", "bind_host", "node_id", "seed", "metrics_dir", "ready_file", "start_gate_file",
-                 "tcp_nodelay", "tcp_quickack", "keepalive", "allow_lossy"}  # free strings / any int / booleans
+                 "checkpoint_dir", "tcp_nodelay", "tcp_quickack", "keepalive", "allow_lossy"}  # free strings / any int / booleans
     assert set(RunConfig.field_names()) - unchecked == tested
 
 
