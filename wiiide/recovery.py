@@ -14,7 +14,9 @@ records, under ``checkpoints`` and ``recovery`` in the coordinator's metrics:
 - ``recovery_s``: from the old coordinator's last sign of life, the latest ``last_params_unix_s``
   (wall-clock time a worker last received parameters from it, at most the kill's instant) to the end
   of the first step after the restart, in wall-clock seconds (the nodes share the host's clock); an
-  upper bound of "kill to next step" by the interval between two steps.
+  upper bound of "kill to next step" by the interval between two steps;
+- ``process_start_to_first_step_s``: the part of it the restarted process took (start-up, restore,
+  the workers' rejoin); the rest is the time until something restarted it.
 
 Incarnations: every start appends one line to ``<metrics_dir>/coordinator.starts.jsonl`` (so a start
 that is later SIGKILLed still leaves a trace); a ``coordinator.json`` left by an earlier incarnation
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+import psutil
 import torch
 
 from wiiide.checkpoint import CheckpointError, CheckpointSchedule, CheckpointStore
@@ -244,6 +247,10 @@ class ServerRecovery:
                 "steps_at_crash": at_crash, "steps_lost": max(0, at_crash - self.restored_step),
                 "recovery_s": round(now - last_seen, 6), "workers_rejoined": len(self._hints)})
         self.recovery["first_step_unix_s"] = now
+        try:  # of the recovery time, what the restarted process itself took (start-up, restore, rejoins)
+            self.recovery["process_start_to_first_step_s"] = round(now - psutil.Process().create_time(), 3)
+        except psutil.Error:
+            pass
         self.metrics.event("recovered", **{k: self.recovery.get(k) for k in
                                            ("restored_step", "steps_at_crash", "steps_lost", "recovery_s")})
         self.log.info("recovered: restored step %d, %s steps lost, %s s from the old coordinator's last step",
