@@ -259,3 +259,62 @@ def test_refused_checkpoint_is_recorded_by_the_server(tmp_path):
     refused = metrics2.extra["recovery"]["refused"]
     assert len(refused) == 1 and "000010" in refused[0]["path"] and "SHA-256" in refused[0]["cause"]
 
+
+
+# --- the chaos soak's seeded random fault schedule (harness.spec.faults.RandomSchedule) ------------
+def _random_spec(**random):
+    from harness.spec.points import build_spec
+
+    schedule = {"seed": 3, "targets": ["coordinator", "worker-1", "worker-2"], "start_s": 10, "until_s": 300, **random}
+    return build_spec({"name": "r", "base": {"num_workers": 2}, "faults": {"random": schedule}}, "r.yaml")
+
+
+def test_random_schedule_is_seeded_paired_and_never_hits_a_target_that_is_down():
+    faults = [f.to_dict() for f in _random_spec().faults]
+    assert faults == [f.to_dict() for f in _random_spec().faults]  # the same seed draws the same schedule
+    assert faults != [f.to_dict() for f in _random_spec(seed=4).faults]
+    starts = [f for f in faults if f["action"] != "restart"]
+    assert 300 // 40 <= len(starts) <= 290 // 20 + 1 and all(10 <= f["at_s"] <= 300 for f in starts)
+    gaps = [b["at_s"] - a["at_s"] for a, b in zip(starts, starts[1:])]
+    assert all(19.9 <= gap <= 40.1 for gap in gaps)
+    for i, fault in enumerate(faults):
+        if fault["action"] == "kill":  # a kill brings its restart of the same target, 3..8 s later
+            restart = next(f for f in faults[i + 1:] if f["target"] == fault["target"])
+            assert restart["action"] == "restart" and 3 <= restart["at_s"] - fault["at_s"] <= 8
+        elif fault["action"] in ("pause", "disconnect"):
+            assert 3 <= fault["duration_s"] <= 8
+    assert {f["action"] for f in faults} <= {"kill", "restart", "pause", "disconnect"}
+
+
+@pytest.mark.parametrize("random, needle", [
+    ({"actions": ["restart"]}, "actions[0]"), ({"every_s": [5, 1]}, "every_s"), ({"targets": ["worker-9"]}, "9"),
+    ({"bogus": 1}, "bogus: unknown key"), ({"until_s": 5}, "before start_s"), ({"every_s": [0.001, 1]}, "more than")])
+def test_random_schedule_refuses_bad_settings_with_a_spec_error(random, needle):
+    from harness.errors import SpecError
+
+    with pytest.raises(SpecError, match="faults") as info:
+        _random_spec(**random)
+    assert needle in str(info.value)
+
+
+def test_chaos_soak_spec_hits_the_coordinator_with_every_action():
+    from harness.spec.points import load_spec
+
+    from tests.unit.conftest import REPO_ROOT
+
+    spec = load_spec(REPO_ROOT / "experiments" / "chaos.yaml")
+    on_coordinator = {f.action for f in spec.faults if f.target == "coordinator"}
+    assert on_coordinator == {"kill", "restart", "pause", "disconnect"}
+    assert spec.points[0].config.num_workers == 8 and spec.points[0].config.duration_s == 600
+    assert spec.points[0].config.checkpoint_every_steps > 0 and spec.points[0].config.rejoin_timeout_s > 0
+
+
+def test_recovery_baseline_is_the_recovery_run_without_its_faults():
+    from harness.spec.points import load_spec
+
+    from tests.unit.conftest import REPO_ROOT
+
+    faulted = load_spec(REPO_ROOT / "experiments" / "recovery.yaml")
+    baseline = load_spec(REPO_ROOT / "experiments" / "recovery-baseline.yaml")
+    assert faulted.base == baseline.base and faulted.axes == baseline.axes and baseline.faults == []
+    assert [(f.action, f.target) for f in faulted.faults] == [("kill", "coordinator"), ("restart", "coordinator")]
