@@ -299,7 +299,6 @@ def test_random_schedule_refuses_bad_settings_with_a_spec_error(random, needle):
 
 def test_chaos_soak_spec_hits_the_coordinator_with_every_action():
     from harness.spec.points import load_spec
-
     from tests.unit.conftest import REPO_ROOT
 
     spec = load_spec(REPO_ROOT / "experiments" / "chaos.yaml")
@@ -311,7 +310,6 @@ def test_chaos_soak_spec_hits_the_coordinator_with_every_action():
 
 def test_recovery_baseline_is_the_recovery_run_without_its_faults():
     from harness.spec.points import load_spec
-
     from tests.unit.conftest import REPO_ROOT
 
     faulted = load_spec(REPO_ROOT / "experiments" / "recovery.yaml")
