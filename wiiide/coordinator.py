@@ -14,6 +14,10 @@ evaluates on the held-out split and writes its metrics (held-out accuracy, per-w
 A worker whose connection fails or who sends a malformed frame is closed and dropped from the round;
 the run goes on with the rest (and fails when none are left).
 
+Checkpoints (`wiiide.recovery`, off unless checkpoint_every_steps / checkpoint_every_s): after a step
+the parameters and momentum may be written; a restarted coordinator restores the newest checkpoint
+that verifies, waits rejoin_timeout_s for its workers and trains on from that step.
+
 Joining: an acceptor thread accepts connections for the whole run and a `wiiide.admission.HandshakeGate`
 decides which handshake now (on a slot thread), which wait and which are refused at once; each
 handshake must be complete `handshake_timeout_s` after accept, an absolute deadline enforced on every
