@@ -8,9 +8,10 @@ pickle, no ``torch.save``; a file is the safetensors layout (an 8-byte little-en
 JSON header, the raw little-endian tensor bytes), which a reader parses without running code.
 
 Writing (`CheckpointStore.save`) is atomic: the bytes go to a temporary file in the same folder
-(``.<name>.tmp-<pid>``), which is fsync'ed, then ``os.replace``'d over the final name and the folder
-fsync'ed, so a crash at any instant leaves the previous checkpoints intact and at worst a temporary
-file that loading ignores. The newest `keep` files are kept, older ones deleted.
+(``.<name>.<random>``, `wiiide.metrics.write_bytes_atomic`), which is fsync'ed, then ``os.replace``'d
+over the final name and the folder fsync'ed, so a crash at any instant leaves the previous
+checkpoints intact and at worst a temporary file that loading ignores (the next save removes it).
+The newest `keep` files are kept, older ones deleted.
 
 Integrity: the header's metadata carries ``sha256``, the SHA-256 (FIPS 180-4, `hashlib`) of the step and
 of every tensor's name, shape and bytes in name order (`tensors_sha256`). Loading
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -37,6 +37,7 @@ from safetensors import safe_open
 from safetensors.numpy import save as safetensors_bytes
 
 from wiiide.errors import WiiideError
+from wiiide.metrics import write_bytes_atomic
 
 FORMAT = "wiiide-checkpoint"
 FORMAT_VERSION = "1"
@@ -161,23 +162,8 @@ class CheckpointStore:
         metadata = {"format": FORMAT, "format_version": FORMAT_VERSION, "step": str(step),
                     "sha256": tensors_sha256(step, arrays), "run": run_json, "created_unix_s": repr(time.time())}
         data = safetensors_bytes(arrays, metadata=metadata)
-        self.directory.mkdir(parents=True, exist_ok=True)
         final = self.path_for(step)
-        tmp = self.directory / f".{final.name}.tmp-{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        _fsync_dir(self.directory)
+        write_bytes_atomic(final, data, durable=True)
         self._prune()
         return final
 
@@ -187,7 +173,7 @@ class CheckpointStore:
                 old.unlink()
             except FileNotFoundError:
                 pass
-        for tmp in self.directory.glob(f".{self.prefix}-step*{SUFFIX}.tmp-*"):  # left by a killed writer
+        for tmp in self.directory.glob(f".{self.prefix}-step*{SUFFIX}.*"):  # left by a killed writer
             try:
                 tmp.unlink()
             except FileNotFoundError:
@@ -292,16 +278,3 @@ class CheckpointSchedule:
         """Record that a checkpoint of `step` was written at `now_s`."""
         self.last_step, self.last_s = step, now_s
 
-
-def _fsync_dir(directory: Path) -> None:
-    """fsync the folder so the rename itself is durable (POSIX: a rename is a change to the folder)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

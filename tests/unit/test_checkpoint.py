@@ -141,7 +141,7 @@ def test_failed_write_leaves_the_previous_checkpoints_intact(tmp_path, monkeypat
     def broken_replace(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("wiiide.checkpoint.os.replace", broken_replace)
+    monkeypatch.setattr("wiiide.metrics.os.replace", broken_replace)
     with pytest.raises(OSError):
         store.save(20, _tensors(20))
     monkeypatch.undo()
