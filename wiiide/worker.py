@@ -115,10 +115,11 @@ class Worker:
         cfg, metrics = self.cfg, self.metrics
         secret = load_secret()  # ConfigError (exit 2) before connecting when there is none
         rejoin_s = cfg.rejoin_timeout_s or cfg.io_timeout_s
+        join_deadline = time.monotonic() + cfg.connect_timeout_s
         lost = None
         while True:
             try:
-                sock = self._connect(cfg.connect_timeout_s if lost is None else rejoin_s)
+                sock = self._connect(max(0.0, join_deadline - time.monotonic()) if lost is None else rejoin_s)
             except NodeFailure as exc:
                 if lost is None:
                     raise
@@ -130,9 +131,14 @@ class Worker:
                                          max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES, pool=self.policy.pool), secret)
                 return
             except _Lost as exc:
-                if metrics.rank is None:  # never joined: nothing to rejoin
-                    raise NodeFailure(f"lost the coordinator at {cfg.coordinator_host}:{cfg.port} during the "
-                                      f"handshake: {exc}", EXIT_PEER_LOST) from None
+                if metrics.rank is None:  # never joined: try again until connect_timeout_s (a paused coordinator)
+                    if time.monotonic() >= join_deadline:
+                        raise NodeFailure(f"lost the coordinator at {cfg.coordinator_host}:{cfg.port} during the "
+                                          f"handshake and could not join within connect_timeout_s="
+                                          f"{cfg.connect_timeout_s:g} s: {exc}", EXIT_PEER_LOST) from None
+                    metrics.event("handshake_retry", cause=str(exc))
+                    self.log.error("the handshake with the coordinator broke off (%s); trying again", exc)
+                    continue
                 lost = str(exc)
                 metrics.event("coordinator_lost", cause=lost)
                 self.log.error("lost the coordinator (%s); trying to rejoin for %g s", lost, rejoin_s)

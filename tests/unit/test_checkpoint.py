@@ -316,3 +316,43 @@ def test_recovery_baseline_is_the_recovery_run_without_its_faults():
     baseline = load_spec(REPO_ROOT / "experiments" / "recovery-baseline.yaml")
     assert faulted.base == baseline.base and faulted.axes == baseline.axes and baseline.faults == []
     assert [(f.action, f.target) for f in faulted.faults] == [("kill", "coordinator"), ("restart", "coordinator")]
+
+
+def test_worker_that_never_joined_retries_a_silent_coordinator_until_connect_timeout(tmp_path, monkeypatch):
+    """A restarted worker that meets a paused coordinator (TCP accepted by the kernel, no challenge)
+    tries again rather than giving up at its first handshake timeout (seen in the chaos soak)."""
+    import socket
+    import threading
+
+    from wiiide.node import EXIT_PEER_LOST
+    from wiiide.worker import Worker
+
+    monkeypatch.setenv("WIIIIIDE_SECRET", "unit-tests-shared-secret-0123456789")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.2)
+    held: list[socket.socket] = []
+    done = threading.Event()
+
+    def accept_and_say_nothing():
+        while not done.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept_and_say_nothing, daemon=True)
+    thread.start()
+    try:
+        cfg = RunConfig(port=listener.getsockname()[1], coordinator_host="127.0.0.1", node_id="w",
+                        metrics_dir=str(tmp_path), log_tier="silent", handshake_timeout_s=0.2, connect_timeout_s=1.0)
+        code = Worker(cfg).run()
+    finally:
+        done.set()
+        thread.join(timeout=5)
+        for sock in held + [listener]:
+            sock.close()
+    metrics = json.loads((tmp_path / "worker-w.json").read_text())
+    assert code == EXIT_PEER_LOST and "could not join within connect_timeout_s=1 s" in metrics["error"]
+    assert metrics["event_counts"]["handshake_retry"] >= 2 and len(held) >= 3
