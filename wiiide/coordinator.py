@@ -428,18 +428,24 @@ class Coordinator:
             t_step = time.perf_counter()
             self._admit_waiting()  # workers that came back rejoin with the current parameters
             params_frame = self.policy.encode("params", {"step": step}, [to_wire("params", flat.params)])
-            live = self._live()
+            live, sent = self._live(), []
             for w in live:
                 idx = sampler.next_indices()
                 batch = [WireTensor("x", data.x_train[idx]), WireTensor("y", data.y_train[idx])]
                 batch_frame = self.policy.encode("batch", {"step": step}, batch)
                 try:
                     w.conn.send([params_frame, batch_frame])
+                    sent.append((w, w.conn))
                 except OSError as exc:
                     self._drop(w, exc)
             grad_sum.zero_()
             losses, contributors = [], 0
-            for w in self._live():
+            # only the connections this step's batch went to: a worker admitted in between (a rejoin)
+            # waits for parameters, and waiting for its gradients would hang both (heartbeats keep the
+            # two connections alive); it gets the next step's
+            for w, conn in sent:
+                if not w.alive or w.conn is not conn:
+                    continue
                 try:
                     msg = w.conn.receive(["gradients"])
                     self.policy.observe_received(msg)
@@ -460,7 +466,7 @@ class Coordinator:
                 contributors += 1
                 w.batches += 1
             if contributors == 0:
-                self._live()  # raises: nobody left
+                self._live()  # waits for a worker to come back (admitted for the next step), or raises
                 continue
             flat.grads.copy_(grad_sum).div_(contributors)
             optimizer.step()
