@@ -369,6 +369,20 @@ class RunConfig(BaseSettings):
     heartbeat_interval_s: Float = _field(1.0, "> 0 and below io_timeout_s",
                                          "a connection idle this long gets a heartbeat frame", gt=0.0)
 
+    # --- checkpoints and recovery (wiiide.checkpoint; off while both intervals are 0) ------------
+    checkpoint_every_steps: Int = _field(0, ">= 0 (0: not by steps)",
+                                         "coordinator: write a checkpoint every this many steps", ge=0)
+    checkpoint_every_s: Float = _field(0.0, f"0..{MAX_TIMEOUT_S:g} seconds (0: not by time)",
+                                       "coordinator: write a checkpoint when this many seconds passed since the last",
+                                       ge=0.0, le=MAX_TIMEOUT_S)
+    checkpoint_dir: Str = _field("", "a directory path or empty",
+                                 "where checkpoints go and are restored from ('': metrics_dir's parent/checkpoints)")
+    checkpoint_keep: Int = _field(3, "2..100", "newest checkpoint files kept (older ones are deleted)", ge=2, le=100)
+    rejoin_timeout_s: Float = _field(0.0, f"0..{MAX_TIMEOUT_S:g} seconds (0: io_timeout_s)",
+                                     "worker: after losing the coordinator, retry connecting this long (a restarted "
+                                     "coordinator needs its start-up time); restarted coordinator: wait this long for "
+                                     "the workers to come back", ge=0.0, le=MAX_TIMEOUT_S)
+
     # --- who may connect (the secret itself is never a config field: see wiiide.auth) ---------
     handshake_timeout_s: Float = _field(5.0, "0 < x <= 300 seconds",
                                         "a peer must complete the authenticated handshake within this",
@@ -562,11 +576,17 @@ def _validate_engine(c: RunConfig) -> None:
         if is_set and not applies:
             raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs {needs} "
                               f"(engine is {c.engine!r}, ddp_comm_hook {c.ddp_comm_hook!r})")
+    if c.staleness_bound != 0 or c.local_steps != 1 or c.adaptive_batch:  # the pace server (wiiide.pace.server)
+        for name in ("checkpoint_every_steps", "checkpoint_every_s"):
+            _check(getattr(c, name) == 0, name, getattr(c, name), "0 with staleness_bound, local_steps or "
+                   "adaptive_batch (the pace server writes no checkpoints yet)")
     if c.ps_shards != "1":  # the sharded servers run synchronous rounds of one batch, evaluated at the end
         for name, is_set in (("staleness_bound", c.staleness_bound != 0), ("local_steps", c.local_steps != 1),
                              ("adaptive_batch", c.adaptive_batch), ("grad_accum_steps", c.grad_accum_steps != 1),
                              ("eval_every_s", c.eval_every_s != 0), ("tls", c.tls),
-                             ("model", c.model not in ("mlp", "cnn")), ("sparse_embedding", c.sparse_embedding)):
+                             ("model", c.model not in ("mlp", "cnn")), ("sparse_embedding", c.sparse_embedding),
+                             ("checkpoint_every_steps", c.checkpoint_every_steps != 0),
+                             ("checkpoint_every_s", c.checkpoint_every_s != 0)):
             if is_set:
                 raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs ps_shards 1 (the central "
                                   f"server); the sharded servers (ps_shards {c.ps_shards!r}) do not offer it yet")

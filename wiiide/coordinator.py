@@ -18,6 +18,10 @@ evaluates on the held-out split and writes its metrics (held-out accuracy, per-w
 A worker whose connection fails or who sends a malformed frame is closed and dropped from the round;
 the run goes on with the rest (and fails when none are left).
 
+Checkpoints (`wiiide.recovery`, off unless checkpoint_every_steps / checkpoint_every_s): after a step
+the parameters and momentum may be written; a restarted coordinator restores the newest checkpoint
+that verifies, waits rejoin_timeout_s for its workers and trains on from that step.
+
 Joining: an acceptor thread accepts connections for the whole run and a `wiiide.admission.HandshakeGate`
 decides which handshake now (on a slot thread), which wait and which are refused at once; each
 handshake must be complete `handshake_timeout_s` after accept, an absolute deadline enforced on every
@@ -78,6 +82,7 @@ from wiiide.protocol import (
 )
 from wiiide.ps.digest import params_digest
 from wiiide.ps.partition import resolve_shards
+from wiiide.recovery import ServerRecovery, rejoin_hint
 from wiiide.sockets import configure_socket
 from wiiide.sparse import SparseRows
 from wiiide.tensors import to_wire
@@ -101,6 +106,7 @@ class _Joining:
     nonce_w: str
     options: dict
     peer: str
+    rejoin: dict | None = None  # a rejoining worker's hint (wiiide.recovery.rejoin_hint)
 
 
 @dataclass
@@ -138,6 +144,7 @@ class Coordinator:
         self._spec: dict = {}
         self.evaluator = None  # wiiide.evaluation.BackgroundEvaluator when eval_every_s > 0
         self.sparse: SparseRows | None = None
+        self.recovery: ServerRecovery | None = None  # checkpoints and restore (wiiide.recovery), made in _main
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -161,6 +168,8 @@ class Coordinator:
                 spec["sparse_rows"] = True  # the worker pushes rows and applies sparse updates
                 self.metrics.extra["comm"] = {"expected": sparse_comm_expected(cfg, flat.numel)}
             self.metrics.extra.update(workload_record(cfg, data, model))
+            self.recovery = ServerRecovery(cfg, self.metrics, self.log)
+            start_step, trained_s = self.recovery.restore(flat, optimizer)
             self.metrics.extra.update({
                 "dataset": data.name, "train_samples": len(data.y_train), "test_samples": len(data.y_test),
                 "num_parameters": num_parameters(model), "gradient_bytes": flat.numel * 4,
@@ -170,7 +179,7 @@ class Coordinator:
                           spec, flat.numel, flat.numel * 4 / 1e3, data.name,
                           len(data.y_train), len(data.y_test))
             self._listen()
-            self._accept_workers(spec)
+            self._accept_workers(spec, restarted=self.recovery.incarnation > 1)
             wait_for_start_gate(cfg, self.metrics, self.log)  # links shaped before any training traffic
             if self.cfg.ps_shards != "1":  # sharded servers (wiiide/ps/): the shards train, this node keeps the barrier
                 from wiiide.ps.session import run_coordinator
@@ -183,7 +192,7 @@ class Coordinator:
                     touch(str(Path(cfg.metrics_dir) / TRAINING_MARKER))
                     PaceServer(self, data, flat, optimizer).run()
                 else:
-                    self._train(data, model, flat, optimizer)
+                    self._train(data, model, flat, optimizer, start_step, trained_s)
                 self._stop_workers("finished")
             result = evaluate(model, data.x_test, data.y_test, data.task)
             self.metrics.extra.update({**result.to_metrics(), "params_digest": params_digest(flat.params.numpy())})
@@ -307,9 +316,10 @@ class Coordinator:
                 raise ProtocolError("hello: node_id must be a string of 1..128 characters")
             nonce_w = check_nonce(hello.meta.get("nonce"), "hello")
             verify(hello_mac(self.secret, PROTOCOL_VERSION, nonce_c, nonce_w, node_id), hello.meta.get("mac"), "hello")
+            hint = rejoin_hint(hello.meta)
             if time.monotonic() > deadline:
                 raise DeadlineExceeded("the hello arrived after the deadline")
-            self._joining.put(_Joining(conn, node_id, nonce_c, nonce_w, options, peer))
+            self._joining.put(_Joining(conn, node_id, nonce_c, nonce_w, options, peer, hint))
             return True
         except DeadlineExceeded as exc:
             self._refuse(sock, peer, f"handshake not complete within handshake_timeout_s={cfg.handshake_timeout_s:g} s "
@@ -359,6 +369,8 @@ class Coordinator:
             self._refuse(conn.sock, joining.peer, f"welcome failed: {exc}", "socket")
             return
         conn.name = f"worker {rank}"
+        if self.recovery is not None:
+            self.recovery.note_rejoin(joining.rejoin)
         conn.reader.max_frame_bytes = cfg.max_frame_bytes
         conn.sock.settimeout(cfg.io_timeout_s)
         self.metrics.socket_options.append({"rank": rank, **joining.options})
@@ -383,15 +395,22 @@ class Coordinator:
                 return
             self._admit(joining)
 
-    def _accept_workers(self, spec: dict) -> None:
+    def _accept_workers(self, spec: dict, restarted: bool = False) -> None:
+        """Wait for all `num_workers` within connect_timeout_s (NodeFailure, exit 3, if they do not come);
+        a `restarted` coordinator waits rejoin_timeout_s (or connect_timeout_s) and goes on with those
+        that came back, if any."""
         cfg = self.cfg
         self._spec = spec
         self._acceptor = threading.Thread(target=self._accept_loop, name="acceptor", daemon=True)
         self._acceptor.start()
         self._heartbeats = Heartbeats(lambda: [w.conn for w in self.workers if w.alive], cfg.heartbeat_interval_s).start()
-        deadline = time.monotonic() + cfg.connect_timeout_s
+        deadline = time.monotonic() + ((restarted and cfg.rejoin_timeout_s) or cfg.connect_timeout_s)
         while sum(w.alive for w in self.workers) < cfg.num_workers:
             remaining = deadline - time.monotonic()
+            if remaining <= 0 and restarted and any(w.alive for w in self.workers):
+                self.log.error("restarted: %d of %d workers came back; going on with them",
+                               sum(w.alive for w in self.workers), cfg.num_workers)
+                return
             if remaining <= 0:
                 raise NodeFailure(
                     f"only {sum(w.alive for w in self.workers)} of {cfg.num_workers} workers connected within "
@@ -423,12 +442,16 @@ class Coordinator:
                                   f"{self.cfg.connect_timeout_s:g} s; see the events in the metrics", EXIT_PEER_LOST)
         return live
 
-    def _train(self, data, model: nn.Module, flat: FlatParams, optimizer: MomentumSGD) -> None:
+    def _train(self, data, model: nn.Module, flat: FlatParams, optimizer: MomentumSGD, start_step: int = 0,
+               trained_s: float = 0.0) -> None:
+        """Train from `start_step` (a restored checkpoint's; its `trained_s` seconds count towards
+        duration_s) until duration_s or max_steps; a restored run draws its batches from a stream seeded
+        with seed + start_step."""
         cfg, metrics = self.cfg, self.metrics
-        sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed)
+        sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed + start_step)
         grad_sum = torch.zeros(flat.numel, dtype=torch.float32)
-        start = time.perf_counter()
-        step = 0
+        start = time.perf_counter() - trained_s
+        step = start_step
         self.log.info("training for %g s%s", cfg.duration_s, f" or {cfg.max_steps} steps" if cfg.max_steps else "")
         # a marker for whoever drives the run (the harness times its fault injection from it)
         touch(str(Path(cfg.metrics_dir) / TRAINING_MARKER))
@@ -440,7 +463,7 @@ class Coordinator:
                 evaluator.offer(step, metrics.samples, flat.params)
             t_step = time.perf_counter()
             self._admit_waiting()  # workers that came back rejoin with the current parameters
-            live = self._live()
+            live, sent = self._live(), []
             sparse = self.sparse
             params_frame = (self.policy.encode("params", {"step": step}, [to_wire("params", flat.params)])
                             if sparse is None or sparse.needs_full([w.conn for w in live]) else None)
@@ -452,11 +475,17 @@ class Coordinator:
                     frame = params_frame if sparse is None else sparse.params_frame(
                         w.conn, step, flat.params, flat.grads, cfg.learning_rate, params_frame)
                     w.conn.send([frame, batch_frame])
+                    sent.append((w, w.conn))
                 except OSError as exc:
                     self._drop(w, exc)
             grad_sum.zero_()
             losses, contributors = [], 0
-            for w in self._live():
+            # only the connections this step's batch went to: a worker admitted in between (a rejoin)
+            # waits for parameters, and waiting for its gradients would hang both (heartbeats keep the
+            # two connections alive); it gets the next step's
+            for w, conn in sent:
+                if not w.alive or w.conn is not conn:
+                    continue
                 try:
                     msg = w.conn.receive(["gradients"])
                     self.policy.observe_received(msg)
@@ -480,7 +509,7 @@ class Coordinator:
                 contributors += 1
                 w.batches += 1
             if contributors == 0:
-                self._live()  # raises: nobody left
+                self._live()  # waits for a worker to come back (admitted for the next step), or raises
                 continue
             flat.grads.copy_(grad_sum).div_(contributors)
             optimizer.step()
@@ -494,9 +523,11 @@ class Coordinator:
             metrics.losses.append(sum(losses) / len(losses))
             if step % 50 == 0:
                 metrics.sample_rss()
+            if self.recovery is not None:
+                self.recovery.after_step(step, flat, optimizer, time.perf_counter() - start)
             self.log.step(step, "step %d: loss %.4f, %d workers, %.1f batches/s", step, metrics.losses[-1],
-                          contributors, metrics.batches / (time.perf_counter() - start))
-        metrics.train_time_s = time.perf_counter() - start
+                          contributors, metrics.batches / (time.perf_counter() - start - trained_s))
+        metrics.train_time_s = time.perf_counter() - start - trained_s  # this incarnation's, as its batches
         metrics.extra["epochs"] = sampler.epochs_done
         if evaluator:
             evaluator.finish(step, metrics.samples, flat.params)

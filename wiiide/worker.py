@@ -78,6 +78,10 @@ class Worker:
         self.log = TieredLog(cfg, f"worker[{self.node_id}]")
         self.metrics = NodeMetrics("worker", self.node_id)
         self.policy = CompressionPolicy.from_config(cfg, self.metrics.extra)
+        # for a restarted coordinator (wiiide.recovery): the last step this worker sent gradients for and
+        # when it last received parameters (wall clock), sent as the hello's ``rejoin`` hint
+        self._last_step: int | None = None
+        self._last_params_unix_s = 0.0
 
     def run(self) -> int:
         """Run to the end and write the metrics file; returns the exit code (`wiiide.node` EXIT_*)."""
@@ -116,34 +120,43 @@ class Worker:
     def _main(self) -> None:
         """Join and train; after losing the coordinator, try to rejoin for io_timeout_s, then give up.
 
-        So a worker dropped by the coordinator (paused, link cut) comes back at the next step, and a
-        lost coordinator ends every worker within 2 x io_timeout_s.
+        So a worker dropped by the coordinator (paused, link cut) comes back at the next step, a
+        restarted coordinator (wiiide.recovery) gets its workers back if it listens again within
+        rejoin_timeout_s (0: io_timeout_s), and a lost coordinator ends every worker within
+        io_timeout_s + that.
         """
         cfg, metrics = self.cfg, self.metrics
         secret = load_secret()  # ConfigError (exit 2) before connecting when there is none
         if cfg.tls:
             client_context(cfg)  # ConfigError (exit 2) before connecting when a TLS file is bad
+        rejoin_s = cfg.rejoin_timeout_s or cfg.io_timeout_s
+        join_deadline = time.monotonic() + cfg.connect_timeout_s
         lost = None
         while True:
             try:
-                sock = self._connect(cfg.connect_timeout_s if lost is None else cfg.io_timeout_s)
+                sock = self._connect(max(0.0, join_deadline - time.monotonic()) if lost is None else rejoin_s)
             except NodeFailure as exc:
                 if lost is None:
                     raise
                 raise NodeFailure(f"lost the coordinator at {cfg.coordinator_host}:{cfg.port} ({lost}) and "
-                                  f"could not rejoin within io_timeout_s={cfg.io_timeout_s:g} s: {exc}",
-                                  EXIT_PEER_LOST) from None
+                                  f"could not rejoin within {rejoin_s:g} s (rejoin_timeout_s, 0: io_timeout_s): "
+                                  f"{exc}", EXIT_PEER_LOST) from None
             try:
                 self._session(Connection(sock, cfg, metrics, self.log, "coordinator",
                                          max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES, pool=self.policy.pool), secret)
                 return
             except _Lost as exc:
-                if metrics.rank is None:  # never joined: nothing to rejoin
-                    raise NodeFailure(f"lost the coordinator at {cfg.coordinator_host}:{cfg.port} during the "
-                                      f"handshake: {exc}", EXIT_PEER_LOST) from None
+                if metrics.rank is None:  # never joined: try again until connect_timeout_s (a paused coordinator)
+                    if time.monotonic() >= join_deadline:
+                        raise NodeFailure(f"lost the coordinator at {cfg.coordinator_host}:{cfg.port} during the "
+                                          f"handshake and could not join within connect_timeout_s="
+                                          f"{cfg.connect_timeout_s:g} s: {exc}", EXIT_PEER_LOST) from None
+                    metrics.event("handshake_retry", cause=str(exc))
+                    self.log.error("the handshake with the coordinator broke off (%s); trying again", exc)
+                    continue
                 lost = str(exc)
                 metrics.event("coordinator_lost", cause=lost)
-                self.log.error("lost the coordinator (%s); trying to rejoin for %g s", lost, cfg.io_timeout_s)
+                self.log.error("lost the coordinator (%s); trying to rejoin for %g s", lost, rejoin_s)
 
     def _session(self, conn: Connection, secret: bytes) -> None:
         """One connection: handshake, then train until ``stop``. Raises _Lost when the link breaks."""
@@ -157,10 +170,11 @@ class Worker:
                 raise ProtocolError(f"the coordinator speaks protocol version {version!r}, this worker {PROTOCOL_VERSION}")
             nonce_c = check_nonce(challenge.meta.get("nonce"), "challenge")
             nonce_w = new_nonce()
-            conn.send([encode_message("hello", {
-                "protocol_version": PROTOCOL_VERSION, "node_id": self.node_id[:128], "pid": os.getpid(),
-                "nonce": nonce_w, "mac": hello_mac(secret, PROTOCOL_VERSION, nonce_c, nonce_w, self.node_id[:128]),
-            })])
+            hello = {"protocol_version": PROTOCOL_VERSION, "node_id": self.node_id[:128], "pid": os.getpid(),
+                     "nonce": nonce_w, "mac": hello_mac(secret, PROTOCOL_VERSION, nonce_c, nonce_w, self.node_id[:128])}
+            if self._last_step is not None:
+                hello["rejoin"] = {"last_step": self._last_step, "last_params_unix_s": self._last_params_unix_s}
+            conn.send([encode_message("hello", hello)])
             welcome = conn.receive(["welcome", "refused"])
             if welcome.kind == "refused":
                 raise NodeFailure(f"the coordinator at {cfg.coordinator_host}:{cfg.port} refused this worker: "
@@ -219,6 +233,7 @@ class Worker:
                 if params.shape != (flat.numel,):
                     raise ProtocolError(f"params of shape {params.shape}, expected ({flat.numel},)")
                 flat.load(torch.from_numpy(params))
+                self._last_params_unix_s = time.time()
                 continue
             step = msg.meta.get("step")
             t0 = time.perf_counter()
@@ -243,6 +258,8 @@ class Worker:
             frame = (self.policy.encode("gradients", meta, [to_wire(*update)]) if sparse is None
                      else sparse.gradients_frame(meta, flat.grads))
             conn.send([frame])
+            if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+                self._last_step = min(step, 10**15)  # the coordinator refuses a larger hint
             metrics.record_worker_step(int(x.shape[0]), loss_value, time.perf_counter() - t0, batches=local_steps)
             self.log.step(metrics.steps, "step %s: loss %.4f", step, metrics.losses[-1])
 

@@ -190,6 +190,13 @@ class Totals(_Model):
     target_reached: bool | None = None
     held_out_metric: str | None = None
     held_out_target: float | None = None
+    # checkpoints and recovery (wiiide.recovery): set when the coordinator was restarted from a checkpoint;
+    # steps_lost = steps the killed coordinator had reached - restored_step; recovery_s: its last step to
+    # the first step after the restart (wall clock)
+    restored_step: int | None = None
+    steps_lost: int | None = None
+    recovery_s: float | None = None
+    checkpoints_written: int | None = None
 
     def figure(self, key: str) -> Any:
         """The figure named `key` (a field or an unknown key kept from the file), None when absent."""

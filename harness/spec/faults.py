@@ -8,6 +8,16 @@ A spec's top-level ``faults:`` list applies to every point::
       - {action: pause, target: worker-2, at_s: 4, duration_s: 3}   # docker pause / SIGSTOP, then resume
       - {action: disconnect, target: worker-2, at_s: 4, duration_s: 3}  # docker network disconnect (docker only)
 
+Or a seeded random schedule (`RandomSchedule`), expanded into such a list when the spec is read, so
+the report records every fault it drew and the same seed draws the same faults::
+
+    faults:
+      random: {seed: 7, targets: [coordinator, worker-1, worker-2], start_s: 20, until_s: 560,
+               every_s: [20, 40], actions: [kill, pause, disconnect], down_s: [3, 8]}
+
+A drawn ``kill`` comes with a ``restart`` of the same target `down_s` later; ``pause`` and
+``disconnect`` last `down_s`; a target is not hit again before it is back.
+
 `at_s` counts from the first training step (the coordinator writes `coordinator.training` into its
 metrics folder then). Targets are ``coordinator`` or ``worker-N`` (the Nth worker, 1-based). The
 injector (harness.run.faults) runs on a thread, records what it did and when, and never raises into the run.
@@ -15,13 +25,23 @@ injector (harness.run.faults) runs on a thread, records what it did and when, an
 
 from __future__ import annotations
 
+import random
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, StrictFloat, TypeAdapter, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    StrictFloat,
+    StrictInt,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from harness.errors import SpecError
-from harness.spec.base import SpecModel, fail, shown, validate
+from harness.spec.base import SpecModel, fail, shown, spec_error, validate
 
 ACTIONS = ("kill", "restart", "pause", "disconnect")
 NEEDS_DURATION = ("pause", "disconnect")
@@ -76,7 +96,93 @@ class Fault(SpecModel):
         return self.model_dump()
 
 
-FAULTS = TypeAdapter(list[Fault])
+RANDOM_ACTIONS = ("kill", "pause", "disconnect")  # a drawn kill brings its own restart
+MAX_RANDOM_FAULTS = 10_000
+
+
+def _interval(value: list[float]) -> list[float]:
+    if len(value) != 2 or not 0 < value[0] <= value[1]:
+        raise ValueError(f"{shown(value)}; allowed: [min_s, max_s] with 0 < min_s <= max_s")
+    return value
+
+
+Interval = Annotated[list[Seconds], AfterValidator(_interval)]
+
+
+class RandomSchedule(SpecModel):
+    """A seeded random fault schedule: from `start_s` to `until_s` seconds after training starts, a
+    fault every `every_s` = [min, max] seconds (uniform), each an action drawn from `actions` on a
+    target drawn from `targets` that is not down at that instant; a ``kill`` is followed by a
+    ``restart`` `down_s` = [min, max] seconds later (uniform), ``pause`` and ``disconnect`` last as long.
+    Python's `random.Random(seed)`: the same seed draws the same schedule on every machine.
+
+    Raises:
+        SpecError: an unknown key, an action other than kill / pause / disconnect, a bad target or
+            interval, or a schedule of more than MAX_RANDOM_FAULTS faults.
+    """
+
+    seed: StrictInt
+    targets: Annotated[list[Annotated[str, AfterValidator(_target)]], Field(min_length=1)]
+    until_s: Seconds
+    start_s: Seconds = 0.0
+    every_s: Interval = [20.0, 40.0]
+    down_s: Interval = [3.0, 8.0]
+    actions: Annotated[list[Literal[RANDOM_ACTIONS]], Field(min_length=1)] = list(RANDOM_ACTIONS)  # type: ignore[valid-type]
+
+    @model_validator(mode="after")
+    def _size(self) -> "RandomSchedule":
+        if self.until_s < self.start_s:
+            raise fail(f"{self.until_s:g} is before start_s={self.start_s:g}", "until_s")
+        if (self.until_s - self.start_s) / self.every_s[0] > MAX_RANDOM_FAULTS:
+            raise fail(f"more than {MAX_RANDOM_FAULTS} faults between start_s and until_s; allowed: fewer",
+                       "every_s")
+        return self
+
+    def draw(self) -> list[dict[str, Any]]:
+        """The schedule as `Fault` dicts (times rounded to 0.1 s), in time order."""
+        rng = random.Random(self.seed)
+        back_at: dict[str, float] = {}
+        out: list[dict[str, Any]] = []
+        t = self.start_s
+        while t <= self.until_s:
+            free = [target for target in self.targets if back_at.get(target, 0.0) <= t]
+            if free:
+                action, target = rng.choice(self.actions), rng.choice(free)
+                down = round(rng.uniform(*self.down_s), 1)
+                at = round(t, 1)
+                if action == "kill":
+                    out += [{"action": "kill", "target": target, "at_s": at},
+                            {"action": "restart", "target": target, "at_s": round(at + down, 1)}]
+                else:
+                    out.append({"action": action, "target": target, "at_s": at, "duration_s": down})
+                back_at[target] = at + down + 1.0  # a second to come back before it is hit again
+            t += rng.uniform(*self.every_s)
+        return out
+
+
+def expand_random(value: Any) -> Any:
+    """``{"random": {...}}`` -> the list of fault dicts `RandomSchedule.draw` gives; anything else as
+    it is (a list is validated as faults afterwards). For a pydantic validator of a spec's ``faults``.
+
+    Raises:
+        PydanticCustomError: the schedule's first problem, at its path below ``random``.
+    """
+    if isinstance(value, dict) and set(value) == {"random"}:
+        try:
+            schedule = RandomSchedule.model_validate(value["random"], context={"yaml": True})
+        except ValidationError as exc:
+            raise fail(spec_error(exc).args[0], "random") from None  # its message starts with the path below
+        return schedule.draw()
+    return value
+
+
+class RandomFaults(SpecModel):
+    """Schema only: ``faults: {random: {...}}``, a `RandomSchedule` drawn into a list of faults."""
+
+    random: RandomSchedule
+
+
+FAULTS = TypeAdapter(Annotated[list[Fault], BeforeValidator(expand_random, json_schema_input_type=list[Fault] | RandomFaults)])
 
 
 def parse_faults(value: Any, source: str, num_workers: int | None = None) -> list[Fault]:

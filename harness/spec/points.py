@@ -21,7 +21,7 @@ Format (the JSON Schema generated from `SweepSpec` is shipped as harness/spec/sw
       ...
     timeout_s: 300                    # optional, per repeat
     link_presets: {...}               # optional, beside experiments/links.yaml's (harness.spec.links)
-    faults: [...]                     # optional (harness.spec.faults)
+    faults: [...]                     # optional (harness.spec.faults), or {random: {...}}: a seeded schedule
     host_sysctls: {...}               # optional (harness.spec.sysctls)
 
 Every point's config is built and validated when the spec loads, so a bad value stops the sweep
@@ -59,7 +59,7 @@ from harness.spec.cluster import (
     param_label,
     parse_cluster,
 )
-from harness.spec.faults import Fault, check_targets
+from harness.spec.faults import Fault, RandomFaults, check_targets, expand_random
 from harness.spec.links import LinkProfile
 from harness.spec.sysctls import HostSysctls
 from harness.spec.yaml_file import load_yaml_file
@@ -185,7 +185,8 @@ class SweepSpec(SpecModel):
                          Field(json_schema_extra={"exclusiveMinimum": 0})] = None
     link_presets: Annotated[dict[str, dict[str, Any]], _or_empty(dict), AfterValidator(_presets),
                             BeforeValidator(lambda v: v, json_schema_input_type=dict[str, LinkProfile])] = {}
-    faults: Annotated[list[Fault], _or_empty(list)] = []
+    faults: Annotated[list[Fault], BeforeValidator(expand_random, json_schema_input_type=list[Fault] | RandomFaults),
+                      _or_empty(list)] = []
     host_sysctls: Annotated[HostSysctls, _or_empty(dict)] = {}
     source: SkipJsonSchema[str] = "<dict>"
     points: SkipJsonSchema[list[Point]] = []

@@ -180,6 +180,8 @@ BAD_VALUES = [
     ("transformer_heads", 0), ("transformer_context", 4), ("embedding_rows", 1), ("embedding_dim", 0),
     ("embedding_fields", 0), ("embedding_zipf_exponent", -0.5), ("embedding_samples", 10),
     ("sparse_embedding", True),  # needs model embedding
+    ("checkpoint_every_steps", -1), ("checkpoint_every_s", -1.0), ("checkpoint_every_s", 86_401.0),
+    ("checkpoint_keep", 1), ("checkpoint_keep", 101), ("rejoin_timeout_s", -1.0), ("rejoin_timeout_s", 86_401.0),
 ]
 
 
@@ -198,7 +200,7 @@ def test_every_field_has_a_bad_value_test():
     tested = {f for f, _ in BAD_VALUES}
     unchecked = {"coordinator_host", "bind_host", "node_id", "seed", "metrics_dir", "ready_file", "start_gate_file",
                  "tcp_nodelay", "tcp_quickack", "keepalive", "allow_lossy",
-                 "tls_ca_file", "tls_cert_file", "tls_key_file"}  # free strings / any int / booleans
+                 "tls_ca_file", "checkpoint_dir", "tls_cert_file", "tls_key_file"}  # free strings / any int / booleans
     assert set(RunConfig.field_names()) - unchecked == tested
 
 

@@ -1,0 +1,66 @@
+"""A coordinator killed mid-run and restarted on the local backend: it restores its newest checkpoint,
+the workers rejoin (retrying for rejoin_timeout_s) and the run completes; the steps lost are at most
+checkpoint_every_steps and recorded with the recovery time in the coordinator's metrics."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from harness.run.backend import PhaseClock, collect_nodes, judge
+from harness.run.local import LocalBackend
+from harness.spec.cluster import ClusterSettings
+from wiiide.config import RunConfig
+
+EVERY_STEPS = 20
+MAX_STEPS = 600
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"{what} did not happen within {timeout_s} s")
+
+
+def test_coordinator_killed_and_restarted_resumes_from_its_checkpoint(tmp_path):
+    cfg = RunConfig(dataset="digits", num_workers=2, log_tier="normal", log_every_steps=100000, io_timeout_s=10.0,
+                    heartbeat_interval_s=1.0, connect_timeout_s=30, duration_s=120, max_steps=MAX_STEPS,
+                    checkpoint_every_steps=EVERY_STEPS, rejoin_timeout_s=30, momentum=0.5)
+    backend = LocalBackend()
+    ckpt_dir = tmp_path / "checkpoints"
+    for folder in ("nodes", "logs"):
+        (tmp_path / folder).mkdir()
+    try:
+        controller = backend.start(cfg, tmp_path, ClusterSettings(), lambda line: None, PhaseClock())
+        # kill as soon as the second checkpoint is on disk, well before max_steps
+        _wait_for(lambda: len(list(ckpt_dir.glob("coordinator-step*.safetensors"))) >= 2, 60, "two checkpoints")
+        controller.kill("coordinator")
+        newest_on_disk = max(int(p.name[16:28]) for p in ckpt_dir.glob("coordinator-step*.safetensors"))
+        controller.restart("coordinator")
+        _wait_for(lambda: all(state == "exited" for state in backend.poll().values()), 120, "the run's end")
+        collected = backend.collect(tmp_path / "logs", lambda line: None)
+    finally:
+        backend.teardown()
+    nodes = collect_nodes(tmp_path / "nodes")
+    status, error = judge(nodes, collected.exit_codes, cfg.num_workers)
+    assert status == "ok", error  # the coordinator and both workers ended ok: nobody was left behind
+    coord = nodes["coordinator"]
+    assert coord["steps"] == MAX_STEPS and coord["test_accuracy"] > 0.5
+    rec = coord["recovery"]
+    assert rec["incarnation"] == 2 and rec["refused"] == []
+    k = rec["steps_at_crash"]  # the step the killed coordinator had reached
+    assert rec["restored_step"] == newest_on_disk <= k < MAX_STEPS
+    assert rec["restored_step"] % EVERY_STEPS == 0
+    assert 0 <= rec["steps_lost"] == k - rec["restored_step"] <= EVERY_STEPS
+    assert rec["workers_rejoined"] == 2 and rec["recovery_s"] > 0
+    # this incarnation trained the remaining steps only (both workers, barring a drop on a loaded machine)
+    remaining = MAX_STEPS - rec["restored_step"]
+    assert remaining <= sum(coord["batches_per_worker"].values()) <= 2 * remaining
+    starts = (tmp_path / "nodes" / "coordinator.starts.jsonl").read_text().splitlines()
+    assert [json.loads(line)["incarnation"] for line in starts] == [1, 2]
+    for name in ("worker-1", "worker-2"):
+        assert any(e["event"] == "coordinator_lost" for e in nodes[name]["events"])
