@@ -1,0 +1,114 @@
+"""iperf3 between the same two peers: the physical reference of the frames section.
+
+The sink starts ``iperf3 --server`` next to itself (`start_server`); the source runs one client per
+frames trial (`run_client`: ``iperf3 --client HOST --bytes N --json``) interleaved with the raw and
+frame trials, so every ratio compares figures taken side by side. The figure kept is the receiver's:
+``end.sum_received`` ``bytes`` / ``seconds`` of iperf3's JSON (``-J``), never its text.
+
+iperf3 is Debian's package (in the node image, see docker/Dockerfile); where the binary is missing
+(a local run on a host without it) the section records ``unavailable`` with the reason instead.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from typing import Any
+
+IPERF3 = "iperf3"
+IPERF3_PORT = 29612  # next to bench-wire's own PORT
+CLIENT_TIMEOUT_S = 120.0
+CONNECT_RETRIES = 20  # the server may still be starting: retried every 0.25 s
+RETRY_SLEEP_S = 0.25
+
+
+class Iperf3Error(RuntimeError):
+    """iperf3 failed or printed JSON without the received totals; the message holds its error."""
+
+
+def iperf3_path() -> str | None:
+    """The iperf3 binary on PATH, or None."""
+    return shutil.which(IPERF3)
+
+
+def start_server(port: int = IPERF3_PORT) -> subprocess.Popen | None:
+    """Start ``iperf3 --server --port PORT`` (serves clients one after the other until killed);
+    None when iperf3 is not installed. The caller stops it (`stop_server`).
+
+    Raises:
+        OSError: iperf3 exists but could not be started.
+    """
+    path = iperf3_path()
+    if path is None:
+        return None
+    return subprocess.Popen([path, "--server", "--port", str(port)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_server(proc: subprocess.Popen | None) -> None:
+    """Terminate the server `start_server` returned (no-op for None) and reap it."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
+def parse_result(text: str) -> dict[str, Any]:
+    """The receiver's totals from iperf3's ``--json`` output.
+
+    Returns:
+        ``bytes`` (received), ``seconds`` (of the data phase), ``bytes_per_s`` (their quotient),
+        ``retransmits`` (the sender's, None when iperf3 does not report them) and ``version``.
+
+    Raises:
+        Iperf3Error: not JSON, an ``error`` member (iperf3's own message), or no positive
+        ``end.sum_received`` bytes and seconds.
+    """
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise Iperf3Error(f"iperf3 printed no JSON ({exc}): {text[:300]!r}") from None
+    if not isinstance(doc, dict):
+        raise Iperf3Error(f"iperf3 JSON is not an object: {text[:300]!r}")
+    if doc.get("error"):
+        raise Iperf3Error(f"iperf3: {doc['error']}")
+    received = doc.get("end", {}).get("sum_received", {})
+    nbytes, seconds = received.get("bytes"), received.get("seconds")
+    if not (isinstance(nbytes, (int, float)) and isinstance(seconds, (int, float)) and nbytes > 0 and seconds > 0):
+        raise Iperf3Error(f"iperf3 JSON has no received totals (end.sum_received = {received!r:.200})")
+    sent = doc.get("end", {}).get("sum_sent", {})
+    return {"bytes": int(nbytes), "seconds": float(seconds), "bytes_per_s": nbytes / seconds,
+            "retransmits": sent.get("retransmits"), "version": doc.get("start", {}).get("version")}
+
+
+def run_client(host: str, nbytes: int, port: int = IPERF3_PORT) -> dict[str, Any]:
+    """One iperf3 client moving `nbytes` bytes to the server on `host`:`port`; `parse_result` of its JSON.
+
+    Retries a refused connection (the server starting) `CONNECT_RETRIES` times.
+
+    Raises:
+        Iperf3Error: iperf3 is missing, failed, or printed no usable JSON.
+    """
+    path = iperf3_path()
+    if path is None:
+        raise Iperf3Error("iperf3 is not installed (Debian: apt-get install iperf3; the node image has it)")
+    argv = [path, "--client", host, "--port", str(port), "--bytes", str(nbytes), "--json"]
+    for attempt in range(CONNECT_RETRIES):
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise Iperf3Error(f"{' '.join(argv)} did not finish in {CLIENT_TIMEOUT_S:.0f} s") from None
+        try:
+            return parse_result(done.stdout)
+        except Iperf3Error as exc:
+            busy = "connect" in str(exc).lower() or "busy" in str(exc).lower()
+            if not busy or attempt == CONNECT_RETRIES - 1:
+                raise
+            time.sleep(RETRY_SLEEP_S)
+    raise AssertionError("unreachable")
