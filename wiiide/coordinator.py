@@ -409,7 +409,7 @@ class Coordinator:
             for w in live:
                 idx = sampler.next_indices()
                 batch = [WireTensor("x", data.x_train[idx]), WireTensor("y", data.y_train[idx])]
-                batch_frame = self.policy.encode("batch", {"step": step}, batch)
+                batch_frame = self.policy.encode("batch", {"step": step, **self.policy.feedback_meta(w.node_id)}, batch)
                 try:
                     w.conn.send([params_frame, batch_frame])
                 except OSError as exc:
@@ -419,7 +419,7 @@ class Coordinator:
             for w in self._live():
                 try:
                     msg = w.conn.receive(["gradients"])
-                    self.policy.observe_received(msg)
+                    self.policy.observe_received(msg, w.node_id)
                     if msg.meta.get("step") != step:
                         raise ProtocolError(f"gradients for step {msg.meta.get('step')!r}, expected {step}")
                     grad = msg.tensor("grad")

@@ -203,7 +203,8 @@ class Worker:
             loss.backward()
             loss_value = loss.item()
             metrics.compute_time_s += time.perf_counter() - t0
-            frame = self.policy.encode("gradients", {"step": step, "loss": loss_value, "samples": int(x.shape[0])},
+            frame = self.policy.encode("gradients", {"step": step, "loss": loss_value, "samples": int(x.shape[0]),
+                                                     **self.policy.feedback_meta()},
                                        [to_wire("grad", flat.grads)])
             conn.send([frame])
             metrics.steps += 1

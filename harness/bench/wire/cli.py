@@ -15,6 +15,7 @@ from harness.bench.wire.plan import (
     DEFAULT_FRAME_CODECS,
     DEFAULT_LINK_RATES_BPS,
     DEFAULT_SIZES_BYTES,
+    SECTIONS,
     PlanError,
     WirePlan,
 )
@@ -66,6 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                         "100mbit,200mbit,500mbit,1gbit,2.5gbit,0)")
     p.add_argument("--frame-codecs", help="codecs of the frames section, e.g. none,int8 (default "
                                           "none,lz4,zstd-1,shuffle-lz4,shuffle-zstd,fp16,int8)")
+    p.add_argument("--sections", help="which sections run, e.g. frames or frames,links (default frames,links,codecs)")
     p.add_argument("--repeats", type=int, default=5, help="interleaved repeats of every frame trial (default 5)")
     p.add_argument("--bytes-per-trial-mib", type=int, default=256, help="MiB per raw / uncompressed trial")
     p.add_argument("--link-messages", type=int, default=100, help="gradient round trips per policy and rate")
@@ -90,6 +92,7 @@ def plan_from_args(args: argparse.Namespace) -> WirePlan:
                           else DEFAULT_FRAME_CODECS),
             repeats=args.repeats, bytes_per_trial=args.bytes_per_trial_mib * MIB, link_messages=args.link_messages,
             codec_threads=args.codec_threads, small=args.small,
+            sections=tuple(split_list(args.sections, "--sections")) if args.sections else SECTIONS,
             recv_chunk_bytes=parse_size_bytes(args.recv_chunk_bytes, "--recv-chunk-bytes"))
     except (UnitError, PlanError) as exc:
         raise SpecError(f"bench-wire: {exc}") from None

@@ -87,16 +87,19 @@ def source(sock: socket.socket, plan: WirePlan, progress: Callable[[str], None],
                                          for k, v in grads.items()}}
     pool = CodecPool(plan.codec_threads, MIB)
     try:
-        progress("frames: raw socket vs WIIIIIDE frames")
-        out["frames"] = frames_section(sock, reader, grads["synthetic-mlp"], plan.sizes_bytes, plan.frame_codecs,
-                                       plan.repeats, plan.bytes_per_trial, pool, progress,
-                                       chunk_bytes=plan.recv_chunk_bytes, iperf3_host=iperf3_host,
-                                       iperf3_port=iperf3_port)
-        progress("links: synchronous gradient round trips on paced links")
-        out["links"] = links_section(sock, reader, grads["digits-mlp"], plan.link_rates_bps, plan.link_policies,
-                                     plan.link_messages, plan.codec_threads, progress)
-        progress("codecs: ratio and speed on real gradients")
-        out["codecs"] = codec_table(grads, plan.table_codecs, plan.table_threads, plan.repeats, progress)
+        if "frames" in plan.sections:
+            progress("frames: raw socket vs WIIIIIDE frames")
+            out["frames"] = frames_section(sock, reader, grads["synthetic-mlp"], plan.sizes_bytes,
+                                           plan.frame_codecs, plan.repeats, plan.bytes_per_trial, pool, progress,
+                                           chunk_bytes=plan.recv_chunk_bytes, iperf3_host=iperf3_host,
+                                           iperf3_port=iperf3_port)
+        if "links" in plan.sections:
+            progress("links: synchronous gradient round trips on paced links")
+            out["links"] = links_section(sock, reader, grads["digits-mlp"], plan.link_rates_bps, plan.link_policies,
+                                         plan.link_messages, plan.codec_threads, progress)
+        if "codecs" in plan.sections:
+            progress("codecs: ratio and speed on real gradients")
+            out["codecs"] = codec_table(grads, plan.table_codecs, plan.table_threads, plan.repeats, progress)
     finally:
         pool.close()
         send_control(sock, "done")
