@@ -273,6 +273,10 @@ class RunConfig(BaseSettings):
                                  gt=0.0, le=MAX_TIMEOUT_S)
     heartbeat_interval_s: Float = _field(1.0, "> 0 and below io_timeout_s",
                                          "a connection idle this long gets a heartbeat frame", gt=0.0)
+    stall_timeout_s: Float = _field(60.0, f"0 (off) or 0 < x <= {MAX_TIMEOUT_S:g} seconds",
+                                    "harness, ddp/fsdp: the run fails when no rank wrote progress for this long "
+                                    "(a stalled collective) instead of waiting out its timeout; 0: off",
+                                    ge=0.0, le=MAX_TIMEOUT_S)
 
     # --- who may connect (the secret itself is never a config field: see wiiide.auth) ---------
     handshake_timeout_s: Float = _field(5.0, "0 < x <= 300 seconds",

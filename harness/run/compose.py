@@ -365,6 +365,17 @@ class ComposeBackend:
             all=True, filters={"label": f"{PROJECT_LABEL}={PROJECT}"}) for name in item.get("Names") or ()}
         return {c.name: listed.get(c.name, "exited") for c in self._containers}  # a removed one has exited
 
+    def exit_code(self, name: str) -> int | None:
+        """Container `name`'s exit code once it has exited; None while it runs, or when it cannot be read."""
+        for c in self._containers:
+            if c.name == name:
+                try:
+                    c.reload()
+                except Exception:  # gone or the engine busy: unknown, the next poll asks again
+                    return None
+                return c.attrs["State"]["ExitCode"] if c.status in ("exited", "dead") else None
+        return None
+
     def stop(self) -> None:
         """Stop reading link counters and container stats."""
         if self._conditions is not None:

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from wiiide.codecs.policy import (
-    CompressionPolicy,
     FEEDBACK_META_KEY,
+    CompressionPolicy,
     LinkEstimate,
     check_policy_name,
     parse_policy_name,

@@ -163,7 +163,7 @@ BAD_VALUES = [
     ("grad_accum_steps", 0), ("grad_accum_steps", 2),  # 2: needs engine ddp or fsdp
     ("mixed_precision", "fp8"), ("mixed_precision", "bf16"),  # bf16: needs engine ddp or fsdp
     ("profile", True),  # needs engine ddp or fsdp
-    ("heartbeat_interval_s", 0.0), ("heartbeat_interval_s", 10.0),  # not below io_timeout_s (10 s)
+    ("heartbeat_interval_s", 0.0), ("heartbeat_interval_s", 10.0), ("stall_timeout_s", -1.0), ("stall_timeout_s", 1e9),  # not below io_timeout_s (10 s)
     ("handshake_timeout_s", 0.0), ("handshake_timeout_s", 301.0), ("max_handshakes", 0), ("max_handshakes", 1025),
 ]
 
