@@ -20,7 +20,7 @@ def test_defaults_are_valid_and_as_documented():
     cfg = RunConfig()
     assert cfg == default_config()
     assert cfg.sndbuf_bytes == cfg.rcvbuf_bytes == 8 * MIB
-    assert cfg.recv_chunk_bytes == 256 * 1024
+    assert cfg.recv_chunk_bytes == 64 * 1024 * 1024
     assert cfg.tcp_nodelay is True and cfg.tcp_quickack is True
     assert cfg.compression == "none" and cfg.log_tier == "normal"
     assert cfg.hidden_sizes == (64,)

@@ -73,8 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--link-messages", type=int, default=100, help="gradient round trips per policy and rate")
     p.add_argument("--codec-threads", type=int, default=1, help="codec threads for frames and links (default 1)")
     p.add_argument("--small", action="store_true", help="a small synthetic model (for tests)")
-    p.add_argument("--recv-chunk-bytes", default="256KiB",
-                   help="the receiver's recv_chunk_bytes for frames, IEC (default: the nodes' 256KiB)")
+    p.add_argument("--recv-chunk-bytes", default="64MiB",
+                   help="the receiver's recv_chunk_bytes for frames, IEC (default: the nodes' 64MiB)")
     p.add_argument("--results-dir", help="where bench-wire-<stamp>.json goes (default results/)")
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from harness.bench.wire.channel import read_ack, send_control
 from harness.bench.wire.iperf import Iperf3Error, run_client
 from harness.bench.wire.payloads import payload_of
-from harness.bench.wire.raw import RAW_VARIANTS, RawVariant, send_raw
+from harness.bench.wire.raw import RAW_CHUNK_BYTES, RAW_VARIANTS, RawVariant, send_raw
 from wiiide.codecs import codec_from_name
 from wiiide.codecs.chunked import CodecPool
 from wiiide.protocol import FrameReader, WireTensor, encode_message, send_frames
@@ -31,7 +31,7 @@ MIN_COUNT, MAX_COUNT = 2, 4096  # messages per trial
 
 
 def raw_trial(sock: socket.socket, reader: FrameReader, buf: memoryview, count: int,
-              variant: RawVariant = RAW_VARIANTS[0], chunk_bytes: int = 256 * 1024) -> float:
+              variant: RawVariant = RAW_VARIANTS[0], chunk_bytes: int = RAW_CHUNK_BYTES) -> float:
     """Seconds to move `count` x `buf` (bytes) the `variant` way and get the sink's ack.
 
     `chunk_bytes`: the sink's recv size of the ``chunk`` and ``scratch`` receivers (bytes).
@@ -79,7 +79,7 @@ def _stats(values: list[float]) -> dict[str, Any]:
 
 def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, sizes_bytes: Sequence[int],
                    codecs: Sequence[str], repeats: int, bytes_per_trial: int, pool: CodecPool,
-                   progress: Callable[[str], None], chunk_bytes: int = 256 * 1024,
+                   progress: Callable[[str], None], chunk_bytes: int = RAW_CHUNK_BYTES,
                    iperf3_host: str | None = None, iperf3_port: int | None = None) -> list[dict[str, Any]]:
     """One row per size: every raw variant's, iperf3's and each codec's throughput of every repeat, and ratios.
 
@@ -91,7 +91,8 @@ def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, s
     on the wire), ``sink_decode_s`` (list), ``vs_raw_per_repeat`` (frame / raw of the same repeat),
     ``vs_raw`` (their median: robust to load that comes and goes between repeats), and, with iperf3,
     ``vs_iperf3_per_repeat`` and ``vs_iperf3``. Compressed codecs move a quarter of the uncompressed
-    trial's messages (at least 2). `chunk_bytes` is the sink's recv size of the chunked raw receivers;
+    trial's messages (at least 2). `chunk_bytes` is the sink's recv size of the chunked raw receivers
+    (`RAW_CHUNK_BYTES`);
     iperf3 runs against ``iperf3_host``:``iperf3_port`` (None: not measured).
 
     Raises:

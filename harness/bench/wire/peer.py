@@ -22,21 +22,21 @@ from harness.bench.wire.iperf import IPERF3_PORT, start_server, stop_server
 from harness.bench.wire.links import links_section
 from harness.bench.wire.payloads import gradients
 from harness.bench.wire.plan import WirePlan
-from harness.bench.wire.raw import recv_raw
+from harness.bench.wire.raw import RAW_CHUNK_BYTES, recv_raw
 from wiiide.codecs.chunked import CodecPool
 from wiiide.metrics import write_json_atomic
 from wiiide.protocol import FrameReader
-from wiiide.units import KIB, MIB
+from wiiide.units import MIB
 
 MAX_FRAME_BYTES = 1 << 31
 CONNECT_TIMEOUT_S = 60.0
 
 
-def sink(sock: socket.socket, recv_chunk_bytes: int = 256 * KIB) -> None:
+def sink(sock: socket.socket, recv_chunk_bytes: int = 64 * MIB) -> None:
     """Serve trials until ``done``: each starts with a ``trial`` control frame naming its mode, count and size.
 
     Frames are read as the nodes read them: `FrameReader` with `recv_chunk_bytes` (bytes; the nodes'
-    default 256 KiB unless told otherwise) reusing its receive buffer. A raw trial receives the way its
+    default 64 MiB unless told otherwise) reusing its receive buffer. A raw trial receives the way its
     ``recv`` names (`harness.bench.wire.raw.recv_raw`) into one reused buffer. Each trial ends with an ``ack`` carrying ``recv_s`` and the frames' ``decode_s`` (s);
     a ``roundtrip`` trial also acks every message.
 
@@ -55,7 +55,7 @@ def sink(sock: socket.socket, recv_chunk_bytes: int = 256 * KIB) -> None:
         t0 = time.perf_counter()
         decode_s = 0.0
         if meta["mode"] == "raw":
-            chunk_bytes = int(meta.get("chunk_bytes", recv_chunk_bytes))
+            chunk_bytes = int(meta.get("chunk_bytes", RAW_CHUNK_BYTES))
             if len(raw_buf) < max(size_bytes, chunk_bytes):
                 raw_buf = bytearray(max(size_bytes, chunk_bytes))
             recv_raw(sock, memoryview(raw_buf), size_bytes, count, str(meta.get("recv", "whole")), chunk_bytes)
@@ -91,7 +91,7 @@ def source(sock: socket.socket, plan: WirePlan, progress: Callable[[str], None],
             progress("frames: raw socket vs WIIIIIDE frames")
             out["frames"] = frames_section(sock, reader, grads["synthetic-mlp"], plan.sizes_bytes,
                                            plan.frame_codecs, plan.repeats, plan.bytes_per_trial, pool, progress,
-                                           chunk_bytes=plan.recv_chunk_bytes, iperf3_host=iperf3_host,
+                                           iperf3_host=iperf3_host,
                                            iperf3_port=iperf3_port)
         if "links" in plan.sections:
             progress("links: synchronous gradient round trips on paced links")
@@ -145,7 +145,7 @@ def peer_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=PORT)
     p.add_argument("--plan", help="source: the plan as JSON")
     p.add_argument("--out", help="source: write the result JSON here")
-    p.add_argument("--recv-chunk-bytes", type=int, default=256 * KIB, help="sink: FrameReader's recv_chunk_bytes")
+    p.add_argument("--recv-chunk-bytes", type=int, default=64 * MIB, help="sink: FrameReader's recv_chunk_bytes")
     p.add_argument("--iperf3-port", type=int, default=IPERF3_PORT, help="the sink's iperf3 server port")
     p.add_argument("--no-iperf3", action="store_true", help="source: do not measure iperf3")
     args = p.parse_args(argv)

@@ -65,7 +65,7 @@ class WirePlan:
     codec_threads: int = 1
     table_threads: tuple[int, ...] = (1, 2)
     small: bool = False
-    recv_chunk_bytes: int = 256 * KIB
+    recv_chunk_bytes: int = 64 * MIB  # the nodes' (wiiide.protocol.DEFAULT_RECV_CHUNK_BYTES)
     sections: tuple[str, ...] = SECTIONS
 
     def __post_init__(self) -> None:

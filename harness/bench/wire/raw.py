@@ -9,7 +9,7 @@ bytes are handed to the kernel and taken from it:
 - sender ``sendmsg``: `socket.sendmsg` of the memoryview, re-sliced only after a partial send;
 - receiver ``whole``: `recv_into` the message buffer asking for all that is left of the message;
 - receiver ``chunk``: `recv_into` the message buffer at most `chunk_bytes` per call, through views made
-  once per trial (`FrameReader`'s way, with the nodes' 256 KiB);
+  once per trial (`RAW_CHUNK_BYTES`, 256 KiB: seed 001's `FrameReader` chunks);
 - receiver ``scratch``: `recv_into` one chunk-sized buffer over and over, the bytes thrown away (iperf3's
   way: no message-sized buffer is ever touched, so it is the upper bound of a Python receiver).
 
@@ -37,6 +37,7 @@ class RawVariant:
         return f"{self.send}/{self.recv}"
 
 
+RAW_CHUNK_BYTES = 256 * 1024  # the chunk and scratch receivers' recv size (iperf3 reads 128 KiB)
 RAW_VARIANTS = (RawVariant("sendall", "whole"), RawVariant("sendmsg", "whole"),
                 RawVariant("sendall", "chunk"), RawVariant("sendall", "scratch"))
 SENDS = ("sendall", "sendmsg")
