@@ -86,7 +86,8 @@ def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, s
     Each row: ``size_bytes``, ``count_per_trial``, ``raw_variants`` (variant name -> ``bytes_per_s``
     list and ``bytes_per_s_median``), ``raw_variant`` (the fastest by median: the raw reference),
     ``raw_bytes_per_s`` (its list, one per repeat) and ``raw_bytes_per_s_median``; ``iperf3``
-    (``bytes_per_s`` list and median, ``retransmits`` list, or ``unavailable`` with the reason);
+    (``bytes_per_s`` list and median, ``retransmits`` and ``figure`` lists, see `iperf.parse_result`, or
+    ``unavailable`` with the reason);
     ``frames[codec]`` with ``bytes_per_s`` (list), ``bytes_per_s_median``, ``wire_nbytes`` (one frame
     on the wire), ``sink_decode_s`` (list), ``vs_raw_per_repeat`` (frame / raw of the same repeat),
     ``vs_raw`` (their median: robust to load that comes and goes between repeats), and, with iperf3,
@@ -106,7 +107,7 @@ def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, s
         raw = memoryview(payload).cast("B")
         count = trial_count(size, bytes_per_trial)
         variants: dict[str, list[float]] = {v.name: [] for v in RAW_VARIANTS}
-        iperf3: dict[str, Any] = ({"bytes_per_s": [], "retransmits": []} if iperf3_host
+        iperf3: dict[str, Any] = ({"bytes_per_s": [], "retransmits": [], "figure": []} if iperf3_host
                                   else {"unavailable": "not asked for"})
         row: dict[str, Any] = {"size_bytes": size, "count_per_trial": count,
                                "frames": {c: {"bytes_per_s": [], "wire_nbytes": None, "sink_decode_s": []}
@@ -119,6 +120,7 @@ def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, s
                     result = run_client(iperf3_host, count * size, iperf3_port or IPERF3_PORT)
                     iperf3["bytes_per_s"].append(result["bytes_per_s"])
                     iperf3["retransmits"].append(result["retransmits"])
+                    iperf3["figure"].append(result["figure"])
                     iperf3["version"] = result["version"]
                 except Iperf3Error as exc:
                     iperf3 = {"unavailable": str(exc)}

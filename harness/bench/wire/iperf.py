@@ -64,11 +64,13 @@ def parse_result(text: str) -> dict[str, Any]:
 
     Returns:
         ``bytes`` (received), ``seconds`` (of the data phase), ``bytes_per_s`` (their quotient),
-        ``retransmits`` (the sender's, None when iperf3 does not report them) and ``version``.
+        ``figure`` (``receiver``; ``sender``, from ``end.sum_sent``, when iperf3 reports no received
+        bytes, as it does for transfers of a few MB), ``retransmits`` (the sender's, None when iperf3
+        does not report them) and ``version``.
 
     Raises:
-        Iperf3Error: not JSON, an ``error`` member (iperf3's own message), or no positive
-        ``end.sum_received`` bytes and seconds.
+        Iperf3Error: not JSON, an ``error`` member (iperf3's own message), or neither positive
+        ``end.sum_received`` nor ``end.sum_sent`` bytes and seconds.
     """
     try:
         doc = json.loads(text)
@@ -78,12 +80,18 @@ def parse_result(text: str) -> dict[str, Any]:
         raise Iperf3Error(f"iperf3 JSON is not an object: {text[:300]!r}")
     if doc.get("error"):
         raise Iperf3Error(f"iperf3: {doc['error']}")
-    received = doc.get("end", {}).get("sum_received", {})
-    nbytes, seconds = received.get("bytes"), received.get("seconds")
-    if not (isinstance(nbytes, (int, float)) and isinstance(seconds, (int, float)) and nbytes > 0 and seconds > 0):
-        raise Iperf3Error(f"iperf3 JSON has no received totals (end.sum_received = {received!r:.200})")
-    sent = doc.get("end", {}).get("sum_sent", {})
-    return {"bytes": int(nbytes), "seconds": float(seconds), "bytes_per_s": nbytes / seconds,
+    end = doc.get("end", {}) if isinstance(doc.get("end"), dict) else {}
+    sent = end.get("sum_sent", {}) if isinstance(end.get("sum_sent"), dict) else {}
+    figure = "receiver"
+    for side in ("sum_received", "sum_sent"):
+        totals = end.get(side, {}) if isinstance(end.get(side), dict) else {}
+        nbytes, seconds = totals.get("bytes"), totals.get("seconds")
+        if isinstance(nbytes, (int, float)) and isinstance(seconds, (int, float)) and nbytes > 0 and seconds > 0:
+            break
+        figure = "sender"  # a transfer of a few MB can end before the server's totals are in: iperf3 says 0
+    else:
+        raise Iperf3Error(f"iperf3 JSON has no received or sent totals (end = {end!r:.200})")
+    return {"bytes": int(nbytes), "seconds": float(seconds), "bytes_per_s": nbytes / seconds, "figure": figure,
             "retransmits": sent.get("retransmits"), "version": doc.get("start", {}).get("version")}
 
 
