@@ -37,10 +37,12 @@ no `bytes()` round trip between the socket and the arrays.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import socket
 import struct
+import termios
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -124,6 +126,7 @@ class Message:
     decode_s: float = 0.0
     payload_nbytes: int = 0  # encoded tensor bytes (what the codec produced)
     payload_recv_s: float = 0.0  # from the end of the header to the last payload byte
+    payload_queued_nbytes: int = 0  # payload bytes already in the socket's receive queue when its read began
 
     def tensor(self, name: str) -> np.ndarray:
         """The array of the tensor called `name`.
@@ -260,6 +263,7 @@ class FrameReader:
         self._prefix = bytearray(PREFIX_NBYTES)
         self._payload_buf = bytearray(0)
         self.last_payload_recv_s = 0.0
+        self.last_payload_queued_nbytes = 0
 
     def _recv_exact(self, view: memoryview, *, at_boundary: bool = False, deadline: float | None = None) -> None:
         pos, n = 0, view.nbytes
@@ -329,6 +333,7 @@ class FrameReader:
             payload = memoryview(self._payload_buf)[:payload_nbytes]
         else:
             payload = memoryview(bytearray(payload_nbytes))
+        self.last_payload_queued_nbytes = min(_queued_nbytes(self.sock), payload_nbytes)
         t0 = time.perf_counter()
         self._recv_exact(payload, deadline=deadline)
         self.last_payload_recv_s = time.perf_counter() - t0
@@ -345,6 +350,7 @@ class FrameReader:
         msg = decode_payload(header, payload, self.pool)
         msg.wire_nbytes = wire_nbytes
         msg.payload_recv_s = self.last_payload_recv_s
+        msg.payload_queued_nbytes = self.last_payload_queued_nbytes
         return msg
 
 
@@ -469,6 +475,17 @@ def decode_payload(header: dict[str, Any], payload: memoryview, pool: CodecPool 
         kind=header["kind"], meta=header.get("meta", {}), tensors=tensors, codec=header["codec"],
         raw_nbytes=header["raw_nbytes"], decode_s=time.perf_counter() - t0, payload_nbytes=payload.nbytes,
     )
+
+
+def _queued_nbytes(sock: socket.socket) -> int:
+    """Bytes waiting in `sock`'s receive queue (ioctl FIONREAD, SIOCINQ on TCP; Linux tcp(7)); 0 when the
+    socket cannot tell (not a kernel socket, or the call failed). One system call, no data read."""
+    try:
+        buf = bytearray(4)
+        fcntl.ioctl(sock.fileno(), termios.FIONREAD, buf)
+        return int.from_bytes(buf, "little", signed=True) if buf else 0
+    except (OSError, ValueError, AttributeError, TypeError):
+        return 0
 
 
 def _is_int(value: Any) -> bool:

@@ -266,3 +266,20 @@ def test_feedback_is_per_peer_and_bad_reports_are_ignored():
         assert server.uplink.bps is None and server.link_bps()[1] == "measured"
     finally:
         server.close()
+
+
+def test_payload_bytes_already_queued_do_not_count_for_the_report():
+    """The parameter server reads its 4th worker's gradient after the other three: most of it waited in
+    the socket's queue. Only what arrived during the read measures that worker's uplink."""
+    server = CompressionPolicy("network-aware")
+    try:
+        buffered = _Received(GRAD, 10e9)
+        buffered.payload_queued_nbytes = GRAD - 1000  # all but 1000 bytes were there: too few to measure
+        server.observe_received(buffered, peer="w4")
+        assert server.feedback_meta("w4") == {}
+        half = _Received(GRAD, 400e6)  # half of it queued: the other half came in the measured time
+        half.payload_queued_nbytes = GRAD // 2
+        server.observe_received(half, peer="w4")
+        assert server.feedback_meta("w4") == {FEEDBACK_META_KEY: pytest.approx(200e6, rel=1e-3)}
+    finally:
+        server.close()

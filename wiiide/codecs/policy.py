@@ -383,7 +383,11 @@ class CompressionPolicy:
         rx = self._rx_by_peer.get(peer)
         if rx is None:
             rx = self._rx_by_peer[peer] = LinkEstimate()
-        rx.observe(msg.payload_nbytes, msg.payload_recv_s)
+        # Only the bytes that arrived while this node read count for the report: a payload that waited
+        # in the socket's queue (the parameter server reading its 4th worker after the other 3) would
+        # report the speed of a memory copy, not of the peer's uplink.
+        queued = getattr(msg, "payload_queued_nbytes", 0) or 0
+        rx.observe(msg.payload_nbytes - min(queued, msg.payload_nbytes), msg.payload_recv_s)
         meta = getattr(msg, "meta", None)
         reported = meta.get(FEEDBACK_META_KEY) if isinstance(meta, dict) else None
         if reported is not None:
