@@ -1,7 +1,8 @@
 """iperf3 between the same two peers: the physical reference of the frames section.
 
 The sink starts ``iperf3 --server`` next to itself (`start_server`); the source runs one client per
-frames trial (`run_client`: ``iperf3 --client HOST --bytes N --json``) interleaved with the raw and
+frames trial (`run_client`: ``iperf3 --client HOST --bytes N --window 8M --json``, the frames'
+socket buffers) interleaved with the raw and
 frame trials, so every ratio compares figures taken side by side. The figure kept is the receiver's:
 ``end.sum_received`` ``bytes`` / ``seconds`` of iperf3's JSON (``-J``), never its text.
 
@@ -16,6 +17,8 @@ import shutil
 import subprocess
 import time
 from typing import Any
+
+from harness.bench.wire.channel import SOCKET_BUFFER_BYTES
 
 IPERF3 = "iperf3"
 IPERF3_PORT = 29612  # next to bench-wire's own PORT
@@ -106,7 +109,9 @@ def run_client(host: str, nbytes: int, port: int = IPERF3_PORT) -> dict[str, Any
     path = iperf3_path()
     if path is None:
         raise Iperf3Error("iperf3 is not installed (Debian: apt-get install iperf3; the node image has it)")
-    argv = [path, "--client", host, "--port", str(port), "--bytes", str(nbytes), "--json"]
+    # the same socket buffers as the raw loops and the frames (channel.SOCKET_BUFFER_BYTES, 8 MiB)
+    argv = [path, "--client", host, "--port", str(port), "--bytes", str(nbytes), "--window",
+            str(SOCKET_BUFFER_BYTES), "--json"]
     for attempt in range(CONNECT_RETRIES):
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S)
