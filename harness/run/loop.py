@@ -109,13 +109,14 @@ def _wait_for_exit(backend: Backend, cfg: RunConfig, timeout_s: float, progress:
     next_note_s = NOTE_INTERVAL_S
     while True:
         states = backend.poll()
-        if all(state in ("exited", "dead") for state in states.values()):
-            return "ok", None
         now_s = clock.elapsed_s()
+        # first: a rank that died takes the others down within a poll; its exit is the cause to name
         verdict = watchdog.check(states, now_s) if watchdog is not None else None
         if verdict:
             progress(f"    {verdict}")
             return "failed", verdict
+        if all(state in ("exited", "dead") for state in states.values()):
+            return "ok", None
         if now_s > timeout_s:
             return "failed", f"timed out after {timeout_s:.0f} s; nodes still running were stopped"
         if now_s >= next_note_s:

@@ -97,8 +97,6 @@ class RankWatchdog:
             return None
         self._read_progress(now_s)
         running = [n for n, s in states.items() if s not in ("exited", "dead")]
-        if not running:
-            return None  # everyone is done: judging the exit codes is `judge`'s
         if self.exit_code is not None:
             failed = {name: code for name in sorted(states) if states[name] in ("exited", "dead")
                       and (code := self.exit_code(name)) not in (None, 0)}
@@ -107,9 +105,10 @@ class RankWatchdog:
                 name = next((n for n, c in failed.items() if c != EXIT_PEER_LOST), next(iter(failed)))
                 by_fault = " (a fault injection stopped it)" if node_key(name) in self.expected_dead() else ""
                 others = "".join(f"; {self._rank_of(n)} exited with code {c}" for n, c in failed.items() if n != name)
-                return (f"{self._rank_of(name)} exited with code {failed[name]}{by_fault} while "
-                        f"{len(running)} other node(s) still ran: a DDP/FSDP run needs every rank{others}")
-        if self.stall_timeout_s <= 0 or not self._seen:
+                still = f" while {len(running)} other node(s) still ran" if running else ""
+                return (f"{self._rank_of(name)} exited with code {failed[name]}{by_fault}{still}: "
+                        f"a DDP/FSDP run needs every rank{others}")
+        if not running or self.stall_timeout_s <= 0 or not self._seen:
             return None
         live = {f: self._records[f] for f in self._seen if self._records[f].get("phase") in STALLABLE_PHASES}
         if not live:

@@ -88,6 +88,9 @@ def test_a_rank_that_exits_with_an_error_fails_the_run_at_once_naming_it(tmp_pat
     states = {"coordinator": "running", "worker-1": "exited", "worker-2": "exited"}
     verdict = dog.check(states, 1.0)
     assert verdict.startswith("rank 2 (worker-2) exited with code -9 while 1 other node(s) still ran")
+    # every rank gone within one poll: the cause is still the one that did not exit for a lost peer
+    gone = {"coordinator": "exited", "worker-1": "exited", "worker-2": "exited"}
+    assert dog.check(gone, 1.0).startswith("rank 2 (worker-2) exited with code -9: a DDP/FSDP run needs every rank")
     assert f"rank 1 (worker-1) exited with code {EXIT_PEER_LOST}" in verdict
     # a clean exit of one rank (the others still finishing) is no failure
     assert RankWatchdog("ddp", tmp_path, 60, exit_code={"worker-2": 0}.get).check(
@@ -105,7 +108,7 @@ def test_the_wiiide_engine_and_finished_runs_are_left_alone(tmp_path):
     assert RankWatchdog("wiiide", tmp_path, 1, exit_code={"worker-2": -9}.get).check(
         {**RUNNING, "worker-2": "exited"}, 1000.0) is None
     done = {n: "exited" for n in RUNNING}
-    assert RankWatchdog("ddp", tmp_path, 1, exit_code={"worker-2": -9}.get).check(done, 1000.0) is None
+    assert RankWatchdog("ddp", tmp_path, 1, exit_code={n: 0 for n in RUNNING}.get).check(done, 1000.0) is None
     assert RankWatchdog("ddp", tmp_path, 0).check(RUNNING, 1e6) is None  # 0: the stall rule is off
 
 
