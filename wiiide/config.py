@@ -181,7 +181,7 @@ class RunConfig(BaseSettings):
     """Every knob of one WIIIIIDE run. Units are in the field names; immutable once built.
 
     Defaults follow the seeds' "current implementation": 8 MiB socket buffers, TCP_NODELAY and
-    TCP_QUICKACK on, 256 KiB receive chunks, 30 s runs, `normal` logging.
+    TCP_QUICKACK on, receive calls of up to 64 MiB, 30 s runs, `normal` logging.
 
     ``RunConfig(**fields)`` takes only its arguments (the environment is read by `from_env` alone, so
     the harness never builds a node's config from its own ``WIIIIIDE_*`` shell variables).
@@ -319,7 +319,8 @@ class RunConfig(BaseSettings):
     tcp_nodelay: Bool = _field(True, "a boolean", "TCP_NODELAY on every connection")
     tcp_quickack: Bool = _field(True, "a boolean", "TCP_QUICKACK re-armed after every received frame")
     keepalive: Bool = _field(True, "a boolean", "SO_KEEPALIVE on every connection")
-    recv_chunk_bytes: SizeBytes = _field(256 * 1024, "1 KiB..256 MiB", "the most one recv_into asks for",
+    # 64 MiB (wiiide.protocol.DEFAULT_RECV_CHUNK_BYTES), not seed 001's 256 KiB: see bench-wire in the README
+    recv_chunk_bytes: SizeBytes = _field(64 * MIB, "1 KiB..256 MiB", "the most one recv_into asks for",
                                          ge=1024, le=256 * MIB)
     max_frame_bytes: SizeBytes = _field(1024 * MIB, "64 KiB..8 GiB",
                                         "largest frame (and decoded tensor bytes) accepted",
@@ -368,6 +369,10 @@ class RunConfig(BaseSettings):
                                  gt=0.0, le=MAX_TIMEOUT_S)
     heartbeat_interval_s: Float = _field(1.0, "> 0 and below io_timeout_s",
                                          "a connection idle this long gets a heartbeat frame", gt=0.0)
+    stall_timeout_s: Float = _field(60.0, f"0 (off) or 0 < x <= {MAX_TIMEOUT_S:g} seconds",
+                                    "harness, ddp/fsdp: the run fails when no rank wrote progress for this long "
+                                    "(a stalled collective) instead of waiting out its timeout; 0: off",
+                                    ge=0.0, le=MAX_TIMEOUT_S)
 
     # --- checkpoints and recovery (wiiide.checkpoint; off while both intervals are 0) ------------
     checkpoint_every_steps: Int = _field(0, ">= 0 (0: not by steps)",

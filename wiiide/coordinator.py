@@ -470,7 +470,7 @@ class Coordinator:
             for w in live:
                 idx = sampler.next_indices()
                 batch = [WireTensor("x", data.x_train[idx]), WireTensor("y", data.y_train[idx])]
-                batch_frame = self.policy.encode("batch", {"step": step}, batch)
+                batch_frame = self.policy.encode("batch", {"step": step, **self.policy.feedback_meta(w.node_id)}, batch)
                 try:
                     frame = params_frame if sparse is None else sparse.params_frame(
                         w.conn, step, flat.params, flat.grads, cfg.learning_rate, params_frame)
@@ -488,7 +488,7 @@ class Coordinator:
                     continue
                 try:
                     msg = w.conn.receive(["gradients"])
-                    self.policy.observe_received(msg)
+                    self.policy.observe_received(msg, w.node_id)
                     if msg.meta.get("step") != step:
                         raise ProtocolError(f"gradients for step {msg.meta.get('step')!r}, expected {step}")
                     grad = msg.tensor("grad") if sparse is None else None

@@ -28,19 +28,23 @@ Anything malformed raises `ProtocolError`; callers close that connection.
 
 A frame leaves in one `socket.sendmsg` call (scatter-gather: prefix, header and the tensors' own
 buffers, no concatenation copy when uncompressed) and is received with `recv_into` into one buffer
-per frame (or one buffer reused for every frame, `reuse_buffers`), in chunks of `recv_chunk_bytes`
-(seed 001: 256 KiB). Decoded tensors are numpy views of that buffer when uncompressed: no copy and
+per frame (or one buffer reused for every frame, `reuse_buffers`), each `recv_into` asking for all
+that is left of the frame part up to `recv_chunk_bytes` (`DEFAULT_RECV_CHUNK_BYTES`, 64 MiB: seed 001's
+256 KiB chunks cost a 16 MiB frame about half its throughput between two containers, bench-wire's
+``chunk`` raw variant against ``whole``; asking for more allocates nothing, the kernel returns what it has). Decoded tensors are numpy views of that buffer when uncompressed: no copy and
 no `bytes()` round trip between the socket and the arrays. A TLS socket (`wiiide.tls`) has no
 `sendmsg`: there each large buffer goes out with `sendall` and the small ones are joined.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import socket
 import ssl
 import struct
+import termios
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -57,6 +61,7 @@ PROTOCOL_VERSION = 1
 PREFIX = struct.Struct("!2sBBIQ")
 PREFIX_NBYTES = PREFIX.size  # 16
 MAX_HEADER_BYTES = 256 * 1024
+DEFAULT_RECV_CHUNK_BYTES = 64 * 1024 * 1024  # the most one recv_into asks for (see the module's docstring)
 MAX_TENSOR_RANK = 8
 MAX_TENSORS = 4096
 MAX_NAME_CHARS = 256
@@ -123,6 +128,7 @@ class Message:
     decode_s: float = 0.0
     payload_nbytes: int = 0  # encoded tensor bytes (what the codec produced)
     payload_recv_s: float = 0.0  # from the end of the header to the last payload byte
+    payload_queued_nbytes: int = 0  # payload bytes already in the socket's receive queue when its read began
 
     def tensor(self, name: str) -> np.ndarray:
         """The array of the tensor called `name`.
@@ -258,7 +264,8 @@ class FrameReader:
     Args:
         sock: a connected, blocking socket (a timeout may be set on it).
         max_frame_bytes: largest header + payload accepted; also the largest decoded tensor bytes.
-        recv_chunk_bytes: the most one `recv_into` call asks for (seeds: 256 KiB).
+        recv_chunk_bytes: the most one `recv_into` call asks for (`DEFAULT_RECV_CHUNK_BYTES`, 64 MiB; seed
+            001 had 256 KiB, measured slower by bench-wire).
         quickack: re-arm TCP_QUICKACK after each frame (Linux clears it after use).
         reuse_buffers: receive every payload into one buffer kept by the reader (grown as needed)
             instead of a new one per frame. Saves the allocation and page faults of a fresh buffer
@@ -269,7 +276,7 @@ class FrameReader:
             policy's `pool`); None: chunks are decoded one after the other in the calling thread.
     """
 
-    def __init__(self, sock: socket.socket, max_frame_bytes: int, recv_chunk_bytes: int = 256 * 1024,
+    def __init__(self, sock: socket.socket, max_frame_bytes: int, recv_chunk_bytes: int = DEFAULT_RECV_CHUNK_BYTES,
                  quickack: bool = False, reuse_buffers: bool = False, pool: CodecPool | None = None) -> None:
         self.sock = sock
         self.pool = pool
@@ -280,6 +287,7 @@ class FrameReader:
         self._prefix = bytearray(PREFIX_NBYTES)
         self._payload_buf = bytearray(0)
         self.last_payload_recv_s = 0.0
+        self.last_payload_queued_nbytes = 0
 
     def _recv_exact(self, view: memoryview, *, at_boundary: bool = False, deadline: float | None = None) -> None:
         pos, n = 0, view.nbytes
@@ -349,6 +357,7 @@ class FrameReader:
             payload = memoryview(self._payload_buf)[:payload_nbytes]
         else:
             payload = memoryview(bytearray(payload_nbytes))
+        self.last_payload_queued_nbytes = min(_queued_nbytes(self.sock), payload_nbytes)
         t0 = time.perf_counter()
         self._recv_exact(payload, deadline=deadline)
         self.last_payload_recv_s = time.perf_counter() - t0
@@ -365,6 +374,7 @@ class FrameReader:
         msg = decode_payload(header, payload, self.pool)
         msg.wire_nbytes = wire_nbytes
         msg.payload_recv_s = self.last_payload_recv_s
+        msg.payload_queued_nbytes = self.last_payload_queued_nbytes
         return msg
 
 
@@ -489,6 +499,17 @@ def decode_payload(header: dict[str, Any], payload: memoryview, pool: CodecPool 
         kind=header["kind"], meta=header.get("meta", {}), tensors=tensors, codec=header["codec"],
         raw_nbytes=header["raw_nbytes"], decode_s=time.perf_counter() - t0, payload_nbytes=payload.nbytes,
     )
+
+
+def _queued_nbytes(sock: socket.socket) -> int:
+    """Bytes waiting in `sock`'s receive queue (ioctl FIONREAD, SIOCINQ on TCP; Linux tcp(7)); 0 when the
+    socket cannot tell (not a kernel socket, or the call failed). One system call, no data read."""
+    try:
+        buf = bytearray(4)
+        fcntl.ioctl(sock.fileno(), termios.FIONREAD, buf)
+        return int.from_bytes(buf, "little", signed=True) if buf else 0
+    except (OSError, ValueError, AttributeError, TypeError):
+        return 0
 
 
 def _is_int(value: Any) -> bool:

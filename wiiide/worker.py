@@ -254,7 +254,8 @@ class Worker:
             except (RuntimeError, IndexError, ValueError) as exc:
                 raise ProtocolError(f"batch does not fit the model: {exc}") from None
             metrics.compute_time_s += time.perf_counter() - t0
-            meta = {"step": step, "loss": loss_value, "samples": int(x.shape[0])}
+            meta = {"step": step, "loss": loss_value, "samples": int(x.shape[0]),
+                    **self.policy.feedback_meta()}
             frame = (self.policy.encode("gradients", meta, [to_wire(*update)]) if sparse is None
                      else sparse.gradients_frame(meta, flat.grads))
             conn.send([frame])

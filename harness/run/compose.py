@@ -404,6 +404,17 @@ class ComposeBackend:
                     states[name] = "exited"
         return states
 
+    def exit_code(self, name: str) -> int | None:
+        """Container `name`'s exit code once it has exited; None while it runs, or when it cannot be read."""
+        for c in self._containers:
+            if c.name == name:
+                try:
+                    c.reload()
+                except Exception:  # gone or the engine busy: unknown, the next poll asks again
+                    return None
+                return c.attrs["State"]["ExitCode"] if c.status in ("exited", "dead") else None
+        return None
+
     def stop(self) -> None:
         """Stop reading link counters and container stats."""
         if self._conditions is not None:

@@ -49,7 +49,7 @@ DEFAULT_BASE = "python:3.11-slim"
 LOCAL_BASE = "wiiide-base:bookworm"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = os.environ.get("WIIIIIDE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-DEBOOTSTRAP_PACKAGES = "python3,python3-venv,iproute2,ca-certificates"
+DEBOOTSTRAP_PACKAGES = "python3,python3-venv,iproute2,iperf3,ca-certificates"
 # The image's Python must match the wheels: bookworm's python3 and python:3.11-slim are both 3.11.
 IMAGE_PYTHON = (3, 11)
 
@@ -266,7 +266,7 @@ def _remove_rootfs(log: Log) -> None:
 
 
 def build_local_base(force: bool = False, log: Log = print) -> str:
-    """Makes LOCAL_BASE (Debian bookworm minbase + python3, venv, iproute2) without any registry."""
+    """Makes LOCAL_BASE (Debian bookworm minbase + python3, venv, iproute2, iperf3) without any registry."""
     client = docker_client()
     if not force and _image_exists(client, LOCAL_BASE):
         log(f"[image] local base {LOCAL_BASE} exists")

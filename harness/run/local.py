@@ -161,6 +161,11 @@ class LocalBackend:
         """Each process: ``running`` or ``exited``."""
         return {name: "running" if proc.poll() is None else "exited" for name, proc in self._procs.items()}
 
+    def exit_code(self, name: str) -> int | None:
+        """Node `name`'s exit code now (negative: killed by that signal); None while it runs or if unknown."""
+        proc = self._procs.get(name)
+        return None if proc is None else proc.poll()
+
     def stop(self) -> None:
         """Stop sampling, then every node still running (SIGTERM to its process group, SIGKILL after
         `STOP_GRACE_S` seconds)."""

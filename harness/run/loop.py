@@ -23,6 +23,7 @@ from harness.run.backend import (
     judge,
 )
 from harness.run.faults import FaultInjector
+from harness.run.watchdog import RankWatchdog
 from harness.spec.cluster import ClusterSettings
 from harness.spec.faults import Fault
 from wiiide.config import RunConfig
@@ -70,8 +71,10 @@ def run_point(backend: Backend, cfg: RunConfig, out_dir: Path, timeout_s: float 
         controller = backend.start(cfg, out_dir, cluster or ClusterSettings(), progress, clock)
         injector = FaultInjector(list(faults), controller, nodes_dir,
                                  wait_s=cfg.connect_timeout_s + FAULT_WAIT_MARGIN_S).start()
+        watchdog = RankWatchdog(cfg.engine, nodes_dir, cfg.stall_timeout_s, getattr(backend, "exit_code", None),
+                                expected_dead=lambda: frozenset(injector.affected) if injector else frozenset())
         with clock.phase("run"):
-            status, error = _wait_for_exit(backend, cfg, timeout_s, progress, clock)
+            status, error = _wait_for_exit(backend, cfg, timeout_s, progress, clock, watchdog)
     except (ClusterError, LinkShapingError) as exc:
         status, error = "failed", str(exc)
     finally:
@@ -99,15 +102,21 @@ def run_point(backend: Backend, cfg: RunConfig, out_dir: Path, timeout_s: float 
 
 
 def _wait_for_exit(backend: Backend, cfg: RunConfig, timeout_s: float, progress: Progress,
-                   clock: PhaseClock) -> tuple[str, str | None]:
-    """Poll `backend` every `POLL_INTERVAL_S` until no node runs (``ok``) or `timeout_s` seconds have
-    passed since `clock` started (``failed`` with the reason); a progress line every 10 s."""
+                   clock: PhaseClock, watchdog: RankWatchdog | None = None) -> tuple[str, str | None]:
+    """Poll `backend` every `POLL_INTERVAL_S` until no node runs (``ok``), `watchdog` reports a dead or
+    stalled rank, or `timeout_s` seconds have passed since `clock` started (``failed`` with the reason);
+    a progress line every 10 s."""
     next_note_s = NOTE_INTERVAL_S
     while True:
         states = backend.poll()
+        now_s = clock.elapsed_s()
+        # first: a rank that died takes the others down within a poll; its exit is the cause to name
+        verdict = watchdog.check(states, now_s) if watchdog is not None else None
+        if verdict:
+            progress(f"    {verdict}")
+            return "failed", verdict
         if all(state in ("exited", "dead") for state in states.values()):
             return "ok", None
-        now_s = clock.elapsed_s()
         if now_s > timeout_s:
             return "failed", f"timed out after {timeout_s:.0f} s; nodes still running were stopped"
         if now_s >= next_note_s:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
+import statistics
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from harness import REPO_ROOT
 from harness.bench.wire.codec_table import codec_table
@@ -59,6 +62,17 @@ def test_bench_wire_tiny_local_run_writes_the_report(tmp_path):
     for r in frames:
         size = r["size_bytes"]
         assert len(r["raw_bytes_per_s"]) == 2 and min(r["raw_bytes_per_s"]) > 0
+        # every raw loop was measured; the reference is the fastest by median, with its own figures
+        assert set(r["raw_variants"]) == {"sendall/whole", "sendmsg/whole", "sendall/chunk", "sendall/scratch"}
+        medians = {k: v["bytes_per_s_median"] for k, v in r["raw_variants"].items()}
+        assert r["raw_variant"] == max(medians, key=medians.get)
+        assert r["raw_bytes_per_s"] == r["raw_variants"][r["raw_variant"]]["bytes_per_s"]
+        if shutil.which("iperf3"):  # the physical reference, from iperf3's JSON
+            assert len(r["iperf3"]["bytes_per_s"]) == 2 and r["iperf3"]["version"].startswith("iperf 3")
+            assert r["frames"]["none"]["vs_iperf3"] == pytest.approx(statistics.median(
+                f / i for f, i in zip(r["frames"]["none"]["bytes_per_s"], r["iperf3"]["bytes_per_s"])))
+        else:
+            assert "iperf3 is not installed" in r["iperf3"]["unavailable"]
         assert set(r["frames"]) == {"none", "zstd-1", "int8"}
         for entry in r["frames"].values():
             assert len(entry["bytes_per_s"]) == len(entry["vs_raw_per_repeat"]) == len(entry["sink_decode_s"]) == 2

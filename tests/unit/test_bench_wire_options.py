@@ -59,7 +59,7 @@ def test_plan_from_the_command_line():
     assert plan.recv_chunk_bytes == 4 * 1024 * 1024 and plan.bytes_per_trial == 2 * 1024 * 1024
     assert plan.repeats == 3 and plan.small is True
     default = plan_from_args(_args())
-    assert default == WirePlan() and default.recv_chunk_bytes == 256 * 1024
+    assert default == WirePlan() and default.recv_chunk_bytes == 64 * 1024 * 1024  # the nodes' default
 
 
 @pytest.mark.parametrize("argv, starts", [
@@ -170,3 +170,29 @@ def test_the_peer_loads_without_the_host_only_packages():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "--role {sink,source}" in out.stdout
+
+
+def test_iperf3_json_is_parsed_and_its_errors_named():
+    import json
+
+    from harness.bench.wire.iperf import Iperf3Error, parse_result
+
+    doc = {"start": {"version": "iperf 3.12"},
+           "end": {"sum_sent": {"bytes": 1_000_000, "seconds": 0.5, "retransmits": 3},
+                   "sum_received": {"bytes": 1_000_000, "seconds": 0.25}}}
+    assert parse_result(json.dumps(doc)) == {"bytes": 1_000_000, "seconds": 0.25, "bytes_per_s": 4_000_000.0,
+                                             "figure": "receiver", "retransmits": 3, "version": "iperf 3.12"}
+    doc["end"]["sum_received"] = {"bytes": 0, "seconds": 0.001}  # a short transfer: the server's totals not in
+    assert parse_result(json.dumps(doc))["figure"] == "sender"
+    assert parse_result(json.dumps(doc))["bytes_per_s"] == 2_000_000.0
+    for text, says in (("not json", "no JSON"), ('{"error": "unable to connect to server"}', "unable to connect"),
+                       ('{"end": {}}', "no received or sent totals"), ("[1]", "not an object")):
+        with pytest.raises(Iperf3Error, match=says):
+            parse_result(text)
+
+
+def test_sections_and_frame_codecs_options():
+    plan = plan_from_args(_args("--sections", "frames", "--frame-codecs", "none,int8"))
+    assert plan.sections == ("frames",) and plan.frame_codecs == ("none", "int8")
+    with pytest.raises(SpecError, match="--sections"):
+        plan_from_args(_args("--sections", "frames,nonsense"))

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from wiiide.codecs.policy import (
+    FEEDBACK_META_KEY,
     CompressionPolicy,
     LinkEstimate,
     check_policy_name,
@@ -218,3 +219,67 @@ def test_one_slow_sample_does_not_change_a_codecs_speed():
     for _ in range(5):  # but a codec that really got slower is seen as slower once its fast samples age out
         p.observe("gradients", "shuffle-zstd", GRAD, int(GRAD / 1.18), 0.050, 0.001)
     assert p.estimate_s("gradients", "shuffle-zstd", GRAD) > before + 0.04
+
+
+class _Received:
+    """What `CompressionPolicy.observe_received` reads of a `wiiide.protocol.Message`."""
+
+    def __init__(self, payload_nbytes: int, rate_bps: float, meta: dict | None = None) -> None:
+        self.payload_nbytes, self.payload_recv_s = payload_nbytes, 8 * payload_nbytes / rate_bps
+        self.meta = meta or {}
+
+
+def test_the_uplink_a_receiver_reports_beats_the_symmetric_assumption():
+    """A parameter server reads gradients at 10 Gbit/s (buffered, or a fast downlink) but its own
+    messages reach the worker at 50 Mbit/s: the worker's report decides, not the symmetric guess."""
+    server, worker = synthetic_policy(0), CompressionPolicy("network-aware")
+    try:
+        assert worker.feedback_meta() == {}  # nothing received yet: nothing to report
+        for _ in range(4):
+            worker.observe_received(_Received(GRAD, 50e6))  # the server's params, as they arrived
+        report = worker.feedback_meta()
+        assert report == {FEEDBACK_META_KEY: pytest.approx(50e6, rel=1e-6)}
+        server.observe_received(_Received(GRAD, 10e9))
+        assert server.link_bps() == (pytest.approx(10e9), "measured")
+        assert server.choose("gradients", GRAD).name == "none"  # the symmetric guess: a fast link
+        for _ in range(3):
+            server.observe_received(_Received(GRAD, 10e9, meta={"step": 1, **report}), peer="w1")
+        assert server.link_bps() == (pytest.approx(50e6), "reported")
+        assert server.record["uplink_bps_reported"] == pytest.approx(50e6)
+        assert server.choose("gradients", GRAD).name == "shuffle-zstd"  # the real uplink is slow
+    finally:
+        server.close()
+        worker.close()
+
+
+def test_feedback_is_per_peer_and_bad_reports_are_ignored():
+    server = CompressionPolicy("network-aware")
+    try:
+        server.observe_received(_Received(GRAD, 100e6), peer="w1")
+        server.observe_received(_Received(GRAD, 400e6), peer="w2")
+        server.observe_received(_Received(1000, 1e6), peer="w3")  # too small to measure a rate
+        assert server.feedback_meta("w1") == {FEEDBACK_META_KEY: pytest.approx(100e6, rel=1e-6)}
+        assert server.feedback_meta("w2") == {FEEDBACK_META_KEY: pytest.approx(400e6, rel=1e-6)}
+        assert server.feedback_meta("w3") == server.feedback_meta("nobody") == {}
+        for bad in ("fast", -5, 0, True, float("inf"), float("nan"), [1e6], None):
+            server.observe_received(_Received(GRAD, 200e6, meta={FEEDBACK_META_KEY: bad}), peer="w1")
+        assert server.uplink.bps is None and server.link_bps()[1] == "measured"
+    finally:
+        server.close()
+
+
+def test_payload_bytes_already_queued_do_not_count_for_the_report():
+    """The parameter server reads its 4th worker's gradient after the other three: most of it waited in
+    the socket's queue. Only what arrived during the read measures that worker's uplink."""
+    server = CompressionPolicy("network-aware")
+    try:
+        buffered = _Received(GRAD, 10e9)
+        buffered.payload_queued_nbytes = GRAD - 1000  # all but 1000 bytes were there: too few to measure
+        server.observe_received(buffered, peer="w4")
+        assert server.feedback_meta("w4") == {}
+        half = _Received(GRAD, 400e6)  # half of it queued: the other half came in the measured time
+        half.payload_queued_nbytes = GRAD // 2
+        server.observe_received(half, peer="w4")
+        assert server.feedback_meta("w4") == {FEEDBACK_META_KEY: pytest.approx(200e6, rel=1e-3)}
+    finally:
+        server.close()

@@ -20,7 +20,7 @@ def test_defaults_are_valid_and_as_documented():
     cfg = RunConfig()
     assert cfg == default_config()
     assert cfg.sndbuf_bytes == cfg.rcvbuf_bytes == 8 * MIB
-    assert cfg.recv_chunk_bytes == 256 * 1024
+    assert cfg.recv_chunk_bytes == 64 * 1024 * 1024
     assert cfg.tcp_nodelay is True and cfg.tcp_quickack is True
     assert cfg.compression == "none" and cfg.log_tier == "normal"
     assert cfg.hidden_sizes == (64,)
@@ -168,7 +168,7 @@ BAD_VALUES = [
     ("debug_step_sleep_s", -1.0), ("debug_sleep_worker_rank", -1),
     ("mixed_precision", "fp8"), ("mixed_precision", "bf16"),  # bf16: needs engine ddp or fsdp
     ("profile", True),  # needs engine ddp or fsdp
-    ("heartbeat_interval_s", 0.0), ("heartbeat_interval_s", 10.0),  # not below io_timeout_s (10 s)
+    ("heartbeat_interval_s", 0.0), ("heartbeat_interval_s", 10.0), ("stall_timeout_s", -1.0), ("stall_timeout_s", 1e9),  # not below io_timeout_s (10 s)
     ("handshake_timeout_s", 0.0), ("handshake_timeout_s", 301.0), ("max_handshakes", 0), ("max_handshakes", 1025),
     ("eval_every_s", -1.0), ("eval_every_s", float("nan")), ("target_accuracy", 1.5),
     ("target_accuracy", 0.9), ("target_loss", -1.0), ("target_loss", 2.0),  # 0.9, 2.0: need eval_every_s

@@ -501,3 +501,18 @@ def test_parse_header_returns_validated_header():
     assert protocol.parse_header(json.dumps(hdr).encode(), 1024) == hdr
     with pytest.raises(ProtocolError, match="raw_nbytes"):
         protocol.parse_header(json.dumps(hdr).encode(), 16)
+
+
+def test_the_reader_says_how_much_of_a_payload_was_already_queued():
+    """A frame sent whole before the read starts: its payload was all in the receive queue (FIONREAD)."""
+    import socket as _socket
+
+    a, b = _socket.socketpair()
+    try:
+        payload = np.arange(4096, dtype=np.float32)
+        send_frames(a, [encode_message("gradients", {}, [WireTensor("grad", payload)])])
+        msg = FrameReader(b, max_frame_bytes=1 << 20).read_message()
+        assert msg.payload_queued_nbytes == payload.nbytes == msg.payload_nbytes
+    finally:
+        a.close()
+        b.close()

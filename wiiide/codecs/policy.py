@@ -17,7 +17,13 @@ Policy names (the config's ``compression``):
 
   the ratio (a moving average, weight `ema_alpha`) and the speeds are measured on this node's own
   messages, per message kind and codec; `link_bps` is the config's ``link_bandwidth_bps`` or, when that is
-  0, measured online (see `LinkEstimate`). Every candidate is tried `FIRST_TRIES` times first; then, every
+  0, this node's own uplink as its peers measured it: every receiver measures the rate at which each
+  message it reads arrived (payload bytes over the time from the end of its header to its last byte)
+  and reports it in the meta of its next message to that sender (`FEEDBACK_META_KEY`,
+  `CompressionPolicy.feedback_meta`); the sender folds the reports into `uplink`
+  (`CompressionPolicy.observe_received`). Until a report arrives, the rate this node measured on
+  what it received stands in (the symmetric-link assumption, wrong by 4x at a parameter server that
+  sends to N workers through one uplink; see `LinkEstimate`). Every candidate is tried `FIRST_TRIES` times first; then, every
   `probe_every`-th message of a kind, the candidate tried longest ago among those estimated within
   `PROBE_WITHIN` of the best (or measured only once) is probed, so estimates follow changes.
   Speeds are the fastest of the last `SPEED_WINDOW` samples (load on a shared machine only slows a
@@ -60,6 +66,7 @@ FIRST_TRIES = 2  # network-aware tries every candidate twice before choosing
 SPEED_WINDOW = 5  # a codec's speed: the fastest of its last 5 samples
 PROBE_WITHIN = 1.5  # probe only codecs estimated at most 1.5x the best
 PROBE_BACKOFF_MAX = 16  # the probe interval doubles up to 16 x probe_every while the best stays the same
+FEEDBACK_META_KEY = "rx_bps"  # in a message's meta: the rate (bit/s) its sender's messages arrived at here
 
 
 def parse_policy_name(name: str) -> tuple[str, str | None]:
@@ -109,6 +116,11 @@ class LinkEstimate:
         if payload_nbytes >= self.min_bytes and seconds > 0:
             self.rates_bps.append(8.0 * payload_nbytes / seconds)
 
+    def observe_rate(self, bps: float) -> None:
+        """Count one rate in bit/s (a peer's report); ignored unless a finite number > 0."""
+        if isinstance(bps, (int, float)) and not isinstance(bps, bool) and 0 < bps < float("inf"):
+            self.rates_bps.append(float(bps))
+
     @property
     def bps(self) -> float | None:
         """The estimated link rate in bit/s (the `quantile` of recent rates), None before any sample."""
@@ -154,7 +166,9 @@ class CompressionPolicy:
         # The node hands this pool to its frame readers (`FrameReader(pool=policy.pool)`), so received
         # chunks are decoded on the same threads.
         self.pool = CodecPool(codec_threads, chunk_bytes)
-        self.link = LinkEstimate()
+        self.link = LinkEstimate()  # what arrives here (the symmetric stand-in for the uplink)
+        self.uplink = LinkEstimate()  # this node's uplink: the rates its peers reported (FEEDBACK_META_KEY)
+        self._rx_by_peer: dict[Any, LinkEstimate] = {}  # what arrived here from each peer, reported back to it
         self.gradient_messages = 0
         self._none = NoCodec()
         self._fixed: Codec | None = codec_from_name(codec_name) if self.mode == "fixed" else None
@@ -175,6 +189,7 @@ class CompressionPolicy:
             "policy": name, "mode": self.mode, "codec_threads": codec_threads, "chunk_bytes": self.pool.chunk_bytes,
             "allow_lossy": self.allow_lossy, "lossy_warmup_steps": lossy_warmup_steps,
             "link_bandwidth_bps_config": self.link_bandwidth_bps or None, "link_bandwidth_bps_measured": None,
+            "uplink_bps_reported": None,
             "choices": {}, "reasons": {}, "estimates": self._stats, "decisions": [],
         }
         if record is not None:
@@ -224,9 +239,14 @@ class CompressionPolicy:
         return self._choose_network_aware(kind, raw_nbytes, arrays)
 
     def link_bps(self) -> tuple[float, str]:
-        """(link bandwidth in bits/s, where it comes from: config, measured or assumed)."""
+        """(link bandwidth in bits/s, where it comes from: ``config``, ``reported`` (this node's uplink as
+        its peers measured it), ``measured`` (the rate of what arrived here: assumes a symmetric link) or
+        ``assumed``)."""
         if self.link_bandwidth_bps > 0:
             return self.link_bandwidth_bps, "config"
+        reported = self.uplink.bps
+        if reported:
+            return reported, "reported"
         measured = self.link.bps
         return (measured, "measured") if measured else (ASSUMED_LINK_BPS, "assumed")
 
@@ -352,10 +372,35 @@ class CompressionPolicy:
                     s[f"{key}_bytes_per_s"] = max(recent)
         s["samples"] += 1
 
-    def observe_received(self, msg: Message) -> None:
-        """Learn the link's rate from a received `wiiide.protocol.Message` (network-aware, no bandwidth set)."""
+    def observe_received(self, msg: Message, peer: Any = None) -> None:
+        """Learn from a received `wiiide.protocol.Message` of `peer` (any hashable naming the connection;
+        None for a node with one peer): the rate it arrived at (reported back by `feedback_meta`) and,
+        from its meta's `FEEDBACK_META_KEY`, the rate this node's own messages reached that peer.
+        A report that is not a finite positive number is ignored (the meta is the peer's to fill).
+        """
         self.link.observe(msg.payload_nbytes, msg.payload_recv_s)
         self.record["link_bandwidth_bps_measured"] = self.link.bps
+        rx = self._rx_by_peer.get(peer)
+        if rx is None:
+            rx = self._rx_by_peer[peer] = LinkEstimate()
+        # Only the bytes that arrived while this node read count for the report: a payload that waited
+        # in the socket's queue (the parameter server reading its 4th worker after the other 3) would
+        # report the speed of a memory copy, not of the peer's uplink.
+        queued = getattr(msg, "payload_queued_nbytes", 0) or 0
+        rx.observe(msg.payload_nbytes - min(queued, msg.payload_nbytes), msg.payload_recv_s)
+        meta = getattr(msg, "meta", None)
+        reported = meta.get(FEEDBACK_META_KEY) if isinstance(meta, dict) else None
+        if reported is not None:
+            self.uplink.observe_rate(reported)
+            self.record["uplink_bps_reported"] = self.uplink.bps
+
+    def feedback_meta(self, peer: Any = None) -> dict[str, float]:
+        """The meta entries to add to the next message to `peer`: ``{FEEDBACK_META_KEY: bit/s}``, the
+        rate (`LinkEstimate.bps` of the last payloads of at least 256 KiB) at which `peer`'s messages
+        arrived here; ``{}`` before any such payload arrived."""
+        rx = self._rx_by_peer.get(peer)
+        bps = rx.bps if rx is not None else None
+        return {FEEDBACK_META_KEY: round(bps)} if bps else {}
 
     def drop_residuals(self, stream: str, name: str) -> None:
         """Forget the error-feedback residual any of this policy's codecs keeps for tensor `name` of `stream`

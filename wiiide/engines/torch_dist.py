@@ -74,11 +74,13 @@ from wiiide.node import (
     touch,
     wait_for_start_gate,
 )
+from wiiide.progress import ProgressBeat
 from wiiide.workload import workload_record
 
 RANK_KEY = "wiiide/next_rank"
 STOP_CHECK_EVERY_STEPS = 10
 RSS_SAMPLE_EVERY_STEPS = 10
+TRAINING_MARKER = "coordinator.training"  # wiiide.coordinator's: written by rank 0 when the first step starts
 PROFILE_ACTIVE_STEPS = 5
 # ddp post_local_sgd: gradients are all-reduced at step 0 only (the models start equal anyway); local SGD and
 # the periodic parameter averaging start at step 1.
@@ -222,6 +224,7 @@ class TorchNode:
         self.metrics = NodeMetrics(role, cfg.node_id or socket.gethostname())
         self.metrics.rank = 0 if role == "coordinator" else None
         self.timer = IntervalTimer()
+        self.beat = ProgressBeat(cfg.metrics_dir, self.metrics.node_id, role)
 
     def run(self) -> int:
         """Run this rank to the end and write its metrics file; returns the exit code (`wiiide.node` EXIT_*)."""
@@ -239,7 +242,7 @@ class TorchNode:
                         "not_applied": {k: "gloo's own sockets" for k in NOT_APPLIED}})
         store = self._rendezvous()
         rank = claim_rank(store, self.role, cfg.num_workers)
-        m.rank = rank
+        m.rank = self.beat.rank = rank
         if rank == 0:  # the other ranks wait for rank 0 in init_process_group
             wait_for_start_gate(cfg, m, self.log)  # links shaped before any training traffic
         timeout = timedelta(seconds=max(cfg.connect_timeout_s, cfg.io_timeout_s))
@@ -248,6 +251,7 @@ class TorchNode:
         except (RuntimeError, ValueError) as exc:
             raise _failure(exc, f"rank {rank}: gloo process group of {self.world_size} did not form") from None
         m.event("joined", rank=rank, world_size=self.world_size)
+        self.beat.beat(0, "setup")  # from here on, the harness's watchdog expects progress
         self.log.info("rank %d of %d (%s)", rank, self.world_size, cfg.engine)
         try:
             self._train(rank)
@@ -392,6 +396,7 @@ class TorchNode:
         global_batch = cfg.num_workers * sampler.batch_size
         mine = rank_slices(global_batch, self.world_size)[rank]
         micro = rank_slices(mine.stop - mine.start, cfg.grad_accum_steps)
+        self.beat.beat(0, "setup")  # after the data set: the wrapper's collectives come next
         wrapped = self._wrap(model)
         optimizer = self._optimizer(model)
         bf16_autocast = cfg.mixed_precision == "bf16" and cfg.engine == "ddp"
@@ -421,6 +426,8 @@ class TorchNode:
                                   data) if rank == 0 else None
         fsdp_snapshots = cfg.engine == "fsdp" and cfg.eval_every_s > 0
         net0 = psutil.net_io_counters()
+        if rank == 0 and cfg.metrics_dir:  # as the WIIIIIDE coordinator: faults are timed from the first step
+            touch(str(Path(cfg.metrics_dir) / TRAINING_MARKER))
         start = time.perf_counter()
         if evaluator:
             evaluator.start(start)
@@ -458,6 +465,7 @@ class TorchNode:
             loss_sums.append(loss_sum)
             step += 1
             m.steps = step
+            self.beat.beat(step)
             if prof is not None:
                 prof.step()
             if step % RSS_SAMPLE_EVERY_STEPS == 0:
@@ -465,6 +473,7 @@ class TorchNode:
             self.log.step(step, "step %d: local loss %.4f, %.1f ms", step, loss_sum / (mine.stop - mine.start),
                           1000 * m.step_times_s[-1])
         m.train_time_s = time.perf_counter() - start
+        self.beat.beat(step, "finish")
         net1 = psutil.net_io_counters()
         if prof is not None:
             prof.stop()

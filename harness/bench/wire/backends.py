@@ -39,15 +39,16 @@ def run_local(plan: WirePlan, scratch: Path, progress: Callable[[str], None]) ->
     from harness import REPO_ROOT
     from harness.run.local import free_port
 
-    port = free_port()
+    port, iperf3_port = free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     sink_proc = subprocess.Popen([sys.executable, *peer_argv("sink", "--port", str(port), "--recv-chunk-bytes",
-                                                             str(plan.recv_chunk_bytes))],
+                                                             str(plan.recv_chunk_bytes),
+                                                             "--iperf3-port", str(iperf3_port))],
                                  cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True)
     try:
         sink_proc.stdout.readline()  # "listening"
         with connect("127.0.0.1", port, timeout_s=SINK_START_TIMEOUT_S) as sock:
-            result = source(sock, plan, progress)
+            result = source(sock, plan, progress, iperf3_host="127.0.0.1", iperf3_port=iperf3_port)
         sink_proc.wait(timeout=SINK_EXIT_TIMEOUT_S)
     finally:
         if sink_proc.poll() is None:

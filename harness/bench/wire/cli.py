@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Callable
 
 from harness.bench.wire.plan import (
+    DEFAULT_FRAME_CODECS,
     DEFAULT_LINK_RATES_BPS,
     DEFAULT_SIZES_BYTES,
+    SECTIONS,
     PlanError,
     WirePlan,
 )
@@ -63,13 +65,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                    "(default 64 KiB .. 64 MiB, x4)")
     p.add_argument("--link-rates", help="paced link rates in bit/s, SI, e.g. 100mbit,1gbit,0 (0: unpaced; default "
                                         "100mbit,200mbit,500mbit,1gbit,2.5gbit,0)")
+    p.add_argument("--frame-codecs", help="codecs of the frames section, e.g. none,int8 (default "
+                                          "none,lz4,zstd-1,shuffle-lz4,shuffle-zstd,fp16,int8)")
+    p.add_argument("--sections", help="which sections run, e.g. frames or frames,links (default frames,links,codecs)")
     p.add_argument("--repeats", type=int, default=5, help="interleaved repeats of every frame trial (default 5)")
     p.add_argument("--bytes-per-trial-mib", type=int, default=256, help="MiB per raw / uncompressed trial")
     p.add_argument("--link-messages", type=int, default=100, help="gradient round trips per policy and rate")
     p.add_argument("--codec-threads", type=int, default=1, help="codec threads for frames and links (default 1)")
     p.add_argument("--small", action="store_true", help="a small synthetic model (for tests)")
-    p.add_argument("--recv-chunk-bytes", default="256KiB",
-                   help="the receiver's recv_chunk_bytes for frames, IEC (default: the nodes' 256KiB)")
+    p.add_argument("--recv-chunk-bytes", default="64MiB",
+                   help="the receiver's recv_chunk_bytes for frames, IEC (default: the nodes' 64MiB)")
     p.add_argument("--results-dir", help="where bench-wire-<stamp>.json goes (default results/)")
 
 
@@ -83,8 +88,11 @@ def plan_from_args(args: argparse.Namespace) -> WirePlan:
         return WirePlan(
             sizes_bytes=tuple(parse_sizes(args.sizes)) if args.sizes else DEFAULT_SIZES_BYTES,
             link_rates_bps=tuple(parse_link_rates(args.link_rates)) if args.link_rates else DEFAULT_LINK_RATES_BPS,
+            frame_codecs=(tuple(split_list(args.frame_codecs, "--frame-codecs")) if args.frame_codecs
+                          else DEFAULT_FRAME_CODECS),
             repeats=args.repeats, bytes_per_trial=args.bytes_per_trial_mib * MIB, link_messages=args.link_messages,
             codec_threads=args.codec_threads, small=args.small,
+            sections=tuple(split_list(args.sections, "--sections")) if args.sections else SECTIONS,
             recv_chunk_bytes=parse_size_bytes(args.recv_chunk_bytes, "--recv-chunk-bytes"))
     except (UnitError, PlanError) as exc:
         raise SpecError(f"bench-wire: {exc}") from None

@@ -1,8 +1,12 @@
 """Section ``frames``: raw socket throughput against WIIIIIDE frame throughput, per frame size and codec.
 
-For each size, trials are interleaved (raw, then each codec, `repeats` times) so each ratio compares
-figures taken side by side. Throughput is payload (raw tensor) bytes delivered per second, counted from
-the first byte sent to the sink's acknowledgement of the last frame.
+For each size, trials are interleaved (every raw variant of `RAW_VARIANTS`, iperf3 when it is there,
+then each codec, `repeats` times) so each ratio compares figures taken side by side. Throughput is
+payload (raw tensor) bytes delivered per second, counted from the first byte sent to the sink's
+acknowledgement of the last frame (iperf3: its receiver's bytes over its data phase's seconds).
+
+The raw reference of a size is the raw variant with the highest median there (`raw.py` says what each
+variant does); the frames' ``vs_raw`` compares each repeat with that variant's figure of the same repeat.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from harness.bench.wire.channel import read_ack, send_control
+from harness.bench.wire.iperf import Iperf3Error, run_client
 from harness.bench.wire.payloads import payload_of
+from harness.bench.wire.raw import RAW_CHUNK_BYTES, RAW_VARIANTS, RawVariant, send_raw
 from wiiide.codecs import codec_from_name
 from wiiide.codecs.chunked import CodecPool
 from wiiide.protocol import FrameReader, WireTensor, encode_message, send_frames
@@ -24,16 +30,19 @@ from wiiide.units import MIB
 MIN_COUNT, MAX_COUNT = 2, 4096  # messages per trial
 
 
-def raw_trial(sock: socket.socket, reader: FrameReader, buf: memoryview, count: int) -> float:
-    """Seconds to move `count` x `buf` (bytes) with `sendall` and get the sink's ack.
+def raw_trial(sock: socket.socket, reader: FrameReader, buf: memoryview, count: int,
+              variant: RawVariant = RAW_VARIANTS[0], chunk_bytes: int = RAW_CHUNK_BYTES) -> float:
+    """Seconds to move `count` x `buf` (bytes) the `variant` way and get the sink's ack.
+
+    `chunk_bytes`: the sink's recv size of the ``chunk`` and ``scratch`` receivers (bytes).
 
     Raises:
         OSError, ConnectionError: the connection failed or the sink answered something else.
     """
-    send_control(sock, "trial", mode="raw", count=count, size=buf.nbytes)
+    send_control(sock, "trial", mode="raw", count=count, size=buf.nbytes, recv=variant.recv,
+                 chunk_bytes=chunk_bytes)
     t0 = time.perf_counter()
-    for _ in range(count):
-        sock.sendall(buf)
+    send_raw(sock, buf, count, variant.send)
     read_ack(reader)
     return time.perf_counter() - t0
 
@@ -64,30 +73,57 @@ def trial_count(size_bytes: int, bytes_per_trial: int) -> int:
     return max(MIN_COUNT, min(MAX_COUNT, bytes_per_trial // size_bytes))
 
 
+def _stats(values: list[float]) -> dict[str, Any]:
+    return {"bytes_per_s": values, "bytes_per_s_median": statistics.median(values)}
+
+
 def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, sizes_bytes: Sequence[int],
                    codecs: Sequence[str], repeats: int, bytes_per_trial: int, pool: CodecPool,
-                   progress: Callable[[str], None]) -> list[dict[str, Any]]:
-    """One row per size: raw and per-codec throughput of every repeat, and frame / raw ratios.
+                   progress: Callable[[str], None], chunk_bytes: int = RAW_CHUNK_BYTES,
+                   iperf3_host: str | None = None, iperf3_port: int | None = None) -> list[dict[str, Any]]:
+    """One row per size: every raw variant's, iperf3's and each codec's throughput of every repeat, and ratios.
 
-    Each row: ``size_bytes``, ``count_per_trial``, ``raw_bytes_per_s`` (list, one per repeat) and its
-    ``raw_bytes_per_s_median``, and ``frames[codec]`` with ``bytes_per_s`` (list), ``bytes_per_s_median``,
-    ``wire_nbytes`` (one frame on the wire), ``sink_decode_s`` (list), ``vs_raw_per_repeat`` (frame / raw
-    of the same repeat) and ``vs_raw`` (their median: robust to load that comes and goes between repeats).
-    Compressed codecs move a quarter of the uncompressed trial's messages (at least 2).
+    Each row: ``size_bytes``, ``count_per_trial``, ``raw_variants`` (variant name -> ``bytes_per_s``
+    list and ``bytes_per_s_median``), ``raw_variant`` (the fastest by median: the raw reference),
+    ``raw_bytes_per_s`` (its list, one per repeat) and ``raw_bytes_per_s_median``; ``iperf3``
+    (``bytes_per_s`` list and median, ``retransmits`` and ``figure`` lists, see `iperf.parse_result`, or
+    ``unavailable`` with the reason);
+    ``frames[codec]`` with ``bytes_per_s`` (list), ``bytes_per_s_median``, ``wire_nbytes`` (one frame
+    on the wire), ``sink_decode_s`` (list), ``vs_raw_per_repeat`` (frame / raw of the same repeat),
+    ``vs_raw`` (their median: robust to load that comes and goes between repeats), and, with iperf3,
+    ``vs_iperf3_per_repeat`` and ``vs_iperf3``. Compressed codecs move a quarter of the uncompressed
+    trial's messages (at least 2). `chunk_bytes` is the sink's recv size of the chunked raw receivers
+    (`RAW_CHUNK_BYTES`);
+    iperf3 runs against ``iperf3_host``:``iperf3_port`` (None: not measured).
 
     Raises:
         OSError, ConnectionError: the connection failed.
     """
+    from harness.bench.wire.iperf import IPERF3_PORT
+
     rows = []
     for size in sizes_bytes:
         payload = payload_of(size, grad)
         raw = memoryview(payload).cast("B")
         count = trial_count(size, bytes_per_trial)
-        row: dict[str, Any] = {"size_bytes": size, "count_per_trial": count, "raw_bytes_per_s": [],
+        variants: dict[str, list[float]] = {v.name: [] for v in RAW_VARIANTS}
+        iperf3: dict[str, Any] = ({"bytes_per_s": [], "retransmits": [], "figure": []} if iperf3_host
+                                  else {"unavailable": "not asked for"})
+        row: dict[str, Any] = {"size_bytes": size, "count_per_trial": count,
                                "frames": {c: {"bytes_per_s": [], "wire_nbytes": None, "sink_decode_s": []}
                                           for c in codecs}}
         for _ in range(repeats):
-            row["raw_bytes_per_s"].append(count * size / raw_trial(sock, reader, raw, count))
+            for variant in RAW_VARIANTS:
+                variants[variant.name].append(count * size / raw_trial(sock, reader, raw, count, variant, chunk_bytes))
+            if "unavailable" not in iperf3:
+                try:
+                    result = run_client(iperf3_host, count * size, iperf3_port or IPERF3_PORT)
+                    iperf3["bytes_per_s"].append(result["bytes_per_s"])
+                    iperf3["retransmits"].append(result["retransmits"])
+                    iperf3["figure"].append(result["figure"])
+                    iperf3["version"] = result["version"]
+                except Iperf3Error as exc:
+                    iperf3 = {"unavailable": str(exc)}
             for c in codecs:
                 n = count if c == "none" else max(MIN_COUNT, count // 4)
                 seconds, decode_s, wire_bytes = frame_trial(sock, reader, payload, n, c, pool)
@@ -95,13 +131,24 @@ def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, s
                 entry["bytes_per_s"].append(n * size / seconds)
                 entry["sink_decode_s"].append(decode_s)
                 entry["wire_nbytes"] = wire_bytes
-        row["raw_bytes_per_s_median"] = statistics.median(row["raw_bytes_per_s"])
+        row["raw_variants"] = {name: _stats(values) for name, values in variants.items()}
+        best = max(row["raw_variants"], key=lambda name: row["raw_variants"][name]["bytes_per_s_median"])
+        row["raw_variant"] = best
+        row["raw_bytes_per_s"] = variants[best]
+        row["raw_bytes_per_s_median"] = statistics.median(variants[best])
+        if "unavailable" not in iperf3:
+            iperf3["bytes_per_s_median"] = statistics.median(iperf3["bytes_per_s"])
+        row["iperf3"] = iperf3
         for entry in row["frames"].values():
             entry["bytes_per_s_median"] = statistics.median(entry["bytes_per_s"])
             entry["vs_raw_per_repeat"] = [f / r for f, r in zip(entry["bytes_per_s"], row["raw_bytes_per_s"])]
             entry["vs_raw"] = statistics.median(entry["vs_raw_per_repeat"])
+            if "unavailable" not in iperf3:
+                entry["vs_iperf3_per_repeat"] = [f / r for f, r in zip(entry["bytes_per_s"], iperf3["bytes_per_s"])]
+                entry["vs_iperf3"] = statistics.median(entry["vs_iperf3_per_repeat"])
         rows.append(row)
         none = row["frames"].get("none", {})
-        progress(f"  {size / MIB:8.3f} MiB: raw {row['raw_bytes_per_s_median'] / 1e6:8.0f} MB/s, none frames "
-                 f"{none.get('bytes_per_s_median', 0) / 1e6:8.0f} MB/s ({none.get('vs_raw', 0):.3f}x)")
+        ref = (f", iperf3 {iperf3['bytes_per_s_median'] / 1e6:8.0f} MB/s" if "unavailable" not in iperf3 else "")
+        progress(f"  {size / MIB:8.3f} MiB: raw {row['raw_bytes_per_s_median'] / 1e6:8.0f} MB/s ({best}){ref}, "
+                 f"none frames {none.get('bytes_per_s_median', 0) / 1e6:8.0f} MB/s ({none.get('vs_raw', 0):.3f}x)")
     return rows

@@ -18,24 +18,26 @@ from typing import Any, Callable, Sequence
 from harness.bench.wire.channel import PORT, configure_socket, connect, send_control
 from harness.bench.wire.codec_table import codec_table
 from harness.bench.wire.frames import frames_section
+from harness.bench.wire.iperf import IPERF3_PORT, start_server, stop_server
 from harness.bench.wire.links import links_section
 from harness.bench.wire.payloads import gradients
 from harness.bench.wire.plan import WirePlan
+from harness.bench.wire.raw import RAW_CHUNK_BYTES, recv_raw
 from wiiide.codecs.chunked import CodecPool
 from wiiide.metrics import write_json_atomic
 from wiiide.protocol import FrameReader
-from wiiide.units import KIB, MIB
+from wiiide.units import MIB
 
 MAX_FRAME_BYTES = 1 << 31
 CONNECT_TIMEOUT_S = 60.0
 
 
-def sink(sock: socket.socket, recv_chunk_bytes: int = 256 * KIB) -> None:
+def sink(sock: socket.socket, recv_chunk_bytes: int = 64 * MIB) -> None:
     """Serve trials until ``done``: each starts with a ``trial`` control frame naming its mode, count and size.
 
     Frames are read as the nodes read them: `FrameReader` with `recv_chunk_bytes` (bytes; the nodes'
-    default 256 KiB unless told otherwise) reusing its receive buffer. The raw loop asks `recv_into` for
-    all that is left. Each trial ends with an ``ack`` carrying ``recv_s`` and the frames' ``decode_s`` (s);
+    default 64 MiB unless told otherwise) reusing its receive buffer. A raw trial receives the way its
+    ``recv`` names (`harness.bench.wire.raw.recv_raw`) into one reused buffer. Each trial ends with an ``ack`` carrying ``recv_s`` and the frames' ``decode_s`` (s);
     a ``roundtrip`` trial also acks every message.
 
     Raises:
@@ -53,16 +55,10 @@ def sink(sock: socket.socket, recv_chunk_bytes: int = 256 * KIB) -> None:
         t0 = time.perf_counter()
         decode_s = 0.0
         if meta["mode"] == "raw":
-            if len(raw_buf) < size_bytes:
-                raw_buf = bytearray(size_bytes)
-            view = memoryview(raw_buf)[:size_bytes]
-            for _ in range(count):
-                pos = 0
-                while pos < size_bytes:
-                    got = sock.recv_into(view[pos:])
-                    if not got:
-                        raise ConnectionError("source closed during a raw trial")
-                    pos += got
+            chunk_bytes = int(meta.get("chunk_bytes", RAW_CHUNK_BYTES))
+            if len(raw_buf) < max(size_bytes, chunk_bytes):
+                raw_buf = bytearray(max(size_bytes, chunk_bytes))
+            recv_raw(sock, memoryview(raw_buf), size_bytes, count, str(meta.get("recv", "whole")), chunk_bytes)
         else:
             for _ in range(count):
                 msg = reader.read_message()
@@ -72,8 +68,11 @@ def sink(sock: socket.socket, recv_chunk_bytes: int = 256 * KIB) -> None:
         send_control(sock, "ack", recv_s=time.perf_counter() - t0, decode_s=decode_s)
 
 
-def source(sock: socket.socket, plan: WirePlan, progress: Callable[[str], None]) -> dict[str, Any]:
+def source(sock: socket.socket, plan: WirePlan, progress: Callable[[str], None],
+           iperf3_host: str | None = None, iperf3_port: int = IPERF3_PORT) -> dict[str, Any]:
     """Run the plan against a connected sink, then send ``done``.
+
+    `iperf3_host`:`iperf3_port`: the sink's iperf3 server, measured between the frame trials (None: not).
 
     Returns:
         ``gradients`` (name -> ``nbytes``, ``elements``), ``frames``, ``links`` and ``codecs``: the rows of
@@ -88,26 +87,33 @@ def source(sock: socket.socket, plan: WirePlan, progress: Callable[[str], None])
                                          for k, v in grads.items()}}
     pool = CodecPool(plan.codec_threads, MIB)
     try:
-        progress("frames: raw socket vs WIIIIIDE frames")
-        out["frames"] = frames_section(sock, reader, grads["synthetic-mlp"], plan.sizes_bytes, plan.frame_codecs,
-                                       plan.repeats, plan.bytes_per_trial, pool, progress)
-        progress("links: synchronous gradient round trips on paced links")
-        out["links"] = links_section(sock, reader, grads["digits-mlp"], plan.link_rates_bps, plan.link_policies,
-                                     plan.link_messages, plan.codec_threads, progress)
-        progress("codecs: ratio and speed on real gradients")
-        out["codecs"] = codec_table(grads, plan.table_codecs, plan.table_threads, plan.repeats, progress)
+        if "frames" in plan.sections:
+            progress("frames: raw socket vs WIIIIIDE frames")
+            out["frames"] = frames_section(sock, reader, grads["synthetic-mlp"], plan.sizes_bytes,
+                                           plan.frame_codecs, plan.repeats, plan.bytes_per_trial, pool, progress,
+                                           iperf3_host=iperf3_host,
+                                           iperf3_port=iperf3_port)
+        if "links" in plan.sections:
+            progress("links: synchronous gradient round trips on paced links")
+            out["links"] = links_section(sock, reader, grads["digits-mlp"], plan.link_rates_bps, plan.link_policies,
+                                         plan.link_messages, plan.codec_threads, progress)
+        if "codecs" in plan.sections:
+            progress("codecs: ratio and speed on real gradients")
+            out["codecs"] = codec_table(grads, plan.table_codecs, plan.table_threads, plan.repeats, progress)
     finally:
         pool.close()
         send_control(sock, "done")
     return out
 
 
-def serve_sink(host: str, port: int, recv_chunk_bytes: int) -> None:
-    """Listen on `host`:`port`, print ``listening`` (the local backend waits for it), serve one source.
+def serve_sink(host: str, port: int, recv_chunk_bytes: int, iperf3_port: int = IPERF3_PORT) -> None:
+    """Start an iperf3 server on `iperf3_port` (when iperf3 is installed), listen on `host`:`port`, print
+    ``listening`` (the local backend waits for it), serve one source, stop the iperf3 server.
 
     Raises:
         OSError: the address is taken or the connection failed. ConnectionError, ProtocolError: as `sink`.
     """
+    iperf3_server = start_server(iperf3_port)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         configure_socket(listener)
@@ -116,8 +122,11 @@ def serve_sink(host: str, port: int, recv_chunk_bytes: int) -> None:
         print("listening", flush=True)
         conn, _ = listener.accept()
         configure_socket(conn)
-        with conn:
-            sink(conn, recv_chunk_bytes)
+        try:
+            with conn:
+                sink(conn, recv_chunk_bytes)
+        finally:
+            stop_server(iperf3_server)
 
 
 def peer_main(argv: Sequence[str] | None = None) -> int:
@@ -136,16 +145,19 @@ def peer_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=PORT)
     p.add_argument("--plan", help="source: the plan as JSON")
     p.add_argument("--out", help="source: write the result JSON here")
-    p.add_argument("--recv-chunk-bytes", type=int, default=256 * KIB, help="sink: FrameReader's recv_chunk_bytes")
+    p.add_argument("--recv-chunk-bytes", type=int, default=64 * MIB, help="sink: FrameReader's recv_chunk_bytes")
+    p.add_argument("--iperf3-port", type=int, default=IPERF3_PORT, help="the sink's iperf3 server port")
+    p.add_argument("--no-iperf3", action="store_true", help="source: do not measure iperf3")
     args = p.parse_args(argv)
     if args.role == "sink":
-        serve_sink(args.host, args.port, args.recv_chunk_bytes)
+        serve_sink(args.host, args.port, args.recv_chunk_bytes, args.iperf3_port)
         return 0
     if not args.plan or not args.out:
         p.error("--role source needs --plan and --out")
     plan = WirePlan.from_dict(json.loads(args.plan))
     sock = connect(args.host, args.port, timeout_s=CONNECT_TIMEOUT_S)
     with sock:
-        result = source(sock, plan, lambda line: print(line, file=sys.stderr, flush=True))
+        result = source(sock, plan, lambda line: print(line, file=sys.stderr, flush=True),
+                        iperf3_host=None if args.no_iperf3 else args.host, iperf3_port=args.iperf3_port)
     write_json_atomic(Path(args.out), result)
     return 0

@@ -19,6 +19,7 @@ DEFAULT_TABLE_CODECS = ("none", "zlib-1", "zlib-9", "zstd-1", "zstd-3", "lz4", "
 DEFAULT_LINK_POLICIES = ("fixed:none", "fixed:lz4", "fixed:zstd-1", "fixed:shuffle-lz4", "fixed:shuffle-zstd",
                          "seed", "network-aware")
 DEFAULT_LINK_RATES_BPS = (100e6, 200e6, 500e6, 1e9, 2.5e9, 0.0)  # bit/s; 0 = unpaced
+SECTIONS = ("frames", "links", "codecs")
 FLOAT32_BYTES = 4  # payloads are float32 gradient slices
 MIN_RECV_CHUNK_BYTES = KIB
 
@@ -47,6 +48,7 @@ class WirePlan:
         table_threads: thread counts for the codec table (each >= 1).
         small: a small synthetic model (256-1024-1024-10) instead of 1024-4096-4096-10 (for tests).
         recv_chunk_bytes: the receiver's `FrameReader` recv_chunk_bytes (bytes, >= 1 KiB).
+        sections: which of `SECTIONS` run (default all), e.g. ``("frames",)``.
 
     Raises:
         PlanError: (a ValueError) on any value out of range or an unknown codec or policy name.
@@ -63,11 +65,12 @@ class WirePlan:
     codec_threads: int = 1
     table_threads: tuple[int, ...] = (1, 2)
     small: bool = False
-    recv_chunk_bytes: int = 256 * KIB
+    recv_chunk_bytes: int = 64 * MIB  # the nodes' (wiiide.protocol.DEFAULT_RECV_CHUNK_BYTES)
+    sections: tuple[str, ...] = SECTIONS
 
     def __post_init__(self) -> None:
         for name in ("sizes_bytes", "frame_codecs", "table_codecs", "link_rates_bps", "link_policies",
-                     "table_threads"):
+                     "table_threads", "sections"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if not self.sizes_bytes or any(s < FLOAT32_BYTES or s % FLOAT32_BYTES for s in self.sizes_bytes):
             raise PlanError(f"--sizes: {list(self.sizes_bytes)} bytes: each size must be a positive multiple of "
@@ -83,6 +86,8 @@ class WirePlan:
             raise PlanError(f"table_threads: {list(self.table_threads)}: each must be >= 1")
         if self.recv_chunk_bytes < MIN_RECV_CHUNK_BYTES:
             raise PlanError(f"--recv-chunk-bytes: {self.recv_chunk_bytes} bytes: at least 1 KiB")
+        if not self.sections or set(self.sections) - set(SECTIONS):
+            raise PlanError(f"--sections: {list(self.sections)}: a non-empty list of {list(SECTIONS)}")
         self._check_names()
 
     def _check_names(self) -> None:

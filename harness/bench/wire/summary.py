@@ -50,7 +50,8 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
 
     Returns:
         ``uncompressed_frames_vs_raw_from_1MiB`` (size in bytes as a string -> median frame / raw ratio
-        of codec ``none``), ``uncompressed_frames_target_0_90_met`` (bool), and ``links``: per rate
+        of codec ``none``; raw = the fastest raw variant), ``uncompressed_frames_target_0_90_met`` (bool),
+        ``uncompressed_frames_vs_iperf3_from_1MiB`` (the same against iperf3; empty without it), and ``links``: per rate
         (`rate_key`) with fixed policies and ``network-aware``, the best fixed policy and its median
         seconds per round trip, network-aware's, their ratio (also at the 25th percentile), the ratio to
         ``seed``, ``within_5pct_of_best_fixed`` and ``beats_seed``.
@@ -61,6 +62,8 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     frames = report.get("frames", [])
     big = [r for r in frames if r["size_bytes"] >= FRAMES_TARGET_FROM_BYTES and "none" in r["frames"]]
     none_ratios = {str(r["size_bytes"]): r["frames"]["none"]["vs_raw"] for r in big}
+    vs_iperf3 = {str(r["size_bytes"]): r["frames"]["none"]["vs_iperf3"] for r in big
+                 if "vs_iperf3" in r["frames"]["none"]}
     links = report.get("links", [])
     per_rate = {}
     for rate in sorted({r["rate_bps"] or 0 for r in links}):
@@ -70,5 +73,6 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     return {
         "uncompressed_frames_vs_raw_from_1MiB": none_ratios,
         "uncompressed_frames_target_0_90_met": bool(none_ratios) and min(none_ratios.values()) >= FRAMES_TARGET_VS_RAW,
+        "uncompressed_frames_vs_iperf3_from_1MiB": vs_iperf3,
         "links": per_rate,
     }

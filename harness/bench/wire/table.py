@@ -24,17 +24,40 @@ def _rate_label(rate_bps: float | None) -> str:
 
 
 def frames_table(report: dict[str, Any]) -> str | None:
-    """Frames: per size, raw socket MB/s and each codec's MB/s with its median ratio to raw; None without rows."""
+    """Frames: per size, iperf3's MB/s, the fastest raw variant's MB/s (and its name), and each codec's MB/s
+    with its median ratio to raw (and to iperf3 for ``none``); None without rows."""
     frames = report.get("frames", [])
     if not frames:
         return None
     codecs = list(frames[0]["frames"])
-    rows = [[format_size(r["size_bytes"]), _mb(r["raw_bytes_per_s_median"]),
-             *(f"{_mb(r['frames'][c]['bytes_per_s_median'])} ({r['frames'][c]['vs_raw']:.2f}x)" for c in codecs)]
+
+    def iperf3_cell(r: dict[str, Any]) -> str:
+        return _mb(r.get("iperf3", {}).get("bytes_per_s_median"))
+
+    def codec_cell(r: dict[str, Any], c: str) -> str:
+        entry = r["frames"][c]
+        vs_iperf3 = f", {entry['vs_iperf3']:.2f}x iperf3" if c == "none" and "vs_iperf3" in entry else ""
+        return f"{_mb(entry['bytes_per_s_median'])} ({entry['vs_raw']:.2f}x{vs_iperf3})"
+
+    rows = [[format_size(r["size_bytes"]), iperf3_cell(r),
+             f"{_mb(r['raw_bytes_per_s_median'])} {r.get('raw_variant', '')}".rstrip(),
+             *(codec_cell(r, c) for c in codecs)]
             for r in frames]
     chunk = report.get("plan", {}).get("recv_chunk_bytes")
-    return _table(f"frames: MB/s of tensor bytes delivered (median of repeats) and x of the raw socket; "
-                  f"receiver recv_chunk_bytes {format_size(chunk)}", ["size", "raw socket", *codecs], rows)
+    return _table(f"frames: MB/s of tensor bytes delivered (median of repeats) and x of the raw socket (its "
+                  f"fastest variant); receiver recv_chunk_bytes {format_size(chunk)}",
+                  ["size", "iperf3", "raw socket", *codecs], rows)
+
+
+def raw_variants_table(report: dict[str, Any]) -> str | None:
+    """Raw variants: per size, every raw loop's median MB/s; None without rows or variants."""
+    frames = [r for r in report.get("frames", []) if r.get("raw_variants")]
+    if not frames:
+        return None
+    names = list(frames[0]["raw_variants"])
+    rows = [[format_size(r["size_bytes"]), *(_mb(r["raw_variants"][n]["bytes_per_s_median"]) for n in names)]
+            for r in frames]
+    return _table("raw socket loops: MB/s (median of repeats), sender/receiver", ["size", *names], rows)
 
 
 def codecs_table(report: dict[str, Any]) -> str | None:
@@ -68,6 +91,10 @@ def target_lines(summary: dict[str, Any]) -> list[str]:
     met = "met" if summary.get("uncompressed_frames_target_0_90_met") else "MISSED"
     lines = [f"target: uncompressed frames >= 1 MiB at >= 0.90x raw: {met} "
              f"({', '.join(f'{format_size(int(k))} {v:.3f}x' for k, v in ratios.items())})"]
+    vs_iperf3 = summary.get("uncompressed_frames_vs_iperf3_from_1MiB", {})
+    if vs_iperf3:
+        lines.append("uncompressed frames >= 1 MiB vs iperf3: "
+                     + ", ".join(f"{format_size(int(k))} {v:.3f}x" for k, v in vs_iperf3.items()))
     for key, v in summary.get("links", {}).items():
         label = "unpaced" if key == rate_key(None) else _rate_label(float(key))
         p25 = v.get("network_aware_vs_best_fixed_p25")
@@ -91,6 +118,7 @@ def format_report(report: dict[str, Any]) -> str:
     commit = (report.get("commit_info", {}).get("id") or "?")[:10]
     parts = [f"bench-wire | backend {report['backend']['name']} | {m.get('cpu_count_logical')} CPUs | "
              f"commit {commit}"]
-    parts += [table for table in (frames_table(report), codecs_table(report), links_table(report)) if table]
+    parts += [table for table in (frames_table(report), raw_variants_table(report), codecs_table(report),
+                                   links_table(report)) if table]
     parts += target_lines(report.get("summary", {}))
     return "\n\n".join(parts) + "\n"
