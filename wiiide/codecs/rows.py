@@ -34,6 +34,23 @@ def _as_rows(array: np.ndarray) -> np.ndarray:
     return array.reshape(array.shape[0], -1)
 
 
+def check_row_ids(ids: np.ndarray, rows: int, what: str) -> None:
+    """Refuse row ids from the network that could write outside a (rows, ...) tensor or twice into a row.
+
+    Args:
+        ids: 1-D integer array (int32 or int64) of row ids, as received.
+        rows: the tensor's rows; every id must be in 0..rows-1.
+        what: the words that start the error message (e.g. ``codec 'rows'``).
+
+    Raises:
+        ProtocolError: an id out of range, or ids not strictly increasing (a repeated or unordered id).
+    """
+    if ids.size and (ids[0] < 0 or ids[-1] >= rows or ids.min() < 0 or ids.max() >= rows):
+        raise ProtocolError(f"{what}: row id out of range 0..{rows - 1} (got {int(ids.min())}..{int(ids.max())})")
+    if ids.size > 1 and not bool(np.all(ids[1:] > ids[:-1])):
+        raise ProtocolError(f"{what}: row ids must be strictly increasing (a repeated or unordered id)")
+
+
 class RowsCodec(Codec):
     """See the module docstring. float32 tensors only (`supports`)."""
 
@@ -110,12 +127,7 @@ class RowsCodec(Codec):
                 if pos + need > len(src):
                     raise ProtocolError("codec 'rows': payload shorter than its ids and rows")
                 ids = src[pos:pos + sent * id_bytes].view(_ID_DTYPES[id_bytes])
-                if sent and (ids[0] < 0 or ids[-1] >= rows):
-                    raise ProtocolError(f"codec 'rows': row id out of range 0..{rows - 1} "
-                                        f"(got {int(ids.min())}..{int(ids.max())})")
-                if sent > 1 and not bool(np.all(ids[1:] > ids[:-1])):
-                    raise ProtocolError("codec 'rows': row ids must be strictly increasing (a repeated or "
-                                        "unordered id)")
+                check_row_ids(ids, rows, "codec 'rows'")
                 values = src[pos + sent * id_bytes:pos + need].view(np.float32).reshape(sent, row_elems)
                 target = out[dst:dst + nbytes].view(np.float32).reshape(rows, row_elems)
                 target[ids] = values
