@@ -255,6 +255,8 @@ class Worker:
                 else:  # the table's gradient as the batch's rows (wiiide.sparse)
                     ids, rows_grad, loss_value = sparse.gradient(model, flat, x, y, self.cfg.grad_accum_steps,
                                                                  partial(loss_mean, kind))
+                    if self.cfg.debug_step_sleep_s > 0 and self.cfg.debug_sleep_worker_rank in (0, metrics.rank):
+                        time.sleep(self.cfg.debug_step_sleep_s)  # a test's straggler, as `_update` sleeps
             except (RuntimeError, IndexError, ValueError) as exc:
                 raise ProtocolError(f"batch does not fit the model: {exc}") from None
             metrics.compute_time_s += time.perf_counter() - t0
