@@ -1,8 +1,11 @@
 """The ``rows`` codec: only the non-zero rows of each float32 tensor travel, as row ids plus values.
 
-A sparse gradient, the embedding table's, is zero everywhere but in the rows a step looked up; so is
-the averaged update the parameter server sends back (`wiiide.sparse`). Each tensor is seen as rows
-(its first dimension; a 1-D tensor has rows of one value). Per tensor, the codec sends either
+For a dense tensor that is mostly zero rows (an embedding table's gradient computed densely). The
+parameter server's sparse embedding path (`wiiide.sparse`) does not use it: it never has the dense
+tensor, and sends the ids and rows as tensors of their own, checked by `check_row_ids` as here (a
+codec must scan the dense tensor to encode and hand back the dense tensor when it decodes). Each
+tensor is seen as rows (its first dimension; a 1-D tensor has rows of one value). Per tensor, the
+codec sends either
 
 - *sparse*: the ids of the rows holding a non-zero value (strictly increasing, int32 when the tensor
   has fewer than 2^31 rows, else int64), then those rows (float32, row-major), or
