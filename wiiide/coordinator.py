@@ -449,7 +449,7 @@ class Coordinator:
         with seed + start_step."""
         cfg, metrics = self.cfg, self.metrics
         sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed + start_step)
-        grad_sum = torch.zeros(flat.numel, dtype=torch.float32)
+        grad_sum = torch.zeros(flat.numel if self.sparse is None else 0, dtype=torch.float32)
         start = time.perf_counter() - trained_s
         step = start_step
         self.log.info("training for %g s%s", cfg.duration_s, f" or {cfg.max_steps} steps" if cfg.max_steps else "")
@@ -473,12 +473,15 @@ class Coordinator:
                 batch_frame = self.policy.encode("batch", {"step": step, **self.policy.feedback_meta(w.node_id)}, batch)
                 try:
                     frame = params_frame if sparse is None else sparse.params_frame(
-                        w.conn, step, flat.params, flat.grads, cfg.learning_rate, params_frame)
+                        w.conn, step, flat.params, cfg.learning_rate, params_frame)
                     w.conn.send([frame, batch_frame])
                     sent.append((w, w.conn))
                 except OSError as exc:
                     self._drop(w, exc)
-            grad_sum.zero_()
+            if sparse is None:
+                grad_sum.zero_()
+            else:  # the sparse path sums the pushed rows itself, no pass over the table
+                sparse.begin_step()
             losses, contributors = [], 0
             # only the connections this step's batch went to: a worker admitted in between (a rejoin)
             # waits for parameters, and waiting for its gradients would hang both (heartbeats keep the
@@ -499,7 +502,7 @@ class Coordinator:
                         raise ProtocolError(f"gradients: 'loss' must be a number, got {type(loss).__name__}")
                     loss = float(loss)  # OverflowError for an integer beyond a float (10**400)
                     if sparse is not None:
-                        sparse.add_gradients(msg, grad_sum)  # checks both tensors before adding
+                        sparse.add_gradients(msg)  # checks every tensor before adding
                 except Exception as exc:  # ProtocolError, OSError, or what else a frame can provoke: a drop with its cause
                     self._drop(w, exc)
                     continue
@@ -511,10 +514,11 @@ class Coordinator:
             if contributors == 0:
                 self._live()  # waits for a worker to come back (admitted for the next step), or raises
                 continue
-            flat.grads.copy_(grad_sum).div_(contributors)
-            optimizer.step()
-            if sparse is not None:
-                sparse.stepped()
+            if sparse is None:
+                flat.grads.copy_(grad_sum).div_(contributors)
+                optimizer.step()
+            else:  # plain SGD on the touched rows and the MLP (momentum is refused with sparse rows)
+                sparse.step(flat.params, flat.grads, contributors, cfg.learning_rate)
             step += 1
             metrics.steps = step
             metrics.batches += contributors

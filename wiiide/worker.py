@@ -250,14 +250,20 @@ class Worker:
             if sparse is not None and local_steps != 1:
                 raise ProtocolError("batch: local_steps must be 1 when the parameter server pulls sparse rows")
             try:  # wrong feature count, label out of range, a sequence too long
-                update, loss_value = self._update(model, flat, x, y, local_steps, kind)
+                if sparse is None:
+                    update, loss_value = self._update(model, flat, x, y, local_steps, kind)
+                else:  # the table's gradient as the batch's rows (wiiide.sparse)
+                    ids, rows_grad, loss_value = sparse.gradient(model, flat, x, y, self.cfg.grad_accum_steps,
+                                                                 partial(loss_mean, kind))
+                    if self.cfg.debug_step_sleep_s > 0 and self.cfg.debug_sleep_worker_rank in (0, metrics.rank):
+                        time.sleep(self.cfg.debug_step_sleep_s)  # a test's straggler, as `_update` sleeps
             except (RuntimeError, IndexError, ValueError) as exc:
                 raise ProtocolError(f"batch does not fit the model: {exc}") from None
             metrics.compute_time_s += time.perf_counter() - t0
             meta = {"step": step, "loss": loss_value, "samples": int(x.shape[0]),
                     **self.policy.feedback_meta()}
             frame = (self.policy.encode("gradients", meta, [to_wire(*update)]) if sparse is None
-                     else sparse.gradients_frame(meta, flat.grads))
+                     else sparse.gradients_frame(meta, ids, rows_grad, flat.grads))
             conn.send([frame])
             if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
                 self._last_step = min(step, 10**15)  # the coordinator refuses a larger hint

@@ -339,3 +339,23 @@ def test_compare_cli_prints_the_table_and_fails_in_one_line(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "harness", "compare", str(path), "--metric", "nope"],
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and bad.stderr.strip().startswith("error:") and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_return_freed_memory_fixes_glibcs_mmap_and_trim_thresholds():
+    from wiiide.engines.torch_dist import MMAP_THRESHOLD_BYTES, return_freed_memory
+
+    class FakeLibc:
+        def __init__(self, answer: int) -> None:
+            self.calls: list[tuple[int, int]] = []
+            self.answer = answer
+
+        def mallopt(self, param: int, value: int) -> int:
+            self.calls.append((param, value))
+            return self.answer
+
+    libc = FakeLibc(1)
+    assert return_freed_memory(libc) == {"mmap_threshold_bytes": MMAP_THRESHOLD_BYTES,
+                                         "trim_threshold_bytes": MMAP_THRESHOLD_BYTES}
+    assert libc.calls == [(-3, MMAP_THRESHOLD_BYTES), (-1, MMAP_THRESHOLD_BYTES)]  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
+    assert return_freed_memory(FakeLibc(0)) is None  # glibc refused: recorded as not applied
+    assert return_freed_memory(object()) is None  # no mallopt (not glibc)

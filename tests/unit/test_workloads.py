@@ -214,32 +214,55 @@ def test_rows_codec_refuses_bad_params(params):
 def test_sparse_updates_keep_the_worker_bitwise_equal_to_the_coordinator():
     cfg = RunConfig(**{**TINY["embedding"], "embedding_rows": 5000}, sparse_embedding=True)
     data = load_dataset(cfg)
-    server, replica = (build_model(cfg, data.num_features, data.num_classes) for _ in range(2))
-    s_flat, r_flat = FlatParams(server), FlatParams(replica)
+    server, replica, dense = (build_model(cfg, data.num_features, data.num_classes) for _ in range(3))
+    s_flat, r_flat, d_flat = FlatParams(server), FlatParams(replica), FlatParams(dense)
     s_rows, r_rows = SparseRows(server, s_flat.numel), SparseRows(replica, r_flat.numel)
-    opt = MomentumSGD(server.parameters(), lr=0.5)
+    d_opt = MomentumSGD(dense.parameters(), lr=0.5)  # the dense parameter server's step, for comparison
     conn = object.__new__(type("Conn", (), {}))
     full = encode_message("params", {"step": 0}, [WireTensor("params", s_flat.params.numpy())])
     for step in range(4):
-        frame = s_rows.params_frame(conn, step, s_flat.params, s_flat.grads, 0.5, full if step == 0 else None)
+        frame = s_rows.params_frame(conn, step, s_flat.params, 0.5, full if step == 0 else None)
         wire = b"".join(bytes(b) for b in frame.buffers)
         msg = decode(wire)
         if step == 0:
             r_flat.load(torch.from_numpy(msg.tensor("params").copy()))
         else:
             assert msg.meta["update"] == "rows" and frame.payload_nbytes < s_flat.numel * 4 / 10
-            assert frame.codec_params["tensors"][0][1] <= 8 * 3  # at most batch x fields rows changed
+            assert 0 < msg.tensor("update_ids").size <= 2 * 8 * 3  # at most 2 workers x batch x fields rows changed
             r_rows.apply_update(msg, r_flat.params)
         assert torch.equal(r_flat.params, s_flat.params), step
-        x, y = (torch.from_numpy(a[step * 8:(step + 1) * 8]) for a in (data.x_train, data.y_train))
-        r_flat.grads.zero_()
-        loss_mean("embedding", replica(x), y).backward()
-        push = decode(b"".join(bytes(b) for b in r_rows.gradients_frame({"step": step}, r_flat.grads).buffers))
-        s_flat.grads.zero_()
-        s_rows.add_gradients(push, s_flat.grads)
-        assert torch.equal(s_flat.grads, r_flat.grads)
-        opt.step()
-        s_rows.stepped()
+        torch.testing.assert_close(s_flat.params, d_flat.params, rtol=1e-6, atol=1e-7)
+        s_rows.begin_step()
+        d_flat.grads.zero_()
+        for worker in range(2):  # the replica computes both workers' pushes
+            x, y = (torch.from_numpy(a[(2 * step + worker) * 8:(2 * step + worker + 1) * 8])
+                    for a in (data.x_train, data.y_train))
+            ids, rows_grad, loss = r_rows.gradient(replica, r_flat, x, y, 1, lambda out, t: loss_mean("embedding", out, t))
+            assert torch.equal(ids, torch.unique(x)) and rows_grad.shape == (ids.numel(), 4)
+            push = decode(b"".join(bytes(b) for b in r_rows.gradients_frame({"step": step}, ids, rows_grad,
+                                                                             r_flat.grads).buffers))
+            assert push.tensor("grad_rows").nbytes == ids.numel() * 4 * 4  # only the touched rows travel
+            s_rows.add_gradients(push)
+            loss_mean("embedding", dense(x), y).__mul__(0.5).backward()  # the dense gradient, averaged over 2
+            assert loss == pytest.approx(loss_mean("embedding", dense(x), y).item(), rel=1e-6)
+        s_rows.step(s_flat.params, s_flat.grads, 2, 0.5)
+        d_opt.step()
+
+
+def test_sparse_push_refuses_ids_out_of_range_or_repeated():
+    cfg = RunConfig(**{**TINY["embedding"], "embedding_rows": 50}, sparse_embedding=True)
+    model = build_model(cfg, 0, 2)
+    rows = SparseRows(model, FlatParams(model).numel)
+    rest = np.zeros(rows.rest_numel, dtype=np.float32)
+    for ids in ([3, 50], [-1, 2], [4, 4], [5, 2]):
+        push = encode_message("gradients", {"step": 0}, [
+            WireTensor("grad_ids", np.array(ids, dtype=np.int32)), WireTensor("grad_rows", np.ones((2, 4), np.float32)),
+            WireTensor("grad_rest", rest)])
+        with pytest.raises(ProtocolError, match="out of range|increasing"):
+            rows.add_gradients(decode(b"".join(bytes(b) for b in push.buffers)))
+    with pytest.raises(IndexError, match="out of range"):
+        rows.gradient(model, FlatParams(model), torch.tensor([[0, 1, 50]]), torch.tensor([0]), 1,
+                      lambda out, t: loss_mean("embedding", out, t))
 
 
 def test_expected_distinct_rows_matches_a_draw():

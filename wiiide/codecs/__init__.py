@@ -19,7 +19,7 @@ int8       no        8-bit blockwise absmax quantization: one float32 scale per 
 topk       no        the k largest magnitudes per tensor (int32 index + float32 value), with
                      error feedback: what is not sent is kept per tensor and added back next time
 rows       yes       the non-zero rows of each float32 tensor: row ids (int32/int64) + rows
-                     (sparse embedding gradients and updates; `wiiide.codecs.rows`)
+                     (mostly-zero dense tensors; `wiiide.codecs.rows`)
 =========  ========  ==========================================================================
 
 Lossless codecs work on bytes (any dtype). Lossy codecs change what travels (dtype, element count),

@@ -1,8 +1,11 @@
 """The ``rows`` codec: only the non-zero rows of each float32 tensor travel, as row ids plus values.
 
-A sparse gradient, the embedding table's, is zero everywhere but in the rows a step looked up; so is
-the averaged update the parameter server sends back (`wiiide.sparse`). Each tensor is seen as rows
-(its first dimension; a 1-D tensor has rows of one value). Per tensor, the codec sends either
+For a dense tensor that is mostly zero rows (an embedding table's gradient computed densely). The
+parameter server's sparse embedding path (`wiiide.sparse`) does not use it: it never has the dense
+tensor, and sends the ids and rows as tensors of their own, checked by `check_row_ids` as here (a
+codec must scan the dense tensor to encode and hand back the dense tensor when it decodes). Each
+tensor is seen as rows (its first dimension; a 1-D tensor has rows of one value). Per tensor, the
+codec sends either
 
 - *sparse*: the ids of the rows holding a non-zero value (strictly increasing, int32 when the tensor
   has fewer than 2^31 rows, else int64), then those rows (float32, row-major), or
@@ -32,6 +35,23 @@ def _as_rows(array: np.ndarray) -> np.ndarray:
     if array.ndim <= 1:
         return array.reshape(-1, 1)
     return array.reshape(array.shape[0], -1)
+
+
+def check_row_ids(ids: np.ndarray, rows: int, what: str) -> None:
+    """Refuse row ids from the network that could write outside a (rows, ...) tensor or twice into a row.
+
+    Args:
+        ids: 1-D integer array (int32 or int64) of row ids, as received.
+        rows: the tensor's rows; every id must be in 0..rows-1.
+        what: the words that start the error message (e.g. ``codec 'rows'``).
+
+    Raises:
+        ProtocolError: an id out of range, or ids not strictly increasing (a repeated or unordered id).
+    """
+    if ids.size and (ids[0] < 0 or ids[-1] >= rows or ids.min() < 0 or ids.max() >= rows):
+        raise ProtocolError(f"{what}: row id out of range 0..{rows - 1} (got {int(ids.min())}..{int(ids.max())})")
+    if ids.size > 1 and not bool(np.all(ids[1:] > ids[:-1])):
+        raise ProtocolError(f"{what}: row ids must be strictly increasing (a repeated or unordered id)")
 
 
 class RowsCodec(Codec):
@@ -110,12 +130,7 @@ class RowsCodec(Codec):
                 if pos + need > len(src):
                     raise ProtocolError("codec 'rows': payload shorter than its ids and rows")
                 ids = src[pos:pos + sent * id_bytes].view(_ID_DTYPES[id_bytes])
-                if sent and (ids[0] < 0 or ids[-1] >= rows):
-                    raise ProtocolError(f"codec 'rows': row id out of range 0..{rows - 1} "
-                                        f"(got {int(ids.min())}..{int(ids.max())})")
-                if sent > 1 and not bool(np.all(ids[1:] > ids[:-1])):
-                    raise ProtocolError("codec 'rows': row ids must be strictly increasing (a repeated or "
-                                        "unordered id)")
+                check_row_ids(ids, rows, "codec 'rows'")
                 values = src[pos + sent * id_bytes:pos + need].view(np.float32).reshape(sent, row_elems)
                 target = out[dst:dst + nbytes].view(np.float32).reshape(rows, row_elems)
                 target[ids] = values

@@ -40,6 +40,7 @@ Communication time
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import ipaddress
 import math
 import os
@@ -88,6 +89,49 @@ POST_LOCAL_SGD_START_STEP = 1
 # WIIIIIDE's own socket knobs, which gloo's sockets do not take: recorded as not applied.
 NOT_APPLIED = ("sndbuf_bytes", "rcvbuf_bytes", "tcp_nodelay", "tcp_quickack", "keepalive", "recv_chunk_bytes",
                "max_frame_bytes", "compression")
+# glibc's mallopt parameters (<malloc.h>): M_TRIM_THRESHOLD and M_MMAP_THRESHOLD.
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+# Every allocation of at least this many bytes gets its own mmap and goes back to the kernel when freed.
+MMAP_THRESHOLD_BYTES = 1 << 20
+
+
+def return_freed_memory(libc: Any = None) -> dict[str, int] | None:
+    """Make glibc give freed tensor memory back to the kernel, so that a rank's RSS follows what it holds.
+
+    By default glibc's mmap threshold is dynamic (mallopt(3)): once a freed mmapped chunk (a 4 MB weight,
+    a gathered FSDP unit) raises the threshold to its size, later buffers of that size come from the
+    heap, and a heap page freed below a live one stays resident. FSDP allocates and frees a unit's
+    gathered parameters and gradients at every forward and backward, so its RSS grew towards DDP's
+    though it holds a fifth of the state (README, Workloads). Setting ``M_MMAP_THRESHOLD`` fixes the
+    threshold (and turns the dynamic adjustment off): every allocation of `MMAP_THRESHOLD_BYTES` or more
+    is its own mapping, unmapped when freed; ``M_TRIM_THRESHOLD`` lets free() trim the heap's top above
+    the same size. Both engines (ddp, fsdp) run with it, so they are compared under one allocator policy.
+    Call it before the model is built. Cost: one mmap/munmap and fresh zero pages per large buffer.
+
+    Args:
+        libc: a loaded C library (tests); default ``ctypes.CDLL("libc.so.6")``.
+
+    Returns:
+        ``{"mmap_threshold_bytes": ..., "trim_threshold_bytes": ...}`` when glibc took both settings,
+        None when there is no glibc (musl, macOS) or it refused.
+    """
+    try:
+        libc = libc or ctypes.CDLL("libc.so.6")
+        ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
+        ok = libc.mallopt(_M_TRIM_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1 and ok
+    except (OSError, AttributeError):
+        return None
+    return {"mmap_threshold_bytes": MMAP_THRESHOLD_BYTES, "trim_threshold_bytes": MMAP_THRESHOLD_BYTES} if ok else None
+
+
+def trim_heap() -> None:
+    """``malloc_trim(0)`` (glibc): return the free pages inside the heap to the kernel (after the full
+    model's build and sharding); nothing without glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def claim_rank(store: Any, role: str, num_workers: int) -> int:
@@ -237,6 +281,7 @@ class TorchNode:
             name = loopback_interface()
             if name:
                 os.environ["GLOO_SOCKET_IFNAME"] = name
+        m.extra["malloc"] = return_freed_memory()  # before any tensor: freed buffers go back to the kernel
         m.extra.update({"engine": cfg.engine, "world_size": self.world_size, "num_workers": cfg.num_workers,
                         "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
                         "not_applied": {k: "gloo's own sockets" for k in NOT_APPLIED}})
@@ -398,6 +443,7 @@ class TorchNode:
         micro = rank_slices(mine.stop - mine.start, cfg.grad_accum_steps)
         self.beat.beat(0, "setup")  # after the data set: the wrapper's collectives come next
         wrapped = self._wrap(model)
+        trim_heap()  # FSDP: the full-size parameters the shards were cut from are free now
         optimizer = self._optimizer(model)
         bf16_autocast = cfg.mixed_precision == "bf16" and cfg.engine == "ddp"
         half_bytes = 2 if cfg.mixed_precision == "bf16" else 4
@@ -441,7 +487,12 @@ class TorchNode:
                 if stop:
                     break
                 if snapshot:
-                    full = [p.full_tensor() for p in model.parameters()]  # a collective on every rank
+                    full = []  # a collective on every rank; only rank 0 (the evaluator's) keeps the tensors
+                    for p in model.parameters():
+                        gathered = p.full_tensor()
+                        if evaluator:
+                            full.append(gathered)
+                        del gathered
                     if evaluator:
                         evaluator.submit(step, step * global_batch, full)
             if evaluator and not fsdp_snapshots:  # ddp: rank 0 holds every parameter
@@ -481,7 +532,7 @@ class TorchNode:
         m.samples = step * global_batch if rank == 0 else step * (mine.stop - mine.start)
         m.losses = self._global_losses(loss_sums, global_batch)
         self._record_comm(expected, comm_s, net0, net1)
-        eval_model = self._full_model(model, data) if cfg.engine == "fsdp" else model
+        eval_model = self._full_model(model, data, rank) if cfg.engine == "fsdp" else model
         if evaluator:
             evaluator.finish(step, m.samples, eval_model.parameters())
             record_held_out(m, evaluator)
@@ -499,11 +550,18 @@ class TorchNode:
                               f"mean {buf[-1].item() / self.world_size:g})")
         return (buf[:-1] / global_batch).tolist()
 
-    def _full_model(self, model: nn.Module, data: Any) -> nn.Module:
-        """A plain copy of the FSDP model with every parameter all-gathered (a collective on every rank)."""
-        full = {name: p.full_tensor() for name, p in model.named_parameters()}
-        plain = build_model(self.cfg, data.num_features, data.num_classes)
-        plain.load_state_dict(full)
+    def _full_model(self, model: nn.Module, data: Any, rank: int) -> nn.Module | None:
+        """Rank 0: a plain copy of the FSDP model, its parameters all-gathered one at a time (a collective
+        on every rank); the other ranks take part in each gather and drop the result at once, so no rank
+        but 0 ever holds the whole model, and rank 0 holds it once (not twice). None on ranks > 0."""
+        plain = build_model(self.cfg, data.num_features, data.num_classes) if rank == 0 else None
+        own = dict(plain.named_parameters()) if plain is not None else {}
+        for name, p in model.named_parameters():
+            full = p.full_tensor()
+            if plain is not None:
+                with torch.no_grad():
+                    own[name].copy_(full)
+            del full
         return plain
 
     def _record_comm(self, expected: Any, comm_s: list[float], net0: Any, net1: Any) -> None:

@@ -37,7 +37,13 @@ class EmbeddingMLP(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits (batch, 2) of int64 ids (batch, fields)."""
-        return self.head(torch.relu(self.fc(self.table(ids).flatten(1))))
+        return self.forward_looked_up(self.table(ids))
+
+    def forward_looked_up(self, looked_up: torch.Tensor) -> torch.Tensor:
+        """Logits (batch, 2) of the rows already looked up, float32 (batch, fields, dim): the model after
+        its table (`wiiide.sparse` looks the rows up itself, so that the table's gradient is one row per
+        distinct id and never a dense (rows, dim) tensor)."""
+        return self.head(torch.relu(self.fc(looked_up.flatten(1))))
 
 
 def build_embedding(rows: int, dim: int, fields: int, seed: int, sparse: bool = False) -> EmbeddingMLP:
