@@ -1,0 +1,70 @@
+"""``overlay_encrypted``: from the sweep spec to the swarm stack's network, and refused where there is
+no overlay. No engine needed (the stack loader check uses the docker CLI only, client side)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from harness.errors import ClusterError, SpecError
+from harness.run.backend import refuse_cluster_settings
+from harness.run.swarm.stack import stack_override, write_stack_files
+from harness.spec.cluster import ClusterSettings
+from harness.spec.points import build_spec
+
+
+def network_of(folder) -> dict:
+    """The project network as the generated ``stack-override.yaml`` declares it."""
+    override = yaml.safe_load((folder / "stack-override.yaml").read_text())
+    (network,) = override["networks"].values()
+    return network
+
+
+def test_axis_on_and_off_reaches_the_stack_file(tmp_path):
+    spec = build_spec({"name": "o", "base": {"num_workers": 2}, "axes": {"overlay_encrypted": [False, True]}}, "o.yaml")
+    plain, encrypted = spec.points
+    assert (plain.params, encrypted.params) == ({"overlay_encrypted": False}, {"overlay_encrypted": True})
+    assert "overlay_encrypted" not in plain.cluster.to_dict()  # reports stay as before the key
+    assert encrypted.cluster.to_dict()["overlay_encrypted"] is True
+    # nothing to set up inside the containers: no start gate, no tc probe
+    assert plain.cluster.is_empty and encrypted.cluster.is_empty
+    for point in spec.points:
+        write_stack_files(tmp_path / str(point.index), 2, encrypted=point.cluster.overlay_encrypted)
+    assert network_of(tmp_path / "0") == {"driver": "overlay", "internal": True}
+    assert network_of(tmp_path / "1") == {"driver": "overlay", "internal": True, "driver_opts": {"encrypted": ""}}
+
+
+def test_default_is_a_plain_overlay():
+    assert ClusterSettings().overlay_encrypted is False
+    assert "driver_opts" not in stack_override(2, "wiiide")["networks"]["wiiide"]
+    assert stack_override(2, "wiiide", encrypted=True)["networks"]["wiiide"]["driver_opts"] == {"encrypted": ""}
+
+
+@pytest.mark.parametrize("value", ["yes", 1, "true", None, [True]])
+def test_only_a_boolean_is_accepted(value):
+    with pytest.raises(SpecError, match=r"o\.yaml: .*overlay_encrypted"):
+        build_spec({"name": "o", "base": {"overlay_encrypted": value}}, "o.yaml")
+
+
+def test_backends_without_an_overlay_refuse_it():
+    with pytest.raises(ClusterError, match="overlay_encrypted: true needs the swarm backend"):
+        refuse_cluster_settings("local", ClusterSettings(overlay_encrypted=True))
+    refuse_cluster_settings("local", ClusterSettings(overlay_encrypted=False))  # nothing asked: passes
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="the docker CLI is not installed")
+def test_encrypted_option_passes_the_stack_loader(tmp_path):
+    """`docker stack config` (client side) keeps ``driver_opts.encrypted`` in the merged stack."""
+    files = write_stack_files(tmp_path, 2, encrypted=True)
+    env = {**os.environ, "WIIIIIDE_IMAGE": "img:1", "WIIIIIDE_RESULTS_DIR": "/r", "WIIIIIDE_SECRET_FILE_HOST": "/s"}
+    out = subprocess.run(["docker", "stack", "config", *(x for f in files for x in ("-c", str(f)))],
+                         capture_output=True, text=True, env=env, timeout=60)
+    if "unknown command" in out.stderr or "is not a docker command" in out.stderr:
+        pytest.skip(f"this docker CLI has no `stack config`: {out.stderr.strip()[:100]}")
+    assert out.returncode == 0, out.stderr
+    network = yaml.safe_load(out.stdout)["networks"]["wiiide"]
+    assert network["driver"] == "overlay" and network["driver_opts"] == {"encrypted": ""}
