@@ -19,7 +19,12 @@ from typing import Any, Callable, Sequence
 from harness import REPO_ROOT
 from harness.errors import ClusterError
 from harness.links.plan import Capabilities
-from harness.run.backend import Collected, PhaseClock, Progress, refuse_overlay_encrypted
+from harness.run.backend import (
+    Collected,
+    PhaseClock,
+    Progress,
+    refuse_overlay_encrypted,
+)
 from harness.run.certs import config_fields, write_cluster_tls
 from harness.run.compose_file import (
     NETWORK_LABEL,
