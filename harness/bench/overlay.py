@@ -15,8 +15,9 @@ What is encrypted: libnetwork programs IPsec ESP (transport mode, AES-GCM, keys 
 for the VXLAN traffic between *nodes* that have endpoints on the network. Two containers on one node
 talk through the bridge inside the overlay's namespace, never through VXLAN, so nothing is encrypted
 (and nothing is paid). The probe records what the kernel and the network did: the host's xfrm states
-and policies, ``/proc/net/xfrm_stat``, the kernel's ESP and GCM options (``/proc/config.gz``), and the
-bytes each overlay's VXLAN device sent during the run (its namespace, ``/var/run/docker/netns/1-<id>``).
+and policies, ``/proc/net/xfrm_stat``, the kernel's ESP and GCM options (``/proc/config.gz``), the
+host's iptables rules on VXLAN's port 4789 (libnetwork's for an encrypted overlay), and the bytes each
+overlay's VXLAN device and bridge carried (its namespace, ``/var/run/docker/netns/1-<id>``).
 
 ``python -m harness bench-overlay [--size 1MiB --bytes-per-trial-mib 256 --repeats 7]``
 """
@@ -109,14 +110,19 @@ def probe_networks(networks: list) -> dict[str, Any]:
             out[what] = sum(1 for line in _run(argv).splitlines() if line.startswith("src "))
         except OSError as exc:
             out[what] = f"unavailable: {exc}"
+    try:  # libnetwork's rules for an encrypted overlay (drivers/overlay/encryption.go, programInput/programMangle)
+        out["host_iptables_vxlan_rules"] = [line for line in _run(["iptables-save"]).splitlines() if "4789" in line]
+    except OSError as exc:
+        out["host_iptables_vxlan_rules"] = f"unavailable: {exc}"
     vxlan: dict[str, Any] = {}
     for net in networks:
         netns = NETNS_DIR / f"1-{net.id[:10]}"
         try:
             links = json.loads(_run(["nsenter", f"--net={netns}", "ip", "-d", "-s", "-j", "link", "show"]))
-            vxlan[net.name] = {link["ifname"]: {"tx_bytes": link["stats64"]["tx"]["bytes"],
+            vxlan[net.name] = {link["ifname"]: {"kind": link["linkinfo"]["info_kind"],
+                                                "tx_bytes": link["stats64"]["tx"]["bytes"],
                                                 "rx_bytes": link["stats64"]["rx"]["bytes"]}
-                               for link in links if (link.get("linkinfo") or {}).get("info_kind") == "vxlan"}
+                               for link in links if (link.get("linkinfo") or {}).get("info_kind") in ("vxlan", "bridge")}
         except (OSError, ValueError, KeyError) as exc:
             vxlan[net.name] = f"unavailable: {exc}"
     out["vxlan_devices"] = vxlan
@@ -221,7 +227,7 @@ def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = p
     print(f"plain overlay {s['plain']['goodput_median_bytes_per_s'] / 1e6:.1f} MB/s, encrypted overlay "
           f"{s['encrypted']['goodput_median_bytes_per_s'] / 1e6:.1f} MB/s (medians); encrypted / plain "
           f"{s['encrypted_over_plain_median_of_ratios']:.2f}x (median of per-repeat ratios)")
-    print(f"host xfrm states: {probe.get('host_xfrm_states')}, VXLAN devices: {probe.get('vxlan_devices')}")
+    print(f"host xfrm states: {probe.get('host_xfrm_states')}, iptables rules on 4789: {len(probe.get('host_iptables_vxlan_rules') or [])}, overlay devices: {probe.get('vxlan_devices')}")
     print(path)
     return 0
 
