@@ -134,6 +134,7 @@ def _run_swarm(plan: dict[str, Any], scratch: Path, progress: Callable[[str], No
     from harness.bench.pair import PairNetwork, Peer, run_pair
     from harness.run.docker_client import docker_client
     from harness.run.swarm.cluster import ensure_swarm, leave_swarm_if_ours, swarm_info
+    from harness.run.swarm.encryption import EncryptionRules
     from harness.run.swarm.stack import ENCRYPTED_OPTION
 
     out_dir = scratch / "out"
@@ -145,6 +146,9 @@ def _run_swarm(plan: dict[str, Any], scratch: Path, progress: Callable[[str], No
                     node, mounts)
 
     client = docker_client()
+    rules = EncryptionRules()
+    rules.snapshot()
+    removed: list = []
     started = ensure_swarm(client, progress)
     try:
         nodes = swarm_info(client).get("Nodes")
@@ -154,8 +158,10 @@ def _run_swarm(plan: dict[str, Any], scratch: Path, progress: Callable[[str], No
             networks=[PairNetwork("plain"), PairNetwork("encrypted", options={ENCRYPTED_OPTION: ""})],
             probe=probe_networks)
     finally:
+        removed = rules.cleanup(progress)
         if started:
             leave_swarm_if_ours(client, progress)
+    backend["iptables_rules_removed"] = [{"table": table, "rule": line} for table, line in removed]
     return {"backend": {"name": "swarm", "swarm_nodes": nodes, "swarm_started_by_bench": started,
                         "transport": "TCP between two containers on this node, on two internal attachable overlays "
                                      "(one with --opt encrypted)", **backend}, **result}

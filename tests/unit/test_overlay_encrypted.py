@@ -12,6 +12,7 @@ import yaml
 
 from harness.errors import ClusterError, SpecError
 from harness.run.backend import refuse_cluster_settings
+from harness.run.swarm.encryption import EncryptionRules, delete_argv, vxlan_rules
 from harness.run.swarm.stack import stack_override, write_stack_files
 from harness.spec.cluster import ClusterSettings
 from harness.spec.points import build_spec
@@ -68,3 +69,67 @@ def test_encrypted_option_passes_the_stack_loader(tmp_path):
     assert out.returncode == 0, out.stderr
     network = yaml.safe_load(out.stdout)["networks"]["wiiide"]
     assert network["driver"] == "overlay" and network["driver_opts"] == {"encrypted": ""}
+
+
+# ---- the iptables rules libnetwork leaves behind on Engine < 24 (as iptables-save printed them here)
+SAVED_BEFORE = """*mangle
+:OUTPUT ACCEPT [0:0]
+-A OUTPUT -p udp -m udp --dport 53 -j ACCEPT
+COMMIT
+*filter
+:INPUT ACCEPT [0:0]
+-A INPUT -p tcp -m tcp --dport 4789 -j ACCEPT
+COMMIT
+"""
+ENCRYPTED_RULES = (
+    ("mangle", '-A OUTPUT -p udp -m udp --dport 4789 -m u32 --u32 "0x0>>0x16&0x3c@0xc&0xffffff00=0x100200" '
+               "-j MARK --set-xmark 0xd0c4e3/0xffffffff"),
+    ("filter", "-A INPUT -p udp -m policy --dir in --pol none -m udp --dport 4789 -m u32 --u32 "
+               '"0x0>>0x16&0x3c@0xc&0xffffff00=0x100200" -j DROP'),
+)
+
+
+def saved_after() -> str:
+    mangle, filt = (line for _, line in ENCRYPTED_RULES)
+    return SAVED_BEFORE.replace("COMMIT\n*filter", f"{mangle}\nCOMMIT\n*filter").replace(
+        "--dport 4789 -j ACCEPT\n", f"--dport 4789 -j ACCEPT\n{filt}\n")
+
+
+def test_only_rules_that_appeared_are_deleted_with_their_own_quoting():
+    outputs = iter([SAVED_BEFORE, saved_after()])
+    ran: list[list[str]] = []
+    rules = EncryptionRules(save=lambda: next(outputs), run=lambda argv: (ran.append(argv), (0, ""))[1])
+    rules.snapshot()
+    assert sorted(rules.cleanup(print)) == sorted(ENCRYPTED_RULES)
+    assert sorted(ran) == sorted([
+        ["iptables", "-t", "mangle", "-D", "OUTPUT", "-p", "udp", "-m", "udp", "--dport", "4789", "-m", "u32", "--u32",
+         "0x0>>0x16&0x3c@0xc&0xffffff00=0x100200", "-j", "MARK", "--set-xmark", "0xd0c4e3/0xffffffff"],
+        ["iptables", "-t", "filter", "-D", "INPUT", "-p", "udp", "-m", "policy", "--dir", "in", "--pol", "none", "-m",
+         "udp", "--dport", "4789", "-m", "u32", "--u32", "0x0>>0x16&0x3c@0xc&0xffffff00=0x100200", "-j", "DROP"]])
+    # the tcp rule on 4789 that was there before the run is left alone
+    assert ("filter", "-A INPUT -p tcp -m tcp --dport 4789 -j ACCEPT") in vxlan_rules(SAVED_BEFORE)
+
+
+def test_unreadable_iptables_is_reported_not_raised():
+    def fail() -> str:
+        raise OSError("iptables-save: not found")
+
+    lines: list[str] = []
+    rules = EncryptionRules(save=fail, run=lambda argv: (1, "unused"))
+    rules.snapshot()
+    assert rules.cleanup(lines.append) == []
+    assert "iptables-save: not found" in lines[0] and "4789" in lines[0]
+
+
+def test_a_failed_delete_names_the_rule():
+    outputs = iter([SAVED_BEFORE, saved_after()])
+    lines: list[str] = []
+    rules = EncryptionRules(save=lambda: next(outputs), run=lambda argv: (1, "iptables: Bad rule"))
+    rules.snapshot()
+    rules.cleanup(lines.append)
+    assert len(lines) == 2 and all("Bad rule" in line and "4789" in line for line in lines)
+
+
+def test_delete_argv_refuses_what_is_not_an_appended_rule():
+    with pytest.raises(ValueError, match="not an appended iptables rule"):
+        delete_argv(("filter", ":INPUT ACCEPT [0:0]"))
