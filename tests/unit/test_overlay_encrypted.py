@@ -127,7 +127,8 @@ def test_a_failed_delete_names_the_rule():
     rules = EncryptionRules(save=lambda: next(outputs), run=lambda argv: (1, "iptables: Bad rule"))
     rules.snapshot()
     rules.cleanup(lines.append)
-    assert len(lines) == 2 and all("Bad rule" in line and "4789" in line for line in lines)
+    assert "deleting 2 iptables rules on UDP 4789" in lines[0]
+    assert len(lines[1:]) == 2 and all("Bad rule" in line and "4789" in line for line in lines[1:])
 
 
 def test_delete_argv_refuses_what_is_not_an_appended_rule():

@@ -87,6 +87,8 @@ class EncryptionRules:
         except OSError as exc:
             progress(f"    swarm: cannot read iptables after the run ({exc}); check `iptables-save | grep 4789`")
             return []
+        if added:
+            progress(f"    swarm: deleting {len(added)} iptables rules on UDP 4789 the encrypted overlay left (moby#45343)")
         for rule in added:
             code, message = self._run(delete_argv(rule))
             if code != 0:
