@@ -12,7 +12,14 @@ import yaml
 
 from harness.errors import ClusterError, SpecError
 from harness.run.backend import refuse_cluster_settings
-from harness.run.swarm.encryption import EncryptionRules, delete_argv, vxlan_rules
+from harness.run.swarm.encryption import (
+    EncryptionRules,
+    delete_argv,
+    encrypted_vnis,
+    remove_rules_for,
+    rules_for_vnis,
+    vxlan_rules,
+)
 from harness.run.swarm.stack import stack_override, write_stack_files
 from harness.spec.cluster import ClusterSettings
 from harness.spec.points import build_spec
@@ -134,3 +141,19 @@ def test_a_failed_delete_names_the_rule():
 def test_delete_argv_refuses_what_is_not_an_appended_rule():
     with pytest.raises(ValueError, match="not an appended iptables rule"):
         delete_argv(("filter", ":INPUT ACCEPT [0:0]"))
+
+
+def test_rules_of_a_removed_encrypted_network_are_found_by_its_vni():
+    attrs = {"Driver": "overlay", "Options": {"com.docker.network.driver.overlay.vxlanid_list": "4098",
+                                              "encrypted": ""}}
+    assert encrypted_vnis(attrs) == [4098]  # 4098 << 8 = 0x100200, the VNI of ENCRYPTED_RULES
+    assert encrypted_vnis({"Driver": "overlay", "Options": {"com.docker.network.driver.overlay.vxlanid_list": "4097"}}) == []
+    assert encrypted_vnis({"Driver": "bridge", "Options": {"encrypted": ""}}) == []
+    rules = vxlan_rules(saved_after())
+    assert rules_for_vnis(rules, [4098]) == sorted(ENCRYPTED_RULES)
+    assert rules_for_vnis(rules, [4097]) == []  # another network's VNI: left alone
+    ran: list[list[str]] = []
+    removed = remove_rules_for([4098], print, save=saved_after, run=lambda argv: (ran.append(argv), (0, ""))[1])
+    assert removed == sorted(ENCRYPTED_RULES) and [argv[:5] for argv in sorted(ran)] == [
+        ["iptables", "-t", "filter", "-D", "INPUT"], ["iptables", "-t", "mangle", "-D", "OUTPUT"]]
+    assert remove_rules_for([], print, save=lambda: 1 / 0) == []  # no encrypted network: iptables not read

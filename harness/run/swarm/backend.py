@@ -23,7 +23,6 @@ from harness.run.stats import (
     summarize_samples,
 )
 from harness.run.swarm.cluster import ensure_swarm, leave_swarm_if_ours, swarm_info
-from harness.run.swarm.encryption import EncryptionRules
 from harness.run.swarm.stack import (
     STACK_LABEL,
     deploy_stack,
@@ -72,7 +71,6 @@ class SwarmBackend:
         self._conditions: ClusterConditions | None = None
         self._deployed = False
         self._image_pushed = False
-        self._encryption_rules = EncryptionRules()  # what an encrypted overlay leaves in iptables (Engine < 24)
 
     @property
     def engines(self) -> NodeEngines:
@@ -155,8 +153,6 @@ class SwarmBackend:
             files = write_stack_files(out_dir / "swarm", cfg.num_workers,
                                       encrypted=conditions.settings.overlay_encrypted)
             write_cluster_secret()
-            if conditions.settings.overlay_encrypted:
-                self._encryption_rules.snapshot()
             self._deployed = True
             deploy_stack(files, self.stack, stack_env(cfg, out_dir, self.image, conditions.settings.compose_env()))
             self._containers = self._wait_running(cfg.num_workers)
@@ -286,17 +282,16 @@ class SwarmBackend:
                          links=conditions.links if conditions else {}, limits=conditions.limits if conditions else {})
 
     def teardown(self) -> None:
-        """Remove the run's stack: services, task containers, overlay network, secret, and the iptables
-        rules an encrypted overlay left (`EncryptionRules`). Idempotent."""
+        """Remove the run's stack: services, task containers, overlay network (and the iptables rules an
+        encrypted one leaves: `remove_stack`), secret. Idempotent."""
         for reader in self._readers.values():
             reader.stop()
         if self._conditions is not None:
             self._conditions.stop()
         self._conditions = None
         if self._deployed:
-            remove_stack(self.client, self.stack, lambda line: None)
+            remove_stack(self.client, self.stack, self._progress)
             self._deployed = False
-        self._encryption_rules.cleanup(self._progress)
         self._containers, self._readers = [], {}
 
     def close(self, progress: Progress = print) -> None:

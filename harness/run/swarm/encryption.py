@@ -12,11 +12,13 @@ Only possible where the harness runs as root on the engine's own host; elsewhere
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 from typing import Callable
 
 VXLAN_PORT_MATCH = "--dport 4789"  # libnetwork's VXLAN port (overlayutils.VXLANUDPPort, default 4789)
+_VNI_MATCH = re.compile(r"&0xffffff00=0x([0-9a-fA-F]+)\b")  # libnetwork's u32 match on the VXLAN header's VNI
 Rule = tuple[str, str]  # (table, the rule as iptables-save prints it: "-A CHAIN ...")
 
 
@@ -42,6 +44,55 @@ def delete_argv(rule: Rule) -> list[str]:
     if len(words) < 2 or words[0] != "-A":
         raise ValueError(f"not an appended iptables rule: {line!r}")
     return ["iptables", "-t", table, "-D", *words[1:]]
+
+
+VXLAN_IDS_OPTION = "com.docker.network.driver.overlay.vxlanid_list"  # a network's VNIs, comma-separated
+
+
+def encrypted_vnis(network_attrs: dict) -> list[int]:
+    """The VNIs of an encrypted overlay network (``docker network inspect``'s attrs); [] for any other. Pure."""
+    options = network_attrs.get("Options") or {}
+    if network_attrs.get("Driver") != "overlay" or "encrypted" not in options:
+        return []
+    return [int(v) for v in str(options.get(VXLAN_IDS_OPTION) or "").split(",") if v.strip().isdigit()]
+
+
+def rules_for_vnis(rules: set[Rule], vnis: list[int]) -> list[Rule]:
+    """The rules of `rules` whose ``-m u32`` match is libnetwork's for one of `vnis`: the VNI shifted
+    left by 8 under the mask 0xffffff00 (iptables-save prints ``...&0xffffff00=0x100100`` for VNI 4097). Pure."""
+    wanted = set(vnis)
+    found = []
+    for rule in rules:
+        match = _VNI_MATCH.search(rule[1])
+        if match and int(match.group(1), 16) >> 8 in wanted:
+            found.append(rule)
+    return sorted(found)
+
+
+def remove_rules_for(vnis: list[int], progress: Callable[[str], None],
+                     save: Callable[[], str] | None = None,
+                     run: Callable[[list[str]], tuple[int, str]] | None = None) -> list[Rule]:
+    """Delete the port-4789 rules libnetwork made for the encrypted overlays of `vnis` (after those
+    networks were removed); return them. Failures are reported through `progress`, never raised."""
+    if not vnis:
+        return []
+    try:
+        found = rules_for_vnis(vxlan_rules((save or _save)()), vnis)
+    except OSError as exc:
+        progress(f"    swarm: cannot read iptables ({exc}); the encrypted overlay (VNI {vnis}) may have left rules "
+                 "on UDP 4789 (`iptables-save | grep 4789`) to delete by hand")
+        return []
+    _delete(found, run or _run, progress)
+    return found
+
+
+def _delete(rules: list[Rule], run: Callable[[list[str]], tuple[int, str]], progress: Callable[[str], None]) -> None:
+    if rules:
+        progress(f"    swarm: deleting {len(rules)} iptables rules on UDP 4789 the encrypted overlay left (moby#45343)")
+    for rule in rules:
+        code, message = run(delete_argv(rule))
+        if code != 0:
+            progress(f"    swarm: could not delete the encrypted overlay's rule `{rule[1]}` (table {rule[0]}): {message}")
 
 
 def _save() -> str:
@@ -87,13 +138,7 @@ class EncryptionRules:
         except OSError as exc:
             progress(f"    swarm: cannot read iptables after the run ({exc}); check `iptables-save | grep 4789`")
             return []
-        if added:
-            progress(f"    swarm: deleting {len(added)} iptables rules on UDP 4789 the encrypted overlay left (moby#45343)")
-        for rule in added:
-            code, message = self._run(delete_argv(rule))
-            if code != 0:
-                progress(f"    swarm: could not delete the encrypted overlay's rule `{rule[1]}` (table {rule[0]}): "
-                         f"{message}")
+        _delete(added, self._run, progress)
         self.before = None
         return added
 

@@ -16,6 +16,7 @@ from harness.errors import ClusterError
 from harness.run.backend import Progress
 from harness.run.compose import PROJECT, compose_env
 from harness.run.swarm.cluster import swarm_info
+from harness.run.swarm.encryption import encrypted_vnis, remove_rules_for
 from wiiide.config import RunConfig
 
 COMPOSE_FILE = REPO_ROOT / "compose.yaml"
@@ -168,13 +169,21 @@ def object_name(obj) -> str:
 def remove_stack(client, stack: str, progress: Progress, wait_s: float = TEARDOWN_WAIT_S) -> None:
     """Remove `stack` as ``docker stack rm`` does, and wait until it is gone: its services (Swarm then
     removes their task containers), then, once no task container is left, its networks, secrets and
-    configs. A no-op for a stack that is not there.
+    configs. A no-op for a stack that is not there. An encrypted overlay's iptables rules (which Engine
+    < 24 leaves after the network: `harness.run.swarm.encryption`) are deleted after it, on this host.
 
     Raises:
         ClusterError: something of the stack is still there after `wait_s` seconds (naming it).
     """
     if swarm_info(client).get("LocalNodeState") != "active":
         return
+    vnis = [vni for network in stack_objects(client, stack)["networks"] for vni in encrypted_vnis(network.attrs)]
+    remove_stack_objects(client, stack, progress, wait_s)
+    remove_rules_for(vnis, progress)  # what an encrypted overlay leaves in iptables on Engine < 24
+
+
+def remove_stack_objects(client, stack: str, progress: Progress, wait_s: float = TEARDOWN_WAIT_S) -> None:
+    """`remove_stack` without the iptables part. Raises ClusterError (see there)."""
     for service in stack_objects(client, stack)["services"]:
         try:
             service.remove()
