@@ -204,11 +204,10 @@ def run_bench(size_bytes: int, bytes_per_trial: int, repeats: int, results_dir: 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``bench-overlay`` verb's options."""
-    p.add_argument("--size", default="1MiB", help="frame payload size, IEC (default 1MiB)")
-    p.add_argument("--bytes-per-trial-mib", type=int, default=256, help="MiB per trial (default 256)")
-    p.add_argument("--repeats", type=int, default=7, help="interleaved repeats of each mode (default 7)")
-    p.add_argument("--results-dir", help="where bench-overlay-<stamp>.json goes (default results/)")
+    """The ``bench-overlay`` verb's options (bench-tls's trial options)."""
+    from harness.bench.tls import add_trial_arguments
+
+    add_trial_arguments(p, REPORT_NAME)
 
 
 def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = print) -> int:
@@ -217,17 +216,10 @@ def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = p
     Raises:
         SpecError: bad options. ClusterError, OSError: as `run_bench`.
     """
-    from harness import REPO_ROOT
-    from harness.errors import SpecError
-    from wiiide.units import MIB, UnitError, parse_size_bytes
+    from harness.bench.tls import trial_options
 
-    try:
-        size_bytes = parse_size_bytes(args.size, "--size")
-    except UnitError as exc:
-        raise SpecError(f"bench-overlay: {exc}") from None
-    results_dir = Path(args.results_dir) if args.results_dir else REPO_ROOT / "results"
-    results_dir.mkdir(parents=True, exist_ok=True)
-    path = run_bench(size_bytes, args.bytes_per_trial_mib * MIB, args.repeats, results_dir, progress)
+    size_bytes, bytes_per_trial, results_dir = trial_options(args, REPORT_NAME)
+    path = run_bench(size_bytes, bytes_per_trial, args.repeats, results_dir, progress)
     report = json.loads(path.read_text())
     s, probe = report["summary"], report["backend"].get("probe") or {}
     print(f"plain overlay {s['plain']['goodput_median_bytes_per_s'] / 1e6:.1f} MB/s, encrypted overlay "

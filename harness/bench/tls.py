@@ -282,20 +282,19 @@ def run_bench(backend: str, size_bytes: int, bytes_per_trial: int, repeats: int,
     return path
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``bench-tls`` verb's options."""
-    p.add_argument("--backend", choices=["local", "docker"], default="local")
+def add_trial_arguments(p: argparse.ArgumentParser, report_name: str) -> None:
+    """The trial options of a `run_trials` bench (bench-tls, bench-overlay): size, MiB per trial, repeats, results dir."""
     p.add_argument("--size", default="1MiB", help="frame payload size, IEC (default 1MiB)")
     p.add_argument("--bytes-per-trial-mib", type=int, default=256, help="MiB per trial (default 256)")
     p.add_argument("--repeats", type=int, default=7, help="interleaved repeats of each mode (default 7)")
-    p.add_argument("--results-dir", help="where bench-tls-<stamp>.json goes (default results/)")
+    p.add_argument("--results-dir", help=f"where {report_name}-<stamp>.json goes (default results/)")
 
 
-def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = print) -> int:
-    """The CLI verb: run, print the medians and the JSON's path; return 0.
+def trial_options(args: argparse.Namespace, report_name: str) -> tuple[int, int, Path]:
+    """(frame size in bytes, bytes per trial, the results folder, created if missing) from `add_trial_arguments`' options.
 
     Raises:
-        SpecError: bad options. ClusterError, OSError: as `run_bench`.
+        SpecError: ``--size`` is not an IEC size (naming `report_name`).
     """
     from harness import REPO_ROOT
     from harness.errors import SpecError
@@ -304,10 +303,26 @@ def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = p
     try:
         size_bytes = parse_size_bytes(args.size, "--size")
     except UnitError as exc:
-        raise SpecError(f"bench-tls: {exc}") from None
+        raise SpecError(f"{report_name}: {exc}") from None
     results_dir = Path(args.results_dir) if args.results_dir else REPO_ROOT / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
-    path = run_bench(args.backend, size_bytes, args.bytes_per_trial_mib * MIB, args.repeats, results_dir, progress)
+    return size_bytes, args.bytes_per_trial_mib * MIB, results_dir
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``bench-tls`` verb's options."""
+    p.add_argument("--backend", choices=["local", "docker"], default="local")
+    add_trial_arguments(p, REPORT_NAME)
+
+
+def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = print) -> int:
+    """The CLI verb: run, print the medians and the JSON's path; return 0.
+
+    Raises:
+        SpecError: bad options. ClusterError, OSError: as `run_bench`.
+    """
+    size_bytes, bytes_per_trial, results_dir = trial_options(args, REPORT_NAME)
+    path = run_bench(args.backend, size_bytes, bytes_per_trial, args.repeats, results_dir, progress)
     s = json.loads(path.read_text())["summary"]
     print(f"plaintext {s['plain']['goodput_median_bytes_per_s'] / 1e6:.1f} MB/s, TLS 1.3 "
           f"{s['tls']['goodput_median_bytes_per_s'] / 1e6:.1f} MB/s (medians); TLS / plaintext "
