@@ -1,5 +1,5 @@
 """``python -m harness VERB``: up, down, status, sweep, report, image, compare, bench-wire, bench-handshake,
-bench-tls.
+bench-tls, bench-overlay.
 
 Errors the harness raises on purpose (bad spec, no engine, a failed Compose call) end as one line on
 stderr and exit code 2 (bad input) or 1 (anything else), not a traceback.
@@ -228,6 +228,12 @@ def cmd_bench_tls(args: argparse.Namespace) -> int:
     return main_from_args(args, _log)
 
 
+def cmd_bench_overlay(args: argparse.Namespace) -> int:
+    """`bench-overlay`: see `harness.bench.overlay`; writes its JSON and prints the medians."""
+    from harness.bench.overlay import main_from_args
+    return main_from_args(args, _log)
+
+
 def cmd_image(args: argparse.Namespace) -> int:
     """`image [--force]`: build the node image and print its tag. Raises ClusterError without an engine."""
     from harness.run.image import build_image
@@ -320,6 +326,12 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.bench.tls import add_arguments as add_tls_arguments
     add_tls_arguments(p)
     p.set_defaults(func=cmd_bench_tls)
+
+    p = sub.add_parser("bench-overlay", help="goodput of 1 MiB frames on a swarm's encrypted overlay against a "
+                                             "plain one, side by side (JSON)")
+    from harness.bench.overlay import add_arguments as add_overlay_arguments
+    add_overlay_arguments(p)
+    p.set_defaults(func=cmd_bench_overlay)
 
     p = sub.add_parser("image", help="build the node image (wheelhouse, local base when no registry)")
     p.add_argument("--force", action="store_true")

@@ -1,6 +1,7 @@
-"""Two containers of the node image on a bridge of their own: a sink, and a source that writes its
-result JSON into a mounted folder. What a two-peer benchmark needs on the docker backend (bench-tls;
-bench-wire's `run_docker` does the same and can move onto it)."""
+"""Two containers of the node image on a bridge of their own (or on networks given, e.g. two overlays):
+a sink, and a source that writes its result JSON into a mounted folder. What a two-peer benchmark needs
+on the docker backend (bench-tls, bench-overlay; bench-wire's `run_docker` does the same and can move
+onto it)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,29 @@ class Peer:
     mounts: dict[str, tuple[str, str]]
 
 
+@dataclass(frozen=True)
+class PairNetwork:
+    """One network both peers join (created for the pair, removed after): its name is
+    ``<project>-<bench>-<suffix>-<stamp>``, its `driver` and driver `options` (``docker network create
+    --opt``); each peer is reachable on it as ``<hostname>-<suffix>`` (a network-scoped alias)."""
+
+    suffix: str
+    driver: str = "overlay"
+    options: dict[str, str] | None = None
+
+
 def run_pair(name: str, sink: Peer, source: Peer, result_file: Path, progress: Callable[[str], None],
-             wait_s: float = 60.0) -> tuple[dict[str, Any], dict[str, Any]]:
+             wait_s: float = 60.0, networks: Sequence[PairNetwork] = (),
+             probe: Callable[[list], dict[str, Any]] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Build the image if stale, start `sink` then `source` on a new bridge network labelled with the
     project, stream the source's output to `progress`, read `result_file` (on the host; the source
     writes it through a mount) once the source exits 0, and remove containers and network.
+
+    `networks`: instead of the bridge, create these (internal; overlays attachable, which needs an
+    active swarm) and attach each peer to all of them before it starts; the ``backend`` entry then lists
+    them (name, id, driver, options) as ``networks``. `probe`: called with the created networks (docker
+    SDK objects) once the source exited 0, before anything is removed; what it returns is the
+    ``backend`` entry's ``probe``.
 
     Returns:
         (the result JSON, the ``backend`` entry: engine version, image, project).
@@ -41,14 +60,31 @@ def run_pair(name: str, sink: Peer, source: Peer, result_file: Path, progress: C
     build_image(log=progress)
     labels = {PROJECT_LABEL: PROJECT, SERVICE_LABEL: name}
     stamp = datetime.now(timezone.utc).strftime("%H%M%S")
-    network = client.networks.create(f"{PROJECT}-{name}-{stamp}", driver="bridge", labels=labels)
+    created = []
     started = []
     try:
+        if not networks:
+            created.append(client.networks.create(f"{PROJECT}-{name}-{stamp}", driver="bridge", labels=labels))
+        for net in networks:
+            created.append(client.networks.create(
+                f"{PROJECT}-{name}-{net.suffix}-{stamp}", driver=net.driver, options=dict(net.options or {}),
+                internal=True, attachable=net.driver == "overlay", labels=labels))
         for role, peer in (("sink", sink), ("source", source)):
-            started.append(client.containers.run(
+            volumes = {host: {"bind": bind, "mode": mode} for host, (bind, mode) in peer.mounts.items()}
+            if not networks:
+                started.append(client.containers.run(
+                    DEFAULT_IMAGE, list(peer.command), name=f"{PROJECT}-{name}-{role}-{stamp}",
+                    hostname=peer.hostname, detach=True, network=created[0].name, labels=labels, volumes=volumes))
+                continue
+            aliases = {n.name: [f"{peer.hostname}-{spec.suffix}"] for n, spec in zip(created, networks)}
+            container = client.containers.create(
                 DEFAULT_IMAGE, list(peer.command), name=f"{PROJECT}-{name}-{role}-{stamp}", hostname=peer.hostname,
-                detach=True, network=network.name, labels=labels,
-                volumes={host: {"bind": bind, "mode": mode} for host, (bind, mode) in peer.mounts.items()}))
+                network=created[0].name, labels=labels, volumes=volumes,
+                networking_config={created[0].name: client.api.create_endpoint_config(aliases=aliases[created[0].name])})
+            started.append(container)
+            for net in created[1:]:
+                net.connect(container, aliases=aliases[net.name])
+            container.start()
         src = started[-1]
         for line in src.logs(stream=True, follow=True):
             progress(line.decode(errors="replace").rstrip())
@@ -56,12 +92,19 @@ def run_pair(name: str, sink: Peer, source: Peer, result_file: Path, progress: C
         if code != 0:
             raise ClusterError(f"{name} source container exited {code}: {src.logs(tail=20).decode(errors='replace')}")
         result = json.loads(result_file.read_text())
+        probed = probe(created) if probe else None
         backend = {"engine_version": client.version().get("Version"), "image": DEFAULT_IMAGE, "project": PROJECT}
+        if networks:
+            backend["networks"] = [{"name": n.name, "id": n.id[:12], "driver": spec.driver,
+                                    "options": dict(spec.options or {})} for n, spec in zip(created, networks)]
+        if probe:
+            backend["probe"] = probed
     finally:
         for c in started:
             try:
                 c.remove(force=True)
             except Exception as exc:  # keep removing the rest; report what is left
                 progress(f"could not remove container {c.name}: {exc}")
-        network.remove()
+        for net in created:
+            net.remove()
     return result, backend

@@ -118,20 +118,41 @@ def _connect(host: str, port: int, cfg, tls: bool, server_name: str) -> socket.s
 def source_main(host: str, tls_dir: str, plain_port: int, tls_port: int, plan: dict[str, Any],
                 progress: Callable[[str], None]) -> dict[str, Any]:
     """Run the interleaved trials against the sink; returns ``{"trials": [...]}`` (raw values)."""
+    from wiiide.protocol import encode_message, send_frames
+
+    plain_cfg, tls_cfg = _node_cfg(None), _node_cfg(tls_dir)
+    connectors = {"plain": lambda: _connect(host, plain_port, plain_cfg, False, plan["server_name"]),
+                  "tls": lambda: _connect(host, tls_port, tls_cfg, True, plan["server_name"])}
+    trials = run_trials(connectors, plan, progress)
+    for port, tls in ((plain_port, False), (tls_port, True)):
+        with _connect(host, port, tls_cfg if tls else plain_cfg, tls, plan["server_name"]) as sock:
+            send_frames(sock, [encode_message("done")])
+    return {"trials": trials}
+
+
+def run_trials(connectors: dict[str, Callable[[], socket.socket]], plan: dict[str, Any],
+               progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    """``plan["repeats"]`` rounds of one trial per mode (the order of `connectors`, reversed every other
+    round), each on a fresh connection from its connector: a ``trial`` frame, ``plan["count"]`` frames of
+    one float32 tensor of ``plan["size_bytes"]``, then the sink's ``ack``. Returns the raw trials
+    (mode, repeat, seconds, connect_s, goodput_bytes_per_s, each side's thread CPU seconds).
+
+    Raises:
+        ConnectionError: the sink answered something else than ``ack``; OSError: the connection failed.
+    """
     import numpy as np
 
     from wiiide.protocol import FrameReader, WireTensor, encode_message, send_frames
 
-    plain_cfg, tls_cfg = _node_cfg(None), _node_cfg(tls_dir)
+    modes = list(connectors)
     size_bytes, count = int(plan["size_bytes"]), int(plan["count"])
     payload = np.random.default_rng(0).standard_normal(size_bytes // 4, dtype=np.float32)
     frames = [encode_message("gradients", {"i": 0}, [WireTensor("g", payload)])]
     trials = []
     for repeat in range(int(plan["repeats"])):
-        for mode in (MODES if repeat % 2 == 0 else MODES[::-1]):
-            tls = mode == "tls"
+        for mode in (modes if repeat % 2 == 0 else modes[::-1]):
             t0 = time.perf_counter()
-            sock = _connect(host, tls_port if tls else plain_port, tls_cfg if tls else plain_cfg, tls, plan["server_name"])
+            sock = connectors[mode]()
             connect_s = time.perf_counter() - t0
             with sock:
                 reader = FrameReader(sock, 1 << 20)
@@ -149,16 +170,15 @@ def source_main(host: str, tls_dir: str, plain_port: int, tls_port: int, plan: d
                            "source_cpu_s": source_cpu_s, "sink_cpu_s": float(ack.meta.get("cpu_s", 0.0))})
             progress(f"repeat {repeat + 1}/{plan['repeats']} {mode:5s}: {goodput / 1e6:8.1f} MB/s "
                      f"(connect {connect_s * 1e3:.1f} ms)")
-    for port, tls in ((plain_port, False), (tls_port, True)):
-        with _connect(host, port, tls_cfg if tls else plain_cfg, tls, plan["server_name"]) as sock:
-            send_frames(sock, [encode_message("done")])
-    return {"trials": trials}
+    return trials
 
 
-def summarize(trials: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Medians per mode (goodput bytes/s, connect s) and the TLS / plaintext ratio: the median of the
-    per-repeat ratios (each repeat ran both modes back to back) and the ratio of the medians."""
-    by_mode = {m: [t for t in trials if t["mode"] == m] for m in MODES}
+def summarize(trials: Sequence[dict[str, Any]], modes: Sequence[str] = MODES) -> dict[str, Any]:
+    """Medians per mode (goodput bytes/s, connect s) and the ratio of the second mode to the first
+    (``tls_over_plain_...`` by default): the median of the per-repeat ratios (each repeat ran both modes
+    back to back) and the ratio of the medians."""
+    base, other = modes
+    by_mode = {m: [t for t in trials if t["mode"] == m] for m in modes}
     out: dict[str, Any] = {}
     for mode, rows in by_mode.items():
         values = [t["goodput_bytes_per_s"] for t in rows]
@@ -171,13 +191,13 @@ def summarize(trials: Sequence[dict[str, Any]]) -> dict[str, Any]:
                          t["source_cpu_s"] / (t["frames"] * t["size_bytes"] / 2**20) for t in rows),
                      "sink_cpu_median_s_per_mib": statistics.median(
                          t["sink_cpu_s"] / (t["frames"] * t["size_bytes"] / 2**20) for t in rows)}
-    plain = {t["repeat"]: t["goodput_bytes_per_s"] for t in by_mode["plain"]}
-    ratios = [t["goodput_bytes_per_s"] / plain[t["repeat"]] for t in by_mode["tls"] if t["repeat"] in plain]
-    out["tls_over_plain_median_of_ratios"] = statistics.median(ratios)
-    out["tls_over_plain_ratio_of_medians"] = (out["tls"]["goodput_median_bytes_per_s"]
-                                              / out["plain"]["goodput_median_bytes_per_s"])
+    plain = {t["repeat"]: t["goodput_bytes_per_s"] for t in by_mode[base]}
+    ratios = [t["goodput_bytes_per_s"] / plain[t["repeat"]] for t in by_mode[other] if t["repeat"] in plain]
+    out[f"{other}_over_{base}_median_of_ratios"] = statistics.median(ratios)
+    out[f"{other}_over_{base}_ratio_of_medians"] = (out[other]["goodput_median_bytes_per_s"]
+                                                    / out[base]["goodput_median_bytes_per_s"])
     out["target_ratio"] = TARGET_RATIO
-    out["meets_target"] = out["tls_over_plain_median_of_ratios"] >= TARGET_RATIO
+    out["meets_target"] = out[f"{other}_over_{base}_median_of_ratios"] >= TARGET_RATIO
     return out
 
 
@@ -262,20 +282,19 @@ def run_bench(backend: str, size_bytes: int, bytes_per_trial: int, repeats: int,
     return path
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``bench-tls`` verb's options."""
-    p.add_argument("--backend", choices=["local", "docker"], default="local")
+def add_trial_arguments(p: argparse.ArgumentParser, report_name: str) -> None:
+    """The trial options of a `run_trials` bench (bench-tls, bench-overlay): size, MiB per trial, repeats, results dir."""
     p.add_argument("--size", default="1MiB", help="frame payload size, IEC (default 1MiB)")
     p.add_argument("--bytes-per-trial-mib", type=int, default=256, help="MiB per trial (default 256)")
     p.add_argument("--repeats", type=int, default=7, help="interleaved repeats of each mode (default 7)")
-    p.add_argument("--results-dir", help="where bench-tls-<stamp>.json goes (default results/)")
+    p.add_argument("--results-dir", help=f"where {report_name}-<stamp>.json goes (default results/)")
 
 
-def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = print) -> int:
-    """The CLI verb: run, print the medians and the JSON's path; return 0.
+def trial_options(args: argparse.Namespace, report_name: str) -> tuple[int, int, Path]:
+    """(frame size in bytes, bytes per trial, the results folder, created if missing) from `add_trial_arguments`' options.
 
     Raises:
-        SpecError: bad options. ClusterError, OSError: as `run_bench`.
+        SpecError: ``--size`` is not an IEC size (naming `report_name`).
     """
     from harness import REPO_ROOT
     from harness.errors import SpecError
@@ -284,10 +303,26 @@ def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = p
     try:
         size_bytes = parse_size_bytes(args.size, "--size")
     except UnitError as exc:
-        raise SpecError(f"bench-tls: {exc}") from None
+        raise SpecError(f"{report_name}: {exc}") from None
     results_dir = Path(args.results_dir) if args.results_dir else REPO_ROOT / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
-    path = run_bench(args.backend, size_bytes, args.bytes_per_trial_mib * MIB, args.repeats, results_dir, progress)
+    return size_bytes, args.bytes_per_trial_mib * MIB, results_dir
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``bench-tls`` verb's options."""
+    p.add_argument("--backend", choices=["local", "docker"], default="local")
+    add_trial_arguments(p, REPORT_NAME)
+
+
+def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = print) -> int:
+    """The CLI verb: run, print the medians and the JSON's path; return 0.
+
+    Raises:
+        SpecError: bad options. ClusterError, OSError: as `run_bench`.
+    """
+    size_bytes, bytes_per_trial, results_dir = trial_options(args, REPORT_NAME)
+    path = run_bench(args.backend, size_bytes, bytes_per_trial, args.repeats, results_dir, progress)
     s = json.loads(path.read_text())["summary"]
     print(f"plaintext {s['plain']['goodput_median_bytes_per_s'] / 1e6:.1f} MB/s, TLS 1.3 "
           f"{s['tls']['goodput_median_bytes_per_s'] / 1e6:.1f} MB/s (medians); TLS / plaintext "

@@ -150,9 +150,21 @@ def refuse_cluster_settings(backend_name: str, cluster: ClusterSettings | None) 
     Raises:
         ClusterError: `cluster` asks for something (naming what, and the backend that can).
     """
+    refuse_overlay_encrypted(backend_name, cluster)
     if cluster is not None and not cluster.is_empty:
         raise ClusterError(f"the {backend_name} backend cannot shape links or limit CPUs and memory (asked: "
                            f"{', '.join(k for k, v in cluster.to_dict().items() if v)}); use --backend docker")
+
+
+def refuse_overlay_encrypted(backend_name: str, cluster: ClusterSettings | None) -> None:
+    """`Backend.check_cluster`'s part for a backend without an overlay network (docker, local).
+
+    Raises:
+        ClusterError: `cluster` asks for ``overlay_encrypted`` (only the swarm backend's overlay has it).
+    """
+    if cluster is not None and cluster.overlay_encrypted:
+        raise ClusterError(f"overlay_encrypted: true needs the swarm backend's overlay network; the {backend_name} "
+                           "backend has none (use --backend swarm, or tls: true for encryption on this backend)")
 
 
 def default_timeout_s(cfg: RunConfig) -> float:

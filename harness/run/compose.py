@@ -19,7 +19,12 @@ from typing import Any, Callable, Sequence
 from harness import REPO_ROOT
 from harness.errors import ClusterError
 from harness.links.plan import Capabilities
-from harness.run.backend import Collected, PhaseClock, Progress
+from harness.run.backend import (
+    Collected,
+    PhaseClock,
+    Progress,
+    refuse_overlay_encrypted,
+)
 from harness.run.certs import config_fields, write_cluster_tls
 from harness.run.compose_file import (
     NETWORK_LABEL,
@@ -274,7 +279,9 @@ class ComposeBackend:
                 "reuse_containers": self.reuse}
 
     def check_cluster(self, cluster: ClusterSettings | None) -> None:
-        """Links, CPU and memory limits: all applied here (harness.run.shaping); never raises."""
+        """Links, CPU and memory limits: all applied here (harness.run.shaping). Raises ClusterError
+        for ``overlay_encrypted`` (a bridge network: swarm only)."""
+        refuse_overlay_encrypted(self.name, cluster)
 
     def check_faults(self, faults: Sequence[Fault]) -> None:
         """Every fault action works on containers; never raises."""

@@ -9,10 +9,12 @@ A sweep spec sets them under ``base:`` or ``axes:`` with the keys ``link``, ``cp
     cpus: 0.5                                 # Compose `cpus` (0: no limit)
     cpus: {worker-2: 0.25}                    # one slow worker: a straggler
     mem_limit: {coordinator: 2GiB}            # Compose `mem_limit` (0: no limit), IEC (wiiide.units)
+    overlay_encrypted: true                   # swarm only: the stack's overlay with `--opt encrypted`
 
 Keys of a mapping: ``all``, ``coordinator``, ``worker`` (every worker) and ``worker-N`` (the Nth
 worker container, Compose's container number, e.g. ``<project>_worker_2``); the most specific key
-wins, and ``none`` (or null) means explicitly unshaped / unlimited. ``allow_partial`` (link only)
+wins, and ``none`` (or null) means explicitly unshaped / unlimited. ``overlay_encrypted`` is one
+boolean for the whole run (a network has no per-container setting); only the swarm backend applies it. ``allow_partial`` (link only)
 applies what the kernel can and records the rest as unsupported instead of failing the point.
 
 Role-wide limits go to Compose (``WIIIIIDE_COORDINATOR_CPUS`` and friends in compose.yaml); when a
@@ -45,7 +47,7 @@ from harness.spec.yaml_file import load_yaml_file
 from wiiide.units import parse_size_bytes
 
 PRESETS_FILE = REPO_ROOT / "experiments" / "links.yaml"
-CLUSTER_KEYS = ("link", "cpus", "mem_limit")
+CLUSTER_KEYS = ("link", "cpus", "mem_limit", "overlay_encrypted")
 ROLE_KEYS = ("all", "coordinator", "worker")
 ROLE_KEY_PATTERN = r"^(all|coordinator|worker|worker-[1-9][0-9]*)$"
 _WORKER_KEY = re.compile(r"^worker-(\d{1,6})$")  # at most 6 digits: int() never sees a huge number
@@ -273,7 +275,11 @@ CpusValue = Annotated[PerContainer[float] | None, PlainValidator(
 MemValue = Annotated[PerContainer[int] | None, PlainValidator(
     lambda v: _none_if_empty(_per_container(v, _mem_bytes)), json_schema_input_type=_Mem | dict[RoleKey, _Mem]),
     Field(description="memory limit (0 or none: no limit), for every container or by role")]
-_ADAPTERS = {"link": TypeAdapter(LinkValue), "cpus": TypeAdapter(CpusValue), "mem_limit": TypeAdapter(MemValue)}
+OverlayEncryptedValue = Annotated[bool, Field(strict=True, description=(
+    "swarm only: create the stack's overlay network with driver_opts encrypted (IPsec ESP between hosts); "
+    "true or false"))]
+_ADAPTERS = {"link": TypeAdapter(LinkValue), "cpus": TypeAdapter(CpusValue), "mem_limit": TypeAdapter(MemValue),
+             "overlay_encrypted": TypeAdapter(OverlayEncryptedValue)}
 
 
 def parse_link(value: Any, presets: Mapping[str, Any], path: str) -> LinkSetting | None:
@@ -303,22 +309,27 @@ def parse_mem_bytes(value: Any, path: str) -> int | None:
 
 class ClusterSettings(SpecModel):
     """What a point asks of its containers besides node knobs (None: nothing asked): `link` profiles,
-    `cpus` (CPUs) and `mem_limit` (bytes), each by container."""
+    `cpus` (CPUs) and `mem_limit` (bytes), each by container; and of its network: `overlay_encrypted`
+    (swarm only: the stack's overlay network created with ``driver_opts: {encrypted: ""}``)."""
 
     link: LinkSetting | None = None
     cpus: PerContainer[float] | None = None
     mem_limit: PerContainer[int] | None = None
+    overlay_encrypted: bool = False
 
     @property
     def is_empty(self) -> bool:
-        """Whether nothing is asked (no link shaping, no limits)."""
+        """Whether nothing is asked of the containers (no link shaping, no limits): nothing to set up
+        in them behind the start gate. `overlay_encrypted` is the network's, set when it is created."""
         return self.link is None and self.cpus is None and self.mem_limit is None
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"link": LinkSetting.to_dict() | None, "cpus": {key: CPUs} | None, "mem_limit_bytes": ...}``."""
+        """``{"link": LinkSetting.to_dict() | None, "cpus": {key: CPUs} | None, "mem_limit_bytes": ...}``,
+        plus ``"overlay_encrypted": true`` when asked (absent: a plain overlay, as in reports from before the key)."""
         return {"link": self.link.to_dict() if self.link else None,
                 "cpus": self.cpus.to_dict() if self.cpus else None,
-                "mem_limit_bytes": self.mem_limit.to_dict() if self.mem_limit else None}
+                "mem_limit_bytes": self.mem_limit.to_dict() if self.mem_limit else None,
+                **({"overlay_encrypted": True} if self.overlay_encrypted else {})}
 
     def max_worker_index(self) -> int:
         """The largest N of any ``worker-N`` key (0: none)."""
@@ -358,7 +369,7 @@ class ClusterSettings(SpecModel):
 
 def parse_cluster(values: Mapping[str, Any], presets: Mapping[str, Any], num_workers: int,
                   paths: Mapping[str, str]) -> ClusterSettings:
-    """Build a point's settings from its ``link``/``cpus``/``mem_limit`` values (as written in YAML).
+    """Build a point's settings from its ``link``/``cpus``/``mem_limit``/``overlay_encrypted`` values (as written in YAML).
 
     `presets` maps link preset names to profile mappings; `paths` gives each key's place in the spec
     for messages (e.g. ``axes.link[2]``).

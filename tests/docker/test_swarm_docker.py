@@ -117,3 +117,26 @@ def test_up_then_down_leaves_nothing(image, tmp_path):
         f"{swarm.stack_name()}_coordinator", f"{swarm.stack_name()}_worker"}
     assert all(c.status == "running" for c in containers)
     swarm.cluster_down(print)
+
+
+def test_encrypted_overlay_is_created_and_its_iptables_rules_removed(image, tmp_path):
+    """``overlay_encrypted``: the stack's network carries the ``encrypted`` option; after teardown the
+    port-4789 iptables rules libnetwork added for it (Engine < 24 leaves them) are gone again."""
+    from harness.run import swarm
+    from harness.run.swarm.encryption import _save, vxlan_rules
+    from harness.run.swarm.stack import STACK_LABEL
+    from harness.spec.cluster import ClusterSettings
+    try:
+        rules_before = vxlan_rules(_save())
+    except OSError:  # not root, or the engine on another host: the network is still checked
+        rules_before = None
+    backend = swarm.SwarmBackend(IMAGE, print)
+    try:
+        backend.launch(RunConfig(num_workers=1, duration_s=30), tmp_path, ClusterSettings(overlay_encrypted=True), print)
+        (network,) = backend.client.networks.list(filters={"label": f"{STACK_LABEL}={backend.stack}"})
+        network.reload()
+        assert network.attrs["Driver"] == "overlay" and "encrypted" in network.attrs["Options"]
+    finally:
+        backend.close(print)
+    if rules_before is not None:
+        assert vxlan_rules(_save()) == rules_before

@@ -106,7 +106,8 @@ class SwarmBackend:
                 "storage_driver": self.client.info().get("Driver")}
 
     def check_cluster(self, cluster: ClusterSettings | None) -> None:
-        """Links, CPU and memory limits are applied in each task's container (as on ``docker``): never raises."""
+        """Links, CPU and memory limits are applied in each task's container (as on ``docker``), and
+        ``overlay_encrypted`` on the stack's network (`harness.run.swarm.stack.stack_override`): never raises."""
 
     def check_faults(self, faults: Sequence[Fault]) -> None:
         """``restart`` is refused (ClusterError): Swarm does not restart a task's container, it replaces
@@ -138,7 +139,7 @@ class SwarmBackend:
         """
         if cfg.tls:  # replicas of one service share one spec: no per-node certificate without per-task secrets
             raise ClusterError("tls: true runs on the docker and local backends; on swarm, encrypt the overlay "
-                               "network instead (IPsec between hosts) or use --backend docker")
+                               "network instead (overlay_encrypted: true, IPsec between hosts) or use --backend docker")
         clock = clock or PhaseClock()
         out_dir = Path(out_dir).resolve()
         (out_dir / "nodes").mkdir(parents=True, exist_ok=True)
@@ -149,7 +150,8 @@ class SwarmBackend:
 
         def create(cfg: RunConfig) -> list[TaskContainer]:
             self._share_image(progress)
-            files = write_stack_files(out_dir / "swarm", cfg.num_workers)
+            files = write_stack_files(out_dir / "swarm", cfg.num_workers,
+                                      encrypted=conditions.settings.overlay_encrypted)
             write_cluster_secret()
             self._deployed = True
             deploy_stack(files, self.stack, stack_env(cfg, out_dir, self.image, conditions.settings.compose_env()))
@@ -280,14 +282,15 @@ class SwarmBackend:
                          links=conditions.links if conditions else {}, limits=conditions.limits if conditions else {})
 
     def teardown(self) -> None:
-        """Remove the run's stack: services, task containers, overlay network, secret. Idempotent."""
+        """Remove the run's stack: services, task containers, overlay network (and the iptables rules an
+        encrypted one leaves: `remove_stack`), secret. Idempotent."""
         for reader in self._readers.values():
             reader.stop()
         if self._conditions is not None:
             self._conditions.stop()
         self._conditions = None
         if self._deployed:
-            remove_stack(self.client, self.stack, lambda line: None)
+            remove_stack(self.client, self.stack, self._progress)
             self._deployed = False
         self._containers, self._readers = [], {}
 
