@@ -45,6 +45,7 @@ NODE_REQUIREMENTS = WHEELHOUSE / "requirements-node.txt"  # derived from PYPROJE
 
 # WIIIIIDE_IMAGE names another tag (e.g. one per checkout, so that two never overwrite each other's)
 DEFAULT_TAG = os.environ.get("WIIIIIDE_IMAGE") or "wiiide:latest"
+IMAGE_LABEL = "org.wiiide-lab.image"  # on every node image this project builds (replaced ones are pruned by it)
 DEFAULT_BASE = "python:3.11-slim"
 LOCAL_BASE = "wiiide-base:bookworm"
 DEBIAN_SUITE = "bookworm"
@@ -369,6 +370,7 @@ def _docker_build(tag: str, base: str, nocache: bool, log: Log) -> str:
             forcerm=True,
             nocache=nocache,
             decode=True,
+            labels={IMAGE_LABEL: "node"},
         )
         for event in stream:
             if "stream" in event:
@@ -388,7 +390,23 @@ def _docker_build(tag: str, base: str, nocache: bool, log: Log) -> str:
         raise ClusterError(f"docker build of {tag} failed: {e}\n--- last output ---\n{_tail(tail)}") from e
     if not _image_exists(client, tag):
         raise ClusterError(f"docker build finished but {tag} is missing\n--- last output ---\n{_tail(tail)}")
+    _prune_replaced(client, log)
     return image_id
+
+
+def _prune_replaced(client, log: Log) -> None:
+    """Remove the node images this project built before and a rebuild left untagged (dangling, with
+    `IMAGE_LABEL`); images of anyone else, tagged ones and those a container still uses stay.
+    A failure is only logged: the new image is built either way."""
+    try:
+        pruned = client.images.prune(filters={"dangling": True, "label": f"{IMAGE_LABEL}=node"})
+    except Exception as exc:  # docker.errors.APIError: e.g. a prune already running
+        log(f"[image] could not remove replaced node images: {exc}")
+        return
+    removed = [i for i in (pruned.get("ImagesDeleted") or []) if i.get("Deleted")]
+    if removed:
+        log(f"[image] removed {len(removed)} layer(s) of replaced node images, "
+            f"{(pruned.get('SpaceReclaimed') or 0) / 1e6:.0f} MB")
 
 
 def build_image(tag: str = DEFAULT_TAG, base_image: Optional[str] = None, force: bool = False,
