@@ -8,6 +8,7 @@ stderr and exit code 2 (bad input) or 1 (anything else), not a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -205,33 +206,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     return watch_status(lambda: read_cluster_status(client), Console(), args.interval_s, once=args.once)
 
 
-def cmd_bench_wire(args: argparse.Namespace) -> int:
-    """`bench-wire`: see `harness.bench.wire.cli`; writes its JSON and prints the tables."""
-    from harness.bench.wire.cli import main_from_args
-    return main_from_args(args, _log)
+# the bench-* verbs: (module with add_arguments / main_from_args, help); each writes its JSON and prints its table
+BENCHES = {
+    "bench-wire": ("harness.bench.wire.cli", "raw socket vs WIIIIIDE frames, codecs, policies on paced links (JSON)"),
+    "bench-overhead": ("harness.bench.overhead", "the harness's own seconds per point, phase by phase, "
+                                                 "at 1+4 and 1+8 containers (JSON)"),
+    "bench-handshake": ("harness.bench.handshake", "a worker's admission time and samples/s under a slowloris and "
+                                                   "a connection flood, each beside an unattacked twin (JSON)"),
+    "bench-tls": ("harness.bench.tls", "goodput of 1 MiB frames over TLS 1.3 against plaintext, side by side (JSON)"),
+    "bench-overlay": ("harness.bench.overlay", "goodput of 1 MiB frames on a swarm's encrypted overlay against a "
+                                               "plain one, side by side (JSON)"),
+}
 
 
-def cmd_bench_overhead(args: argparse.Namespace) -> int:
-    from harness.bench.overhead import main_from_args
-    return main_from_args(args, _log)
-
-
-def cmd_bench_handshake(args: argparse.Namespace) -> int:
-    """`bench-handshake`: see `harness.bench.handshake`; writes its JSON and prints the table."""
-    from harness.bench.handshake import main_from_args
-    return main_from_args(args, _log)
-
-
-def cmd_bench_tls(args: argparse.Namespace) -> int:
-    """`bench-tls`: see `harness.bench.tls`; writes its JSON and prints the medians."""
-    from harness.bench.tls import main_from_args
-    return main_from_args(args, _log)
-
-
-def cmd_bench_overlay(args: argparse.Namespace) -> int:
-    """`bench-overlay`: see `harness.bench.overlay`; writes its JSON and prints the medians."""
-    from harness.bench.overlay import main_from_args
-    return main_from_args(args, _log)
+def cmd_bench(args: argparse.Namespace) -> int:
+    """A `bench-*` verb: its module's `main_from_args` (see `BENCHES`)."""
+    return importlib.import_module(args.bench_module).main_from_args(args, _log)
 
 
 def cmd_image(args: argparse.Namespace) -> int:
@@ -305,33 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval-s", type=float, default=2.0, help="seconds between refreshes (default 2)")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("bench-wire", help="raw socket vs WIIIIIDE frames, codecs, policies on paced links (JSON)")
-    from harness.bench.wire.cli import add_arguments
-    add_arguments(p)
-    p.set_defaults(func=cmd_bench_wire)
-
-    p = sub.add_parser("bench-overhead", help="the harness's own seconds per point, phase by phase, "
-                                              "at 1+4 and 1+8 containers (JSON)")
-    from harness.bench.overhead import add_arguments as add_overhead_arguments
-    add_overhead_arguments(p)
-    p.set_defaults(func=cmd_bench_overhead)
-
-    p = sub.add_parser("bench-handshake", help="a worker's admission time and samples/s under a slowloris and a "
-                                               "connection flood, each beside an unattacked twin (JSON)")
-    from harness.bench.handshake import add_arguments as add_handshake_arguments
-    add_handshake_arguments(p)
-    p.set_defaults(func=cmd_bench_handshake)
-
-    p = sub.add_parser("bench-tls", help="goodput of 1 MiB frames over TLS 1.3 against plaintext, side by side (JSON)")
-    from harness.bench.tls import add_arguments as add_tls_arguments
-    add_tls_arguments(p)
-    p.set_defaults(func=cmd_bench_tls)
-
-    p = sub.add_parser("bench-overlay", help="goodput of 1 MiB frames on a swarm's encrypted overlay against a "
-                                             "plain one, side by side (JSON)")
-    from harness.bench.overlay import add_arguments as add_overlay_arguments
-    add_overlay_arguments(p)
-    p.set_defaults(func=cmd_bench_overlay)
+    for verb, (module, help_text) in BENCHES.items():
+        p = sub.add_parser(verb, help=help_text)
+        importlib.import_module(module).add_arguments(p)
+        p.set_defaults(func=cmd_bench, bench_module=module)
 
     p = sub.add_parser("image", help="build the node image (wheelhouse, local base when no registry)")
     p.add_argument("--force", action="store_true")
