@@ -5,6 +5,9 @@ Protocol, after ``hello`` -> ``welcome`` (rank, model description): for every st
 optionally ``local_steps`` H), runs forward and backward (in ``grad_accum_steps`` micro-batches) and
 sends ``gradients`` (meta: step, loss, samples) holding the flat float32 gradient ``grad``, or for
 H > 1 the model delta ``delta`` after H local SGD steps (`wiiide.pace.outer`). ``stop`` ends it.
+With H > 1 and a lossy compression policy the parameters arrive instead as pulls (absolute, or a delta
+against the copy this worker holds) and deltas go out with an error-feedback residual
+(`wiiide.pace.compress`).
 
 A worker that cannot reach the coordinator retries for `connect_timeout_s`, then exits with code 3
 and a message that says so; a worker that loses its coordinator mid-run exits with code 4.
@@ -45,6 +48,7 @@ from wiiide.node import (
     NodeFailure,
     run_node,
 )
+from wiiide.pace.compress import PULL_KINDS, DeltaPush, WorkerCopy
 from wiiide.pace.outer import gradient, local_delta
 from wiiide.protocol import PROTOCOL_VERSION, encode_message
 from wiiide.sockets import configure_socket
@@ -216,8 +220,10 @@ class Worker:
         flat = FlatParams(model)
         sparse = SparseRows(model, flat.numel) if sparse_rows else None
         has_params = False
+        copy = WorkerCopy(flat.numel)  # the pace server's compressed pulls (wiiide.pace.compress)
+        push = DeltaPush(self.policy)  # local SGD's deltas, with an error-feedback residual
         while True:
-            msg = conn.receive(["params", "batch", "stop"])
+            msg = conn.receive(["params", "batch", "stop", *PULL_KINDS])
             self.policy.observe_received(msg)
             if msg.kind == "stop":
                 self.log.info("stop after %d steps: %s", metrics.steps, msg.meta.get("reason"))
@@ -226,6 +232,11 @@ class Worker:
                 if sparse is None or not has_params:
                     raise ProtocolError("a sparse params update before any full parameters, or for a dense model")
                 sparse.apply_update(msg, flat.params)
+                continue
+            if msg.kind in PULL_KINDS:
+                has_params = True
+                flat.load(torch.from_numpy(copy.apply(msg)))
+                self._last_params_unix_s = time.time()
                 continue
             if msg.kind == "params":
                 has_params = True
@@ -262,8 +273,12 @@ class Worker:
             metrics.compute_time_s += time.perf_counter() - t0
             meta = {"step": step, "loss": loss_value, "samples": int(x.shape[0]),
                     **self.policy.feedback_meta()}
-            frame = (self.policy.encode("gradients", meta, [to_wire(*update)]) if sparse is None
-                     else sparse.gradients_frame(meta, ids, rows_grad, flat.grads))
+            if sparse is not None:
+                frame = sparse.gradients_frame(meta, ids, rows_grad, flat.grads)
+            elif local_steps > 1:
+                frame = push.frame(meta, update[1])
+            else:
+                frame = self.policy.encode("gradients", meta, [to_wire(*update)])
             conn.send([frame])
             if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
                 self._last_step = min(step, 10**15)  # the coordinator refuses a larger hint

@@ -2,7 +2,8 @@
 
 Synchronous rounds give every worker the same number of batches; ``staleness_bound: async`` lets the
 fast worker run ahead, so the counts are uneven, every applied gradient's staleness is recorded and
-the report carries it. Local SGD (H = 4, Nesterov outer step) and adaptive batches run and learn.
+the report carries it. Local SGD (H = 4, Nesterov outer step; and with int8 both ways) and adaptive
+batches run and learn.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ VARIANTS = [
     {"label": "async", "staleness_bound": "async"},
     {"label": "ssp-1", "staleness_bound": 1},
     {"label": "local-4", "staleness_bound": 0, "local_steps": 4, "outer_optimizer": "nesterov"},
+    {"label": "local-4-int8", "staleness_bound": 0, "local_steps": 4, "compression": "fixed:int8",
+     "lossy_warmup_steps": 1},
     {"label": "adaptive", "staleness_bound": 0, "adaptive_batch": True, "grad_accum_steps": 2},
 ]
 
@@ -73,6 +76,12 @@ def test_local_sgd_and_adaptive_batches_learn(pace_report):
     local = pace_report["local-4"]["repeats"][0]["totals"]
     assert local["batches_per_worker"] == {"1": 4 * local["steps"], "2": 4 * local["steps"]}
     assert local["test_accuracy"] > 0.5
+    int8 = pace_report["local-4-int8"]["repeats"][0]["totals"]  # deltas and pulls in int8 (wiiide.pace.compress)
+    assert int8["batches_per_worker"] == {"1": 4 * int8["steps"], "2": 4 * int8["steps"]}
+    assert int8["test_accuracy"] > 0.5
+    # the workers' deltas and the pulls travel in int8 (about 3.9x smaller); the batches, the bulk of the
+    # bytes with this small model, go uncompressed
+    assert int8["compression_ratio"] > 1.3 and local["compression_ratio"] == pytest.approx(1.0)
     adaptive = pace_report["adaptive"]["repeats"][0]["totals"]
     sizes = adaptive["batch_sizes_per_worker"]
     last = {rank: points[-1][1] for rank, points in sizes.items()}

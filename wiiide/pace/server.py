@@ -23,6 +23,10 @@ How updates are applied:
   a delta is applied as its worker's share of the average, ``delta / live workers``, so that once every
   worker has pushed the parameters moved by the mean delta, as in synchronous rounds.
 
+Local SGD with a lossy compression policy (``compression: fixed:int8``, say) compresses the outer step
+both ways (`wiiide.pace.compress`): each worker pushes its delta with an error-feedback residual, and
+its parameters go out as a delta against the copy it holds, which the server tracks.
+
 Workers leave (a failed connection or a malformed frame: dropped, their task lost, the clock no longer
 waits for them) and come back (`Coordinator._admit_waiting`; they start at the slowest live clock).
 """
@@ -38,16 +42,19 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from wiiide.codecs.policy import CompressionPolicy
 from wiiide.config import RunConfig
 from wiiide.data import BatchSampler
 from wiiide.errors import ProtocolError
 from wiiide.evaluation import record_held_out
 from wiiide.model import FlatParams, MomentumSGD
 from wiiide.pace.adaptive import AdaptiveBatch
+from wiiide.pace.compress import ReplicaPulls
 from wiiide.pace.outer import OuterOptimizer
 from wiiide.pace.record import PaceRecord
 from wiiide.pace.staleness import SSPClock, staleness_scale
 from wiiide.protocol import WireTensor
+from wiiide.ps.feedback import policy_may_be_lossy
 from wiiide.tensors import to_wire
 
 POLL_S = 0.2  # how often the loop looks at the clock, at silent and at joining workers when no frame arrives
@@ -120,6 +127,10 @@ class PaceServer:
         self._tasks: dict[int, _Task] = {}  # rank -> its task in flight
         self._buffer: list[tuple[torch.Tensor, _Part]] = []  # rounds: the pushes of the round so far
         self._params_frame: tuple[int, Any] | None = None  # (version, frame)
+        # local SGD with a lossy policy: pulls as deltas against each worker's copy (wiiide.pace.compress),
+        # through a policy of their own (dense for the first lossy_warmup_steps versions)
+        self.pulls = (ReplicaPulls(CompressionPolicy.from_config(cfg.replace(lossy_warmup_steps=0)))
+                      if cfg.local_steps > 1 and policy_may_be_lossy(cfg) else None)
         self._next_task = 0
         self._start = self._last_apply = 0.0
         self._draining = False
@@ -149,6 +160,8 @@ class PaceServer:
             self._drain()
         finally:
             self._selector.close()
+            if self.pulls is not None:
+                self.pulls.policy.close()
             if not metrics.train_time_s:
                 metrics.train_time_s = time.perf_counter() - self._start
             metrics.extra["epochs"] = self.sampler.epochs_done
@@ -157,6 +170,10 @@ class PaceServer:
                                      "outer_optimizer": cfg.outer_optimizer if cfg.local_steps > 1 else None,
                                      "staleness_scaling": cfg.staleness_scaling, "adaptive_batch": cfg.adaptive_batch,
                                      "grad_accum_steps": cfg.grad_accum_steps, "updates": self.version}
+            if self.pulls is not None:  # what the workers' copies owe, and the codecs of the pulls
+                metrics.extra["pace"]["pulls"] = {
+                    "frames_encoded": self.pulls.frames_encoded, "choices": self.pulls.policy.record["choices"],
+                    "replica_max_abs_gap": self.pulls.max_abs_gap(self.flat.params.numpy())}
 
     def _drain(self) -> None:
         """Wait (up to io_timeout_s) for the tasks still in flight and discard them, so that no worker
@@ -184,6 +201,8 @@ class PaceServer:
                 self._heard[w.rank] = time.monotonic()
                 self._tasks.pop(w.rank, None)
                 self.clock.join(w.rank)
+                if self.pulls is not None:  # a new connection: its worker holds no copy yet
+                    self.pulls.forget(w.rank)
 
     def _unregister(self, rank: int) -> None:
         conn = self._receivers.pop(rank, None)
@@ -224,6 +243,8 @@ class PaceServer:
         if worker.rank in self.clock.live:
             self.clock.leave(worker.rank)
         self._tasks.pop(worker.rank, None)
+        if self.pulls is not None:
+            self.pulls.forget(worker.rank)
         self._close_round()
 
     def _live_ranks(self) -> list[int]:
@@ -242,9 +263,14 @@ class PaceServer:
 
     def _dispatch(self, worker: Any, batch_size: int) -> None:
         host, data = self.host, self.data
-        if self._params_frame is None or self._params_frame[0] != self.version:
-            frame = host.policy.encode("params", {"step": self.version}, [to_wire("params", self.flat.params)])
-            self._params_frame = (self.version, frame)
+        if self.pulls is not None:
+            params_frame = self.pulls.frame_for(worker.rank, self.version, self.flat.params.numpy(),
+                                                dense=self.version < self.cfg.lossy_warmup_steps)
+        else:
+            if self._params_frame is None or self._params_frame[0] != self.version:
+                frame = host.policy.encode("params", {"step": self.version}, [to_wire("params", self.flat.params)])
+                self._params_frame = (self.version, frame)
+            params_frame = self._params_frame[1]
         rows = min(batch_size * self.local_steps, len(data.y_train))
         idx = self.sampler.next_indices(rows)
         task_id, self._next_task = self._next_task, self._next_task + 1
@@ -252,7 +278,7 @@ class PaceServer:
         batch_frame = host.policy.encode("batch", {"step": task_id, "local_steps": self.local_steps}, batch)
         now = time.perf_counter()
         try:
-            worker.conn.send([self._params_frame[1], batch_frame])
+            worker.conn.send([params_frame, batch_frame])
         except OSError as exc:
             self._lose(worker, exc)
             return

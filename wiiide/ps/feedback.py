@@ -17,14 +17,25 @@ exactly ``params - replica``, sent with the next delta). The first `lossy_warmup
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from wiiide.codecs.policy import CompressionPolicy
-from wiiide.codecs.registry import decoder_for
+from wiiide.codecs.policy import CompressionPolicy, parse_policy_name
+from wiiide.codecs.registry import codec_from_name, decoder_for
 from wiiide.protocol import Frame, WireTensor
 
 LOSSY_KIND = "gradients"  # the policies' lossy codecs apply to this kind only (after warm-up)
 DENSE_KIND = "ps_dense"  # warm-up steps: lossless whatever the policy
+
+
+def policy_may_be_lossy(cfg: Any) -> bool:
+    """Whether the compression policy of `cfg` (a `wiiide.config.RunConfig`) can ever choose a lossy
+    codec (then pulls are deltas)."""
+    mode, codec = parse_policy_name(cfg.compression)
+    if mode == "fixed":
+        return not codec_from_name(codec).lossless
+    return mode == "network-aware" and (cfg.allow_lossy or cfg.compression == "network-aware+lossy")
 
 
 def decoded_values(frame: Frame, name: str, numel: int) -> np.ndarray:

@@ -30,8 +30,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from wiiide.codecs.policy import parse_policy_name
-from wiiide.codecs.registry import codec_from_name
 from wiiide.config import RunConfig
 from wiiide.data import BatchSampler, Dataset, load_dataset
 from wiiide.errors import ProtocolError, WiiideError
@@ -39,6 +37,7 @@ from wiiide.model import FlatParams
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure, touch
 from wiiide.protocol import WireTensor, encode_message
 from wiiide.ps.client import ShardClient
+from wiiide.ps.feedback import policy_may_be_lossy
 from wiiide.ps.partition import (
     Partition,
     partition_flat,
@@ -50,14 +49,6 @@ from wiiide.tensors import from_wire, to_wire
 
 HANDOUT_AHEAD = 1  # batches handed out this many steps ahead of the barrier
 LOSS_GRACE_S = 0.5  # after a failure, the coordinator waits this long to collect every lost peer
-
-
-def policy_may_be_lossy(cfg: RunConfig) -> bool:
-    """Whether `cfg`'s compression policy can ever choose a lossy codec (then pulls are deltas)."""
-    mode, codec = parse_policy_name(cfg.compression)
-    if mode == "fixed":
-        return not codec_from_name(codec).lossless
-    return mode == "network-aware" and (cfg.allow_lossy or cfg.compression == "network-aware+lossy")
 
 
 def data_fingerprint(data: Dataset) -> str:
