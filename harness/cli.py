@@ -35,10 +35,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     report's path. Raises SpecError/ConfigError (exit 2) before anything starts, HarnessError (exit 1)."""
     from harness.present.table import format_table
     from harness.results.report import load_report
-    from harness.spec.points import load_spec
+    from harness.spec.points import load_spec, select_points
     from harness.sweep import run_sweep
 
     spec = load_spec(args.spec)  # validated before anything starts
+    if args.only:
+        select_points(spec, args.only)
     _use_image(args)
     if args.repeats:
         spec.repeats = args.repeats
@@ -249,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: docker when an engine answers, else local (default); swarm: a stack per run on "
                         "Docker Swarm (a single-node swarm is started and left again when the engine is in none)")
     p.add_argument("--repeats", type=int, help="override the spec's repeats")
+    p.add_argument("--only", action="append", metavar="AXIS=GLOB[,GLOB]",
+                   help="run only the points whose AXIS value (or label) matches a glob, e.g. model=lm-*,mlp-*; "
+                        "repeat for several axes (every one must match)")
     p.add_argument("--image", metavar="REPO:TAG", help="the node image (default: $WIIIIIDE_IMAGE or wiiide:latest); "
                                                         "with a swarm of several nodes, a registry tag they can pull")
     p.add_argument("--results-dir", help="where results/<name>-<timestamp>/ go (default: results/)")

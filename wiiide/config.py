@@ -255,6 +255,9 @@ class RunConfig(BaseSettings):
     target_loss: Float = _field(0.0, "0 (no target) or > 0 nats",
                                 "language model: time to target is the wall time until the validation loss "
                                 "first falls to this (needs eval_every_s)", ge=0.0)
+    stop_at_target: Bool = _field(False, "true | false (true needs target_accuracy or target_loss)",
+                                  "end training at the first held-out evaluation that reaches the target "
+                                  "(time-to-target runs then need not run out duration_s)")
 
     # --- engine: which training system runs on the same containers (wiiide/engines/) ----------
     engine: Literal["wiiide", "ddp", "fsdp"] = _field(
@@ -438,6 +441,8 @@ class RunConfig(BaseSettings):
         for name in ("target_accuracy", "target_loss"):
             _check(getattr(self, name) == 0 or self.eval_every_s > 0, name, getattr(self, name),
                    "0 unless eval_every_s > 0 (a target needs evaluations during training)")
+        _check(not self.stop_at_target or self.target_accuracy > 0 or self.target_loss > 0, "stop_at_target",
+               self.stop_at_target, "false unless target_accuracy or target_loss is set (there is no target to stop at)")
         _validate_engine(self)
         nodes = self.num_workers + 1
         _check(self.ps_shards == "all" or int(self.ps_shards) <= nodes, "ps_shards", self.ps_shards,

@@ -58,7 +58,7 @@ from wiiide.codecs.policy import CompressionPolicy
 from wiiide.config import RunConfig
 from wiiide.data import BatchSampler, load_dataset
 from wiiide.errors import ProtocolError
-from wiiide.evaluation import evaluator_for, record_held_out
+from wiiide.evaluation import evaluator_for, record_held_out, stop_at_target
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.model import FlatParams, MomentumSGD, evaluate, num_parameters
@@ -458,6 +458,9 @@ class Coordinator:
         evaluator = self.evaluator.start(start) if self.evaluator else None
         while True:
             if time.perf_counter() - start >= cfg.duration_s or (cfg.max_steps and step >= cfg.max_steps):
+                break
+            if stop_at_target(cfg, evaluator):
+                self.log.info("held-out target reached: training ends at step %d (stop_at_target)", step)
                 break
             if evaluator:  # a copy of the parameters between steps, evaluated on another thread
                 evaluator.offer(step, metrics.samples, flat.params)

@@ -184,6 +184,8 @@ class BackgroundEvaluator:
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self.eval_times_s: list[float] = []
+        self._reached = False  # set by the thread at the first evaluation that reaches the target
+        self.stopped_at_target = False  # training ended because the target was reached (`stop_at_target`)
 
     # ------------------------------------------------------------------------------------------
     def start(self, t0: float | None = None) -> "BackgroundEvaluator":
@@ -295,6 +297,14 @@ class BackgroundEvaluator:
             self.curve = HeldOutCurve(name, bool(higher), target_of(bool(higher), self.target_accuracy,
                                                                      self.target_loss))
         self.curve.add(Evaluation(round(t_s, 6), int(step), int(samples), float(value), round(eval_s, 6), final))
+        if not self._reached and self.curve.crossing is not None:
+            self._reached = True
+
+    @property
+    def target_reached(self) -> bool:
+        """Whether an evaluation so far reached the target (False without a target). Cheap (a flag the
+        evaluator's thread sets), so the training loops may ask after every step."""
+        return self._reached
 
     # ------------------------------------------------------------------------------------------
     @property
@@ -313,7 +323,8 @@ class BackgroundEvaluator:
             "curve": []}
         out = {**curve, "eval_every_s": self.every_s, "target_accuracy": self.target_accuracy or None,
                "target_loss": self.target_loss or None, "skipped_busy": self.skipped_busy,
-               "eval_time_s": summarize(self.eval_times_s), "error": self.error}
+               "eval_time_s": summarize(self.eval_times_s), "error": self.error,
+               "stopped_at_target": self.stopped_at_target}
         if self.curve is not None:
             unused = "target_loss" if self.curve.higher_is_better else "target_accuracy"
             if getattr(self, unused) > 0:
@@ -328,6 +339,16 @@ def record_held_out(metrics: Any, evaluator: BackgroundEvaluator) -> None:
     record = evaluator.to_dict()
     metrics.extra["held_out"] = record
     metrics.extra["time_to_target_s"] = record["time_to_target_s"]
+
+
+def stop_at_target(cfg: Any, evaluator: BackgroundEvaluator | None) -> bool:
+    """Whether training ends now because ``cfg.stop_at_target`` is on and `evaluator` saw the target
+    reached (`BackgroundEvaluator.target_reached`); False without an evaluator. A True answer is final:
+    the evaluator records ``stopped_at_target`` in its `to_dict`, so the caller must then stop."""
+    if not (cfg.stop_at_target and evaluator is not None and evaluator.target_reached):
+        return False
+    evaluator.stopped_at_target = True
+    return True
 
 
 def evaluator_for(cfg: Any, build_model: Callable[[], nn.Module], data: Any) -> BackgroundEvaluator | None:

@@ -260,6 +260,7 @@ class HeldOut(_Model):
     evaluations: int = 0
     skipped_busy: int = 0
     error: str | None = None
+    stopped_at_target: bool = False  # training ended at the target (stop_at_target), not at duration_s
     curve: list[HeldOutPoint] = Field(default_factory=list)
 
 

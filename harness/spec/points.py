@@ -30,6 +30,7 @@ before any container starts, with the file, the field path and what is allowed (
 
 from __future__ import annotations
 
+import fnmatch
 import itertools
 from pathlib import Path
 from typing import Annotated, Any, Mapping
@@ -316,3 +317,31 @@ def load_spec(path: str | Path) -> SweepSpec:
     """
     path = Path(path)
     return build_spec(load_yaml_file(path), str(path))
+
+
+def select_points(spec: SweepSpec, selections: list[str]) -> SweepSpec:
+    """Keep only the points of `spec` whose swept values match every selection, and number them again
+    from 0 (in grid order). A selection is ``AXIS=GLOB[,GLOB...]`` (shell-style globs, `fnmatch`, matched
+    against the axis's value or its label as the report shows it, e.g. ``model=lm-*,mlp-*``). The
+    spec's description records the selection. Returns `spec`, changed in place.
+
+    Raises:
+        SpecError: a selection without ``=``, an axis the spec does not sweep, or no point left.
+    """
+    wanted: list[tuple[str, list[str]]] = []
+    axes = list(spec.axes)
+    for text in selections:
+        axis, sep, globs = text.partition("=")
+        if not sep or not axis or not globs:
+            raise SpecError(f"{spec.source}: --only {text!r}: expected AXIS=GLOB[,GLOB...], e.g. model=mlp-*")
+        if axis not in axes:
+            raise SpecError(f"{spec.source}: --only {text!r}: {axis!r} is not an axis of this spec "
+                            f"(allowed: {', '.join(axes) or 'none: the spec has no axes'})")
+        wanted.append((axis, [g for g in globs.split(",") if g]))
+    kept = [p for p in spec.points
+            if all(any(fnmatch.fnmatchcase(str(p.params.get(axis)), g) for g in globs) for axis, globs in wanted)]
+    if not kept:
+        raise SpecError(f"{spec.source}: --only {' '.join(selections)} matches none of the {len(spec.points)} points")
+    spec.points = [p.model_copy(update={"index": i}) for i, p in enumerate(kept)]
+    spec.description = (f"{spec.description} " if spec.description else "") + f"[points: --only {' '.join(selections)}]"
+    return spec

@@ -51,3 +51,28 @@ def test_every_engine_records_an_ordered_curve_and_its_time_to_target(report):
 def test_the_table_shows_time_to_target(report):
     table = format_table(report)
     assert "to target s" in table and "not reached" not in table
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory):
+    spec = build_spec({
+        "name": "ttt-stop", "repeats": 1,
+        "base": {"dataset": "digits", "num_workers": 2, "max_steps": 5000, "duration_s": 120, "log_tier": "silent",
+                 "connect_timeout_s": 60, "eval_every_s": 0.1, "target_accuracy": TARGET, "stop_at_target": True},
+        "axes": {"engine": ["wiiide", {"label": "wiiide-async", "engine": "wiiide", "staleness_bound": "async"},
+                            "ddp", "fsdp"]},
+    }, "ttt-stop.yaml")
+    return load_report(run_sweep(spec, "local", tmp_path_factory.mktemp("results"), progress=lambda line: None))
+
+
+def test_stop_at_target_ends_every_engine_soon_after_the_first_crossing(stopped):
+    for point in stopped.points:
+        label = point.index
+        assert point.status == "ok", point.error
+        rep = point.repeats[0]
+        held = rep.held_out
+        assert held.stopped_at_target is True and rep.totals.target_reached is True, label
+        final = held.curve[-1]
+        assert final.final and final.value >= TARGET, label
+        # far fewer than max_steps: training ended at the target, not at a step or time limit
+        assert held.step_at_target <= final.step < 5000, label

@@ -172,6 +172,7 @@ BAD_VALUES = [
     ("handshake_timeout_s", 0.0), ("handshake_timeout_s", 301.0), ("max_handshakes", 0), ("max_handshakes", 1025),
     ("eval_every_s", -1.0), ("eval_every_s", float("nan")), ("target_accuracy", 1.5),
     ("target_accuracy", 0.9), ("target_loss", -1.0), ("target_loss", 2.0),  # 0.9, 2.0: need eval_every_s
+    ("stop_at_target", True), ("stop_at_target", "maybe"),  # True: needs a target
     ("ps_shards", "0"), ("ps_shards", "some"), ("ps_shards", 4),  # 4: more than the 3 nodes of 2 workers
     ("partition_bytes", 2), ("shard_port", 65536), ("batch_handout", "files"),
     ("tls", "maybe"),

@@ -4,6 +4,7 @@ the target, "not reached", and the background thread evaluating copies of the pa
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from wiiide.evaluation import (
     HeldOutCurve,
     first_crossing,
     record_held_out,
+    stop_at_target,
     target_of,
 )
 from wiiide.metrics import NodeMetrics
@@ -179,3 +181,27 @@ def test_held_out_metric_of_the_mlp_and_the_node_record():
     held = metrics.to_dict("ok")["held_out"]
     assert metrics.extra["time_to_target_s"] == held["time_to_target_s"] == held["curve"][0]["t_s"]
     assert "target_loss does not apply" in held["target_note"]
+
+
+def test_stop_at_target_answers_only_once_the_target_is_reached_and_only_when_asked():
+    clock = _Clock()
+    ev = BackgroundEvaluator(_model(), _Data(), every_s=1.0, target_accuracy=0.9, metric_fn=_metric, clock=clock)
+    ev.start()
+    on, off = SimpleNamespace(stop_at_target=True), SimpleNamespace(stop_at_target=False)
+    answers = []
+    for step, weight in enumerate([-1.0, -1.0, 1.0]):  # accuracy 0, 0, 1
+        clock.now += 1.0
+        ev.offer(step, 32 * step, torch.tensor([weight]))
+        while ev._busy:  # let the thread finish (a test of order, not of timing)
+            threading.Event().wait(0.001)
+        answers.append((stop_at_target(off, ev), stop_at_target(on, ev)))
+    ev.finish(3, 96)
+    assert answers == [(False, False), (False, False), (False, True)]
+    assert ev.target_reached and ev.to_dict()["stopped_at_target"] is True
+    assert stop_at_target(on, None) is False  # no evaluator: nothing to stop at
+
+
+def test_stop_at_target_needs_a_target():
+    with pytest.raises(ConfigError, match="stop_at_target"):
+        RunConfig(eval_every_s=1.0, stop_at_target=True)
+    assert RunConfig(eval_every_s=1.0, target_loss=2.0, stop_at_target=True).stop_at_target is True

@@ -235,3 +235,16 @@ def test_a_worker_number_of_thousands_of_digits_is_a_clear_error():
     with pytest.raises(SpecError):
         build_spec({"name": "w", "base": {"num_workers": 2},
                     "axes": {"link": [{"worker-" + "9" * 5000: "rate-100m"}]}}, "x.yaml")
+
+
+def test_only_keeps_the_matching_points_renumbered_and_refuses_what_selects_nothing():
+    from harness.spec.points import select_points
+    raw = {"name": "sel", "axes": {"engine": ["wiiide", {"label": "ddp-fp16", "engine": "ddp", "ddp_comm_hook": "fp16"},
+                                              "fsdp"], "batch_size": [16, 32]}}
+    spec = select_points(build_spec(raw, "sel.yaml"), ["engine=ddp-*,fsdp", "batch_size=32"])
+    assert [(p.index, p.params["engine"], p.params["batch_size"]) for p in spec.points] == [(0, "ddp-fp16", 32),
+                                                                                            (1, "fsdp", 32)]
+    assert spec.points[0].config.ddp_comm_hook == "fp16" and "--only engine=ddp-*,fsdp" in spec.description
+    for bad, why in ((["engine"], "AXIS=GLOB"), (["model=mlp"], "not an axis"), (["engine=ps*"], "matches none")):
+        with pytest.raises(SpecError, match=why):
+            select_points(build_spec(raw, "sel.yaml"), bad)

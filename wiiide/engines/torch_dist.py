@@ -60,7 +60,7 @@ from torch import nn
 from wiiide.config import RunConfig
 from wiiide.data import BatchSampler, load_dataset
 from wiiide.engines.comm import IntervalTimer, estimate
-from wiiide.evaluation import evaluator_for, record_held_out
+from wiiide.evaluation import evaluator_for, record_held_out, stop_at_target
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics, summarize
 from wiiide.model import evaluate
@@ -402,10 +402,12 @@ class TorchNode:
         wrapped.set_requires_gradient_sync(sync)
         return contextlib.nullcontext()
 
-    def _stop_requested(self, rank: int, start: float, snapshot_due: bool = False) -> tuple[bool, bool]:
-        """(stop, take a held-out snapshot), as rank 0 decides them, on every rank (one broadcast)."""
-        flags = torch.tensor([1 if rank == 0 and time.perf_counter() - start >= self.cfg.duration_s else 0,
-                              1 if rank == 0 and snapshot_due else 0])
+    def _stop_requested(self, rank: int, start: float, snapshot_due: bool = False,
+                        target_reached: bool = False) -> tuple[bool, bool]:
+        """(stop, take a held-out snapshot), as rank 0 decides them, on every rank (one broadcast). Rank 0
+        stops at duration_s, or when `target_reached` (its evaluator's, under stop_at_target)."""
+        stop = time.perf_counter() - start >= self.cfg.duration_s or target_reached
+        flags = torch.tensor([1 if rank == 0 and stop else 0, 1 if rank == 0 and snapshot_due else 0])
         dist.broadcast(flags, src=0)
         return bool(flags[0].item()), bool(flags[1].item())
 
@@ -482,8 +484,9 @@ class TorchNode:
             if cfg.max_steps and step >= cfg.max_steps:
                 break
             if step % STOP_CHECK_EVERY_STEPS == 0:
+                at_target = stop_at_target(cfg, evaluator)
                 stop, snapshot = self._stop_requested(rank, start, fsdp_snapshots and evaluator is not None
-                                                      and evaluator.due())
+                                                      and evaluator.due(), at_target)
                 if stop:
                     break
                 if snapshot:

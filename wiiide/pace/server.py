@@ -46,7 +46,7 @@ from wiiide.codecs.policy import CompressionPolicy
 from wiiide.config import RunConfig
 from wiiide.data import BatchSampler
 from wiiide.errors import ProtocolError
-from wiiide.evaluation import record_held_out
+from wiiide.evaluation import record_held_out, stop_at_target
 from wiiide.model import FlatParams, MomentumSGD
 from wiiide.pace.adaptive import AdaptiveBatch
 from wiiide.pace.compress import ReplicaPulls
@@ -138,7 +138,8 @@ class PaceServer:
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> None:
-        """Train until duration_s or max_steps updates; records into the host's metrics."""
+        """Train until duration_s, max_steps updates or (stop_at_target) the held-out target; records into
+        the host's metrics."""
         cfg, metrics = self.cfg, self.host.metrics
         self._start = self._last_apply = time.perf_counter()
         evaluator = self.host.evaluator
@@ -187,6 +188,8 @@ class PaceServer:
 
     def _done(self) -> bool:
         cfg = self.cfg
+        if stop_at_target(cfg, self._evaluator):
+            return True
         return (time.perf_counter() - self._start >= cfg.duration_s) or bool(cfg.max_steps and self.version >= cfg.max_steps)
 
     # --- workers joining and leaving ---------------------------------------------------------------
