@@ -1,0 +1,149 @@
+"""Checkpoints of the sharded parameter server (wiiide.ps.checkpoints, wiiide.checkpoint.load_newest_complete):
+one file per shard and step, written once every partition of the shard reached the step; the restore
+takes the newest step complete and verified on EVERY shard, and a corrupted or missing shard file falls
+back to the previous complete step with the reason logged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from wiiide.checkpoint import CheckpointStore, load_newest_complete
+from wiiide.config import RunConfig
+from wiiide.log import TieredLog
+from wiiide.metrics import NodeMetrics
+from wiiide.model import MomentumSGD
+from wiiide.ps.checkpoints import ShardCheckpointer, restore_shards, shard_prefix
+from wiiide.ps.partition import partition_flat
+
+NUMEL = 1000
+SHARDS = 3
+
+
+class _Log(TieredLog):
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__(cfg, "test")
+        self.errors: list[str] = []
+
+    def error(self, fmt: str, *args: object) -> None:
+        self.errors.append(fmt % args)
+
+
+def _cfg(tmp_path, **knobs) -> RunConfig:
+    return RunConfig(**{"num_workers": 2, "log_tier": "silent", "momentum": 0.9, "learning_rate": 0.1,
+                        "checkpoint_every_steps": 5, "checkpoint_dir": str(tmp_path / "ckpt"), **knobs})
+
+
+def _train_shards(cfg: RunConfig, steps: int, log: TieredLog):
+    """Partitions of a NUMEL vector over SHARDS shards, each partition with its own parameters and
+    MomentumSGD stepped on seeded gradients as a shard does; returns the partitions, the full parameter
+    and momentum vectors at every checkpoint step, and the checkpointers."""
+    partitions = partition_flat(NUMEL, SHARDS, 400)  # 10 partitions of 100 floats, spread over 3 shards
+    rng = np.random.default_rng(0)
+    start = rng.standard_normal(NUMEL).astype(np.float32)
+    params = {p.index: torch.from_numpy(start[p.start:p.stop].copy()) for p in partitions}
+    optimizers = {i: MomentumSGD([t], lr=cfg.learning_rate, momentum=cfg.momentum) for i, t in params.items()}
+    writers = [ShardCheckpointer(cfg, s, SHARDS, [p for p in partitions if p.shard == s], NodeMetrics("worker", f"s{s}"),
+                                 {}, log) for s in range(SHARDS)]
+    history = {}
+    for step in range(1, steps + 1):
+        for p in partitions:  # one update per partition per step, in an order that mixes the shards
+            params[p.index].grad = torch.from_numpy(rng.standard_normal(p.numel).astype(np.float32))
+            optimizers[p.index].step()
+            ready = writers[p.shard].offer(p.index, step, params[p.index].numpy(), optimizers[p.index])
+            if ready is not None:
+                writers[p.shard].write(*ready)
+        if step % cfg.checkpoint_every_steps == 0:
+            full = np.concatenate([params[p.index].numpy() for p in partitions])
+            mom = (np.concatenate([optimizers[p.index].momentum_buffers[0].numpy() for p in partitions])
+                   if cfg.momentum else None)
+            history[step] = (full.copy(), None if mom is None else mom.copy())
+    return partitions, history, writers
+
+
+def test_every_shard_writes_its_file_at_the_same_steps_and_the_newest_complete_step_is_restored(tmp_path):
+    cfg = _cfg(tmp_path)
+    log = _Log(cfg)
+    partitions, history, writers = _train_shards(cfg, 12, log)
+    names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert names == [f"ps-shard-{s}-step{step:012d}.safetensors" for s in range(SHARDS) for step in (5, 10)]
+    assert all(w.record["written"] == 2 and w.record["last_step"] == 10 for w in writers)
+    # a shard file holds that shard's partitions only, in partition order
+    shard1 = CheckpointStore(tmp_path / "ckpt", shard_prefix(1)).read(tmp_path / "ckpt" / names[3])
+    owned = [p for p in partitions if p.shard == 1]
+    assert shard1.tensors["params"].shape == (sum(p.numel for p in owned),)
+    np.testing.assert_array_equal(shard1.tensors["params"][:owned[0].numel],
+                                  history[10][0][owned[0].start:owned[0].stop])
+    assert shard1.run["partitions"] == [[p.start, p.stop] for p in owned] and shard1.run["num_shards"] == SHARDS
+
+    restored, refused = restore_shards(cfg, partitions, SHARDS, NUMEL, log)
+    assert refused == [] and log.errors == []
+    assert restored.step == 10 and len(restored.paths) == SHARDS
+    np.testing.assert_array_equal(restored.params, history[10][0])
+    np.testing.assert_array_equal(restored.momentum, history[10][1])
+
+
+def _flip_last_byte(path):
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def test_a_shard_file_that_fails_its_hash_makes_its_step_incomplete_and_the_previous_one_is_used(tmp_path):
+    cfg = _cfg(tmp_path)
+    log = _Log(cfg)
+    partitions, history, _ = _train_shards(cfg, 10, log)
+    bad = tmp_path / "ckpt" / f"ps-shard-2-step{10:012d}.safetensors"
+    _flip_last_byte(bad)
+    restored, refused = restore_shards(cfg, partitions, SHARDS, NUMEL, log)
+    assert restored.step == 5  # every shard goes back to step 5, not only the one with the bad file
+    np.testing.assert_array_equal(restored.params, history[5][0])
+    np.testing.assert_array_equal(restored.momentum, history[5][1])
+    assert [r["path"] for r in refused] == [str(bad)] and "SHA-256 mismatch" in refused[0]["cause"]
+    assert len(log.errors) == 1 and "step 10 is incomplete" in log.errors[0] and str(bad) in log.errors[0]
+
+
+def test_a_step_one_shard_never_wrote_is_incomplete(tmp_path):
+    cfg = _cfg(tmp_path)
+    log = _Log(cfg)
+    partitions, history, _ = _train_shards(cfg, 10, log)
+    (tmp_path / "ckpt" / f"ps-shard-0-step{10:012d}.safetensors").unlink()  # shard 0 died before writing it
+    restored, _ = restore_shards(cfg, partitions, SHARDS, NUMEL, log)
+    assert restored.step == 5
+    np.testing.assert_array_equal(restored.params, history[5][0])
+
+
+def test_files_of_another_plan_or_training_configuration_are_refused(tmp_path):
+    cfg = _cfg(tmp_path)
+    log = _Log(cfg)
+    partitions, _, _ = _train_shards(cfg, 5, log)
+    other_plan = partition_flat(NUMEL, SHARDS, 800)  # 5 partitions: other bounds per shard
+    restored, refused = restore_shards(cfg, other_plan, SHARDS, NUMEL, log)
+    assert restored is None and "another run configuration (partitions" in refused[0]["cause"]
+    restored, refused = restore_shards(_cfg(tmp_path, learning_rate=0.2), partitions, SHARDS, NUMEL, _Log(cfg))
+    assert restored is None and "another run configuration" in refused[0]["cause"]
+    assert restore_shards(cfg, partitions, SHARDS + 1, NUMEL, log)[0] is None  # no ps-shard-3 files at all
+
+
+def test_no_momentum_is_written_or_restored_with_momentum_zero(tmp_path):
+    cfg = _cfg(tmp_path, momentum=0.0)
+    log = _Log(cfg)
+    partitions, _, _ = _train_shards(cfg, 5, log)  # MomentumSGD keeps no buffer
+    restored, _ = restore_shards(cfg, partitions, SHARDS, NUMEL, log)
+    assert restored.step == 5 and restored.momentum is None
+
+
+@pytest.mark.parametrize("steps", [[3, 7], [7]])
+def test_load_newest_complete_needs_the_step_in_every_store(tmp_path, steps):
+    a, b = CheckpointStore(tmp_path, "a"), CheckpointStore(tmp_path, "b")
+    for step in (3, 7):
+        a.save(step, {"params": np.full(4, step, np.float32)})
+    for step in steps:
+        b.save(step, {"params": np.full(2, step, np.float32)})
+    step, loaded = load_newest_complete([a, b], [{"params": (4,)}, {"params": (2,)}], [None, None])
+    assert step == 7 and [c.tensors["params"][0] for c in loaded] == [7.0, 7.0]
+    (tmp_path / f"b-step{7:012d}.safetensors").write_bytes(b"truncated")
+    found = load_newest_complete([a, b], [None, None], [None, None])
+    assert (found[0] if found else None) == (3 if 3 in steps else None)
+    assert "unreadable" in b.refused[0]["cause"]
