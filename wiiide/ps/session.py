@@ -38,6 +38,7 @@ from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure, touch
 from wiiide.protocol import WireTensor, encode_message
 from wiiide.ps.checkpoints import ShardsRestored, restore_shards
 from wiiide.ps.client import ShardClient, ShardFailed
+from wiiide.ps.digest import params_digest
 from wiiide.ps.feedback import policy_may_be_lossy
 from wiiide.ps.partition import (
     Partition,
@@ -164,7 +165,8 @@ def _restore(coord, partitions: list[Partition], k: int, flat: FlatParams) -> Sh
                             "starting from step 0", k, len(refused))
         return None
     flat.load(torch.from_numpy(restored.params))
-    recovery.mark_restored(restored.step, restored.paths[0], restored_files=restored.paths, restored_shards=k)
+    recovery.mark_restored(restored.step, restored.paths[0], restored_files=restored.paths, restored_shards=k,
+                           restored_params_sha256=params_digest(restored.params)["sha256"])
     return restored
 
 
