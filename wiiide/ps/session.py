@@ -104,6 +104,8 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
             handout[w.rank] = ("indices" if wanted == "indices" or (wanted == "auto" and join.meta.get("data") == fingerprint)
                                else "samples")
         shard.configure(partitions, flat.params.numpy(), policy_may_be_lossy(cfg), momentum, start_step)
+        if shard.checkpointer is not None and shard.checkpointer.enabled:  # the report's checkpoints_written
+            metrics.extra["checkpoints"] = shard.checkpointer.record
         shard.start()
         plan = {"shards": [list(a) for a in addresses], "partitions": [[p.start, p.stop, p.shard] for p in partitions],
                 "data": fingerprint, "start_step": start_step}
