@@ -9,27 +9,17 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 from harness.run.backend import PhaseClock, collect_nodes, judge
 from harness.run.local import LocalBackend
 from harness.spec.cluster import ClusterSettings
+from tests.integration.test_recovery import _wait_for
 from wiiide.config import RunConfig
 
 EVERY_STEPS = 20
 MAX_STEPS = 300
 SHARDS = 3  # the coordinator + 2 workers
 FILE = re.compile(r"^ps-shard-(\d+)-step(\d{12})\.safetensors$")
-
-
-def _wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"{what} did not happen within {timeout_s} s")
 
 
 def _complete_steps(ckpt_dir) -> list[int]:
