@@ -147,3 +147,76 @@ def test_load_newest_complete_needs_the_step_in_every_store(tmp_path, steps):
     found = load_newest_complete([a, b], [None, None], [None, None])
     assert (found[0] if found else None) == (3 if 3 in steps else None)
     assert "unreadable" in b.refused[0]["cause"]
+
+
+def _serve_steps(cfg, server, port, models, flats, parts, steps, first_step=0):
+    """Two workers' clients push `steps` steps of seeded batches to `server` (from `first_step`); returns
+    the workers' parameters after each step."""
+    from tests.unit.test_ps import SECRET, _node
+    from wiiide.ps.client import ShardClient
+    from wiiide.ps.shard import ROLE_WORKER
+
+    clients, after = [], {}
+    try:
+        for rank, (model, flat) in enumerate(zip(models, flats), start=1):
+            m, lg = _node(cfg, "worker", f"w{rank}")
+            client = ShardClient(cfg, SECRET, m, lg, [("127.0.0.1", port)], ROLE_WORKER, rank, f"w{rank}")
+            client.attach(model, flat, parts, lossy=False)
+            clients.append(client)
+        for step in range(first_step, first_step + steps):
+            g = torch.Generator().manual_seed(step)
+            x, y = torch.randn(6, 8, generator=g), torch.randint(0, 3, (6,), generator=g)
+            for i, (model, flat, client) in enumerate(zip(models, flats, clients)):
+                flat.grads.zero_()
+                client.begin_step(step)
+                torch.nn.functional.cross_entropy(model(x[i * 3:(i + 1) * 3]), y[i * 3:(i + 1) * 3]).backward()
+            for client in clients:
+                client.finish_step(step)
+            after[step + 1] = flats[0].params.clone()
+    finally:
+        for client in clients:
+            client.close()
+    return after
+
+
+def test_a_shard_restored_from_its_checkpoint_goes_on_exactly_as_the_uninterrupted_shard(tmp_path):
+    from tests.unit.test_ps import SECRET, _node
+    from wiiide.model import FlatParams, build_mlp
+    from wiiide.ps.shard import ShardServer
+
+    cfg = _cfg(tmp_path, checkpoint_every_steps=2, io_timeout_s=5, connect_timeout_s=5)
+
+    def shard(params, momentum=None, start_step=0):
+        metrics, log = _node(cfg, "coordinator", "shard0")
+        server = ShardServer(cfg, SECRET, metrics, log, 0)
+        port = server.listen()
+        server.configure(parts, params, lossy_pulls=False, momentum=momentum, start_step=start_step)
+        return server.start(), port
+
+    models = [build_mlp(8, [4], 3, seed=0) for _ in range(2)]
+    flats = [FlatParams(m) for m in models]
+    parts = partition_flat(flats[0].numel, 1, 64)  # several partitions on the one shard
+    start = flats[0].params.numpy().copy()
+    server, port = shard(start)
+    try:
+        uninterrupted = _serve_steps(cfg, server, port, models, flats, parts, 6)
+    finally:
+        server.close()
+    assert server.stats["checkpoints"]["written"] == 3 and server.stats["checkpoints"]["last_step"] == 6
+    restored, refused = restore_shards(cfg, parts, 1, flats[0].numel, _Log(cfg))
+    assert restored.step == 6 and refused == []
+    np.testing.assert_array_equal(restored.params, uninterrupted[6].numpy())
+
+    # the step-4 checkpoint (the newest complete one once step 6's file is corrupted) resumes exactly
+    _flip_last_byte(tmp_path / "ckpt" / f"ps-shard-0-step{6:012d}.safetensors")
+    restored, _ = restore_shards(cfg, parts, 1, flats[0].numel, _Log(cfg))
+    assert restored.step == 4 and restored.momentum is not None
+    np.testing.assert_array_equal(restored.params, uninterrupted[4].numpy())
+    for flat in flats:
+        flat.load(torch.from_numpy(restored.params.copy()))
+    server, port = shard(restored.params, restored.momentum, restored.step)
+    try:
+        resumed = _serve_steps(cfg, server, port, models, flats, parts, 2, first_step=4)
+    finally:
+        server.close()
+    assert torch.equal(resumed[6], uninterrupted[6])  # momentum restored too: bit for bit
