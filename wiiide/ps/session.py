@@ -18,6 +18,12 @@ After the usual join (`wiiide.coordinator`, `wiiide.worker`, whose welcome carri
 
 A lost worker fails the run (its pushes are needed for every partition, and it may host a shard): the
 coordinator exits with code 4 (`wiiide.node.EXIT_PEER_LOST`) and says which worker and why.
+
+A lost coordinator, with checkpoints on (`wiiide.ps.checkpoints`), restarts the whole sharded run: each
+worker sees its shards fail and its coordinator connection close, drops its shard and rejoins the
+restarted coordinator (`wiiide.worker`); that one waits for every worker, restores the newest step
+complete and verified on every shard and sends it with the plan (``start_step``, ``params`` and
+``momentum``), and the shards and the barrier go on from that step.
 """
 
 from __future__ import annotations
