@@ -598,9 +598,6 @@ def _validate_engine(c: RunConfig) -> None:
             if is_set:
                 raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs ps_shards 1 (the central "
                                   f"server); the sharded servers (ps_shards {c.ps_shards!r}) do not offer it yet")
-        # the shards checkpoint at the same steps without a message between them: multiples of a step count
-        _check(c.checkpoint_every_s == 0, "checkpoint_every_s", c.checkpoint_every_s,
-               f"0 with ps_shards {c.ps_shards!r} (the shards checkpoint by steps: use checkpoint_every_steps)")
     if c.engine == "wiiide":
         _check(c.batch_size >= c.grad_accum_steps, "grad_accum_steps", c.grad_accum_steps,
                f"at most batch_size = {c.batch_size} (every micro-batch needs a sample)")

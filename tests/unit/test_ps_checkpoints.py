@@ -220,3 +220,33 @@ def test_a_shard_restored_from_its_checkpoint_goes_on_exactly_as_the_uninterrupt
     finally:
         server.close()
     assert torch.equal(resumed[6], uninterrupted[6])  # momentum restored too: bit for bit
+
+
+def test_a_step_the_coordinator_announces_is_written_and_one_a_partition_passed_is_missed(tmp_path):
+    from wiiide.errors import ProtocolError
+    from wiiide.ps.checkpoints import announce_step
+
+    cfg = _cfg(tmp_path, checkpoint_every_steps=0, checkpoint_every_s=5.0)  # time trigger only
+    log = _Log(cfg)
+    partitions = partition_flat(NUMEL, 1, 400)
+    metrics = NodeMetrics("coordinator", "s0")
+    writer = ShardCheckpointer(cfg, 0, 1, partitions, metrics, {}, log)
+    params = {p.index: torch.zeros(p.numel) for p in partitions}
+    optimizers = {i: MomentumSGD([t], lr=0.1, momentum=0.9) for i, t in params.items()}
+    # batches of steps 0 and 1 are out (handed_out 2): a partition can reach step 2, so 3 is announced
+    assert announce_step(2) == 3 and writer.announce(3, reached=1)
+    for step in range(1, 6):
+        for p in partitions:
+            params[p.index].grad = torch.full((p.numel,), float(step))
+            optimizers[p.index].step()
+            ready = writer.offer(p.index, step, params[p.index].numpy(), optimizers[p.index])
+            if ready is not None:
+                writer.write(*ready)
+        if step == 4:
+            assert not writer.announce(4, reached=4)  # overtaken: missed, logged, nothing written
+    assert [int(p.name[-24:-12]) for p in (tmp_path / "ckpt").iterdir()] == [3]
+    assert "checkpoint of step 4 announced when a partition of this shard had reached it" in log.errors[0]
+    assert [e["step"] for e in metrics.events if e["event"] == "checkpoint_missed"] == [4]
+    with pytest.raises(ProtocolError, match="integer"):
+        writer.announce("7", reached=5)
+    assert restore_shards(cfg, partitions, 1, NUMEL, log)[0].step == 3

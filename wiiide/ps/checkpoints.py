@@ -4,10 +4,13 @@ Writing: every shard writes its own file, ``ps-shard-<i>-step<step>.safetensors`
 the run's checkpoint folder (`wiiide.recovery.checkpoint_dir`) with the same atomic, hashed writer as the
 central server (`wiiide.checkpoint.CheckpointStore`): ``params`` and ``momentum``, each the shard's
 partitions concatenated in partition order (float32), at every step that is a multiple of
-``checkpoint_every_steps``. All shards write at the same steps without a message between them: a
-partition's step counter is the step of the run (every worker pushes every partition once per step),
-so each shard takes a copy of a partition right after the update that brings it to step s, and
-writes the file once all its partitions reached s. The run metadata names the shard, the shard count,
+``checkpoint_every_steps``, and at the steps the coordinator announces (``checkpoint_at``) when
+``checkpoint_every_s`` passed. A partition's step counter is the step of the run (every worker pushes
+every partition once per step), so each shard takes a copy of a partition right after the update that
+brings it to step s, and writes the file once all its partitions reached s. The multiples need no
+message; an announced step is one no shard can have reached yet (`announce_step`), and a shard whose
+partitions passed it anyway (the announcement overtaken by pushes on other connections) logs that it
+missed it: that step is then incomplete and the restore uses another. The run metadata names the shard, the shard count,
 the partitions' ``[start, stop)`` bounds and the training knobs (`wiiide.recovery.training_identity`).
 
 Restore (`restore_shards`, called by the restarted coordinator before it sends the plan): the newest step
@@ -38,11 +41,23 @@ from wiiide.checkpoint import (
     load_newest_complete,
 )
 from wiiide.config import RunConfig
+from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics, summarize
 from wiiide.model import MomentumSGD
 from wiiide.ps.partition import Partition
 from wiiide.recovery import checkpoint_dir, momentum_to_flat, training_identity
+
+CHECKPOINT_AT = "checkpoint_at"  # coordinator -> shard: {"step": s}, checkpoint when the partitions reach s
+MAX_ANNOUNCED = 64  # announced steps a shard keeps at most (one per checkpoint_every_s)
+
+
+def announce_step(handed_out: int) -> int:
+    """The step the coordinator announces for a time-triggered checkpoint when batches of steps below
+    `handed_out` are out and the next one is not: a shard's partitions can reach step `handed_out` at most
+    (the update of step handed_out - 1), so `handed_out` + 1 is still ahead of every shard, provided the
+    announcement reaches it before the pushes of step `handed_out`."""
+    return handed_out + 1
 
 
 def shard_prefix(shard: int) -> str:
@@ -126,6 +141,8 @@ class ShardCheckpointer:
     def __init__(self, cfg: RunConfig, shard: int, num_shards: int, owned: Sequence[Partition],
                  metrics: NodeMetrics, stats: dict, log: TieredLog) -> None:
         self.every_steps = cfg.checkpoint_every_steps
+        self.every_s = cfg.checkpoint_every_s
+        self._announced: set[int] = set()
         self.store = CheckpointStore(checkpoint_dir(cfg), shard_prefix(shard), cfg.checkpoint_keep, log.error)
         self.owned = sorted(owned, key=lambda p: p.index)
         self.identity = shard_identity(cfg, shard, num_shards, self.owned)
@@ -133,15 +150,36 @@ class ShardCheckpointer:
         self._pending: dict[int, dict[int, tuple[np.ndarray, np.ndarray | None]]] = {}
         self._write_lock = threading.Lock()
         self._write_times_s: list[float] = []
-        self.record: dict = {"dir": str(self.store.directory), "every_steps": self.every_steps, "written": 0,
-                             "prefix": shard_prefix(shard)}
+        self.record: dict = {"dir": str(self.store.directory), "every_steps": self.every_steps,
+                             "every_s": self.every_s, "written": 0, "prefix": shard_prefix(shard)}
         if self.enabled:
             stats["checkpoints"] = self.record
 
     @property
     def enabled(self) -> bool:
-        """True when checkpoint_every_steps > 0 and the shard owns a partition."""
-        return self.every_steps > 0 and bool(self.owned)
+        """True when checkpoint_every_steps or checkpoint_every_s > 0 and the shard owns a partition."""
+        return (self.every_steps > 0 or self.every_s > 0) and bool(self.owned)
+
+    def announce(self, step: object, reached: int) -> bool:
+        """The coordinator announced a checkpoint at `step`; `reached`: the highest step of the shard's
+        partitions now. Returns False (and logs why) when `step` is not ahead of every partition (one
+        passed it uncopied): the shard cannot write it, so that step stays incomplete. Call under the
+        shard's lock.
+
+        Raises:
+            ProtocolError: `step` is not an integer 1..1e15.
+        """
+        if type(step) is not int or not 0 < step <= 10**15:  # noqa: E721
+            raise ProtocolError(f"{CHECKPOINT_AT}: step must be an integer 1..1e15, got {step!r:.40}")
+        if step <= reached:
+            self.metrics.event("checkpoint_missed", step=step, reached=reached)
+            self.log.error("checkpoint of step %d announced when a partition of this shard had reached it "
+                           "(step %d): not written, the restore uses another step", step, reached)
+            return False
+        self._announced = {s for s in self._announced if s > reached or s in self._pending}
+        if len(self._announced) < MAX_ANNOUNCED:
+            self._announced.add(step)
+        return True
 
     def offer(self, index: int, step: int, param: np.ndarray,
               optimizer: MomentumSGD) -> tuple[int, dict[str, np.ndarray]] | None:
@@ -149,13 +187,16 @@ class ShardCheckpointer:
         optimizer); copy it if `step` is a checkpoint step. Returns (step, the file's tensors) when every
         owned partition has reached it (then call `write` outside the lock), else None. Call under the
         shard's lock."""
-        if not self.enabled or step <= 0 or step % self.every_steps:
+        if not self.enabled or step <= 0:
+            return None
+        if step not in self._announced and not (self.every_steps and step % self.every_steps == 0):
             return None
         slot = self._pending.setdefault(step, {})
         slot[index] = (param.copy(), momentum_to_flat(optimizer))
         if len(slot) < len(self.owned):
             return None
         del self._pending[step]
+        self._announced.discard(step)
         for older in [s for s in self._pending if s < step]:  # a step that never completed here
             del self._pending[older]
         tensors = {"params": np.concatenate([slot[p.index][0] for p in self.owned])}

@@ -36,13 +36,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from wiiide.checkpoint import CheckpointSchedule
 from wiiide.config import RunConfig
 from wiiide.data import BatchSampler, Dataset, load_dataset
 from wiiide.errors import ProtocolError, WiiideError
 from wiiide.model import FlatParams
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure, touch
 from wiiide.protocol import WireTensor, encode_message
-from wiiide.ps.checkpoints import ShardsRestored, restore_shards
+from wiiide.ps.checkpoints import ShardsRestored, announce_step, restore_shards
 from wiiide.ps.client import ShardClient, ShardFailed
 from wiiide.ps.digest import params_digest
 from wiiide.ps.feedback import policy_may_be_lossy
@@ -132,7 +133,7 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
             "batch_handout": {str(r): h for r, h in handout.items()}})
         log.info("sharded: %d shards, %d partitions (%s bytes per shard); batch handout %s", k, len(partitions),
                  shard_loads_bytes(partitions, k), sorted(set(handout.values())))
-        _train(coord, data, workers, handout, shard, training_marker, start_step)
+        _train(coord, data, workers, handout, shard, training_marker, start_step, client)
         final = client.pull_final(partitions, flat.numel)
         flat.load(torch.from_numpy(final))
         stop = encode_message("stop", {"reason": "finished", "steps": metrics.steps}, [to_wire("params", flat.params)])
@@ -196,15 +197,18 @@ def _receive(coord, w, kind: str):
 
 
 def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardServer, training_marker: str,
-           start_step: int = 0) -> None:
+           start_step: int = 0, client: ShardClient | None = None) -> None:
     """The step barrier. Batches go out `HANDOUT_AHEAD` steps ahead, so a worker whose pulls are in
     starts its next step at once, without a round trip through the coordinator; whether a step runs
     (duration_s, max_steps) is decided when its batches are sent. A restored run starts at
     `start_step` and, as the central server, draws its batches from a stream seeded with seed + start_step.
 
     A step the barrier passed is on disk on every shard when it is a checkpoint step: a shard sends
-    a partition's pull after writing its checkpoint (`wiiide.ps.shard.ShardServer`)."""
+    a partition's pull after writing its checkpoint (`wiiide.ps.shard.ShardServer`). With
+    checkpoint_every_s, the barrier announces a step ahead of every shard through `client`
+    (`wiiide.ps.checkpoints.announce_step`) before it hands out the next batches."""
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
+    timer = CheckpointSchedule(0, cfg.checkpoint_every_s if client is not None else 0.0, start_step)
     sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed + start_step)
     start = time.perf_counter()
     touch(str(Path(cfg.metrics_dir) / training_marker))
@@ -243,6 +247,9 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
         if shard.failure:
             raise NodeFailure(shard.failure, EXIT_PEER_LOST)
         step += 1
+        if timer.enabled and more(sent) and timer.due(step, time.monotonic()):
+            client.announce_checkpoint(announce_step(sent))  # before the batches of step `sent` go out
+            timer.mark(step, time.monotonic())
         if more(sent):
             hand_out(sent)
             sent += 1

@@ -49,7 +49,7 @@ from wiiide.metrics import NodeMetrics
 from wiiide.model import MomentumSGD
 from wiiide.node import Connection, Heartbeats
 from wiiide.protocol import PROTOCOL_VERSION, WireTensor, encode_message
-from wiiide.ps.checkpoints import ShardCheckpointer
+from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica
 from wiiide.ps.partition import Partition
 from wiiide.recovery import momentum_from_flat
@@ -272,13 +272,20 @@ class ShardServer:
     def _serve(self, peer: _Peer) -> None:
         try:
             while True:
-                msg = peer.conn.receive([DENSE_KIND, LOSSY_KIND, "pull_final", "bye"])
+                msg = peer.conn.receive([DENSE_KIND, LOSSY_KIND, "pull_final", CHECKPOINT_AT, "bye"])
                 if msg.kind == "bye":  # the peer is done: its disconnect is no failure
                     peer.outbox.put(None)
                     peer.conn.close()
                     return
                 if msg.kind == "pull_final":
                     peer.outbox.put(self._final_frame())
+                    continue
+                if msg.kind == CHECKPOINT_AT:  # the coordinator's time trigger (checkpoint_every_s)
+                    if peer.role != ROLE_COORDINATOR or self.checkpointer is None:
+                        raise ProtocolError(f"{CHECKPOINT_AT} from {peer.role} {peer.rank}: only the coordinator "
+                                            "announces checkpoint steps, after the plan")
+                    with self._lock:
+                        self.checkpointer.announce(msg.meta.get("step"), max(o.step for o in self.owned.values()))
                     continue
                 if peer.role != ROLE_WORKER:
                     raise ProtocolError("only workers push")
