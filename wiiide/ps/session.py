@@ -57,6 +57,7 @@ from wiiide.ps.shard import ROLE_COORDINATOR, ROLE_WORKER, ShardServer
 from wiiide.tensors import from_wire, to_wire
 
 HANDOUT_AHEAD = 1  # batches handed out this many steps ahead of the barrier
+PS_FAILED = "ps_failed"  # worker -> coordinator: one of my shards failed ({"cause"}); the coordinator stops the run
 LOSS_GRACE_S = 0.5  # after a failure, the coordinator waits this long to collect every lost peer
 
 
@@ -187,12 +188,15 @@ def _peer_host(conn: Connection) -> str:
 
 
 def _receive(coord, w, kind: str):
-    """One message of `kind` from worker `w`; a failure drops it and raises (the run cannot go on)."""
+    """One message of `kind` from worker `w`; a failure drops it and raises (the run cannot go on), and so
+    does a worker's ``ps_failed`` (one of its shards failed: it waits for the ``stop``)."""
     try:
-        msg = w.conn.receive([kind])
+        msg = w.conn.receive([kind, PS_FAILED])
     except Exception as exc:
         coord._drop(w, exc)
         raise NodeFailure(f"lost worker {w.rank} ({w.node_id}): {type(exc).__name__}: {exc}", EXIT_PEER_LOST) from None
+    if msg.kind == PS_FAILED:
+        raise NodeFailure(f"worker {w.rank}: {str(msg.meta.get('cause'))[:400]}", EXIT_PEER_LOST)
     return msg
 
 
@@ -323,10 +327,12 @@ def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, s
 
 
 def _await_coordinator(conn: Connection, failure: ShardFailed) -> None:
-    """After a shard failed: a live coordinator says why with a ``stop`` (a lost worker fails the run:
-    NodeFailure, with `failure` and its reason); a dead one closes the connection, which propagates
-    (PeerClosed, ConnectionError, socket.timeout) so the worker rejoins it once it is restarted and
-    the sharded run goes on from its newest complete checkpoint (`wiiide.worker`)."""
+    """After a shard failed: tell the coordinator (``ps_failed``: it may be waiting for this worker's
+    ``step_done``); a live one answers with a ``stop`` (a lost worker fails the run: NodeFailure, with
+    `failure` and its reason); a dead one closes the connection, which propagates (PeerClosed,
+    ConnectionError, socket.timeout) so the worker rejoins it once it is restarted and the sharded run
+    goes on from its newest complete checkpoint (`wiiide.worker`)."""
+    conn.send([encode_message(PS_FAILED, {"cause": str(failure)[:500]})])
     while True:
         msg = conn.receive(["batch", "batch_indices", "stop"])  # batches handed out ahead are dropped
         if msg.kind == "stop":
