@@ -152,17 +152,11 @@ def test_load_newest_complete_needs_the_step_in_every_store(tmp_path, steps):
 def _serve_steps(cfg, server, port, models, flats, parts, steps, first_step=0):
     """Two workers' clients push `steps` steps of seeded batches to `server` (from `first_step`); returns
     the workers' parameters after each step."""
-    from tests.unit.test_ps import SECRET, _node
-    from wiiide.ps.client import ShardClient
-    from wiiide.ps.shard import ROLE_WORKER
+    from tests.unit.test_ps import _worker_clients
 
     clients, after = [], {}
     try:
-        for rank, (model, flat) in enumerate(zip(models, flats), start=1):
-            m, lg = _node(cfg, "worker", f"w{rank}")
-            client = ShardClient(cfg, SECRET, m, lg, [("127.0.0.1", port)], ROLE_WORKER, rank, f"w{rank}")
-            client.attach(model, flat, parts, lossy=False)
-            clients.append(client)
+        _worker_clients(cfg, port, models, flats, parts, clients)
         for step in range(first_step, first_step + steps):
             g = torch.Generator().manual_seed(step)
             x, y = torch.randn(6, 8, generator=g), torch.randint(0, 3, (6,), generator=g)
