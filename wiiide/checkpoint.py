@@ -20,6 +20,10 @@ verifies and whose tensors have the shapes the caller expects; every file it pas
 with a logged error saying why (truncated, hash mismatch, wrong shape ...), and the previous one is used.
 
 File names: ``<prefix>-step<step, 12 digits>.safetensors``, so names sort by step.
+
+Several writers whose files belong together (the shards of a sharded parameter server, prefix
+``ps-shard-<i>``, all writing at the same steps): `load_newest_complete` takes the newest step at which
+every one of them has a file that verifies, so the restored parts are consistent.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from safetensors import safe_open
@@ -130,11 +134,15 @@ class CheckpointStore:
 
     def files(self) -> list[Path]:
         """This prefix's checkpoint files, newest (highest step) first; temporary files are not listed."""
+        return list(self.steps().values())
+
+    def steps(self) -> dict[int, Path]:
+        """This prefix's checkpoint files by step, newest (highest step) first (unverified: `read` checks)."""
         pattern = re.compile(rf"^{re.escape(self.prefix)}-step(\d{{12}}){re.escape(SUFFIX)}$")
         if not self.directory.is_dir():
-            return []
+            return {}
         found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := pattern.match(p.name))]
-        return [p for _, p in sorted(found, reverse=True)]
+        return dict(sorted(found, reverse=True))
 
     def save(self, step: int, tensors: Mapping[str, np.ndarray], run: Mapping[str, Any] | None = None) -> Path:
         """Write a checkpoint of `tensors` (name -> 1-D float32 array) at `step`, atomically, then
@@ -245,6 +253,45 @@ class CheckpointStore:
                 self.refused.append({"path": str(path), "cause": str(exc)})
                 self._log_error("refused checkpoint %s; trying the previous one", exc)
         return None
+
+
+def load_newest_complete(stores: Sequence[CheckpointStore],
+                         expected_shapes: Sequence[Mapping[str, tuple[int, ...]] | None],
+                         expected_run: Sequence[Mapping[str, Any] | None],
+                         log_error: Callable[..., None] | None = None) -> tuple[int, list[Checkpoint]] | None:
+    """The newest step at which EVERY store (e.g. one per parameter-server shard) has a checkpoint that
+    reads and verifies (`CheckpointStore.read` with that store's `expected_shapes[i]` and
+    `expected_run[i]`), with those checkpoints in store order; None when no step is complete.
+
+    This is the manifest of a sharded checkpoint, computed from the files themselves (each carries its
+    own hash), so it cannot disagree with them. A step some store has no file for is incomplete; a
+    step where one store's file fails (hash, truncation, shape, run) is incomplete too: the failure is
+    logged through `log_error` and appended to that store's `refused`, and the previous step common to
+    every store is tried. Never raises for a bad file.
+    """
+    log_error = log_error or (lambda *args: None)
+    by_store = [store.steps() for store in stores]
+    if not by_store:
+        return None
+    common = sorted(set(by_store[0]).intersection(*by_store[1:]), reverse=True)
+    for step in common:
+        loaded: list[Checkpoint] = []
+        for store, files, shapes, run in zip(stores, by_store, expected_shapes, expected_run):
+            try:
+                checkpoint = store.read(files[step], shapes, run)
+            except CheckpointError as exc:
+                store.refused.append({"path": str(files[step]), "cause": str(exc)})
+                log_error("step %d is incomplete, refused %s; trying the previous step every %d stores have",
+                          step, exc, len(stores))
+                break
+            if checkpoint.step != step:
+                store.refused.append({"path": str(files[step]), "cause": f"holds step {checkpoint.step}"})
+                log_error("step %d is incomplete: %s holds step %d", step, files[step], checkpoint.step)
+                break
+            loaded.append(checkpoint)
+        else:
+            return step, loaded
+    return None
 
 
 @dataclass

@@ -169,7 +169,8 @@ class Coordinator:
                 self.metrics.extra["comm"] = {"expected": sparse_comm_expected(cfg, flat.numel)}
             self.metrics.extra.update(workload_record(cfg, data, model))
             self.recovery = ServerRecovery(cfg, self.metrics, self.log)
-            start_step, trained_s = self.recovery.restore(flat, optimizer)
+            # the sharded servers restore their own checkpoints once the plan is known (wiiide.ps.checkpoints)
+            start_step, trained_s = self.recovery.restore(flat, optimizer) if cfg.ps_shards == "1" else (0, 0.0)
             self.metrics.extra.update({
                 "dataset": data.name, "train_samples": len(data.y_train), "test_samples": len(data.y_test),
                 "num_parameters": num_parameters(model), "gradient_bytes": flat.numel * 4,

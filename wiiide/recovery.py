@@ -63,9 +63,10 @@ def training_identity(cfg: RunConfig) -> dict[str, Any]:
     return {"config": {name: values[name] for name in TRAINING_KNOBS}}
 
 
-def momentum_to_flat(optimizer: MomentumSGD, flat: FlatParams) -> np.ndarray | None:
-    """The optimizer's momentum buffers as one float32 vector of `flat.numel` values in parameter order,
-    or None when it keeps none (momentum 0, or before its first step)."""
+def momentum_to_flat(optimizer: MomentumSGD, flat: FlatParams | None = None) -> np.ndarray | None:
+    """The optimizer's momentum buffers as one float32 vector (one value per parameter element, in
+    parameter order: `flat.numel` values for the model's optimizer, a partition's for a shard's), or
+    None when it keeps none (momentum 0, or before its first step). `flat` is not read."""
     buffers = [optimizer.momentum_buffers.get(i) for i in range(len(optimizer.params))]
     if optimizer.momentum == 0 or any(b is None for b in buffers):
         return None
@@ -190,16 +191,19 @@ class ServerRecovery:
         flat.load(torch.from_numpy(checkpoint.tensors["params"]))
         train_s = checkpoint.run.get("train_time_s")
         train_s = float(train_s) if isinstance(train_s, (int, float)) and not isinstance(train_s, bool) else 0.0
-        self.restored_step = checkpoint.step
-        self.schedule.mark(checkpoint.step, time.monotonic())
-        self.recovery.update({"restored_step": checkpoint.step, "restored_from": str(checkpoint.path),
-                              "restored_train_time_s": train_s, "restored_at_unix_s": time.time()})
-        self.metrics.steps = checkpoint.step
-        self.metrics.event("checkpoint_restored", step=checkpoint.step, path=str(checkpoint.path),
-                           incarnation=self.incarnation)
-        self.log.info("restored checkpoint %s: step %d (incarnation %d)", checkpoint.path.name, checkpoint.step,
-                      self.incarnation)
+        self.mark_restored(checkpoint.step, str(checkpoint.path), train_s)
         return checkpoint.step, train_s
+
+    def mark_restored(self, step: int, source: str, train_s: float = 0.0, **extra: Any) -> None:
+        """Record that the state of `step` was restored from `source` (a file, or a sharded checkpoint's
+        description), with `train_s` training seconds so far; `extra` goes into ``recovery`` too."""
+        self.restored_step = step
+        self.schedule.mark(step, time.monotonic())
+        self.recovery.update({"restored_step": step, "restored_from": source, "restored_train_time_s": train_s,
+                              "restored_at_unix_s": time.time(), **extra})
+        self.metrics.steps = step
+        self.metrics.event("checkpoint_restored", step=step, path=source, incarnation=self.incarnation)
+        self.log.info("restored checkpoint %s: step %d (incarnation %d)", Path(source).name, step, self.incarnation)
 
     def note_rejoin(self, hint: dict[str, float] | None) -> None:
         """Keep a joining worker's ``rejoin`` hint (`rejoin_hint`) for the steps-lost and recovery figures."""
@@ -209,9 +213,7 @@ class ServerRecovery:
     def after_step(self, step: int, flat: FlatParams, optimizer: MomentumSGD, train_time_s: float) -> None:
         """After `step` steps: the recovery figures at the first step of a restored run, and a checkpoint
         when one is due. A failed write is logged and recorded, never fatal (training goes on)."""
-        if not self._first_step_done:
-            self._first_step_done = True
-            self._first_step(step)
+        self.note_step(step)
         if not self.schedule.due(step, time.monotonic()):
             return
         tensors = {"params": flat.params.numpy()}
@@ -236,7 +238,13 @@ class ServerRecovery:
                                                   "file_bytes": self._bytes,
                                                   "write_time_s": summarize(self._write_times_s)})
 
-    def _first_step(self, step: int) -> None:
+    def note_step(self, step: int) -> None:
+        """After `step` steps: at the first step of this incarnation, the recovery figures (steps lost,
+        recovery time) when it restored a checkpoint or workers rejoined it. The sharded servers
+        (`wiiide.ps.session`), which write their own checkpoints, call this alone."""
+        if self._first_step_done:
+            return
+        self._first_step_done = True
         if not self.restored_step and not self._hints:
             return
         now = time.time()

@@ -134,12 +134,25 @@ def _node(cfg: RunConfig, role: str, name: str):
     return NodeMetrics(role, name), TieredLog(cfg, name)
 
 
+def _worker_clients(cfg: RunConfig, port: int, models, flats, parts, clients: list) -> list:
+    """Connect one worker client per model (ranks 1..) to the shard at 127.0.0.1:port, hooks attached;
+    each is appended to `clients` as it is made (so the caller closes those made before a failure)."""
+    from wiiide.ps.client import ShardClient
+    from wiiide.ps.shard import ROLE_WORKER
+
+    for rank, (model, flat) in enumerate(zip(models, flats), start=1):
+        m, lg = _node(cfg, "worker", f"w{rank}")
+        client = ShardClient(cfg, SECRET, m, lg, [("127.0.0.1", port)], ROLE_WORKER, rank, f"w{rank}")
+        client.attach(model, flat, parts, lossy=False)
+        clients.append(client)
+    return clients
+
+
 def test_a_shard_averages_pushes_steps_its_optimizer_slice_and_answers_every_worker():
     import torch
 
     from wiiide.model import MomentumSGD
-    from wiiide.ps.client import ShardClient
-    from wiiide.ps.shard import ROLE_WORKER, ShardServer
+    from wiiide.ps.shard import ShardServer
 
     cfg = RunConfig(num_workers=2, log_tier="silent", learning_rate=0.1, momentum=0.9, io_timeout_s=5,
                     connect_timeout_s=5)
@@ -157,11 +170,7 @@ def test_a_shard_averages_pushes_steps_its_optimizer_slice_and_answers_every_wor
     ref_opt = MomentumSGD(reference.parameters(), lr=0.1, momentum=0.9)
     clients = []
     try:
-        for rank, (model, flat) in enumerate(zip(models, flats), start=1):
-            m, lg = _node(cfg, "worker", f"w{rank}")
-            client = ShardClient(cfg, SECRET, m, lg, [("127.0.0.1", port)], ROLE_WORKER, rank, f"w{rank}")
-            client.attach(model, flat, parts, lossy=False)
-            clients.append(client)
+        _worker_clients(cfg, port, models, flats, parts, clients)
         x = torch.randn(6, 8, generator=torch.Generator().manual_seed(5))
         y = torch.tensor([0, 1, 2, 0, 1, 2])
         for step in range(3):

@@ -44,6 +44,7 @@ from wiiide.metrics import NodeMetrics
 from wiiide.model import FlatParams
 from wiiide.node import Connection, Heartbeats, NodeFailure
 from wiiide.protocol import PROTOCOL_VERSION, encode_message
+from wiiide.ps.checkpoints import CHECKPOINT_AT
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback
 from wiiide.ps.partition import Partition
 from wiiide.ps.shard import drain_outbox
@@ -219,7 +220,7 @@ class ShardClient:
     def _send_loop(self, link: _Link) -> None:
         def to_frame(item):
             if not isinstance(item, tuple):
-                return item  # a ready frame (bye, pull_final)
+                return item  # a ready frame (bye, pull_final, checkpoint_at)
             step, part, dense = item
             values = self._flat.grads[part.start:part.stop].numpy()
             return self.feedback.encode(link.policy, {"step": step, "partition": part.index}, f"p{part.index}",
@@ -273,6 +274,13 @@ class ShardClient:
         if len(seen) != len(partitions):
             raise ProtocolError(f"final parameters cover {len(seen)} of {len(partitions)} partitions")
         return out
+
+    def announce_checkpoint(self, step: int) -> None:
+        """Tell every shard to checkpoint when its partitions reach `step` (the coordinator's time trigger,
+        `wiiide.ps.checkpoints.ShardCheckpointer.announce`)."""
+        frame = encode_message(CHECKPOINT_AT, {"step": int(step)})
+        for link in self.links:
+            link.outbox.put(frame)
 
     def policy_records(self) -> list[dict]:
         """Each link's push policy choices (codec counts by kind)."""

@@ -18,6 +18,12 @@ After the usual join (`wiiide.coordinator`, `wiiide.worker`, whose welcome carri
 
 A lost worker fails the run (its pushes are needed for every partition, and it may host a shard): the
 coordinator exits with code 4 (`wiiide.node.EXIT_PEER_LOST`) and says which worker and why.
+
+A lost coordinator, with checkpoints on (`wiiide.ps.checkpoints`), restarts the whole sharded run: each
+worker sees its shards fail and its coordinator connection close, drops its shard and rejoins the
+restarted coordinator (`wiiide.worker`); that one waits for every worker, restores the newest step
+complete and verified on every shard and sends it with the plan (``start_step``, ``params`` and
+``momentum``), and the shards and the barrier go on from that step.
 """
 
 from __future__ import annotations
@@ -30,13 +36,16 @@ import numpy as np
 import torch
 from torch import nn
 
+from wiiide.checkpoint import CheckpointSchedule
 from wiiide.config import RunConfig
 from wiiide.data import BatchSampler, Dataset, load_dataset
 from wiiide.errors import ProtocolError, WiiideError
 from wiiide.model import FlatParams
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure, touch
 from wiiide.protocol import WireTensor, encode_message
-from wiiide.ps.client import ShardClient
+from wiiide.ps.checkpoints import ShardsRestored, announce_step, restore_shards
+from wiiide.ps.client import ShardClient, ShardFailed
+from wiiide.ps.digest import params_digest
 from wiiide.ps.feedback import policy_may_be_lossy
 from wiiide.ps.partition import (
     Partition,
@@ -48,6 +57,7 @@ from wiiide.ps.shard import ROLE_COORDINATOR, ROLE_WORKER, ShardServer
 from wiiide.tensors import from_wire, to_wire
 
 HANDOUT_AHEAD = 1  # batches handed out this many steps ahead of the barrier
+PS_FAILED = "ps_failed"  # worker -> coordinator: one of my shards failed ({"cause"}); the coordinator stops the run
 LOSS_GRACE_S = 0.5  # after a failure, the coordinator waits this long to collect every lost peer
 
 
@@ -77,6 +87,12 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
     k = num_shards(cfg)
     partitions = partition_flat(flat.numel, k, cfg.partition_bytes)
+    if len(coord.workers) < cfg.num_workers:  # a restarted coordinator some workers did not come back to
+        raise NodeFailure(f"sharded run (ps_shards={cfg.ps_shards}) needs all {cfg.num_workers} workers; "
+                          f"{len(coord.workers)} came back within rejoin_timeout_s", EXIT_PEER_LOST)
+    restored = _restore(coord, partitions, k, flat)
+    start_step = restored.step if restored is not None else 0
+    momentum = restored.momentum if restored is not None else None
     shard = ShardServer(cfg, coord.secret, metrics, log, 0)
     port = shard.listen()
     fingerprint = data_fingerprint(data)
@@ -95,13 +111,17 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
             wanted = cfg.batch_handout
             handout[w.rank] = ("indices" if wanted == "indices" or (wanted == "auto" and join.meta.get("data") == fingerprint)
                                else "samples")
-        shard.configure(partitions, flat.params.numpy(), policy_may_be_lossy(cfg))
+        shard.configure(partitions, flat.params.numpy(), policy_may_be_lossy(cfg), momentum, start_step)
+        if shard.checkpointer is not None and shard.checkpointer.enabled:  # the report's checkpoints_written
+            metrics.extra["checkpoints"] = shard.checkpointer.record
         shard.start()
         plan = {"shards": [list(a) for a in addresses], "partitions": [[p.start, p.stop, p.shard] for p in partitions],
-                "data": fingerprint}
+                "data": fingerprint, "start_step": start_step}
+        state = [to_wire("params", flat.params)]
+        if momentum is not None:  # a restored checkpoint's: the shards' optimizer state
+            state.append(WireTensor("momentum", momentum))
         for w in workers:
-            w.conn.send([encode_message("ps_plan", {**plan, "batch_handout": handout[w.rank]},
-                                        [to_wire("params", flat.params)])])
+            w.conn.send([encode_message("ps_plan", {**plan, "batch_handout": handout[w.rank]}, state)])
         for w in workers:
             _receive(coord, w, "ps_ready")
         own = [(cfg.coordinator_host if not h else h, p) for h, p in addresses]
@@ -114,7 +134,7 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
             "batch_handout": {str(r): h for r, h in handout.items()}})
         log.info("sharded: %d shards, %d partitions (%s bytes per shard); batch handout %s", k, len(partitions),
                  shard_loads_bytes(partitions, k), sorted(set(handout.values())))
-        _train(coord, data, workers, handout, shard, training_marker)
+        _train(coord, data, workers, handout, shard, training_marker, start_step, client)
         final = client.pull_final(partitions, flat.numel)
         flat.load(torch.from_numpy(final))
         stop = encode_message("stop", {"reason": "finished", "steps": metrics.steps}, [to_wire("params", flat.params)])
@@ -141,6 +161,25 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
         shard.close()
 
 
+def _restore(coord, partitions: list[Partition], k: int, flat: FlatParams) -> ShardsRestored | None:
+    """With checkpoints on: the newest step complete and verified on every shard
+    (`wiiide.ps.checkpoints.restore_shards`) into `flat`, recorded in the coordinator's ``recovery``."""
+    cfg, recovery = coord.cfg, coord.recovery
+    if recovery is None or not recovery.enabled:
+        return None
+    restored, refused = restore_shards(cfg, partitions, k, flat.numel, coord.log)
+    recovery.store.refused.extend(refused)  # the coordinator's ``recovery.refused``
+    if restored is None:
+        if refused:
+            coord.log.error("no sharded checkpoint is complete and verified on all %d shards (%d files refused); "
+                            "starting from step 0", k, len(refused))
+        return None
+    flat.load(torch.from_numpy(restored.params))
+    recovery.mark_restored(restored.step, restored.paths[0], restored_files=restored.paths, restored_shards=k,
+                           restored_params_sha256=params_digest(restored.params)["sha256"])
+    return restored
+
+
 def _peer_host(conn: Connection) -> str:
     try:
         return str(conn.sock.getpeername()[0])
@@ -149,21 +188,32 @@ def _peer_host(conn: Connection) -> str:
 
 
 def _receive(coord, w, kind: str):
-    """One message of `kind` from worker `w`; a failure drops it and raises (the run cannot go on)."""
+    """One message of `kind` from worker `w`; a failure drops it and raises (the run cannot go on), and so
+    does a worker's ``ps_failed`` (one of its shards failed: it waits for the ``stop``)."""
     try:
-        msg = w.conn.receive([kind])
+        msg = w.conn.receive([kind, PS_FAILED])
     except Exception as exc:
         coord._drop(w, exc)
         raise NodeFailure(f"lost worker {w.rank} ({w.node_id}): {type(exc).__name__}: {exc}", EXIT_PEER_LOST) from None
+    if msg.kind == PS_FAILED:
+        raise NodeFailure(f"worker {w.rank}: {str(msg.meta.get('cause'))[:400]}", EXIT_PEER_LOST)
     return msg
 
 
-def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardServer, training_marker: str) -> None:
+def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardServer, training_marker: str,
+           start_step: int = 0, client: ShardClient | None = None) -> None:
     """The step barrier. Batches go out `HANDOUT_AHEAD` steps ahead, so a worker whose pulls are in
     starts its next step at once, without a round trip through the coordinator; whether a step runs
-    (duration_s, max_steps) is decided when its batches are sent."""
+    (duration_s, max_steps) is decided when its batches are sent. A restored run starts at
+    `start_step` and, as the central server, draws its batches from a stream seeded with seed + start_step.
+
+    A step the barrier passed is on disk on every shard when it is a checkpoint step: a shard sends
+    a partition's pull after writing its checkpoint (`wiiide.ps.shard.ShardServer`). With
+    checkpoint_every_s, the barrier announces a step ahead of every shard through `client`
+    (`wiiide.ps.checkpoints.announce_step`) before it hands out the next batches."""
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
-    sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed)
+    timer = CheckpointSchedule(0, cfg.checkpoint_every_s if client is not None else 0.0, start_step)
+    sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed + start_step)
     start = time.perf_counter()
     touch(str(Path(cfg.metrics_dir) / training_marker))
 
@@ -184,11 +234,11 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
                 coord._drop(w, exc)
                 raise NodeFailure(f"lost worker {w.rank}: {exc}", EXIT_PEER_LOST) from None
 
-    sent = 0
-    while sent <= HANDOUT_AHEAD and more(sent):
+    sent = start_step
+    while sent <= start_step + HANDOUT_AHEAD and more(sent):
         hand_out(sent)
         sent += 1
-    step, t_step = 0, time.perf_counter()
+    step, t_step = start_step, time.perf_counter()
     while step < sent:
         losses = []
         for w in workers:
@@ -201,6 +251,9 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
         if shard.failure:
             raise NodeFailure(shard.failure, EXIT_PEER_LOST)
         step += 1
+        if timer.enabled and more(sent) and timer.due(step, time.monotonic()):
+            client.announce_checkpoint(announce_step(sent))  # before the batches of step `sent` go out
+            timer.mark(step, time.monotonic())
         if more(sent):
             hand_out(sent)
             sent += 1
@@ -213,6 +266,8 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
         metrics.losses.append(sum(losses) / len(losses))
         if step % 50 == 0:
             metrics.sample_rss()
+        if coord.recovery is not None:  # steps lost and recovery time at the first step after a restart
+            coord.recovery.note_step(step)
         log.step(step, "step %d: loss %.4f, %d workers, %.1f batches/s (sharded)", step, metrics.losses[-1],
                  len(workers), metrics.batches / (now - start))
     metrics.train_time_s = time.perf_counter() - start
@@ -247,25 +302,60 @@ def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, s
         if params.shape != (flat.numel,) or params.dtype != np.float32:
             raise ProtocolError(f"ps_plan: params of shape {params.shape}, expected ({flat.numel},)")
         flat.load(torch.from_numpy(params.copy()))
+        start_step, momentum = _plan_state(plan, flat.numel)
         handout = plan.meta.get("batch_handout")
         if handout == "indices" and plan.meta.get("data") != fingerprint:
             raise ProtocolError("ps_plan: indices handout, but this worker's data set differs from the coordinator's")
         metrics.extra.setdefault("ps", {}).update({"ps_shards": k, "partitions": len(partitions),
                                                    "batch_handout": handout})
         if shard is not None:
-            shard.configure(partitions, params, policy_may_be_lossy(cfg))
+            shard.configure(partitions, params, policy_may_be_lossy(cfg), momentum, start_step)
             shard.start()
         addresses = _plan_addresses(plan.meta, k, cfg.coordinator_host)
         client = ShardClient(cfg, secret, metrics, log, addresses, ROLE_WORKER, rank, worker.node_id)
         client.attach(model, flat, partitions, policy_may_be_lossy(cfg))
         conn.send([encode_message("ps_ready")])
         _worker_steps(worker, conn, model, flat, client, data)
+    except ShardFailed as exc:
+        _await_coordinator(conn, exc)
     finally:
         if client is not None:
             metrics.extra.setdefault("ps", {})["push_policy"] = client.policy_records()
             client.close()
         if shard is not None:
             shard.close()
+
+
+def _await_coordinator(conn: Connection, failure: ShardFailed) -> None:
+    """After a shard failed: tell the coordinator (``ps_failed``: it may be waiting for this worker's
+    ``step_done``); a live one answers with a ``stop`` (a lost worker fails the run: NodeFailure, with
+    `failure` and its reason); a dead one closes the connection, which propagates (PeerClosed,
+    ConnectionError, socket.timeout) so the worker rejoins it once it is restarted and the sharded run
+    goes on from its newest complete checkpoint (`wiiide.worker`)."""
+    conn.send([encode_message(PS_FAILED, {"cause": str(failure)[:500]})])
+    while True:
+        msg = conn.receive(["batch", "batch_indices", "stop"])  # batches handed out ahead are dropped
+        if msg.kind == "stop":
+            raise NodeFailure(f"{failure}; the coordinator stopped the sharded run: "
+                              f"{str(msg.meta.get('reason'))[:400]}", EXIT_PEER_LOST) from None
+
+
+def _plan_state(plan, numel: int) -> tuple[int, np.ndarray | None]:
+    """The plan's start step and momentum (a restored checkpoint's; None on a fresh start).
+
+    Raises:
+        ProtocolError: a start step that is not an integer 0..1e15, or a momentum of another shape.
+    """
+    start_step = plan.meta.get("start_step", 0)
+    if type(start_step) is not int or not 0 <= start_step <= 10**15:  # noqa: E721
+        raise ProtocolError(f"ps_plan: start_step must be an integer 0..1e15, got {start_step!r:.40}")
+    names = [t.name for t in plan.tensors]
+    if "momentum" not in names:
+        return start_step, None
+    momentum = plan.tensor("momentum")
+    if momentum.shape != (numel,) or momentum.dtype != np.float32:
+        raise ProtocolError(f"ps_plan: momentum of shape {momentum.shape} {momentum.dtype}, expected ({numel},) float32")
+    return start_step, momentum.copy()
 
 
 def _plan_partitions(meta: dict, numel: int, k: int) -> list[Partition]:
@@ -340,6 +430,7 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
         loss_value = loss.item()
         metrics.compute_time_s += time.perf_counter() - t0
         wait_s += client.finish_step(step)
+        worker._last_step, worker._last_params_unix_s = step, time.time()  # the hello's rejoin hint
         conn.send([encode_message("step_done", {"step": step, "loss": loss_value, "samples": int(x.shape[0])})])
         metrics.record_worker_step(int(x.shape[0]), loss_value, time.perf_counter() - t0)
         log.step(metrics.steps, "step %s: loss %.4f", step, loss_value)

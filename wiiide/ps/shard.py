@@ -49,8 +49,10 @@ from wiiide.metrics import NodeMetrics
 from wiiide.model import MomentumSGD
 from wiiide.node import Connection, Heartbeats
 from wiiide.protocol import PROTOCOL_VERSION, WireTensor, encode_message
+from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica
 from wiiide.ps.partition import Partition
+from wiiide.recovery import momentum_from_flat
 from wiiide.sockets import configure_socket
 
 ROLE_WORKER = "worker"
@@ -114,6 +116,7 @@ class ShardServer:
         self._warmup_steps = cfg.lossy_warmup_steps
         self._lossy = False
         self.stats: dict = {"shard": shard_id}
+        self.checkpointer: ShardCheckpointer | None = None  # made by configure
         metrics.extra.setdefault("ps", {})["shard"] = self.stats
 
     # --- set-up -----------------------------------------------------------------------------------
@@ -133,17 +136,24 @@ class ShardServer:
         self.stats["port"] = port
         return port
 
-    def configure(self, partitions: list[Partition], params: np.ndarray, lossy_pulls: bool) -> None:
+    def configure(self, partitions: list[Partition], params: np.ndarray, lossy_pulls: bool,
+                  momentum: np.ndarray | None = None, start_step: int = 0) -> None:
         """Own the partitions of `partitions` whose shard is this one, starting from `params` (the whole
-        flat float32 vector); `lossy_pulls`: the policy may pick a lossy codec (pulls become deltas)."""
+        flat float32 vector) at step `start_step` (a restored checkpoint's, with its `momentum`: the
+        whole flat float32 vector, or None); `lossy_pulls`: the policy may pick a lossy codec (pulls
+        become deltas). Checkpoints every checkpoint_every_steps (`wiiide.ps.checkpoints`)."""
         cfg = self.cfg
         for p in partitions:
             if p.shard != self.shard_id:
                 continue
             values = torch.from_numpy(np.array(params[p.start:p.stop], dtype=np.float32, copy=True))
             values.grad = torch.zeros_like(values)
-            self.owned[p.index] = _Owned(p, values, MomentumSGD([values], lr=cfg.learning_rate, momentum=cfg.momentum),
-                                         PullReplica(values.numpy()))
+            optimizer = MomentumSGD([values], lr=cfg.learning_rate, momentum=cfg.momentum)
+            if momentum is not None and cfg.momentum != 0:
+                momentum_from_flat(optimizer, momentum[p.start:p.stop])
+            self.owned[p.index] = _Owned(p, values, optimizer, PullReplica(values.numpy()), step=start_step)
+        self.checkpointer = ShardCheckpointer(cfg, self.shard_id, max(p.shard for p in partitions) + 1,
+                                              [o.part for o in self.owned.values()], self.metrics, self.stats, self.log)
         self._lossy = lossy_pulls
         self.stats.update({"partitions": len(self.owned), "bytes": sum(o.part.nbytes for o in self.owned.values())})
 
@@ -262,13 +272,20 @@ class ShardServer:
     def _serve(self, peer: _Peer) -> None:
         try:
             while True:
-                msg = peer.conn.receive([DENSE_KIND, LOSSY_KIND, "pull_final", "bye"])
+                msg = peer.conn.receive([DENSE_KIND, LOSSY_KIND, "pull_final", CHECKPOINT_AT, "bye"])
                 if msg.kind == "bye":  # the peer is done: its disconnect is no failure
                     peer.outbox.put(None)
                     peer.conn.close()
                     return
                 if msg.kind == "pull_final":
                     peer.outbox.put(self._final_frame())
+                    continue
+                if msg.kind == CHECKPOINT_AT:  # the coordinator's time trigger (checkpoint_every_s)
+                    if peer.role != ROLE_COORDINATOR or self.checkpointer is None:
+                        raise ProtocolError(f"{CHECKPOINT_AT} from {peer.role} {peer.rank}: only the coordinator "
+                                            "announces checkpoint steps, after the plan")
+                    with self._lock:
+                        self.checkpointer.announce(msg.meta.get("step"), max(o.step for o in self.owned.values()))
                     continue
                 if peer.role != ROLE_WORKER:
                     raise ProtocolError("only workers push")
@@ -305,7 +322,12 @@ class ShardServer:
             owned.pushes[rank] = values
             if len(owned.pushes) < self.num_workers:
                 return None
-            return self._update(owned)
+            frame = self._update(owned)
+            ready = (self.checkpointer.offer(index, owned.step, owned.param.numpy(), owned.optimizer)
+                     if self.checkpointer is not None else None)
+        if ready is not None:  # every partition of this shard reached a checkpoint step: write it, unlocked
+            self.checkpointer.write(*ready)
+        return frame
 
     def _update(self, owned: _Owned):
         """Average the pushes (in rank order), one optimizer step, the pull frame. Holds the lock."""
