@@ -32,8 +32,9 @@ per frame (or one buffer reused for every frame, `reuse_buffers`), each `recv_in
 that is left of the frame part up to `recv_chunk_bytes` (`DEFAULT_RECV_CHUNK_BYTES`, 64 MiB: seed 001's
 256 KiB chunks cost a 16 MiB frame about half its throughput between two containers, bench-wire's
 ``chunk`` raw variant against ``whole``; asking for more allocates nothing, the kernel returns what it has). Decoded tensors are numpy views of that buffer when uncompressed: no copy and
-no `bytes()` round trip between the socket and the arrays. A TLS socket (`wiiide.tls`) has no
-`sendmsg`: there each large buffer goes out with `sendall` and the small ones are joined.
+no `bytes()` round trip between the socket and the arrays. A TLS connection (`wiiide.tls.TLSStream`)
+has no `sendmsg`: it encrypts the frames' buffers itself (`send_buffers`); on an `ssl.SSLSocket` each
+large buffer goes out with `sendall` and the small ones are joined.
 """
 
 from __future__ import annotations
@@ -222,7 +223,11 @@ def send_frames(sock: socket.socket, frames: Sequence[Frame]) -> int:
     """
     buffers = [memoryview(b).cast("B") for f in frames for b in f.buffers]
     total = sum(b.nbytes for b in buffers)
-    if isinstance(sock, ssl.SSLSocket):  # no sendmsg on TLS sockets (wiiide.tls)
+    send_buffers = getattr(sock, "send_buffers", None)
+    if send_buffers is not None:  # wiiide.tls.TLSStream: encrypts and sends the frames itself
+        send_buffers(buffers)
+        return total
+    if isinstance(sock, ssl.SSLSocket):  # no sendmsg on SSLSocket (wiiide.tls, memory_bio=False)
         _send_buffers_tls(sock, buffers)
         return total
     sent_total = 0
