@@ -149,7 +149,7 @@ class TLSStream:
     over a connected, blocking plain socket (see the module's docstring for why).
 
     What `wiiide.protocol` and the nodes use: `recv_into`, `recv`, `sendall`, `send_buffers` (the TLS
-    path of `send_frames`), `settimeout`/`gettimeout`, `setsockopt`/`getsockopt`, `fileno`,
+    path of `send_frames`), `pending`, `settimeout`/`gettimeout`, `setsockopt`/`getsockopt`, `fileno`,
     `getpeername`/`getsockname`, `close`, `version`, `cipher`, `getpeercert`; a context manager.
     Nothing else of the plain socket is exposed, so no byte can leave or arrive around TLS.
 
@@ -213,6 +213,13 @@ class TLSStream:
     def getpeercert(self, binary_form: bool = False) -> Any:
         """The peer's certificate, as `ssl.SSLSocket.getpeercert`."""
         return self._tls.getpeercert(binary_form)
+
+    def pending(self) -> int:
+        """Bytes already read from the socket and not yet returned: plaintext of the current record plus
+        ciphertext buffered behind it (a TLSStream reads ahead, so `select` on `fileno` may say "not
+        readable" while a whole frame waits here: poll this first)."""
+        with self._tls_lock:
+            return self._tls.pending() + self._incoming.pending
 
     def close(self) -> None:
         """Close the plain socket (no close_notify, as `SSLSocket.close`). Raises OSError."""
