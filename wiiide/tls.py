@@ -27,7 +27,8 @@ socket, not an `ssl.SSLSocket`. `SSLSocket.recv_into` returns at most one 16 KiB
 `SSLSocket.sendall` writes record by record (one `send` per 16 KiB record): with the GIL and a shared
 2-core machine, those record-sized calls, not AES-GCM (a few GB/s here), were what TLS cost
 (README, "What it costs"). `TLSStream` reads up to `RECV_CIPHERTEXT_BYTES` of ciphertext per system
-call and decrypts every whole record in it straight into the caller's buffer (`SSLObject.read`, no
+call (from `RECV_FIRST_BYTES`, grown while reads fill it) and decrypts every whole record in it
+straight into the caller's buffer (`SSLObject.read`, no
 system call per record), and encrypts a whole slice of a frame (`SEND_SLICE_BYTES`) into the outgoing
 BIO before one `sendall`. No `SSLObject` call blocks on I/O, so one lock guards every one of them: a
 heartbeat thread may write while the main thread reads (OpenSSL does not promise that for concurrent
@@ -125,7 +126,8 @@ def client_context(cfg: RunConfig) -> ssl.SSLContext:
     return _context(cfg, server_side=False)
 
 
-RECV_CIPHERTEXT_BYTES = 1024 * 1024  # the most ciphertext one recv system call of a TLSStream reads
+RECV_FIRST_BYTES = 64 * 1024  # the ciphertext one recv system call of a new TLSStream reads at most
+RECV_CIPHERTEXT_BYTES = 1024 * 1024  # ... and of one that has seen large frames (a 1 MiB buffer per connection)
 SEND_SLICE_BYTES = 1024 * 1024  # plaintext encrypted per sendall (bounds the ciphertext held at once)
 SMALL_WRITE_BYTES = 64 * 1024  # buffers below this are joined before encryption (one record, not one each)
 
@@ -165,17 +167,19 @@ class TLSStream:
 
     def __init__(self, sock: socket.socket, tls: ssl.SSLObject, incoming: ssl.MemoryBIO,
                  outgoing: ssl.MemoryBIO) -> None:
-        self.sock = sock
+        self._sock = sock
         self._tls, self._incoming, self._outgoing = tls, incoming, outgoing
         self._tls_lock = threading.Lock()  # every SSLObject and BIO call
         self._send_lock = threading.Lock()  # encrypt + send, so records leave in order
-        self._recv_view: memoryview | None = None  # RECV_CIPHERTEXT_BYTES, made at the first read
+        # what one recv system call reads: RECV_FIRST_BYTES, 4x larger after each read that filled it (a
+        # stream of large frames), up to RECV_CIPHERTEXT_BYTES; a connection of small frames stays small
+        self._recv_view = memoryview(bytearray(RECV_FIRST_BYTES))
         self._timeout_s = sock.gettimeout()
 
     # -- the socket's own knobs -------------------------------------------------------------------
     def settimeout(self, timeout_s: float | None) -> None:
         """Bound each later read and send call by `timeout_s` (None: block). Raises OSError."""
-        self.sock.settimeout(timeout_s)
+        self._sock.settimeout(timeout_s)
         self._timeout_s = timeout_s
 
     def gettimeout(self) -> float | None:
@@ -184,23 +188,23 @@ class TLSStream:
 
     def setsockopt(self, *args: Any) -> None:
         """`socket.setsockopt` on the plain socket (TCP and socket options). Raises OSError."""
-        self.sock.setsockopt(*args)
+        self._sock.setsockopt(*args)
 
     def getsockopt(self, *args: Any) -> Any:
         """`socket.getsockopt` on the plain socket. Raises OSError."""
-        return self.sock.getsockopt(*args)
+        return self._sock.getsockopt(*args)
 
     def fileno(self) -> int:
         """The plain socket's file descriptor (-1 once closed)."""
-        return self.sock.fileno()
+        return self._sock.fileno()
 
     def getpeername(self) -> Any:
         """The peer's address. Raises OSError."""
-        return self.sock.getpeername()
+        return self._sock.getpeername()
 
     def getsockname(self) -> Any:
         """This side's address. Raises OSError."""
-        return self.sock.getsockname()
+        return self._sock.getsockname()
 
     def version(self) -> str | None:
         """The negotiated protocol, e.g. ``TLSv1.3``."""
@@ -223,11 +227,11 @@ class TLSStream:
 
     def close(self) -> None:
         """Close the plain socket (no close_notify, as `SSLSocket.close`). Raises OSError."""
-        self.sock.close()
+        self._sock.close()
 
     def shutdown(self, how: int) -> None:
         """`socket.shutdown` of the plain socket. Raises OSError."""
-        self.sock.shutdown(how)
+        self._sock.shutdown(how)
 
     def __enter__(self) -> "TLSStream":
         return self
@@ -261,25 +265,25 @@ class TLSStream:
                 got = self._decrypt_into(view)
                 if got is not None:
                     return got
-                if self._recv_view is None:
-                    self._recv_view = memoryview(bytearray(RECV_CIPHERTEXT_BYTES))
                 if deadline is not None and system_calls:
                     # the rest of the call's timeout (as SSLSocket: one deadline per call, so a peer
                     # that trickles a record byte by byte cannot stretch it)
                     remaining_s = deadline - time.monotonic()
                     if remaining_s <= 0:
                         raise socket.timeout("timed out")
-                    self.sock.settimeout(remaining_s)
+                    self._sock.settimeout(remaining_s)
                 system_calls += 1
-                k = self.sock.recv_into(self._recv_view)
+                k = self._sock.recv_into(self._recv_view)
                 with self._tls_lock:
                     if k:
                         self._incoming.write(self._recv_view[:k])
                     else:
                         self._incoming.write_eof()
+                if k == self._recv_view.nbytes < RECV_CIPHERTEXT_BYTES:  # it was full: more is coming at once
+                    self._recv_view = memoryview(bytearray(min(4 * k, RECV_CIPHERTEXT_BYTES)))
         finally:
             if deadline is not None and system_calls > 1:
-                self.sock.settimeout(self._timeout_s)
+                self._sock.settimeout(self._timeout_s)
 
     def recv(self, bufsize: int) -> bytes:
         """Up to `bufsize` decrypted bytes (b"" once the peer closed). Raises as `recv_into`."""
@@ -312,11 +316,11 @@ class TLSStream:
         try:
             alert = self._outgoing.read()
             if alert:
-                self.sock.setblocking(False)  # never wait for a peer that does not read
+                self._sock.setblocking(False)  # never wait for a peer that does not read
                 try:
-                    self.sock.send(alert)
+                    self._sock.send(alert)
                 finally:
-                    self.sock.settimeout(self._timeout_s)
+                    self._sock.settimeout(self._timeout_s)
         except OSError:
             pass
 
@@ -358,7 +362,7 @@ class TLSStream:
                 raise _record_error(exc, "TLS write failed") from None
             ciphertext = self._outgoing.read()
         if ciphertext:
-            self.sock.sendall(ciphertext)
+            self._sock.sendall(ciphertext)
 
     # -- the handshake --------------------------------------------------------------------------------
     def _run_handshake(self, deadline: float) -> None:
@@ -377,11 +381,11 @@ class TLSStream:
                 out = self._outgoing.read()
             if out:
                 self._settimeout_to(deadline)
-                self.sock.sendall(out)
+                self._sock.sendall(out)
             if done:
                 return
             self._settimeout_to(deadline)
-            data = self.sock.recv(65536)
+            data = self._sock.recv(65536)
             with self._tls_lock:
                 if data:
                     self._incoming.write(data)
@@ -392,7 +396,7 @@ class TLSStream:
         remaining_s = deadline - time.monotonic()
         if remaining_s <= 0:
             raise socket.timeout("timed out")
-        self.sock.settimeout(remaining_s)
+        self._sock.settimeout(remaining_s)
 
 
 def _handshake_stream(sock: socket.socket, tls: ssl.SSLObject, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO,

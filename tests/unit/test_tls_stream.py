@@ -103,7 +103,7 @@ def test_a_record_changed_on_the_way_is_refused_with_a_clear_error(streams):
     client._tls.write(bytes(encode_message("gradients", {}, [WireTensor("g", tensor_of(4096, 1))]).buffers[0]))
     record = bytearray(client._outgoing.read())
     record[len(record) // 2] ^= 0x01
-    client.sock.sendall(record)
+    client._sock.sendall(record)
     with pytest.raises(TLSRecordError, match="TLS record from the peer refused.*BAD_RECORD_MAC|bad record mac") as info:
         FrameReader(server, 1 << 20).read_message()
     assert isinstance(info.value, ssl.SSLError) and isinstance(info.value, OSError)  # callers close on OSError
@@ -152,14 +152,14 @@ def test_a_record_trickled_one_byte_at_a_time_is_cut_at_the_read_deadline(stream
     client, server = streams
     client._tls.write(bytes(encode_message("heartbeat", {"pad": "x" * 60}).buffers[0]))
     record = client._outgoing.read()
-    client.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each byte its own segment
+    client._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each byte its own segment
     stop, sent = threading.Event(), []
 
     def trickle() -> None:
         for byte in record:
             if stop.wait(0.05):
                 return
-            client.sock.send(bytes([byte]))
+            client._sock.send(bytes([byte]))
             sent.append(byte)
 
     trickler = threading.Thread(target=trickle, daemon=True)
@@ -179,8 +179,8 @@ def test_the_peers_end_between_and_within_frames(streams):
     frame = encode_message("gradients", {}, [WireTensor("g", tensor_of(100_000, 3))])
     client._tls.write(bytes(frame.buffers[0]))
     client._tls.write(bytes(frame.buffers[1])[:50_000])  # half a frame, then the TCP connection ends
-    client.sock.sendall(client._outgoing.read())
-    client.sock.shutdown(socket.SHUT_WR)
+    client._sock.sendall(client._outgoing.read())
+    client._sock.shutdown(socket.SHUT_WR)
     with pytest.raises(PeerClosed, match="middle of a frame"):
         FrameReader(server, 1 << 20).read_message()
     with pytest.raises(PeerClosed, match="^peer closed the connection$"):
