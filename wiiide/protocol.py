@@ -48,7 +48,7 @@ import struct
 import termios
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -247,20 +247,27 @@ def send_frames(sock: socket.socket, frames: Sequence[Frame]) -> int:
 TLS_COALESCE_BYTES = 64 * 1024  # buffers below this are joined before a TLS write (one record, not one each)
 
 
-def _send_buffers_tls(sock: ssl.SSLSocket, buffers: list[memoryview]) -> None:
-    """`sendall` each buffer of at least `TLS_COALESCE_BYTES`, and the small ones between (prefixes,
-    headers) joined into one write: each write is at least one TLS record of its own. Raises OSError."""
+def coalesced(buffers: Sequence[memoryview], small_nbytes: int = TLS_COALESCE_BYTES) -> Iterator[Any]:
+    """`buffers` in order (C-contiguous byte views), each buffer of at least `small_nbytes` as it is and
+    each run of smaller ones between them (prefixes, headers) joined into one `bytes`: a TLS write makes
+    at least one record of its own, so small buffers are joined first."""
     small: list[memoryview] = []
     for buf in buffers:
-        if buf.nbytes < TLS_COALESCE_BYTES:
+        if buf.nbytes < small_nbytes:
             small.append(buf)
             continue
         if small:
-            sock.sendall(b"".join(small))
+            yield b"".join(small) if len(small) > 1 else small[0]
             small = []
-        sock.sendall(buf)
+        yield buf
     if small:
-        sock.sendall(b"".join(small))
+        yield b"".join(small) if len(small) > 1 else small[0]
+
+
+def _send_buffers_tls(sock: ssl.SSLSocket, buffers: list[memoryview]) -> None:
+    """`sendall` each buffer of `coalesced(buffers)`. Raises OSError."""
+    for part in coalesced(buffers):
+        sock.sendall(part)
 
 
 class FrameReader:

@@ -47,7 +47,7 @@ from typing import Any, Callable, Sequence
 
 from wiiide.config import RunConfig
 from wiiide.errors import ConfigError, ProtocolError
-from wiiide.protocol import DeadlineExceeded
+from wiiide.protocol import DeadlineExceeded, coalesced
 
 
 class TLSHandshakeError(ProtocolError):
@@ -129,7 +129,6 @@ def client_context(cfg: RunConfig) -> ssl.SSLContext:
 RECV_FIRST_BYTES = 64 * 1024  # the ciphertext one recv system call of a new TLSStream reads at most
 RECV_CIPHERTEXT_BYTES = 1024 * 1024  # ... and of one that has seen large frames (a 1 MiB buffer per connection)
 SEND_SLICE_BYTES = 1024 * 1024  # plaintext encrypted per sendall (bounds the ciphertext held at once)
-SMALL_WRITE_BYTES = 64 * 1024  # buffers below this are joined before encryption (one record, not one each)
 
 
 class TLSRecordError(ssl.SSLError):
@@ -331,35 +330,35 @@ class TLSStream:
         self._send_encrypted([memoryview(data).cast("B")])
 
     def send_buffers(self, buffers: Sequence[Any]) -> int:
-        """Encrypt and send `buffers` in order, as one stream: small ones (under `SMALL_WRITE_BYTES`)
-        joined into one record, the plaintext encrypted in slices of `SEND_SLICE_BYTES`, each slice's
-        ciphertext sent with one `sendall`. Returns the plaintext bytes sent. Raises as `sendall`."""
+        """Encrypt and send `buffers` in order, as one stream: small ones joined into one record
+        (`wiiide.protocol.coalesced`), the ciphertext sent with one `sendall` per `SEND_SLICE_BYTES` of
+        plaintext (a frame's header travels in the same system call as its payload's first slice).
+        Returns the plaintext bytes sent. Raises as `sendall`."""
         views = [memoryview(b).cast("B") for b in buffers]
         self._send_encrypted(views)
         return sum(v.nbytes for v in views)
 
     def _send_encrypted(self, views: list[memoryview]) -> None:
         with self._send_lock:
-            small: list[memoryview] = []
-            for view in views:
-                if view.nbytes < SMALL_WRITE_BYTES:
-                    small.append(view)
-                    continue
-                if small:
-                    self._encrypt_and_send([b"".join(small)] if len(small) > 1 else small)
-                    small = []
+            for part in coalesced(views):
+                view = memoryview(part)
                 for start in range(0, view.nbytes, SEND_SLICE_BYTES):
-                    self._encrypt_and_send([view[start:start + SEND_SLICE_BYTES]])
-            self._encrypt_and_send([b"".join(small)] if len(small) > 1 else small)
+                    if self._encrypt(view[start:start + SEND_SLICE_BYTES]) >= SEND_SLICE_BYTES:
+                        self._send_ciphertext()
+            self._send_ciphertext()  # the rest, and anything the reader left in the outgoing BIO
 
-    def _encrypt_and_send(self, parts: list[Any]) -> None:
-        """Encrypt `parts` (send lock held) and send the outgoing BIO's bytes (also any the reader left)."""
+    def _encrypt(self, plaintext: memoryview) -> int:
+        """Encrypt `plaintext` into the outgoing BIO (send lock held); returns the ciphertext bytes it holds."""
         with self._tls_lock:
             try:
-                for part in parts:
-                    self._tls.write(part)
+                self._tls.write(plaintext)
             except ssl.SSLError as exc:
                 raise _record_error(exc, "TLS write failed") from None
+            return self._outgoing.pending
+
+    def _send_ciphertext(self) -> None:
+        """Send what the outgoing BIO holds with one `sendall` (send lock held). Raises OSError."""
+        with self._tls_lock:
             ciphertext = self._outgoing.read()
         if ciphertext:
             self._sock.sendall(ciphertext)

@@ -1,5 +1,5 @@
 """The TLS transport (`wiiide.tls.TLSStream`: `ssl.SSLObject` + `ssl.MemoryBIO` over a plain socket), on
-loopback with real certificates from `harness.run.certs`: frames of several sizes both ways, a changed
+loopback with real certificates from `harness.run.certs` (test_tls.py's fixture): frames of several sizes both ways, a changed
 record refused with a clear error, a heartbeat thread writing while the main thread reads, a trickled
 record cut at the read deadline, the peer's end. No timing is asserted.
 """
@@ -15,7 +15,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from harness.run.certs import config_fields, write_cluster_tls
+from tests.unit.test_tls import node_cfg, pki  # noqa: F401 (pki: the cluster's certificates, a fixture)
 from wiiide.config import RunConfig
 from wiiide.errors import PeerClosed
 from wiiide.log import TieredLog
@@ -37,24 +37,15 @@ from wiiide.tls import (
 )
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory) -> dict:
-    return write_cluster_tls(tmp_path_factory.mktemp("pki"), {"server": ["127.0.0.1"], "client": ["client"]})
-
-
-def cfg_of(pki: dict, node: str) -> RunConfig:
-    return RunConfig(tls=True, log_tier="silent", **config_fields(str(pki[node].folder)))
-
-
 @pytest.fixture
-def streams(pki) -> Iterator[tuple[TLSStream, TLSStream]]:
+def streams(pki) -> Iterator[tuple[TLSStream, TLSStream]]:  # noqa: F811 (the fixture imported above)
     """(client, server): the two ends of one TLS connection over 127.0.0.1, each with a 10 s timeout."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
         served: list = []
         server_thread = threading.Thread(target=lambda: served.append(
-            wrap_server(listener.accept()[0], cfg_of(pki, "server"))), daemon=True)
+            wrap_server(listener.accept()[0], node_cfg(pki, "coordinator"))), daemon=True)
         server_thread.start()
-        client = wrap_client(socket.create_connection(listener.getsockname()), cfg_of(pki, "client"), "127.0.0.1")
+        client = wrap_client(socket.create_connection(listener.getsockname()), node_cfg(pki, "worker-1"), "127.0.0.1")
         server_thread.join(timeout=30)
     server = served[0]
     assert isinstance(client, TLSStream) and isinstance(server, TLSStream)
