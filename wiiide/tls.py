@@ -137,10 +137,17 @@ class TLSRecordError(ssl.SSLError):
 
 
 def _record_error(exc: ssl.SSLError, what: str) -> TLSRecordError:
-    """`exc` (from a read or write of a TLS record) as a `TLSRecordError` that says what happened."""
+    """`exc` (from a read or write of a TLS record) as a `TLSRecordError` that says what happened: an
+    alert from the peer (it refused what this side sent, or its certificate check failed), or a record
+    this side refused."""
     reason = str(exc.reason or exc)
-    detail = _REASONS.get(reason, "a record changed or forged on the way, or an alert from the peer")
-    error = TLSRecordError(exc.errno, f"{what}: {reason} ({detail}); the connection is closed")
+    if "_ALERT_" in reason:  # SSLV3_ALERT_BAD_RECORD_MAC, TLSV1_ALERT_UNKNOWN_CA, TLSV13_ALERT_...
+        detail = _REASONS.get(reason, "it refused what this side sent")
+        message = f"the peer ended the TLS connection with an alert: {reason} ({detail})"
+    else:
+        detail = _REASONS.get(reason, "a record changed or forged on the way")
+        message = f"{what}: {reason} ({detail}); the connection is closed"
+    error = TLSRecordError(exc.errno, message)
     error.reason, error.library = exc.reason, exc.library
     return error
 
