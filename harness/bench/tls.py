@@ -1,13 +1,13 @@
 """``bench-tls``: what TLS 1.3 (the ``tls`` knob, `wiiide.tls`) costs in goodput, against plaintext.
 
 Two peers, a sink and a source, as two containers of the node image on a bridge (``--backend docker``)
-or two processes over 127.0.0.1 (``local``). The sink listens on two ports: one plaintext, one TLS
+or two processes over 127.0.0.1 (``local``). The sink listens on three ports: one plaintext, one TLS
 (`wiiide.tls.wrap_server`, mutual authentication against a CA made for this run by
-`harness.run.certs`). Each trial opens a fresh connection of one mode, sends ``count`` WIIIIIDE frames
+`harness.run.certs`), one TLS over `ssl.SSLSocket` (``--with-sslsocket``). Each trial opens a fresh connection of one mode, sends ``count`` WIIIIIDE frames
 of ``size_bytes`` (one float32 tensor each, `wiiide.protocol.send_frames`: ``sendmsg`` on plaintext,
 `wiiide.tls.TLSStream.send_buffers` on TLS) and waits for the sink's ``ack`` once it has read them all
-with a `FrameReader` (``recv_chunk_bytes`` reads, as the nodes read). Goodput = payload bytes / (first send -> ack); the
-connection's setup (TCP connect, TLS handshake) is timed apart, as ``connect_s``.
+with a `FrameReader` (``recv_chunk_bytes`` reads, as the nodes read). Goodput = payload bytes /
+(first send -> ack); the connection's setup (TCP connect, TLS handshake) is timed apart, as ``connect_s``.
 
 Repeats are interleaved (plain, TLS, then TLS, plain, ...) so that both modes see the same load; the
 summary gives medians and the median of the per-repeat ratios TLS / plaintext (target >= 0.8x for
