@@ -141,6 +141,13 @@ class Connection:
             raise ProtocolError(f"{self.name} sent a {msg.kind!r} message where {list(expected_kinds)} was expected")
         return msg
 
+    def buffered_nbytes(self) -> int:
+        """Bytes this connection already read from its socket and not yet returned: a TLS connection
+        reads ahead (`wiiide.tls.TLSStream.pending`), so a frame may wait here while `select` on the
+        socket says nothing is readable. 0 on a plain socket (the reader reads exact frame lengths)."""
+        pending = getattr(self.sock, "pending", None)
+        return pending() if pending is not None else 0
+
     def close(self) -> None:
         """Close the socket; errors while closing are ignored (the peer is gone either way)."""
         try:

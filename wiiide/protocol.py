@@ -32,8 +32,9 @@ per frame (or one buffer reused for every frame, `reuse_buffers`), each `recv_in
 that is left of the frame part up to `recv_chunk_bytes` (`DEFAULT_RECV_CHUNK_BYTES`, 64 MiB: seed 001's
 256 KiB chunks cost a 16 MiB frame about half its throughput between two containers, bench-wire's
 ``chunk`` raw variant against ``whole``; asking for more allocates nothing, the kernel returns what it has). Decoded tensors are numpy views of that buffer when uncompressed: no copy and
-no `bytes()` round trip between the socket and the arrays. A TLS socket (`wiiide.tls`) has no
-`sendmsg`: there each large buffer goes out with `sendall` and the small ones are joined.
+no `bytes()` round trip between the socket and the arrays. A TLS connection (`wiiide.tls.TLSStream`)
+has no `sendmsg`: it encrypts the frames' buffers itself (`send_buffers`); on an `ssl.SSLSocket` each
+large buffer goes out with `sendall` and the small ones are joined.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import struct
 import termios
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -222,7 +223,11 @@ def send_frames(sock: socket.socket, frames: Sequence[Frame]) -> int:
     """
     buffers = [memoryview(b).cast("B") for f in frames for b in f.buffers]
     total = sum(b.nbytes for b in buffers)
-    if isinstance(sock, ssl.SSLSocket):  # no sendmsg on TLS sockets (wiiide.tls)
+    send_buffers = getattr(sock, "send_buffers", None)
+    if send_buffers is not None:  # wiiide.tls.TLSStream: encrypts and sends the frames itself
+        send_buffers(buffers)
+        return total
+    if isinstance(sock, ssl.SSLSocket):  # no sendmsg on SSLSocket (wiiide.tls, memory_bio=False)
         _send_buffers_tls(sock, buffers)
         return total
     sent_total = 0
@@ -242,20 +247,27 @@ def send_frames(sock: socket.socket, frames: Sequence[Frame]) -> int:
 TLS_COALESCE_BYTES = 64 * 1024  # buffers below this are joined before a TLS write (one record, not one each)
 
 
-def _send_buffers_tls(sock: ssl.SSLSocket, buffers: list[memoryview]) -> None:
-    """`sendall` each buffer of at least `TLS_COALESCE_BYTES`, and the small ones between (prefixes,
-    headers) joined into one write: each write is at least one TLS record of its own. Raises OSError."""
+def coalesced(buffers: Sequence[memoryview], small_nbytes: int = TLS_COALESCE_BYTES) -> Iterator[Any]:
+    """`buffers` in order (C-contiguous byte views), each buffer of at least `small_nbytes` as it is and
+    each run of smaller ones between them (prefixes, headers) joined into one `bytes`: a TLS write makes
+    at least one record of its own, so small buffers are joined first."""
     small: list[memoryview] = []
     for buf in buffers:
-        if buf.nbytes < TLS_COALESCE_BYTES:
+        if buf.nbytes < small_nbytes:
             small.append(buf)
             continue
         if small:
-            sock.sendall(b"".join(small))
+            yield b"".join(small) if len(small) > 1 else small[0]
             small = []
-        sock.sendall(buf)
+        yield buf
     if small:
-        sock.sendall(b"".join(small))
+        yield b"".join(small) if len(small) > 1 else small[0]
+
+
+def _send_buffers_tls(sock: ssl.SSLSocket, buffers: list[memoryview]) -> None:
+    """`sendall` each buffer of `coalesced(buffers)`. Raises OSError."""
+    for part in coalesced(buffers):
+        sock.sendall(part)
 
 
 class FrameReader:

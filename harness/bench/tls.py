@@ -1,13 +1,13 @@
 """``bench-tls``: what TLS 1.3 (the ``tls`` knob, `wiiide.tls`) costs in goodput, against plaintext.
 
 Two peers, a sink and a source, as two containers of the node image on a bridge (``--backend docker``)
-or two processes over 127.0.0.1 (``local``). The sink listens on two ports: one plaintext, one TLS
+or two processes over 127.0.0.1 (``local``). The sink listens on three ports: one plaintext, one TLS
 (`wiiide.tls.wrap_server`, mutual authentication against a CA made for this run by
-`harness.run.certs`). Each trial opens a fresh connection of one mode, sends ``count`` WIIIIIDE frames
+`harness.run.certs`), one TLS over `ssl.SSLSocket` (``--with-sslsocket``). Each trial opens a fresh connection of one mode, sends ``count`` WIIIIIDE frames
 of ``size_bytes`` (one float32 tensor each, `wiiide.protocol.send_frames`: ``sendmsg`` on plaintext,
-``sendall`` on TLS) and waits for the sink's ``ack`` once it has read them all with a `FrameReader`
-(256 KiB ``recv_into`` chunks, as the nodes read). Goodput = payload bytes / (first send -> ack); the
-connection's setup (TCP connect, TLS handshake) is timed apart, as ``connect_s``.
+`wiiide.tls.TLSStream.send_buffers` on TLS) and waits for the sink's ``ack`` once it has read them all
+with a `FrameReader` (``recv_chunk_bytes`` reads, as the nodes read). Goodput = payload bytes /
+(first send -> ack); the connection's setup (TCP connect, TLS handshake) is timed apart, as ``connect_s``.
 
 Repeats are interleaved (plain, TLS, then TLS, plain, ...) so that both modes see the same load; the
 summary gives medians and the median of the per-repeat ratios TLS / plaintext (target >= 0.8x for
@@ -15,7 +15,11 @@ summary gives medians and the median of the per-repeat ratios TLS / plaintext (t
 of the receiving thread: user + system), which, unlike goodput, does not depend on what else the
 machine runs. The JSON keeps every raw trial, `machine_info` and `commit_info`.
 
-``python -m harness bench-tls --backend docker [--size 1MiB --bytes-per-trial-mib 256 --repeats 7]``
+``--with-sslsocket`` adds a third mode, ``tls_sslsocket``: TLS over `ssl.SSLSocket` on both sides (the
+transport before `wiiide.tls.TLSStream`), interleaved with the other two, so the two TLS transports
+are compared in one run.
+
+``python -m harness bench-tls --backend docker [--size 1MiB --bytes-per-trial-mib 256 --repeats 7 --with-sslsocket]``
 """
 
 from __future__ import annotations
@@ -33,11 +37,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 REPORT_NAME = "bench-tls"
-PLAIN_PORT, TLS_PORT = 29621, 29622  # the sink's ports in the docker backend
+PLAIN_PORT, TLS_PORT, TLS_SSLSOCKET_PORT = 29621, 29622, 29623  # the sink's ports in the docker backend
 SOCKET_BUFFER_BYTES = 8 * 1024 * 1024  # the nodes' default sndbuf/rcvbuf
 CONNECT_TIMEOUT_S = 60.0
 TARGET_RATIO = 0.8  # issue 12: TLS goodput >= 0.8x plaintext for 1 MiB frames between containers
 MODES = ("plain", "tls")
+SSLSOCKET_MODE = "tls_sslsocket"  # --with-sslsocket: TLS over ssl.SSLSocket, the transport before wiiide.tls.TLSStream
 
 
 def _node_cfg(tls_dir: str | None):
@@ -51,9 +56,10 @@ def _node_cfg(tls_dir: str | None):
                      tls_key_file=f"{base}/node.key", handshake_timeout_s=30.0)
 
 
-def _serve(listener: socket.socket, cfg, tls: bool) -> None:
+def _serve(listener: socket.socket, cfg, tls: bool, memory_bio: bool = True) -> None:
     """Serve trials on `listener` one connection at a time until a ``done`` frame; each connection
-    carries one trial: a ``trial`` frame (``count``), ``count`` frames, then this side's ``ack``."""
+    carries one trial: a ``trial`` frame (``count``), ``count`` frames, then this side's ``ack``.
+    `memory_bio`: with `tls`, `wiiide.tls.TLSStream` (False: an `ssl.SSLSocket`)."""
     from wiiide.protocol import FrameReader, encode_message, send_frames
     from wiiide.sockets import configure_socket
     from wiiide.tls import wrap_server
@@ -62,7 +68,7 @@ def _serve(listener: socket.socket, cfg, tls: bool) -> None:
         conn, _ = listener.accept()
         configure_socket(conn, cfg)
         if tls:
-            conn = wrap_server(conn, cfg)
+            conn = wrap_server(conn, cfg, memory_bio=memory_bio)
         conn.settimeout(CONNECT_TIMEOUT_S)
         with conn:
             reader = FrameReader(conn, 1 << 31, cfg.recv_chunk_bytes, quickack=cfg.tcp_quickack, reuse_buffers=True)
@@ -75,17 +81,18 @@ def _serve(listener: socket.socket, cfg, tls: bool) -> None:
             send_frames(conn, [encode_message("ack", {"cpu_s": time.thread_time() - cpu0_s})])
 
 
-def sink_main(host: str, tls_dir: str, plain_port: int, tls_port: int) -> None:
-    """Listen on both ports, print ``listening``, serve until each port got its ``done``."""
+def sink_main(host: str, tls_dir: str, plain_port: int, tls_port: int, tls_sslsocket_port: int) -> None:
+    """Listen on the three ports (plaintext, TLS, TLS over `ssl.SSLSocket`), print ``listening``, serve
+    until each port got its ``done``."""
     cfg = _node_cfg(tls_dir)
     threads = []
-    for port, tls in ((plain_port, False), (tls_port, True)):
+    for port, tls, memory_bio in ((plain_port, False, True), (tls_port, True, True), (tls_sslsocket_port, True, False)):
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
         listener.bind((host, port))
         listener.listen(4)
-        threads.append(threading.Thread(target=_serve, args=(listener, cfg, tls), daemon=True))
+        threads.append(threading.Thread(target=_serve, args=(listener, cfg, tls, memory_bio), daemon=True))
     print("listening", flush=True)
     for t in threads:
         t.start()
@@ -93,7 +100,7 @@ def sink_main(host: str, tls_dir: str, plain_port: int, tls_port: int) -> None:
         t.join()
 
 
-def _connect(host: str, port: int, cfg, tls: bool, server_name: str) -> socket.socket:
+def _connect(host: str, port: int, cfg, tls: bool, server_name: str, memory_bio: bool = True) -> socket.socket:
     from wiiide.sockets import configure_socket
     from wiiide.tls import wrap_client
 
@@ -110,22 +117,29 @@ def _connect(host: str, port: int, cfg, tls: bool, server_name: str) -> socket.s
                 raise
             time.sleep(0.2)
     if tls:
-        sock = wrap_client(sock, cfg, server_name)
+        sock = wrap_client(sock, cfg, server_name, memory_bio=memory_bio)
     sock.settimeout(CONNECT_TIMEOUT_S)
     return sock
 
 
-def source_main(host: str, tls_dir: str, plain_port: int, tls_port: int, plan: dict[str, Any],
-                progress: Callable[[str], None]) -> dict[str, Any]:
-    """Run the interleaved trials against the sink; returns ``{"trials": [...]}`` (raw values)."""
+def source_main(host: str, tls_dir: str, plain_port: int, tls_port: int, tls_sslsocket_port: int,
+                plan: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]:
+    """Run the interleaved trials of ``plan["modes"]`` (default plain, tls) against the sink; returns
+    ``{"trials": [...]}`` (raw values)."""
     from wiiide.protocol import encode_message, send_frames
 
     plain_cfg, tls_cfg = _node_cfg(None), _node_cfg(tls_dir)
-    connectors = {"plain": lambda: _connect(host, plain_port, plain_cfg, False, plan["server_name"]),
-                  "tls": lambda: _connect(host, tls_port, tls_cfg, True, plan["server_name"])}
+    ports = {"plain": (plain_port, False, True), "tls": (tls_port, True, True),
+             SSLSOCKET_MODE: (tls_sslsocket_port, True, False)}
+
+    def connector(mode: str) -> Callable[[], socket.socket]:
+        port, tls, memory_bio = ports[mode]
+        return lambda: _connect(host, port, tls_cfg if tls else plain_cfg, tls, plan["server_name"], memory_bio)
+
+    connectors = {mode: connector(mode) for mode in plan.get("modes", MODES)}
     trials = run_trials(connectors, plan, progress)
-    for port, tls in ((plain_port, False), (tls_port, True)):
-        with _connect(host, port, tls_cfg if tls else plain_cfg, tls, plan["server_name"]) as sock:
+    for mode in ports:  # every port of the sink waits for its done
+        with connector(mode)() as sock:
             send_frames(sock, [encode_message("done")])
     return {"trials": trials}
 
@@ -174,10 +188,10 @@ def run_trials(connectors: dict[str, Callable[[], socket.socket]], plan: dict[st
 
 
 def summarize(trials: Sequence[dict[str, Any]], modes: Sequence[str] = MODES) -> dict[str, Any]:
-    """Medians per mode (goodput bytes/s, connect s) and the ratio of the second mode to the first
-    (``tls_over_plain_...`` by default): the median of the per-repeat ratios (each repeat ran both modes
-    back to back) and the ratio of the medians."""
-    base, other = modes
+    """Medians per mode (goodput bytes/s, connect s) and the ratio of each later mode to the first
+    (``tls_over_plain_...`` by default): the median of the per-repeat ratios (each repeat ran the modes
+    back to back) and the ratio of the medians. ``meets_target``: the second mode's median of ratios."""
+    base, other, *more = modes
     by_mode = {m: [t for t in trials if t["mode"] == m] for m in modes}
     out: dict[str, Any] = {}
     for mode, rows in by_mode.items():
@@ -192,10 +206,11 @@ def summarize(trials: Sequence[dict[str, Any]], modes: Sequence[str] = MODES) ->
                      "sink_cpu_median_s_per_mib": statistics.median(
                          t["sink_cpu_s"] / (t["frames"] * t["size_bytes"] / 2**20) for t in rows)}
     plain = {t["repeat"]: t["goodput_bytes_per_s"] for t in by_mode[base]}
-    ratios = [t["goodput_bytes_per_s"] / plain[t["repeat"]] for t in by_mode[other] if t["repeat"] in plain]
-    out[f"{other}_over_{base}_median_of_ratios"] = statistics.median(ratios)
-    out[f"{other}_over_{base}_ratio_of_medians"] = (out[other]["goodput_median_bytes_per_s"]
-                                                    / out[base]["goodput_median_bytes_per_s"])
+    for mode in (other, *more):
+        ratios = [t["goodput_bytes_per_s"] / plain[t["repeat"]] for t in by_mode[mode] if t["repeat"] in plain]
+        out[f"{mode}_over_{base}_median_of_ratios"] = statistics.median(ratios)
+        out[f"{mode}_over_{base}_ratio_of_medians"] = (out[mode]["goodput_median_bytes_per_s"]
+                                                       / out[base]["goodput_median_bytes_per_s"])
     out["target_ratio"] = TARGET_RATIO
     out["meets_target"] = out[f"{other}_over_{base}_median_of_ratios"] >= TARGET_RATIO
     return out
@@ -205,13 +220,15 @@ def _run_local(plan: dict[str, Any], tls_root: Path, progress: Callable[[str], N
     from harness import REPO_ROOT
     from harness.run.local import free_port
 
-    plain_port, tls_port = free_port(), free_port()
+    plain_port, tls_port, tls_sslsocket_port = free_port(), free_port(), free_port()
     argv = [sys.executable, "-m", "harness.bench.tls", "--peer", "sink", "--host", "127.0.0.1",
-            "--tls-dir", str(tls_root / "sink"), "--plain-port", str(plain_port), "--tls-port", str(tls_port)]
+            "--tls-dir", str(tls_root / "sink"), "--plain-port", str(plain_port), "--tls-port", str(tls_port),
+            "--tls-sslsocket-port", str(tls_sslsocket_port)]
     sink = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
     try:
         sink.stdout.readline()  # "listening"
-        result = source_main("127.0.0.1", str(tls_root / "source"), plain_port, tls_port, plan, progress)
+        result = source_main("127.0.0.1", str(tls_root / "source"), plain_port, tls_port, tls_sslsocket_port, plan,
+                             progress)
         sink.wait(timeout=60)
     finally:
         if sink.poll() is None:
@@ -229,7 +246,8 @@ def _run_docker(plan: dict[str, Any], tls_root: Path, progress: Callable[[str], 
 
     def peer(node: str, *options: str) -> Peer:
         return Peer(["python", "-m", "harness.bench.tls", "--tls-dir", "/tls", "--plain-port", str(PLAIN_PORT),
-                     "--tls-port", str(TLS_PORT), "--peer", node, *options], node,
+                     "--tls-port", str(TLS_PORT), "--tls-sslsocket-port", str(TLS_SSLSOCKET_PORT), "--peer", node,
+                     *options], node,
                     {str(REPO_ROOT / "harness"): ("/app/harness", "ro"), str(tls_root / node): ("/tls", "ro"),
                      str(out_dir): ("/out", "rw")})
 
@@ -241,8 +259,10 @@ def _run_docker(plan: dict[str, Any], tls_root: Path, progress: Callable[[str], 
 
 
 def run_bench(backend: str, size_bytes: int, bytes_per_trial: int, repeats: int, results_dir: Path,
-              progress: Callable[[str], None] = print) -> Path:
+              progress: Callable[[str], None] = print, with_sslsocket: bool = False) -> Path:
     """Make the certificates, run the trials on `backend`, write ``bench-tls-<stamp>.json``; return its path.
+    `with_sslsocket`: a third mode, ``tls_sslsocket`` (TLS over `ssl.SSLSocket`, the transport before
+    `wiiide.tls.TLSStream`), interleaved with the other two.
 
     The certificates live in a scratch folder of `results_dir`, removed at the end.
 
@@ -264,7 +284,8 @@ def run_bench(backend: str, size_bytes: int, bytes_per_trial: int, repeats: int,
         raise SpecError("bench-tls: --size must be a multiple of 4 bytes in 4 B..256 MiB, --bytes-per-trial-mib at "
                         "least one frame, --repeats >= 1")
     plan = {"size_bytes": size_bytes, "count": bytes_per_trial // size_bytes, "repeats": repeats,
-            "server_name": "sink" if backend == "docker" else "127.0.0.1"}
+            "server_name": "sink" if backend == "docker" else "127.0.0.1",
+            "modes": [*MODES, SSLSOCKET_MODE] if with_sslsocket else list(MODES)}
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     scratch = results_dir / f".{REPORT_NAME}-{stamp}"
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -276,7 +297,7 @@ def run_bench(backend: str, size_bytes: int, bytes_per_trial: int, repeats: int,
     report = {"name": REPORT_NAME, "created_at_utc": started,
               "finished_at_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine_info": machine_info(), "commit_info": commit_info(), "plan": plan, **result,
-              "summary": summarize(result["trials"])}
+              "summary": summarize(result["trials"], plan["modes"])}
     path = results_dir / f"{REPORT_NAME}-{stamp}.json"
     write_json_atomic(path, report)
     return path
@@ -312,6 +333,8 @@ def trial_options(args: argparse.Namespace, report_name: str) -> tuple[int, int,
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``bench-tls`` verb's options."""
     p.add_argument("--backend", choices=["local", "docker"], default="local")
+    p.add_argument("--with-sslsocket", action="store_true",
+                   help=f"also run TLS over ssl.SSLSocket (the transport before TLSStream) as a third mode, {SSLSOCKET_MODE}")
     add_trial_arguments(p, REPORT_NAME)
 
 
@@ -322,7 +345,8 @@ def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = p
         SpecError: bad options. ClusterError, OSError: as `run_bench`.
     """
     size_bytes, bytes_per_trial, results_dir = trial_options(args, REPORT_NAME)
-    path = run_bench(args.backend, size_bytes, bytes_per_trial, args.repeats, results_dir, progress)
+    path = run_bench(args.backend, size_bytes, bytes_per_trial, args.repeats, results_dir, progress,
+                     args.with_sslsocket)
     s = json.loads(path.read_text())["summary"]
     print(f"plaintext {s['plain']['goodput_median_bytes_per_s'] / 1e6:.1f} MB/s, TLS 1.3 "
           f"{s['tls']['goodput_median_bytes_per_s'] / 1e6:.1f} MB/s (medians); TLS / plaintext "
@@ -330,6 +354,11 @@ def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = p
     print("CPU per MiB (median; sender / receiver thread): plaintext "
           f"{s['plain']['source_cpu_median_s_per_mib'] * 1e3:.2f} / {s['plain']['sink_cpu_median_s_per_mib'] * 1e3:.2f} ms, "
           f"TLS {s['tls']['source_cpu_median_s_per_mib'] * 1e3:.2f} / {s['tls']['sink_cpu_median_s_per_mib'] * 1e3:.2f} ms")
+    if SSLSOCKET_MODE in s:
+        old = s[SSLSOCKET_MODE]
+        print(f"TLS over ssl.SSLSocket: {old['goodput_median_bytes_per_s'] / 1e6:.1f} MB/s, "
+              f"{s[f'{SSLSOCKET_MODE}_over_plain_median_of_ratios']:.2f}x plaintext; CPU per MiB "
+              f"{old['source_cpu_median_s_per_mib'] * 1e3:.2f} / {old['sink_cpu_median_s_per_mib'] * 1e3:.2f} ms")
     print(path)
     return 0
 
@@ -342,17 +371,19 @@ def peer_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tls-dir", required=True, help="this peer's ca.crt, node.crt, node.key")
     p.add_argument("--plain-port", type=int, default=PLAIN_PORT)
     p.add_argument("--tls-port", type=int, default=TLS_PORT)
+    p.add_argument("--tls-sslsocket-port", type=int, default=TLS_SSLSOCKET_PORT)
     p.add_argument("--plan", help="source: the plan as JSON")
     p.add_argument("--out", help="source: write the result JSON here")
     args = p.parse_args(argv)
     if args.peer == "sink":
-        sink_main(args.host, args.tls_dir, args.plain_port, args.tls_port)
+        sink_main(args.host, args.tls_dir, args.plain_port, args.tls_port, args.tls_sslsocket_port)
         return 0
     if not args.plan or not args.out:
         p.error("--peer source needs --plan and --out")
     from wiiide.metrics import write_json_atomic
 
-    result = source_main(args.host, args.tls_dir, args.plain_port, args.tls_port, json.loads(args.plan),
+    result = source_main(args.host, args.tls_dir, args.plain_port, args.tls_port, args.tls_sslsocket_port,
+                         json.loads(args.plan),
                          lambda line: print(line, file=sys.stderr, flush=True))
     write_json_atomic(Path(args.out), result)
     return 0

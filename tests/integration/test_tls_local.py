@@ -30,14 +30,15 @@ def test_a_local_run_with_tls_trains(tmp_path):
     assert all(stat.S_IMODE(os.stat(k).st_mode) == 0o600 for k in keys)
 
 
-def test_bench_tls_tiny_local_run_writes_both_modes(tmp_path):
+def test_bench_tls_tiny_local_run_writes_every_mode(tmp_path):
     import json
 
     from harness.bench.tls import run_bench
 
-    path = run_bench("local", 64 * 1024, 1024 * 1024, 1, tmp_path, progress=lambda line: None)
+    path = run_bench("local", 64 * 1024, 1024 * 1024, 1, tmp_path, progress=lambda line: None, with_sslsocket=True)
     report = json.loads(path.read_text())
-    assert sorted(t["mode"] for t in report["trials"]) == ["plain", "tls"]
+    assert sorted(t["mode"] for t in report["trials"]) == ["plain", "tls", "tls_sslsocket"]  # the third: SSLSocket
     assert all(t["frames"] == 16 and t["goodput_bytes_per_s"] > 0 and t["sink_cpu_s"] > 0 for t in report["trials"])
-    assert set(report["summary"]) >= {"plain", "tls", "tls_over_plain_median_of_ratios", "meets_target"}
+    assert set(report["summary"]) >= {"plain", "tls", "tls_over_plain_median_of_ratios", "meets_target",
+                                      "tls_sslsocket", "tls_sslsocket_over_plain_median_of_ratios"}
     assert not list(tmp_path.glob(".bench-tls-*"))  # the certificates are gone with the scratch folder

@@ -151,8 +151,8 @@ class PaceServer:
             while not self._done():
                 self._sync_workers()
                 self._dispatch_ready()
-                for key, _ in self._selector.select(timeout=POLL_S):
-                    self._read(*key.data)
+                for worker, conn in self._ready(POLL_S):
+                    self._read(worker, conn)
                 self._drop_silent()
             metrics.train_time_s = time.perf_counter() - self._start
             if self._evaluator:
@@ -183,8 +183,17 @@ class PaceServer:
         self._draining = True
         deadline = time.monotonic() + self.cfg.io_timeout_s
         while any(r in self._tasks for r in self._live_ranks()) and time.monotonic() < deadline:
-            for key, _ in self._selector.select(timeout=POLL_S):
-                self._read(*key.data)
+            for worker, conn in self._ready(POLL_S):
+                self._read(worker, conn)
+
+    def _ready(self, timeout_s: float) -> list[tuple[Any, Any]]:
+        """The (worker, connection) pairs with a frame to read: first those whose connection already
+        holds bytes read from its socket (TLS reads ahead: `Connection.buffered_nbytes`; `select` cannot
+        see them), then those `select` finds readable within `timeout_s` (0 when some are buffered)."""
+        buffered = [key.data for key in self._selector.get_map().values() if key.data[1].buffered_nbytes()]
+        seen = {id(conn) for _, conn in buffered}
+        return buffered + [key.data for key, _ in self._selector.select(timeout=0 if buffered else timeout_s)
+                           if id(key.data[1]) not in seen]
 
     def _done(self) -> bool:
         cfg = self.cfg
@@ -216,8 +225,9 @@ class PaceServer:
                 pass
 
     def _read(self, worker: Any, conn: Any) -> None:
-        """Read the one frame `worker`'s readable socket holds (the reader reads exact frame lengths, so
-        nothing is left buffered behind it); heartbeats only prove it alive."""
+        """Read the one frame `worker`'s readable socket holds (a plain socket's reader reads exact frame
+        lengths, so nothing is left buffered behind it; what TLS read ahead, `_ready` finds); heartbeats
+        only prove it alive."""
         if self._receivers.get(worker.rank) is not conn:
             return
         try:
