@@ -72,7 +72,7 @@ def test_stop_at_target_ends_every_engine_soon_after_the_first_crossing(stopped)
         rep = point.repeats[0]
         held = rep.held_out
         assert held.stopped_at_target is True and rep.totals.target_reached is True, label
-        final = held.curve[-1]
-        assert final.final and final.value >= TARGET, label
+        final = held.curve[-1]  # evaluated after the stop: it may sit a little either side of the target
+        assert final.final and any(p.value >= TARGET for p in held.curve[:-1]), label
         # far fewer than max_steps: training ended at the target, not at a step or time limit
-        assert held.step_at_target <= final.step < 5000, label
+        assert held.step_at_target <= final.step < 5000 and final.t_s < 120, label
