@@ -139,6 +139,14 @@ def _ps_shards(value: str) -> str:
     return text
 
 
+def _tcp_congestion(value: str) -> str:
+    text = value.strip()
+    if text and not (len(text) <= 15 and text.replace("_", "").isalnum() and text.isascii()):
+        raise ValueError("expected '' (the system's default) or a congestion control name of at most 15 "
+                         "letters, digits or '_' (net.ipv4.tcp_available_congestion_control: e.g. cubic, bbr, reno)")
+    return text
+
+
 def _policy_name(value: str) -> str:
     problem = check_policy_name(value)
     if problem is not None:
@@ -167,6 +175,7 @@ LayerWidths = Annotated[tuple[Annotated[int, Field(ge=1, le=65536)], ...],
 BufferBytes = Annotated[SizeBytes, AfterValidator(_buffer_size)]
 PolicyName = Annotated[Str, AfterValidator(_policy_name)]
 PsShards = Annotated[Str, AfterValidator(_ps_shards)]
+TcpCongestion = Annotated[Str, AfterValidator(_tcp_congestion)]
 
 
 def _field(default: Any, allowed: str, description: str, **constraints: Any) -> Any:
@@ -322,6 +331,9 @@ class RunConfig(BaseSettings):
     tcp_nodelay: Bool = _field(True, "a boolean", "TCP_NODELAY on every connection")
     tcp_quickack: Bool = _field(True, "a boolean", "TCP_QUICKACK re-armed after every received frame")
     keepalive: Bool = _field(True, "a boolean", "SO_KEEPALIVE on every connection")
+    tcp_congestion: TcpCongestion = _field(
+        "", "'' (the system's default) or an available congestion control (cubic, bbr, reno, ...)",
+        "TCP_CONGESTION on every connection (tcp(7)); '': leave net.ipv4.tcp_congestion_control's choice")
     # 64 MiB (wiiide.protocol.DEFAULT_RECV_CHUNK_BYTES), not seed 001's 256 KiB: see bench-wire in the README
     recv_chunk_bytes: SizeBytes = _field(64 * MIB, "1 KiB..256 MiB", "the most one recv_into asks for",
                                          ge=1024, le=256 * MIB)
