@@ -41,6 +41,7 @@ from wiiide.protocol import WireTensor, encode_message
 from wiiide.ps.client import ShardClient
 from wiiide.ps.partition import (
     Partition,
+    egress_shard_weights,
     partition_flat,
     resolve_shards,
     shard_loads_bytes,
@@ -85,7 +86,8 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
     """
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
     k = num_shards(cfg)
-    partitions = partition_flat(flat.numel, k, cfg.partition_bytes)
+    weights = egress_shard_weights(k, cfg.num_workers) if cfg.partition_balance == "egress" else None
+    partitions = partition_flat(flat.numel, k, cfg.partition_bytes, weights)
     shard = ShardServer(cfg, coord.secret, metrics, log, 0)
     port = shard.listen()
     fingerprint = data_fingerprint(data)
@@ -118,6 +120,7 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
         client = ShardClient(cfg, coord.secret, metrics, log, own, ROLE_COORDINATOR, 0, coord.metrics.node_id)
         metrics.extra["ps"].update({
             "ps_shards": k, "partitions": len(partitions), "partition_bytes": cfg.partition_bytes,
+            "partition_balance": cfg.partition_balance,
             "shard_loads_bytes": shard_loads_bytes(partitions, k),
             "shard_hosts": [f"{h or 'coordinator'}:{p}" for h, p in addresses],
             "batch_handout": {str(r): h for r, h in handout.items()}})
