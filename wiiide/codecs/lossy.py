@@ -284,14 +284,17 @@ class Int4BlockCodec(_Float32Codec):
             return memoryview(b"")
         scales = np.frombuffer(wire, dtype=F32, count=nb)
         packed = np.frombuffer(wire, dtype=np.uint8, count=(n + 1) // 2, offset=4 * nb)
-        codes = np.empty(2 * packed.size, dtype=np.int8)
-        codes[0::2] = packed & 0x0F
-        codes[1::2] = packed >> 4
+        pairs = np.empty((packed.size, 2), dtype=np.int8)  # low nibble, then high
+        np.bitwise_and(packed, 0x0F, out=pairs[:, 0])
+        np.right_shift(packed, 4, out=pairs[:, 1])
+        codes = pairs.reshape(-1)[:n]
         if not codes.all():
             raise ProtocolError("codec 'int4': a code of 0 (codes are 1..15 for -7..7)")
         codes -= self.LEVELS + 1
         out = np.empty(nb * b, dtype=F32)
-        np.multiply(np.pad(codes[:n], (0, nb * b - n)).reshape(nb, b), scales[:, None], out=out.reshape(nb, b))
+        out[n:] = 0.0
+        out[:n] = codes
+        out.reshape(nb, b)[...] *= scales[:, None]
         return memoryview(out[:n]).cast("B")
 
 
