@@ -11,7 +11,12 @@ from wiiide.errors import ConfigError
 from wiiide.model import FlatParams, build_mlp
 from wiiide.ps.digest import params_digest
 from wiiide.ps.feedback import ErrorFeedback, PullReplica, decoded_values
-from wiiide.ps.partition import egress_shard_weights, partition_flat, resolve_shards, shard_loads_bytes
+from wiiide.ps.partition import (
+    egress_shard_weights,
+    partition_flat,
+    resolve_shards,
+    shard_loads_bytes,
+)
 from wiiide.ps.session import policy_may_be_lossy
 from wiiide.units import MIB
 

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from wiiide.codecs.base import Codec, NoCodec
 from wiiide.codecs.lossless import Blosc2Codec, Lz4Codec, ZlibCodec, ZstdCodec
-from wiiide.codecs.lossy import Bf16Codec, Fp16Codec, Int4BlockCodec, Int8BlockCodec, TopKCodec
+from wiiide.codecs.lossy import (
+    Bf16Codec,
+    Fp16Codec,
+    Int4BlockCodec,
+    Int8BlockCodec,
+    TopKCodec,
+)
 from wiiide.codecs.rows import RowsCodec
 from wiiide.errors import ProtocolError
 
