@@ -135,24 +135,39 @@ class Bf16Codec(_Float32Codec):
         return memoryview(out.view(F32)).cast("B")
 
 
-class Int8BlockCodec(_Float32Codec):
-    """8-bit blockwise absmax quantization: per block of `block` values one float32 scale
-    (max|x| / 127) and one int8 per value. About 3.9x smaller at block 256 (after bitsandbytes'
-    blockwise 8-bit quantization, Dettmers et al. 2022, with a linear code)."""
+class _BlockwiseCodec(_Float32Codec):
+    """What the blockwise quantizers share: a block size (`MIN_BLOCK`..`MAX_BLOCK` values per float32
+    scale), their name (``<wire id>`` at the default block, else ``<wire id>-<block>``) and the check of
+    the block a header declares."""
 
-    wire_id = "int8"
     DEFAULT_BLOCK = 256
     MIN_BLOCK, MAX_BLOCK = 16, 65536
 
     def __init__(self, block: int = DEFAULT_BLOCK) -> None:
         if not self.MIN_BLOCK <= block <= self.MAX_BLOCK:
-            raise ValueError(f"int8 block must be {self.MIN_BLOCK}..{self.MAX_BLOCK}, got {block}")
+            raise ValueError(f"{self.wire_id} block must be {self.MIN_BLOCK}..{self.MAX_BLOCK}, got {block}")
         self.block = block
 
     @property
     def name(self) -> str:
-        """``int8`` at the default block (256), else ``int8-<block>``."""
-        return "int8" if self.block == self.DEFAULT_BLOCK else f"int8-{self.block}"
+        """``<wire id>`` at the default block (256), else ``<wire id>-<block>``."""
+        return self.wire_id if self.block == self.DEFAULT_BLOCK else f"{self.wire_id}-{self.block}"
+
+    def _header_block(self, params) -> int:
+        """The block of a received header's codec_params; ProtocolError unless an integer in range."""
+        check_params(self.wire_id, params, {"block"}, {"block"})
+        b = params["block"]
+        if not isinstance(b, int) or isinstance(b, bool) or not self.MIN_BLOCK <= b <= self.MAX_BLOCK:
+            raise ProtocolError(f"codec {self.wire_id!r}: block must be an integer {self.MIN_BLOCK}..{self.MAX_BLOCK}")
+        return b
+
+
+class Int8BlockCodec(_BlockwiseCodec):
+    """8-bit blockwise absmax quantization: per block of `block` values one float32 scale
+    (max|x| / 127) and one int8 per value. About 3.9x smaller at block 256 (after bitsandbytes'
+    blockwise 8-bit quantization, Dettmers et al. 2022, with a linear code)."""
+
+    wire_id = "int8"
 
     def encode_message(self, arrays, names, stream="", pool=None):
         """float32 tensors -> (float32 scale per block, int8 per value); codec_params ``{"block": block}``.
@@ -190,10 +205,7 @@ class Int8BlockCodec(_Float32Codec):
             ProtocolError: a bad block size in codec_params, a non-float32 spec, or a payload size that does
                 not match the declared element count.
         """
-        check_params(self.wire_id, params, {"block"}, {"block"})
-        b = params["block"]
-        if not isinstance(b, int) or isinstance(b, bool) or not self.MIN_BLOCK <= b <= self.MAX_BLOCK:
-            raise ProtocolError(f"codec 'int8': block must be an integer {self.MIN_BLOCK}..{self.MAX_BLOCK}")
+        b = self._header_block(params)
         n = _float32_count(self.wire_id, raw_nbytes, specs)
         nb = -(-n // b)
         _expect_size(self.wire_id, wire, 4 * nb + n)
@@ -226,7 +238,7 @@ def _blockwise_scales(x: np.ndarray, block: int, levels: int) -> tuple[np.ndarra
     return scales, codes.reshape(-1)[:n]
 
 
-class Int4BlockCodec(_Float32Codec):
+class Int4BlockCodec(_BlockwiseCodec):
     """4-bit blockwise absmax quantization: per block of `block` values one float32 scale
     (max|x| / 7) and one 4-bit code in -7..7 per value, two codes a byte (low nibble first, stored as
     code + 8). About 7.8x smaller at block 256. Meant to run under error feedback (the sharded server's
@@ -235,18 +247,6 @@ class Int4BlockCodec(_Float32Codec):
 
     wire_id = "int4"
     LEVELS = 7
-    DEFAULT_BLOCK = 256
-    MIN_BLOCK, MAX_BLOCK = 16, 65536
-
-    def __init__(self, block: int = DEFAULT_BLOCK) -> None:
-        if not self.MIN_BLOCK <= block <= self.MAX_BLOCK:
-            raise ValueError(f"int4 block must be {self.MIN_BLOCK}..{self.MAX_BLOCK}, got {block}")
-        self.block = block
-
-    @property
-    def name(self) -> str:
-        """``int4`` at the default block (256), else ``int4-<block>``."""
-        return "int4" if self.block == self.DEFAULT_BLOCK else f"int4-{self.block}"
 
     def encode_message(self, arrays, names, stream="", pool=None):
         """float32 tensors -> (float32 scale per block, packed 4-bit codes: ceil(n / 2) bytes);
@@ -273,10 +273,7 @@ class Int4BlockCodec(_Float32Codec):
             ProtocolError: a bad block size in codec_params, a non-float32 spec, a payload size that does
                 not match the declared element count, or a code of 0 (outside -7..7).
         """
-        check_params(self.wire_id, params, {"block"}, {"block"})
-        b = params["block"]
-        if not isinstance(b, int) or isinstance(b, bool) or not self.MIN_BLOCK <= b <= self.MAX_BLOCK:
-            raise ProtocolError(f"codec 'int4': block must be an integer {self.MIN_BLOCK}..{self.MAX_BLOCK}")
+        b = self._header_block(params)
         n = _float32_count(self.wire_id, raw_nbytes, specs)
         nb = -(-n // b)
         _expect_size(self.wire_id, wire, 4 * nb + (n + 1) // 2)
