@@ -139,6 +139,14 @@ def _ps_shards(value: str) -> str:
     return text
 
 
+def _tcp_congestion(value: str) -> str:
+    text = value.strip()
+    if text and not (len(text) <= 15 and text.replace("_", "").isalnum() and text.isascii()):
+        raise ValueError("expected '' (the system's default) or a congestion control name of at most 15 "
+                         "letters, digits or '_' (net.ipv4.tcp_available_congestion_control: e.g. cubic, bbr, reno)")
+    return text
+
+
 def _policy_name(value: str) -> str:
     problem = check_policy_name(value)
     if problem is not None:
@@ -167,6 +175,7 @@ LayerWidths = Annotated[tuple[Annotated[int, Field(ge=1, le=65536)], ...],
 BufferBytes = Annotated[SizeBytes, AfterValidator(_buffer_size)]
 PolicyName = Annotated[Str, AfterValidator(_policy_name)]
 PsShards = Annotated[Str, AfterValidator(_ps_shards)]
+TcpCongestion = Annotated[Str, AfterValidator(_tcp_congestion)]
 
 
 def _field(default: Any, allowed: str, description: str, **constraints: Any) -> Any:
@@ -307,6 +316,10 @@ class RunConfig(BaseSettings):
     partition_bytes: SizeBytes = _field(4 * _MIB, "4 bytes..1 GiB",
                                         "ps_shards > 1: largest parameter partition (BytePS's default 4 MiB); "
                                         "at least one partition per shard", ge=4, le=1024 * _MIB)
+    partition_balance: Literal["egress", "bytes"] = _field(
+        "egress", "egress | bytes",
+        "ps_shards > 1: egress: shares that level every node's bytes sent per step (the coordinator's shard, which "
+        "pushes nothing, gets more: wiiide.ps.partition.egress_shard_weights); bytes: equal bytes per shard")
     shard_port: Int = _field(0, "0 (a free port, reported at join) or 1..65535",
                              "ps_shards > 1: TCP port a node's shard listens on", ge=0, le=65535)
     batch_handout: Literal["auto", "indices", "samples"] = _field(
@@ -322,6 +335,9 @@ class RunConfig(BaseSettings):
     tcp_nodelay: Bool = _field(True, "a boolean", "TCP_NODELAY on every connection")
     tcp_quickack: Bool = _field(True, "a boolean", "TCP_QUICKACK re-armed after every received frame")
     keepalive: Bool = _field(True, "a boolean", "SO_KEEPALIVE on every connection")
+    tcp_congestion: TcpCongestion = _field(
+        "", "'' (the system's default) or an available congestion control (cubic, bbr, reno, ...)",
+        "TCP_CONGESTION on every connection (tcp(7)); '': leave net.ipv4.tcp_congestion_control's choice")
     # 64 MiB (wiiide.protocol.DEFAULT_RECV_CHUNK_BYTES), not seed 001's 256 KiB: see bench-wire in the README
     recv_chunk_bytes: SizeBytes = _field(64 * MIB, "1 KiB..256 MiB", "the most one recv_into asks for",
                                          ge=1024, le=256 * MIB)

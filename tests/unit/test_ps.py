@@ -11,7 +11,12 @@ from wiiide.errors import ConfigError
 from wiiide.model import FlatParams, build_mlp
 from wiiide.ps.digest import params_digest
 from wiiide.ps.feedback import ErrorFeedback, PullReplica, decoded_values
-from wiiide.ps.partition import partition_flat, resolve_shards, shard_loads_bytes
+from wiiide.ps.partition import (
+    egress_shard_weights,
+    partition_flat,
+    resolve_shards,
+    shard_loads_bytes,
+)
 from wiiide.ps.session import policy_may_be_lossy
 from wiiide.units import MIB
 
@@ -36,6 +41,50 @@ def test_partitions_tile_the_vector_and_balance_the_shards(numel, shards, partit
     assert max(loads) - min(loads) <= max(p.nbytes for p in parts)  # within one partition's size
 
 
+@pytest.mark.parametrize("numel, workers, partition_bytes", [
+    (DIGITS_MLP_NUMEL, 4, 64 * 1024), (DIGITS_MLP_NUMEL, 8, 64 * 1024), (DIGITS_MLP_NUMEL, 8, 4 * MIB),
+    (6_500_000, 4, 4 * MIB), (9, 8, 4), (12, 3, 4)])
+def test_egress_weighted_partitions_tile_and_follow_the_weights(numel, workers, partition_bytes):
+    shards = workers + 1
+    weights = egress_shard_weights(shards, workers)
+    assert weights[0] == 2.0 and weights[1:] == [1.0] * workers  # the coordinator pushes nothing: twice a share
+    parts = partition_flat(numel, shards, partition_bytes, weights)
+    covered = np.zeros(numel, dtype=np.int64)
+    for p in parts:
+        covered[p.start:p.stop] += 1
+        assert 0 < p.nbytes <= partition_bytes
+    assert covered.min() == covered.max() == 1
+    assert [p.index for p in parts] == list(range(len(parts)))
+    loads = [n // 4 for n in shard_loads_bytes(parts, shards)]
+    assert min(loads) >= 1
+    for load, w in zip(loads, weights):
+        assert abs(load - numel * w / sum(weights)) <= 1 or numel < 2 * shards
+
+
+@pytest.mark.parametrize("workers", [3, 4, 8])  # at 2 a worker sends M whatever its share
+def test_egress_weights_lower_the_busiest_link(workers):
+    """Bytes each node sends per step (pushes to other shards, pulls to other workers; loopback free):
+    with the weights the busiest node sends less than with equal bytes, and every node about the same."""
+    shards, model_bytes = workers + 1, DIGITS_MLP_NUMEL * 4
+
+    def egress(parts):
+        loads = shard_loads_bytes(parts, shards)
+        per_worker = [model_bytes - loads[s] + (workers - 1) * loads[s] for s in range(1, shards)]
+        return [workers * loads[0]] + per_worker
+    equal = egress(partition_flat(DIGITS_MLP_NUMEL, shards, 64 * 1024))
+    weighted = egress(partition_flat(DIGITS_MLP_NUMEL, shards, 64 * 1024, egress_shard_weights(shards, workers)))
+    assert max(weighted) < max(equal)
+    assert max(weighted) - min(weighted) <= 4 * workers  # level to a few elements' rounding
+
+
+def test_egress_weights_edge_cases():
+    assert egress_shard_weights(2, 1) == [1.0, 1.0]  # one worker: every split sends the same
+    assert len(egress_shard_weights(1, 4)) == 1  # one shard: its weight means nothing
+    assert egress_shard_weights(3, 4) == [4 / 3, 1.0, 1.0]  # ps_shards 3 of 5 nodes
+    with pytest.raises(ValueError):
+        egress_shard_weights(0, 4)
+
+
 def test_the_digits_model_spreads_over_every_shard():
     parts = partition_flat(DIGITS_MLP_NUMEL, 5, 4 * MIB)  # 1.2 MB < 4 MiB: still one partition per shard
     assert len(parts) == 5 and sorted(p.shard for p in parts) == [0, 1, 2, 3, 4]
@@ -50,7 +99,7 @@ def test_resolve_shards():
             resolve_shards(bad, 5)
 
 
-@pytest.mark.parametrize("codec", ["fixed:int8", "fixed:topk-0.05", "fixed:fp16", "fixed:bf16", "fixed:none",
+@pytest.mark.parametrize("codec", ["fixed:int8", "fixed:int4", "fixed:topk-0.05", "fixed:fp16", "fixed:bf16", "fixed:none",
                                    "fixed:zstd-1"])
 def test_error_feedback_sent_plus_residual_is_the_sum_of_inputs(codec):
     rng = np.random.default_rng(1)

@@ -75,6 +75,17 @@ def test_tcp_options_off(tcp_socket):
     assert opts["tcp_quickack"] is (False if hasattr(socket, "TCP_QUICKACK") else None)
 
 
+@pytest.mark.skipif(not hasattr(socket, "TCP_CONGESTION"), reason="no TCP_CONGESTION on this platform")
+def test_tcp_congestion_set_and_read_back(tcp_socket):
+    default = configure_socket(tcp_socket, RunConfig())["tcp_congestion"]
+    assert default == open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
+    opts = configure_socket(tcp_socket, RunConfig(tcp_congestion="reno"))  # reno is built into every kernel
+    assert opts["tcp_congestion"] == "reno"
+    assert tcp_socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0") == b"reno"
+    with pytest.raises(OSError, match="nosuchcc.*tcp_available_congestion_control"):
+        configure_socket(tcp_socket, RunConfig(tcp_congestion="nosuchcc"))
+
+
 def test_options_survive_connect_and_accept():
     """The coordinator sets buffers on the listener; accepted sockets inherit them."""
     rmem_max = sysctl("rmem_max")

@@ -36,7 +36,7 @@ from wiiide.protocol import (
 )
 
 LOSSLESS = ["none", "zlib-1", "zstd-1", "zstd-9", "lz4", "shuffle-zstd", "shuffle-lz4", "shuffle-zstd-5"]
-LOSSY = ["fp16", "bf16", "int8", "int8-64", "topk-0.1", "topk-1"]
+LOSSY = ["fp16", "bf16", "int8", "int8-64", "int4", "int4-64", "topk-0.1", "topk-1"]
 
 
 def through_wire(tensors, codec, pool=None):
@@ -184,6 +184,26 @@ def test_bf16_rounds_to_nearest_even():
     bits = np.array([0x3F808000, 0x3F818000, 0x3F807FFF, 0x3F808001], np.uint32)  # ties, below, above
     _, _, msg = through_wire([WireTensor("g", bits.view(np.float32))], codec_from_name("bf16"))
     assert (msg.tensor("g").view(np.uint32) >> 16).tolist() == [0x3F80, 0x3F82, 0x3F80, 0x3F81]
+
+
+@pytest.mark.parametrize("block", [16, 64, 256, 1000])
+def test_int4_blockwise_error_bound(block):
+    g = gradient(10_007)  # odd and not a multiple of the block: a short last block and a padding nibble
+    frame, header, msg = through_wire([WireTensor("grad", g)], codec_from_name(f"int4-{block}"))
+    out = msg.tensor("grad")
+    assert header["codec_params"] == {"block": block}
+    nb = math.ceil(g.size / block)
+    assert frame.payload_nbytes == 4 * nb + (g.size + 1) // 2
+    for i in range(nb):
+        x, y = g[i * block:(i + 1) * block], out[i * block:(i + 1) * block]
+        scale = np.abs(x).max() / 7
+        assert np.all(np.abs(y - x) <= scale / 2 * (1 + 1e-5) + 1e-12)
+        assert len(np.unique(y)) <= 15
+
+
+def test_int4_refuses_a_zero_code():
+    with pytest.raises(ProtocolError, match="code of 0"):
+        decoder_for("int4").decode_message(memoryview(bytes(4 + 8)), 64, {"block": 16}, [("float32", 16)])
 
 
 @pytest.mark.parametrize("block", [16, 64, 256, 1000])
@@ -363,7 +383,7 @@ def test_bad_payload_controls_decode():
 # Registry and names
 # --------------------------------------------------------------------------------------------------
 def test_registry_holds_every_codec_with_its_flag():
-    assert set(REGISTRY) == {"none", "zlib", "zstd", "lz4", "blosc2", "fp16", "bf16", "int8", "topk", "rows"}
+    assert set(REGISTRY) == {"none", "zlib", "zstd", "lz4", "blosc2", "fp16", "bf16", "int8", "int4", "topk", "rows"}
     lossless = {wid for wid, cls in REGISTRY.items() if cls.lossless}
     assert lossless == {"none", "zlib", "zstd", "lz4", "blosc2", "rows"}
     for wid in REGISTRY:
@@ -376,8 +396,8 @@ def test_codec_names_round_trip(name):
 
 
 @pytest.mark.parametrize("name", ["zstd-0", "zstd-23", "zstd", "shuffle-gzip", "shuffle-zstd-10", "int8-8",
-                                  "int8-x", "topk-0", "topk-1.5", "topk-nan", "topk", "fp32", "lz4-1"])
+                                  "int8-x", "int4-8", "int4-x", "topk-0", "topk-1.5", "topk-nan", "topk", "fp32", "lz4-1"])
 def test_bad_codec_names(name):
     with pytest.raises(ValueError):
         codec_from_name(name)
-    assert len(CODEC_NAME_FORMS) == 11
+    assert len(CODEC_NAME_FORMS) == 12

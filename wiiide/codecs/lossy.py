@@ -1,4 +1,4 @@
-"""Lossy codecs for float32 gradients: fp16 and bf16 casts, 8-bit blockwise quantization, top-k.
+"""Lossy codecs for float32 gradients: fp16 and bf16 casts, 8- and 4-bit blockwise quantization, top-k.
 
 Each one refuses a message holding any tensor that is not float32 (`supports`), so it can only be
 chosen for float32 payloads; the policies use them for gradient messages only, after warm-up
@@ -11,6 +11,7 @@ Error bounds (tested in tests/unit/test_codecs.py), for finite inputs x:
   halves (|x| >= 2**-14), absolute error <= 2**-25 below; nan stays nan.
 - bf16: round to nearest even of the top 16 bits: relative error <= 2**-8; nan stays nan.
 - int8: per block of `block` elements, scale = max|x| / 127; |error| <= scale / 2.
+- int4: per block of `block` elements, scale = max|x| / 7; |error| <= scale / 2 (two values a byte).
 - topk: the k = ceil(fraction * n) largest |x + residual| per tensor travel exactly; the rest is kept
   in the sender's residual and added to that tensor next time (error feedback, as in Stich et al.
   2018, "Sparsified SGD with memory", and PyTorch's PowerSGD hook). So the sum of everything decoded
@@ -134,24 +135,39 @@ class Bf16Codec(_Float32Codec):
         return memoryview(out.view(F32)).cast("B")
 
 
-class Int8BlockCodec(_Float32Codec):
-    """8-bit blockwise absmax quantization: per block of `block` values one float32 scale
-    (max|x| / 127) and one int8 per value. About 3.9x smaller at block 256 (after bitsandbytes'
-    blockwise 8-bit quantization, Dettmers et al. 2022, with a linear code)."""
+class _BlockwiseCodec(_Float32Codec):
+    """What the blockwise quantizers share: a block size (`MIN_BLOCK`..`MAX_BLOCK` values per float32
+    scale), their name (``<wire id>`` at the default block, else ``<wire id>-<block>``) and the check of
+    the block a header declares."""
 
-    wire_id = "int8"
     DEFAULT_BLOCK = 256
     MIN_BLOCK, MAX_BLOCK = 16, 65536
 
     def __init__(self, block: int = DEFAULT_BLOCK) -> None:
         if not self.MIN_BLOCK <= block <= self.MAX_BLOCK:
-            raise ValueError(f"int8 block must be {self.MIN_BLOCK}..{self.MAX_BLOCK}, got {block}")
+            raise ValueError(f"{self.wire_id} block must be {self.MIN_BLOCK}..{self.MAX_BLOCK}, got {block}")
         self.block = block
 
     @property
     def name(self) -> str:
-        """``int8`` at the default block (256), else ``int8-<block>``."""
-        return "int8" if self.block == self.DEFAULT_BLOCK else f"int8-{self.block}"
+        """``<wire id>`` at the default block (256), else ``<wire id>-<block>``."""
+        return self.wire_id if self.block == self.DEFAULT_BLOCK else f"{self.wire_id}-{self.block}"
+
+    def _header_block(self, params) -> int:
+        """The block of a received header's codec_params; ProtocolError unless an integer in range."""
+        check_params(self.wire_id, params, {"block"}, {"block"})
+        b = params["block"]
+        if not isinstance(b, int) or isinstance(b, bool) or not self.MIN_BLOCK <= b <= self.MAX_BLOCK:
+            raise ProtocolError(f"codec {self.wire_id!r}: block must be an integer {self.MIN_BLOCK}..{self.MAX_BLOCK}")
+        return b
+
+
+class Int8BlockCodec(_BlockwiseCodec):
+    """8-bit blockwise absmax quantization: per block of `block` values one float32 scale
+    (max|x| / 127) and one int8 per value. About 3.9x smaller at block 256 (after bitsandbytes'
+    blockwise 8-bit quantization, Dettmers et al. 2022, with a linear code)."""
+
+    wire_id = "int8"
 
     def encode_message(self, arrays, names, stream="", pool=None):
         """float32 tensors -> (float32 scale per block, int8 per value); codec_params ``{"block": block}``.
@@ -189,10 +205,7 @@ class Int8BlockCodec(_Float32Codec):
             ProtocolError: a bad block size in codec_params, a non-float32 spec, or a payload size that does
                 not match the declared element count.
         """
-        check_params(self.wire_id, params, {"block"}, {"block"})
-        b = params["block"]
-        if not isinstance(b, int) or isinstance(b, bool) or not self.MIN_BLOCK <= b <= self.MAX_BLOCK:
-            raise ProtocolError(f"codec 'int8': block must be an integer {self.MIN_BLOCK}..{self.MAX_BLOCK}")
+        b = self._header_block(params)
         n = _float32_count(self.wire_id, raw_nbytes, specs)
         nb = -(-n // b)
         _expect_size(self.wire_id, wire, 4 * nb + n)
@@ -204,6 +217,82 @@ class Int8BlockCodec(_Float32Codec):
         if full < nb:
             np.multiply(q[full * b:], scales[full], out=out[full * b:])
         return memoryview(out).cast("B")
+
+
+def _blockwise_scales(x: np.ndarray, block: int, levels: int) -> tuple[np.ndarray, np.ndarray]:
+    """Absmax quantization of flat float32 `x` in blocks of `block`: (scale per block, float32
+    codes in -levels..levels, rounded to nearest). scale = max|x| / levels (0 for an all-zero block,
+    whose codes are 0). Shapes: (ceil(n / block),), (n,). Raises nothing."""
+    n = x.size
+    nb = -(-n // block)
+    pad = nb * block - n
+    xs = np.pad(x, (0, pad)) if pad else x
+    xs = xs.reshape(nb, block)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        scales = np.max(np.abs(xs), axis=1).astype(F32)
+        scales /= levels
+        inv = np.where(scales > 0, 1.0 / scales, 0.0).astype(F32)
+        codes = xs * inv[:, None]
+        np.rint(codes, out=codes)
+        np.clip(codes, -levels, levels, out=codes)
+    return scales, codes.reshape(-1)[:n]
+
+
+class Int4BlockCodec(_BlockwiseCodec):
+    """4-bit blockwise absmax quantization: per block of `block` values one float32 scale
+    (max|x| / 7) and one 4-bit code in -7..7 per value, two codes a byte (low nibble first, stored as
+    code + 8). About 7.8x smaller at block 256. Meant to run under error feedback (the sharded server's
+    `wiiide.ps.feedback`), as 1- to 4-bit gradient quantizers do (Seide et al. 2014, 1-bit SGD;
+    Karimireddy et al. 2019, EF-SGD); without it the rounding error is lost each step."""
+
+    wire_id = "int4"
+    LEVELS = 7
+
+    def encode_message(self, arrays, names, stream="", pool=None):
+        """float32 tensors -> (float32 scale per block, packed 4-bit codes: ceil(n / 2) bytes);
+        codec_params ``{"block": block}``.
+
+        Raises:
+            ValueError: a tensor that is not float32.
+        """
+        flats = _flat_float32(arrays, self.wire_id)
+        x = flats[0] if len(flats) == 1 else np.concatenate(flats)
+        if x.size == 0:
+            return [], {"block": self.block}
+        scales, codes = _blockwise_scales(x, self.block, self.LEVELS)
+        nibbles = (codes + (self.LEVELS + 1)).astype(np.uint8)
+        if nibbles.size % 2:
+            nibbles = np.append(nibbles, np.uint8(self.LEVELS + 1))
+        packed = nibbles[0::2] | (nibbles[1::2] << 4)
+        return [memoryview(scales).cast("B"), memoryview(np.ascontiguousarray(packed)).cast("B")], {"block": self.block}
+
+    def decode_message(self, wire, raw_nbytes, params, specs, pool=None):
+        """Scales and packed 4-bit codes -> the declared float32 tensors' bytes ((code - 8) x scale).
+
+        Raises:
+            ProtocolError: a bad block size in codec_params, a non-float32 spec, a payload size that does
+                not match the declared element count, or a code of 0 (outside -7..7).
+        """
+        b = self._header_block(params)
+        n = _float32_count(self.wire_id, raw_nbytes, specs)
+        nb = -(-n // b)
+        _expect_size(self.wire_id, wire, 4 * nb + (n + 1) // 2)
+        if n == 0:
+            return memoryview(b"")
+        scales = np.frombuffer(wire, dtype=F32, count=nb)
+        packed = np.frombuffer(wire, dtype=np.uint8, count=(n + 1) // 2, offset=4 * nb)
+        pairs = np.empty((packed.size, 2), dtype=np.int8)  # low nibble, then high
+        np.bitwise_and(packed, 0x0F, out=pairs[:, 0])
+        np.right_shift(packed, 4, out=pairs[:, 1])
+        codes = pairs.reshape(-1)[:n]
+        if not codes.all():
+            raise ProtocolError("codec 'int4': a code of 0 (codes are 1..15 for -7..7)")
+        codes -= self.LEVELS + 1
+        out = np.empty(nb * b, dtype=F32)
+        out[n:] = 0.0
+        out[:n] = codes
+        out.reshape(nb, b)[...] *= scales[:, None]
+        return memoryview(out[:n]).cast("B")
 
 
 class TopKCodec(_Float32Codec):

@@ -87,7 +87,8 @@ PROFILE_ACTIVE_STEPS = 5
 # the periodic parameter averaging start at step 1.
 POST_LOCAL_SGD_START_STEP = 1
 # WIIIIIDE's own socket knobs, which gloo's sockets do not take: recorded as not applied.
-NOT_APPLIED = ("sndbuf_bytes", "rcvbuf_bytes", "tcp_nodelay", "tcp_quickack", "keepalive", "recv_chunk_bytes",
+NOT_APPLIED = ("sndbuf_bytes", "rcvbuf_bytes", "tcp_nodelay", "tcp_quickack", "keepalive", "tcp_congestion",
+               "recv_chunk_bytes",
                "max_frame_bytes", "compression")
 # glibc's mallopt parameters (<malloc.h>): M_TRIM_THRESHOLD and M_MMAP_THRESHOLD.
 _M_TRIM_THRESHOLD = -1

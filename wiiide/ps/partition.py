@@ -8,6 +8,15 @@ shards. Partitions here are contiguous slices of `wiiide.model.FlatParams` (``mo
 order), so small tensors next to each other are grouped into one partition and a partition may span
 several tensors. Assignment: greedy, largest partition first, onto the shard with the fewest bytes so
 far (LPT scheduling; its imbalance is at most one partition's size).
+
+Equal bytes per shard are not equal work per link, though: the coordinator's shard pushes nothing
+(the coordinator is not a worker), so its link carries only its pulls, while a worker's carries its
+pushes to every other shard too. `egress_shard_weights` gives each shard the share that levels every
+node's egress (the link model below), and ``partition_flat(..., weights=...)`` cuts the vector into one
+contiguous range per shard of exactly that share (ps-lite's key range per server), each range into
+partitions of at most `partition_bytes`. Measured at 8 workers and 100 Mbit/s (README, "Side by
+side"): with equal bytes, 19 partitions of 64 KiB over 9 shards left one worker with 3 and it carried
+2.34 MB a step against the others' 1.96 MB, which set the step.
 """
 
 from __future__ import annotations
@@ -61,7 +70,8 @@ def resolve_shards(ps_shards: str | int, num_nodes: int) -> int:
     return k
 
 
-def partition_flat(numel: int, num_shards: int, partition_bytes: int) -> list[Partition]:
+def partition_flat(numel: int, num_shards: int, partition_bytes: int,
+                   weights: Sequence[float] | None = None) -> list[Partition]:
     """Cut ``[0, numel)`` into partitions of at most `partition_bytes` (float32) and at least `num_shards`
     of them (so a small model spreads over every shard too), near-equal in size, and assign them to shards.
 
@@ -69,6 +79,8 @@ def partition_flat(numel: int, num_shards: int, partition_bytes: int) -> list[Pa
         numel: elements of the flat float32 vector (>= 1).
         num_shards: shards (>= 1).
         partition_bytes: the largest partition in bytes (>= 4).
+        weights: `num_shards` shares (`egress_shard_weights`): cut by `partition_by_weights` instead,
+            when there is at least one element per shard; None: equal bytes (LPT).
 
     Returns:
         Partitions in vector order (``index`` 0..P-1), covering every element exactly once; P =
@@ -80,10 +92,68 @@ def partition_flat(numel: int, num_shards: int, partition_bytes: int) -> list[Pa
     if numel < 1 or num_shards < 1 or partition_bytes < FLOAT32_BYTES:
         raise ValueError(f"numel {numel}, num_shards {num_shards}, partition_bytes {partition_bytes}: "
                          "each must be >= 1 (partition_bytes >= 4)")
+    if weights is not None and numel >= num_shards:
+        if len(weights) != num_shards:
+            raise ValueError(f"{len(weights)} weights for {num_shards} shards")
+        return partition_by_weights(numel, weights, partition_bytes)
     count = min(numel, max(num_shards, math.ceil(numel * FLOAT32_BYTES / partition_bytes)))
     bounds = [numel * i // count for i in range(count + 1)]
     shards = assign_by_bytes([(bounds[i + 1] - bounds[i]) * FLOAT32_BYTES for i in range(count)], num_shards)
     return [Partition(i, bounds[i], bounds[i + 1], shards[i]) for i in range(count)]
+
+
+def egress_shard_weights(num_shards: int, num_workers: int) -> list[float]:
+    """Relative share of the parameters for each shard (shard 0 on the coordinator, shard s on worker s)
+    that levels the bytes every node sends per step (its egress; ingress is symmetric).
+
+    Link model, per step, M the model's bytes, W workers, k shards, s_j shard j's bytes, one's own shard
+    on loopback (free): a worker with a shard sends (M - s_j) of pushes and (W - 1) s_j of pulls,
+    M + (W - 2) s_j; a worker without one sends M; the coordinator sends W s_0. Equal worker shares s_w
+    and W s_0 = M + (W - 2) s_w with s_0 + (k - 1) s_w = M give s_0 / s_w = (k + W - 3) / (W - 1):
+    2 with a shard on every node (``ps_shards: all``), so each worker sends 2WM / (W + 2) instead of
+    (2W - 1)M / (W + 1) with equal shares (1.60 M against 1.67 M at W = 8; ring all-reduce: 2(W-1)/W M).
+    With one worker every split costs the same (weights 1).
+
+    Returns:
+        `num_shards` weights (float > 0): shard 0's first, then 1.0 for each worker's shard.
+    Raises:
+        ValueError: num_shards < 1 or num_workers < 1.
+    """
+    if num_shards < 1 or num_workers < 1:
+        raise ValueError(f"num_shards {num_shards}, num_workers {num_workers}: each must be >= 1")
+    w0 = (num_shards + num_workers - 3) / (num_workers - 1) if num_workers >= 2 else 1.0
+    return [max(w0, 1e-3)] + [1.0] * (num_shards - 1)
+
+
+def partition_by_weights(numel: int, weights: Sequence[float], partition_bytes: int) -> list[Partition]:
+    """One contiguous range of ``[0, numel)`` per shard, in shard order, of ``numel x weight / sum``
+    elements (rounded; every shard at least one element), each range cut into the fewest near-equal
+    partitions of at most `partition_bytes` (float32).
+
+    Returns partitions in vector order (``index`` 0..P-1) covering every element exactly once.
+    Raises:
+        ValueError: numel < len(weights), a weight <= 0, or partition_bytes < 4.
+    """
+    if numel < len(weights) or not weights or min(weights) <= 0 or partition_bytes < FLOAT32_BYTES:
+        raise ValueError(f"numel {numel} (>= one per shard), weights {list(weights)} (> 0), partition_bytes "
+                         f"{partition_bytes} (>= 4)")
+    total, acc, ends = float(sum(weights)), 0.0, []
+    for w in weights:
+        acc += w
+        ends.append(round(numel * acc / total))
+    ends[-1] = numel
+    for i in range(len(ends)):  # at least one element per shard, and room for the shards after it
+        low = (ends[i - 1] if i else 0) + 1
+        ends[i] = min(max(ends[i], low), numel - (len(ends) - 1 - i))
+    out: list[Partition] = []
+    start = 0
+    for shard, stop in enumerate(ends):
+        n = stop - start
+        count = min(n, math.ceil(n * FLOAT32_BYTES / partition_bytes))
+        for j in range(count):
+            out.append(Partition(len(out), start + n * j // count, start + n * (j + 1) // count, shard))
+        start = stop
+    return out
 
 
 def assign_by_bytes(sizes_bytes: Sequence[int], num_shards: int) -> list[int]:

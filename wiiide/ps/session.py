@@ -49,6 +49,7 @@ from wiiide.ps.digest import params_digest
 from wiiide.ps.feedback import policy_may_be_lossy
 from wiiide.ps.partition import (
     Partition,
+    egress_shard_weights,
     partition_flat,
     resolve_shards,
     shard_loads_bytes,
@@ -86,7 +87,8 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
     """
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
     k = num_shards(cfg)
-    partitions = partition_flat(flat.numel, k, cfg.partition_bytes)
+    weights = egress_shard_weights(k, cfg.num_workers) if cfg.partition_balance == "egress" else None
+    partitions = partition_flat(flat.numel, k, cfg.partition_bytes, weights)
     if len(coord.workers) < cfg.num_workers:  # a restarted coordinator some workers did not come back to
         raise NodeFailure(f"sharded run (ps_shards={cfg.ps_shards}) needs all {cfg.num_workers} workers; "
                           f"{len(coord.workers)} came back within rejoin_timeout_s", EXIT_PEER_LOST)
@@ -129,6 +131,7 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
         client = ShardClient(cfg, coord.secret, metrics, log, own, ROLE_COORDINATOR, 0, coord.metrics.node_id)
         metrics.extra["ps"].update({
             "ps_shards": k, "partitions": len(partitions), "partition_bytes": cfg.partition_bytes,
+            "partition_balance": cfg.partition_balance,
             "shard_loads_bytes": shard_loads_bytes(partitions, k),
             "shard_hosts": [f"{h or 'coordinator'}:{p}" for h, p in addresses],
             "batch_handout": {str(r): h for r, h in handout.items()}})
