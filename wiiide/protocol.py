@@ -83,6 +83,12 @@ DTYPES: dict[str, np.dtype] = {
 _NUMPY_TO_WIRE = {v: k for k, v in DTYPES.items() if k != "bfloat16"}
 
 
+# The header's JSON encoder, built once (json.dumps(..., separators=...) builds a new JSONEncoder on every
+# call); its output is json.dumps's. Stateless, so threads may share it.
+_HEADER_JSON = json.JSONEncoder(separators=(",", ":"))
+_NO_CODEC = NoCodec()  # stateless
+
+
 class DeadlineExceeded(TimeoutError):
     """A read's absolute deadline passed before the frame was complete (a `TimeoutError`, hence an
     OSError: callers that treat a socket timeout as a lost peer treat this one alike)."""
@@ -113,6 +119,15 @@ class WireTensor:
         if not (type(array) is np.ndarray and array.dtype == want and array.flags.c_contiguous):
             # np.require keeps a zero-dim array zero-dim (np.ascontiguousarray would make it shape (1,)).
             self.array = np.require(array, dtype=want, requirements="C")
+
+    @classmethod
+    def of_wire(cls, name: str, array: np.ndarray, dtype: str) -> WireTensor:
+        """A tensor `decode_payload` built: `array` is already a C-contiguous ndarray of `DTYPES[dtype]`
+        (a view of the received buffer), so the checks and conversions of `__post_init__` are skipped:
+        fewer interpreter and numpy code paths per received frame (see `FrameReader`)."""
+        tensor = object.__new__(cls)
+        tensor.name, tensor.array, tensor.dtype = name, array, dtype
+        return tensor
 
 
 @dataclass
@@ -180,12 +195,12 @@ def encode_message(
         ValueError: a header larger than MAX_HEADER_BYTES (too many tensors or too much metadata), or a
             lossy codec given a tensor it cannot encode (not float32).
     """
-    codec = codec or NoCodec()
+    codec = codec or _NO_CODEC
     arrays = [t.array for t in tensors]
     raw_nbytes = sum(a.nbytes for a in arrays)
     t0 = time.perf_counter()
     if raw_nbytes == 0:
-        codec = NoCodec()
+        codec = _NO_CODEC
     payload_parts, codec_params = codec.encode_message(arrays, [t.name for t in tensors],
                                                        kind if stream is None else stream, pool)
     encode_s = time.perf_counter() - t0
@@ -199,7 +214,7 @@ def encode_message(
     }
     if codec_params:
         header["codec_params"] = codec_params
-    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    header_bytes = _HEADER_JSON.encode(header).encode("utf-8")
     if len(header_bytes) > MAX_HEADER_BYTES:
         raise ValueError(f"header of {len(header_bytes)} bytes exceeds {MAX_HEADER_BYTES}")
     prefix = PREFIX.pack(MAGIC, PROTOCOL_VERSION, 0, len(header_bytes), payload_nbytes)
@@ -285,6 +300,7 @@ class FrameReader:
         self.quickack = quickack and hasattr(socket, "TCP_QUICKACK")
         self.reuse_buffers = reuse_buffers
         self._prefix = bytearray(PREFIX_NBYTES)
+        self._queued_buf = bytearray(4)  # FIONREAD's answer, reused
         self._payload_buf = bytearray(0)
         self.last_payload_recv_s = 0.0
         self.last_payload_queued_nbytes = 0
@@ -357,7 +373,7 @@ class FrameReader:
             payload = memoryview(self._payload_buf)[:payload_nbytes]
         else:
             payload = memoryview(bytearray(payload_nbytes))
-        self.last_payload_queued_nbytes = min(_queued_nbytes(self.sock), payload_nbytes)
+        self.last_payload_queued_nbytes = min(_queued_nbytes(self.sock, self._queued_buf), payload_nbytes)
         t0 = time.perf_counter()
         self._recv_exact(payload, deadline=deadline)
         self.last_payload_recv_s = time.perf_counter() - t0
@@ -479,33 +495,40 @@ def decode_payload(header: dict[str, Any], payload: memoryview, pool: CodecPool 
     specs = [(t["dtype"], math.prod(t["shape"])) for t in header["tensors"]]
     raw = decoder_for(header["codec"]).decode_message(payload, header["raw_nbytes"],
                                                       header.get("codec_params", {}), specs, pool)
-    raw = memoryview(raw).cast("B")
+    raw = memoryview(raw)
+    if raw.format != "B" or raw.ndim != 1:
+        raw = raw.cast("B")
     if raw.nbytes != header["raw_nbytes"]:  # every decoder checks this; a last guard for the views below
         raise ProtocolError(f"codec {header['codec']!r} decoded {raw.nbytes} bytes, header declares {header['raw_nbytes']}")
     tensors, offset = [], 0
-    for t, (_, count) in zip(header["tensors"], specs):
-        dt = DTYPES[t["dtype"]]
+    for t, (dtype, count) in zip(header["tensors"], specs):
+        dt = DTYPES[dtype]
+        shape = t["shape"]
         if count == 0:
             try:
-                array = np.empty(t["shape"], dtype=dt)
+                array = np.empty(shape, dtype=dt)
             except ValueError as exc:  # e.g. [0, 2**70]: zero elements but a dimension numpy cannot hold
-                raise ProtocolError(f"tensor {t['name']!r}: shape {str(t['shape'])[:200]} cannot be built: "
+                raise ProtocolError(f"tensor {t['name']!r}: shape {str(shape)[:200]} cannot be built: "
                                     f"{str(exc)[:200]}") from None
         else:
-            array = np.frombuffer(raw, dtype=dt, count=count, offset=offset).reshape(t["shape"])
+            array = np.frombuffer(raw, dtype=dt, count=count, offset=offset)
+            if len(shape) != 1:  # frombuffer already made the 1-d shape [count]
+                array = array.reshape(shape)
         offset += count * dt.itemsize
-        tensors.append(WireTensor(t["name"], array, t["dtype"]))
+        tensors.append(WireTensor.of_wire(t["name"], array, dtype))
     return Message(
         kind=header["kind"], meta=header.get("meta", {}), tensors=tensors, codec=header["codec"],
         raw_nbytes=header["raw_nbytes"], decode_s=time.perf_counter() - t0, payload_nbytes=payload.nbytes,
     )
 
 
-def _queued_nbytes(sock: socket.socket) -> int:
+def _queued_nbytes(sock: socket.socket, buf: bytearray | None = None) -> int:
     """Bytes waiting in `sock`'s receive queue (ioctl FIONREAD, SIOCINQ on TCP; Linux tcp(7)); 0 when the
-    socket cannot tell (not a kernel socket, or the call failed). One system call, no data read."""
+    socket cannot tell (not a kernel socket, or the call failed). One system call, no data read.
+    `buf`: a 4-byte bytearray the answer is written into (reused by a reader; None: a new one)."""
     try:
-        buf = bytearray(4)
+        if buf is None:
+            buf = bytearray(4)
         fcntl.ioctl(sock.fileno(), termios.FIONREAD, buf)
         return int.from_bytes(buf, "little", signed=True) if buf else 0
     except (OSError, ValueError, AttributeError, TypeError):

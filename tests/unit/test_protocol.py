@@ -177,6 +177,31 @@ def test_zero_dim_tensor(sock_pair, codec_name):
 
 
 @pytest.mark.parametrize("codec_name", CODECS)
+def test_decoded_tensors_are_what_the_checked_constructor_builds(sock_pair, codec_name):
+    """decode_payload builds its tensors without WireTensor's checks (WireTensor.of_wire): they must be
+    exactly what the checked constructor accepts unchanged, for every dtype and rank (0-d, 1-d, 3-d)."""
+    shapes = [(), (5,), (2, 3, 4)]
+    tensors = [WireTensor(f"{d}{len(s)}", random_array(d, s, seed=i), d)
+               for i, (d, s) in enumerate((d, s) for d in sorted(DTYPES) for s in shapes)]
+    (msg,) = roundtrip(sock_pair, [encode_message("batch", {}, tensors, CODECS[codec_name])])
+    for sent, got in zip(tensors, msg.tensors):
+        assert type(got.array) is np.ndarray and got.array.flags.c_contiguous
+        assert got.array.dtype == DTYPES[sent.dtype] and got.array.shape == sent.array.shape
+        checked = WireTensor(got.name, got.array, got.dtype)
+        assert checked.array is got.array  # nothing the checks would have converted
+        assert checked == got
+
+
+def test_header_bytes_are_json_dumps_compact():
+    """The header encoder built once writes what json.dumps(..., separators=(",", ":")) writes."""
+    meta = {"step": 3, "loss": float("nan"), "note": "é\u00e9 \"q\"", "big": 2**70, "nested": {"a": [1, None, True]}}
+    frame = encode_message("gradients", meta, [WireTensor("g", np.zeros((2, 2), np.float32))])
+    header = {"kind": "gradients", "meta": meta, "codec": "none", "raw_nbytes": 16,
+              "tensors": [{"name": "g", "dtype": "float32", "shape": [2, 2]}]}
+    assert bytes(frame.buffers[0][PREFIX.size:]) == json.dumps(header, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize("codec_name", CODECS)
 def test_control_messages_without_tensors(sock_pair, codec_name):
     frames = [encode_message("hello", {"protocol_version": 1, "node_id": "n1", "nested": {"a": [1, 2]}},
                              codec=CODECS[codec_name]),
