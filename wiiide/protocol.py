@@ -289,10 +289,21 @@ class FrameReader:
             summed) before the next one is read, as the coordinator and the worker do.
         pool: the codec thread pool chunked payloads are decoded on (a node passes its compression
             policy's `pool`); None: chunks are decoded one after the other in the calling thread.
+        read_ahead_bytes: 0 (the default): every part of a frame is read exactly, nothing past it. N > 0:
+            the call that reads the end of a frame also asks the kernel for up to N more bytes
+            (`socket.recvmsg_into` scattering into the frame and a fixed N-byte buffer of this reader),
+            so that in a stream the next frame's prefix, header and first payload bytes come with the
+            same system call: one `recv` per frame instead of three. Only what the kernel already holds
+            is taken (a recv returns once it has copied something). Those bytes are checked as every
+            frame is (prefix, then header, before any is used), but up to N bytes of a frame are then
+            read before its header is validated, into that fixed buffer (nothing is allocated from an
+            unchecked size). The bytes read ahead belong to this reader: use one reader per connection
+            for its whole life, as the nodes do. Ignored on a TLS socket (no `recvmsg_into`).
     """
 
     def __init__(self, sock: socket.socket, max_frame_bytes: int, recv_chunk_bytes: int = DEFAULT_RECV_CHUNK_BYTES,
-                 quickack: bool = False, reuse_buffers: bool = False, pool: CodecPool | None = None) -> None:
+                 quickack: bool = False, reuse_buffers: bool = False, pool: CodecPool | None = None,
+                 read_ahead_bytes: int = 0) -> None:
         self.sock = sock
         self.pool = pool
         self.max_frame_bytes = max_frame_bytes
@@ -301,13 +312,29 @@ class FrameReader:
         self.reuse_buffers = reuse_buffers
         self._prefix = bytearray(PREFIX_NBYTES)
         self._queued_buf = bytearray(4)  # FIONREAD's answer, reused
+        tls = isinstance(sock, ssl.SSLSocket) or not hasattr(sock, "recvmsg_into")
+        self.read_ahead_bytes = 0 if tls else max(0, int(read_ahead_bytes))
+        self._ahead = memoryview(bytearray(self.read_ahead_bytes))
+        self._ahead_start = self._ahead_end = 0  # bytes of the stream read ahead, not yet used: _ahead[start:end]
         self._payload_buf = bytearray(0)
         self.last_payload_recv_s = 0.0
         self.last_payload_queued_nbytes = 0
 
-    def _recv_exact(self, view: memoryview, *, at_boundary: bool = False, deadline: float | None = None) -> None:
+    def _recv_exact(self, view: memoryview, *, at_boundary: bool = False, deadline: float | None = None,
+                    last: bool = False) -> None:
+        """Fill `view`: first from the bytes read ahead, then from the socket. `last`: `view` ends a frame,
+        so with `read_ahead_bytes` its final recv also asks for what follows (see the class)."""
         pos, n = 0, view.nbytes
+        held = self._ahead_end - self._ahead_start
+        if held:
+            pos = min(held, n)
+            view[:pos] = self._ahead[self._ahead_start:self._ahead_start + pos]
+            self._ahead_start += pos
+            if pos == n:
+                return
+            self._ahead_start = self._ahead_end = 0
         chunk = self.recv_chunk_bytes
+        ahead = self._ahead if last and self.read_ahead_bytes else None
         while pos < n:
             if deadline is not None:
                 # An absolute deadline, not a timeout per recv: a peer sending one byte per second
@@ -317,7 +344,13 @@ class FrameReader:
                     raise DeadlineExceeded(f"read deadline passed with {pos} of {n} bytes of a frame part received")
                 self.sock.settimeout(remaining_s)
             try:
-                got = self.sock.recv_into(view[pos:pos + min(chunk, n - pos)])
+                if ahead is not None and n - pos <= chunk:
+                    got = self.sock.recvmsg_into([view[pos:], ahead])[0]
+                    if got > n - pos:
+                        self._ahead_start, self._ahead_end = 0, got - (n - pos)
+                        got = n - pos
+                else:
+                    got = self.sock.recv_into(view[pos:pos + min(chunk, n - pos)])
             except socket.timeout:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise DeadlineExceeded(f"read deadline passed with {pos} of {n} bytes of a frame part "
@@ -365,7 +398,7 @@ class FrameReader:
                 f"frame of {header_nbytes + payload_nbytes} bytes exceeds max_frame_bytes={self.max_frame_bytes}"
             )
         header_buf = bytearray(header_nbytes)
-        self._recv_exact(memoryview(header_buf), deadline=deadline)
+        self._recv_exact(memoryview(header_buf), deadline=deadline, last=payload_nbytes == 0)
         header = parse_header(header_buf, self.max_frame_bytes)
         if self.reuse_buffers:
             if len(self._payload_buf) < payload_nbytes:
@@ -373,9 +406,10 @@ class FrameReader:
             payload = memoryview(self._payload_buf)[:payload_nbytes]
         else:
             payload = memoryview(bytearray(payload_nbytes))
-        self.last_payload_queued_nbytes = min(_queued_nbytes(self.sock, self._queued_buf), payload_nbytes)
+        held = self._ahead_end - self._ahead_start
+        self.last_payload_queued_nbytes = min(_queued_nbytes(self.sock, self._queued_buf) + held, payload_nbytes)
         t0 = time.perf_counter()
-        self._recv_exact(payload, deadline=deadline)
+        self._recv_exact(payload, deadline=deadline, last=True)
         self.last_payload_recv_s = time.perf_counter() - t0
         if self.quickack:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
