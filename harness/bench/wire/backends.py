@@ -42,7 +42,8 @@ def run_local(plan: WirePlan, scratch: Path, progress: Callable[[str], None]) ->
     port, iperf3_port = free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     sink_proc = subprocess.Popen([sys.executable, *peer_argv("sink", "--port", str(port), "--recv-chunk-bytes",
-                                                             str(plan.recv_chunk_bytes),
+                                                             str(plan.recv_chunk_bytes), "--read-ahead-bytes",
+                                                             str(plan.read_ahead_bytes),
                                                              "--iperf3-port", str(iperf3_port))],
                                  cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True)
     try:
@@ -72,7 +73,8 @@ def run_docker(plan: WirePlan, scratch: Path, progress: Callable[[str], None]) -
     scratch.mkdir(parents=True, exist_ok=True)
     mounts = {str(REPO_ROOT / "harness"): ("/app/harness", "ro"), str(scratch.resolve()): ("/out", "rw")}
     sink = Peer(["python", *peer_argv("sink", "--host", "0.0.0.0", "--port", str(PORT),
-                                      "--recv-chunk-bytes", str(plan.recv_chunk_bytes))], "sink", mounts)
+                                      "--recv-chunk-bytes", str(plan.recv_chunk_bytes),
+                                      "--read-ahead-bytes", str(plan.read_ahead_bytes))], "sink", mounts)
     source = Peer(["python", *peer_argv("source", "--host", "sink", "--port", str(PORT),
                                         "--plan", json.dumps(plan.as_dict()), "--out", "/out/source.json")],
                   "source", mounts)
