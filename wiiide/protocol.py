@@ -32,9 +32,10 @@ per frame (or one buffer reused for every frame, `reuse_buffers`), each `recv_in
 that is left of the frame part up to `recv_chunk_bytes` (`DEFAULT_RECV_CHUNK_BYTES`, 64 MiB: seed 001's
 256 KiB chunks cost a 16 MiB frame about half its throughput between two containers, bench-wire's
 ``chunk`` raw variant against ``whole``; asking for more allocates nothing, the kernel returns what it has). Decoded tensors are numpy views of that buffer when uncompressed: no copy and
-no `bytes()` round trip between the socket and the arrays. A TLS connection (`wiiide.tls.TLSStream`)
-has no `sendmsg`: it encrypts the frames' buffers itself (`send_buffers`); on an `ssl.SSLSocket` each
-large buffer goes out with `sendall` and the small ones are joined.
+no `bytes()` round trip between the socket and the arrays. With `read_ahead_bytes` a reader also takes,
+in the recv that ends a frame, up to that many bytes of what follows (see `FrameReader`). A TLS
+connection (`wiiide.tls.TLSStream`) has no `sendmsg`: it encrypts the frames' buffers itself
+(`send_buffers`); on an `ssl.SSLSocket` each large buffer goes out with `sendall` and the small ones are joined.
 """
 
 from __future__ import annotations
@@ -84,6 +85,12 @@ DTYPES: dict[str, np.dtype] = {
 _NUMPY_TO_WIRE = {v: k for k, v in DTYPES.items() if k != "bfloat16"}
 
 
+# The header's JSON encoder, built once (json.dumps(..., separators=...) builds a new JSONEncoder on every
+# call); its output is json.dumps's. Stateless, so threads may share it.
+_HEADER_JSON = json.JSONEncoder(separators=(",", ":"))
+_NO_CODEC = NoCodec()  # stateless
+
+
 class DeadlineExceeded(TimeoutError):
     """A read's absolute deadline passed before the frame was complete (a `TimeoutError`, hence an
     OSError: callers that treat a socket timeout as a lost peer treat this one alike)."""
@@ -114,6 +121,15 @@ class WireTensor:
         if not (type(array) is np.ndarray and array.dtype == want and array.flags.c_contiguous):
             # np.require keeps a zero-dim array zero-dim (np.ascontiguousarray would make it shape (1,)).
             self.array = np.require(array, dtype=want, requirements="C")
+
+    @classmethod
+    def of_wire(cls, name: str, array: np.ndarray, dtype: str) -> WireTensor:
+        """A tensor `decode_payload` built: `array` is already a C-contiguous ndarray of `DTYPES[dtype]`
+        (a view of the received buffer), so the checks and conversions of `__post_init__` are skipped:
+        fewer interpreter and numpy code paths per received frame (see `FrameReader`)."""
+        tensor = object.__new__(cls)
+        tensor.name, tensor.array, tensor.dtype = name, array, dtype
+        return tensor
 
 
 @dataclass
@@ -181,12 +197,12 @@ def encode_message(
         ValueError: a header larger than MAX_HEADER_BYTES (too many tensors or too much metadata), or a
             lossy codec given a tensor it cannot encode (not float32).
     """
-    codec = codec or NoCodec()
+    codec = codec or _NO_CODEC
     arrays = [t.array for t in tensors]
     raw_nbytes = sum(a.nbytes for a in arrays)
     t0 = time.perf_counter()
     if raw_nbytes == 0:
-        codec = NoCodec()
+        codec = _NO_CODEC
     payload_parts, codec_params = codec.encode_message(arrays, [t.name for t in tensors],
                                                        kind if stream is None else stream, pool)
     encode_s = time.perf_counter() - t0
@@ -200,7 +216,7 @@ def encode_message(
     }
     if codec_params:
         header["codec_params"] = codec_params
-    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    header_bytes = _HEADER_JSON.encode(header).encode("utf-8")
     if len(header_bytes) > MAX_HEADER_BYTES:
         raise ValueError(f"header of {len(header_bytes)} bytes exceeds {MAX_HEADER_BYTES}")
     prefix = PREFIX.pack(MAGIC, PROTOCOL_VERSION, 0, len(header_bytes), payload_nbytes)
@@ -286,10 +302,21 @@ class FrameReader:
             summed) before the next one is read, as the coordinator and the worker do.
         pool: the codec thread pool chunked payloads are decoded on (a node passes its compression
             policy's `pool`); None: chunks are decoded one after the other in the calling thread.
+        read_ahead_bytes: 0 (the default): every part of a frame is read exactly, nothing past it. N > 0:
+            the call that reads the end of a frame also asks the kernel for up to N more bytes
+            (`socket.recvmsg_into` scattering into the frame and a fixed N-byte buffer of this reader),
+            so that in a stream the next frame's prefix, header and first payload bytes come with the
+            same system call: one `recv` per frame instead of three. Only what the kernel already holds
+            is taken (a recv returns once it has copied something). Those bytes are checked as every
+            frame is (prefix, then header, before any is used), but up to N bytes of a frame are then
+            read before its header is validated, into that fixed buffer (nothing is allocated from an
+            unchecked size). The bytes read ahead belong to this reader: use one reader per connection
+            for its whole life, as the nodes do. Ignored on a TLS socket (no `recvmsg_into`).
     """
 
     def __init__(self, sock: socket.socket, max_frame_bytes: int, recv_chunk_bytes: int = DEFAULT_RECV_CHUNK_BYTES,
-                 quickack: bool = False, reuse_buffers: bool = False, pool: CodecPool | None = None) -> None:
+                 quickack: bool = False, reuse_buffers: bool = False, pool: CodecPool | None = None,
+                 read_ahead_bytes: int = 0) -> None:
         self.sock = sock
         self.pool = pool
         self.max_frame_bytes = max_frame_bytes
@@ -297,13 +324,30 @@ class FrameReader:
         self.quickack = quickack and hasattr(socket, "TCP_QUICKACK")
         self.reuse_buffers = reuse_buffers
         self._prefix = bytearray(PREFIX_NBYTES)
+        self._queued_buf = bytearray(4)  # FIONREAD's answer, reused
+        tls = isinstance(sock, ssl.SSLSocket) or not hasattr(sock, "recvmsg_into")
+        self.read_ahead_bytes = 0 if tls else max(0, int(read_ahead_bytes))
+        self._ahead = memoryview(bytearray(self.read_ahead_bytes))
+        self._ahead_start = self._ahead_end = 0  # bytes of the stream read ahead, not yet used: _ahead[start:end]
         self._payload_buf = bytearray(0)
         self.last_payload_recv_s = 0.0
         self.last_payload_queued_nbytes = 0
 
-    def _recv_exact(self, view: memoryview, *, at_boundary: bool = False, deadline: float | None = None) -> None:
+    def _recv_exact(self, view: memoryview, *, at_boundary: bool = False, deadline: float | None = None,
+                    last: bool = False) -> None:
+        """Fill `view`: first from the bytes read ahead, then from the socket. `last`: `view` ends a frame,
+        so with `read_ahead_bytes` its final recv also asks for what follows (see the class)."""
         pos, n = 0, view.nbytes
+        held = self._ahead_end - self._ahead_start
+        if held:
+            pos = min(held, n)
+            view[:pos] = self._ahead[self._ahead_start:self._ahead_start + pos]
+            self._ahead_start += pos
+            if pos == n:
+                return
+            self._ahead_start = self._ahead_end = 0
         chunk = self.recv_chunk_bytes
+        ahead = self._ahead if last and self.read_ahead_bytes else None
         while pos < n:
             if deadline is not None:
                 # An absolute deadline, not a timeout per recv: a peer sending one byte per second
@@ -313,7 +357,13 @@ class FrameReader:
                     raise DeadlineExceeded(f"read deadline passed with {pos} of {n} bytes of a frame part received")
                 self.sock.settimeout(remaining_s)
             try:
-                got = self.sock.recv_into(view[pos:pos + min(chunk, n - pos)])
+                if ahead is not None and n - pos <= chunk:
+                    got = self.sock.recvmsg_into([view[pos:], ahead])[0]
+                    if got > n - pos:
+                        self._ahead_start, self._ahead_end = 0, got - (n - pos)
+                        got = n - pos
+                else:
+                    got = self.sock.recv_into(view[pos:pos + min(chunk, n - pos)])
             except socket.timeout:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise DeadlineExceeded(f"read deadline passed with {pos} of {n} bytes of a frame part "
@@ -361,7 +411,7 @@ class FrameReader:
                 f"frame of {header_nbytes + payload_nbytes} bytes exceeds max_frame_bytes={self.max_frame_bytes}"
             )
         header_buf = bytearray(header_nbytes)
-        self._recv_exact(memoryview(header_buf), deadline=deadline)
+        self._recv_exact(memoryview(header_buf), deadline=deadline, last=payload_nbytes == 0)
         header = parse_header(header_buf, self.max_frame_bytes)
         if self.reuse_buffers:
             if len(self._payload_buf) < payload_nbytes:
@@ -369,9 +419,10 @@ class FrameReader:
             payload = memoryview(self._payload_buf)[:payload_nbytes]
         else:
             payload = memoryview(bytearray(payload_nbytes))
-        self.last_payload_queued_nbytes = min(_queued_nbytes(self.sock), payload_nbytes)
+        held = self._ahead_end - self._ahead_start
+        self.last_payload_queued_nbytes = min(_queued_nbytes(self.sock, self._queued_buf) + held, payload_nbytes)
         t0 = time.perf_counter()
-        self._recv_exact(payload, deadline=deadline)
+        self._recv_exact(payload, deadline=deadline, last=True)
         self.last_payload_recv_s = time.perf_counter() - t0
         if self.quickack:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
@@ -491,33 +542,40 @@ def decode_payload(header: dict[str, Any], payload: memoryview, pool: CodecPool 
     specs = [(t["dtype"], math.prod(t["shape"])) for t in header["tensors"]]
     raw = decoder_for(header["codec"]).decode_message(payload, header["raw_nbytes"],
                                                       header.get("codec_params", {}), specs, pool)
-    raw = memoryview(raw).cast("B")
+    raw = memoryview(raw)
+    if raw.format != "B" or raw.ndim != 1:
+        raw = raw.cast("B")
     if raw.nbytes != header["raw_nbytes"]:  # every decoder checks this; a last guard for the views below
         raise ProtocolError(f"codec {header['codec']!r} decoded {raw.nbytes} bytes, header declares {header['raw_nbytes']}")
     tensors, offset = [], 0
-    for t, (_, count) in zip(header["tensors"], specs):
-        dt = DTYPES[t["dtype"]]
+    for t, (dtype, count) in zip(header["tensors"], specs):
+        dt = DTYPES[dtype]
+        shape = t["shape"]
         if count == 0:
             try:
-                array = np.empty(t["shape"], dtype=dt)
+                array = np.empty(shape, dtype=dt)
             except ValueError as exc:  # e.g. [0, 2**70]: zero elements but a dimension numpy cannot hold
-                raise ProtocolError(f"tensor {t['name']!r}: shape {str(t['shape'])[:200]} cannot be built: "
+                raise ProtocolError(f"tensor {t['name']!r}: shape {str(shape)[:200]} cannot be built: "
                                     f"{str(exc)[:200]}") from None
         else:
-            array = np.frombuffer(raw, dtype=dt, count=count, offset=offset).reshape(t["shape"])
+            array = np.frombuffer(raw, dtype=dt, count=count, offset=offset)
+            if len(shape) != 1:  # frombuffer already made the 1-d shape [count]
+                array = array.reshape(shape)
         offset += count * dt.itemsize
-        tensors.append(WireTensor(t["name"], array, t["dtype"]))
+        tensors.append(WireTensor.of_wire(t["name"], array, dtype))
     return Message(
         kind=header["kind"], meta=header.get("meta", {}), tensors=tensors, codec=header["codec"],
         raw_nbytes=header["raw_nbytes"], decode_s=time.perf_counter() - t0, payload_nbytes=payload.nbytes,
     )
 
 
-def _queued_nbytes(sock: socket.socket) -> int:
+def _queued_nbytes(sock: socket.socket, buf: bytearray | None = None) -> int:
     """Bytes waiting in `sock`'s receive queue (ioctl FIONREAD, SIOCINQ on TCP; Linux tcp(7)); 0 when the
-    socket cannot tell (not a kernel socket, or the call failed). One system call, no data read."""
+    socket cannot tell (not a kernel socket, or the call failed). One system call, no data read.
+    `buf`: a 4-byte bytearray the answer is written into (reused by a reader; None: a new one)."""
     try:
-        buf = bytearray(4)
+        if buf is None:
+            buf = bytearray(4)
         fcntl.ioctl(sock.fileno(), termios.FIONREAD, buf)
         return int.from_bytes(buf, "little", signed=True) if buf else 0
     except (OSError, ValueError, AttributeError, TypeError):

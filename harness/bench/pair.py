@@ -1,7 +1,6 @@
 """Two containers of the node image on a bridge of their own (or on networks given, e.g. two overlays):
 a sink, and a source that writes its result JSON into a mounted folder. What a two-peer benchmark needs
-on the docker backend (bench-tls, bench-overlay; bench-wire's `run_docker` does the same and can move
-onto it)."""
+on the docker backend (bench-tls, bench-overlay, bench-wire)."""
 
 from __future__ import annotations
 

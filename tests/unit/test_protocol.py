@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 import zlib
 
 import numpy as np
@@ -174,6 +175,31 @@ def test_zero_dim_tensor(sock_pair, codec_name):
     assert msg.tensor("scalar").shape == ()
     assert float(msg.tensor("scalar")) == 2.5
     assert from_wire(msg.tensors[1]).shape == torch.Size([])
+
+
+@pytest.mark.parametrize("codec_name", CODECS)
+def test_decoded_tensors_are_what_the_checked_constructor_builds(sock_pair, codec_name):
+    """decode_payload builds its tensors without WireTensor's checks (WireTensor.of_wire): they must be
+    exactly what the checked constructor accepts unchanged, for every dtype and rank (0-d, 1-d, 3-d)."""
+    shapes = [(), (5,), (2, 3, 4)]
+    tensors = [WireTensor(f"{d}{len(s)}", random_array(d, s, seed=i), d)
+               for i, (d, s) in enumerate((d, s) for d in sorted(DTYPES) for s in shapes)]
+    (msg,) = roundtrip(sock_pair, [encode_message("batch", {}, tensors, CODECS[codec_name])])
+    for sent, got in zip(tensors, msg.tensors):
+        assert type(got.array) is np.ndarray and got.array.flags.c_contiguous
+        assert got.array.dtype == DTYPES[sent.dtype] and got.array.shape == sent.array.shape
+        checked = WireTensor(got.name, got.array, got.dtype)
+        assert checked.array is got.array  # nothing the checks would have converted
+        assert checked == got
+
+
+def test_header_bytes_are_json_dumps_compact():
+    """The header encoder built once writes what json.dumps(..., separators=(",", ":")) writes."""
+    meta = {"step": 3, "loss": float("nan"), "note": "é\u00e9 \"q\"", "big": 2**70, "nested": {"a": [1, None, True]}}
+    frame = encode_message("gradients", meta, [WireTensor("g", np.zeros((2, 2), np.float32))])
+    header = {"kind": "gradients", "meta": meta, "codec": "none", "raw_nbytes": 16,
+              "tensors": [{"name": "g", "dtype": "float32", "shape": [2, 2]}]}
+    assert bytes(frame.buffers[0][PREFIX.size:]) == json.dumps(header, separators=(",", ":")).encode()
 
 
 @pytest.mark.parametrize("codec_name", CODECS)
@@ -516,3 +542,67 @@ def test_the_reader_says_how_much_of_a_payload_was_already_queued():
     finally:
         a.close()
         b.close()
+
+
+def _frame_bytes(frame) -> bytes:
+    return b"".join(bytes(memoryview(b).cast("B")) for b in frame.buffers)
+
+
+@pytest.mark.parametrize("recv_chunk_bytes", [1000, 64 * MIB])
+def test_read_ahead_reads_a_stream_of_frames_exactly_as_without(sock_pair, recv_chunk_bytes):
+    """With read_ahead_bytes the end of one frame and the start of the next come in one recv: the
+    messages are the same, whatever the frames' sizes (no payload, smaller and larger than the
+    read-ahead buffer) and however the kernel cuts the stream."""
+    writer, reader_sock = sock_pair
+    rng = np.random.default_rng(5)
+    sizes = [0, 1, 3000, 5000, 300_000, 0, 17, 4096 - 200, 1 * MIB]
+    frames = [encode_message("m", {"i": i}, [WireTensor("t", rng.standard_normal(n // 4 or 1).astype(np.float32))]
+                             if n else []) for i, n in enumerate(sizes)]
+    data = b"".join(_frame_bytes(f) for f in frames)
+    threading.Thread(target=_sendall_quiet, args=(writer, data), daemon=True).start()
+    reader = FrameReader(reader_sock, 4 * MIB, recv_chunk_bytes, reuse_buffers=False, read_ahead_bytes=4096)
+    for i, frame in enumerate(frames):
+        msg = reader.read_message(deadline=time.monotonic() + 10)
+        assert msg.meta == {"i": i} and msg.wire_nbytes == frame.wire_nbytes
+        sent = [np.frombuffer(memoryview(b).cast("B"), np.float32) for b in frame.buffers[1:]]
+        got = [t.array for t in msg.tensors]
+        assert len(sent) == len(got) and all(np.array_equal(a, b) for a, b in zip(sent, got))
+    writer.close()
+    with pytest.raises(PeerClosed, match="peer closed the connection$"):
+        reader.read_message()
+
+
+def test_read_ahead_takes_at_most_its_buffer_past_a_frame(sock_pair):
+    """What a reader takes past the end of the frame it returned is bounded by read_ahead_bytes: the
+    rest stays in the socket."""
+    writer, reader_sock = sock_pair
+    frame = encode_message("m", {}, [WireTensor("t", np.zeros(1000, np.float32))])
+    writer.sendall(_frame_bytes(frame) + b"X" * 10_000)
+    time.sleep(0.05)  # all of it in the reader's queue before the first recv
+    reader = FrameReader(reader_sock, 1 * MIB, read_ahead_bytes=4096)
+    reader.read_message()
+    left = b""
+    while len(left) < 10_000 - 4096:
+        left += reader_sock.recv(65536)
+    assert left == b"X" * (10_000 - 4096)
+
+
+def test_read_ahead_still_refuses_an_oversized_frame_after_a_good_one(sock_pair):
+    writer, reader_sock = sock_pair
+    good = _frame_bytes(encode_message("m", {}, [WireTensor("t", np.zeros(8, np.float32))]))
+    writer.sendall(good + PREFIX.pack(MAGIC, PROTOCOL_VERSION, 0, 100, 2 * MIB) + b"Y" * 64)
+    time.sleep(0.05)
+    reader = FrameReader(reader_sock, 1 * MIB, read_ahead_bytes=4096)
+    reader.read_message()
+    with pytest.raises(ProtocolError, match="max_frame_bytes"):
+        reader.read_message()
+
+
+def test_read_ahead_is_off_on_a_socket_without_recvmsg_into():
+    """A TLS socket (ssl.SSLSocket has no recvmsg_into) reads every part exactly."""
+
+    class NoScatter:
+        def recv_into(self, view):
+            return 0
+
+    assert FrameReader(NoScatter(), 1 * MIB, read_ahead_bytes=4096).read_ahead_bytes == 0

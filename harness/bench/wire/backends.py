@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,6 +19,7 @@ from harness.bench.wire.plan import WirePlan
 PEER_MODULE = "harness.bench.wire"  # `python -m harness.bench.wire peer ...`
 SINK_START_TIMEOUT_S = 30.0
 SINK_EXIT_TIMEOUT_S = 60.0
+SOURCE_EXIT_TIMEOUT_S = 60.0  # docker: how long the source container may take to exit after its last line
 
 
 def peer_argv(role: str, *options: str) -> list[str]:
@@ -42,7 +42,8 @@ def run_local(plan: WirePlan, scratch: Path, progress: Callable[[str], None]) ->
     port, iperf3_port = free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     sink_proc = subprocess.Popen([sys.executable, *peer_argv("sink", "--port", str(port), "--recv-chunk-bytes",
-                                                             str(plan.recv_chunk_bytes),
+                                                             str(plan.recv_chunk_bytes), "--read-ahead-bytes",
+                                                             str(plan.read_ahead_bytes),
                                                              "--iperf3-port", str(iperf3_port))],
                                  cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True)
     try:
@@ -58,7 +59,8 @@ def run_local(plan: WirePlan, scratch: Path, progress: Callable[[str], None]) ->
 
 
 def run_docker(plan: WirePlan, scratch: Path, progress: Callable[[str], None]) -> dict[str, Any]:
-    """Sink and source in two containers of the node image on a bridge of this project, removed after.
+    """Sink and source in two containers of the node image on a bridge of this project, removed after
+    (`harness.bench.pair.run_pair`, shared with bench-tls and bench-overlay).
 
     The source writes its result to `scratch` (mounted at /out); the caller removes the folder.
 
@@ -66,52 +68,21 @@ def run_docker(plan: WirePlan, scratch: Path, progress: Callable[[str], None]) -
         ClusterError: no engine answered, the image did not build, or the source container failed.
     """
     from harness import REPO_ROOT
-    from harness.errors import ClusterError
-    from harness.run.compose import DEFAULT_IMAGE, PROJECT, PROJECT_LABEL, SERVICE_LABEL
-    from harness.run.docker_client import docker_client
-    from harness.run.image import build_image
+    from harness.bench.pair import Peer, run_pair
 
-    client = docker_client(timeout_s=600)  # ClusterError, with how to start an engine, when none answers
-    build_image(log=progress)  # seconds when cached; never stale
-    labels = {PROJECT_LABEL: PROJECT, SERVICE_LABEL: "bench-wire"}
-    stamp = datetime.now(timezone.utc).strftime("%H%M%S")
-    network = client.networks.create(f"{PROJECT}-bench-wire-{stamp}", driver="bridge", labels=labels)
     scratch.mkdir(parents=True, exist_ok=True)
-    volumes = {str(REPO_ROOT / "harness"): {"bind": "/app/harness", "mode": "ro"},
-               str(scratch.resolve()): {"bind": "/out", "mode": "rw"}}
-    containers = []
-    try:
-        sink_c = client.containers.run(
-            DEFAULT_IMAGE, ["python", *peer_argv("sink", "--host", "0.0.0.0", "--port", str(PORT),
-                                                 "--recv-chunk-bytes", str(plan.recv_chunk_bytes))],
-            name=f"{PROJECT}-bench-sink-{stamp}", hostname="sink", detach=True, network=network.name,
-            labels=labels, volumes=volumes)
-        containers.append(sink_c)
-        src_c = client.containers.run(
-            DEFAULT_IMAGE, ["python", *peer_argv("source", "--host", "sink", "--port", str(PORT),
-                                                 "--plan", json.dumps(plan.as_dict()), "--out", "/out/source.json")],
-            name=f"{PROJECT}-bench-source-{stamp}", detach=True, network=network.name, labels=labels,
-            volumes=volumes)
-        containers.append(src_c)
-        for line in src_c.logs(stream=True, follow=True):
-            progress(line.decode(errors="replace").rstrip())
-        status = src_c.wait(timeout=60)
-        if status.get("StatusCode") != 0:
-            raise ClusterError(f"bench-wire source container exited {status.get('StatusCode')}: "
-                               f"{src_c.logs(tail=20).decode(errors='replace')}")
-        result = json.loads((scratch / "source.json").read_text())
-        (scratch / "source.json").unlink()
-        version = client.version()
-    finally:
-        for c in containers:
-            try:
-                c.remove(force=True)
-            except Exception as exc:  # keep removing the rest; report what is left
-                progress(f"could not remove container {c.name}: {exc}")
-        network.remove()
+    mounts = {str(REPO_ROOT / "harness"): ("/app/harness", "ro"), str(scratch.resolve()): ("/out", "rw")}
+    sink = Peer(["python", *peer_argv("sink", "--host", "0.0.0.0", "--port", str(PORT),
+                                      "--recv-chunk-bytes", str(plan.recv_chunk_bytes),
+                                      "--read-ahead-bytes", str(plan.read_ahead_bytes))], "sink", mounts)
+    source = Peer(["python", *peer_argv("source", "--host", "sink", "--port", str(PORT),
+                                        "--plan", json.dumps(plan.as_dict()), "--out", "/out/source.json")],
+                  "source", mounts)
+    result, backend = run_pair("bench-wire", sink, source, scratch / "source.json", progress,
+                               wait_s=SOURCE_EXIT_TIMEOUT_S)
+    (scratch / "source.json").unlink()
     return {"backend": {"name": "docker", "transport": "TCP between two containers on a user-defined bridge",
-                        "engine_version": version.get("Version"), "image": DEFAULT_IMAGE, "project": PROJECT},
-            **result}
+                        **backend}, **result}
 
 
 BACKENDS = {"local": run_local, "docker": run_docker}

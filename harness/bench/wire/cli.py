@@ -75,6 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--small", action="store_true", help="a small synthetic model (for tests)")
     p.add_argument("--recv-chunk-bytes", default="64MiB",
                    help="the receiver's recv_chunk_bytes for frames, IEC (default: the nodes' 64MiB)")
+    p.add_argument("--read-ahead-bytes", default="0",
+                   help="the receiver's FrameReader read_ahead_bytes, IEC, e.g. 4KiB (default 0: none)")
     p.add_argument("--results-dir", help="where bench-wire-<stamp>.json goes (default results/)")
 
 
@@ -93,7 +95,8 @@ def plan_from_args(args: argparse.Namespace) -> WirePlan:
             repeats=args.repeats, bytes_per_trial=args.bytes_per_trial_mib * MIB, link_messages=args.link_messages,
             codec_threads=args.codec_threads, small=args.small,
             sections=tuple(split_list(args.sections, "--sections")) if args.sections else SECTIONS,
-            recv_chunk_bytes=parse_size_bytes(args.recv_chunk_bytes, "--recv-chunk-bytes"))
+            recv_chunk_bytes=parse_size_bytes(args.recv_chunk_bytes, "--recv-chunk-bytes"),
+            read_ahead_bytes=parse_size_bytes(args.read_ahead_bytes, "--read-ahead-bytes"))
     except (UnitError, PlanError) as exc:
         raise SpecError(f"bench-wire: {exc}") from None
 

@@ -32,22 +32,26 @@ MAX_FRAME_BYTES = 1 << 31
 CONNECT_TIMEOUT_S = 60.0
 
 
-def sink(sock: socket.socket, recv_chunk_bytes: int = 64 * MIB) -> None:
+def sink(sock: socket.socket, recv_chunk_bytes: int = 64 * MIB, read_ahead_bytes: int = 0) -> None:
     """Serve trials until ``done``: each starts with a ``trial`` control frame naming its mode, count and size.
 
     Frames are read as the nodes read them: `FrameReader` with `recv_chunk_bytes` (bytes; the nodes'
-    default 64 MiB unless told otherwise) reusing its receive buffer. A raw trial receives the way its
+    default 64 MiB unless told otherwise) and `read_ahead_bytes` (bytes; 0: none), reusing its receive buffer. A raw trial receives the way its
     ``recv`` names (`harness.bench.wire.raw.recv_raw`) into one reused buffer. Each trial ends with an ``ack`` carrying ``recv_s`` and the frames' ``decode_s`` (s);
     a ``roundtrip`` trial also acks every message.
 
     Raises:
         ConnectionError: the source closed during a raw trial. ProtocolError: (wiiide) a malformed frame.
     """
+    # Control frames are read exactly (a raw trial's bytes follow its control frame at once, and must
+    # stay in the socket); the trial's frames with `read_ahead_bytes`: nothing follows a trial's last
+    # frame before the sink's ack, so nothing is left read ahead when a trial ends.
+    control_reader = FrameReader(sock, max_frame_bytes=MAX_FRAME_BYTES, reuse_buffers=True)
     reader = FrameReader(sock, max_frame_bytes=MAX_FRAME_BYTES, recv_chunk_bytes=recv_chunk_bytes,
-                         reuse_buffers=True)
+                         reuse_buffers=True, read_ahead_bytes=read_ahead_bytes)
     raw_buf = bytearray(0)
     while True:
-        control = reader.read_message()
+        control = control_reader.read_message()
         meta = control.meta
         if control.kind == "done":
             return
@@ -106,7 +110,8 @@ def source(sock: socket.socket, plan: WirePlan, progress: Callable[[str], None],
     return out
 
 
-def serve_sink(host: str, port: int, recv_chunk_bytes: int, iperf3_port: int = IPERF3_PORT) -> None:
+def serve_sink(host: str, port: int, recv_chunk_bytes: int, iperf3_port: int = IPERF3_PORT,
+               read_ahead_bytes: int = 0) -> None:
     """Start an iperf3 server on `iperf3_port` (when iperf3 is installed), listen on `host`:`port`, print
     ``listening`` (the local backend waits for it), serve one source, stop the iperf3 server.
 
@@ -124,7 +129,7 @@ def serve_sink(host: str, port: int, recv_chunk_bytes: int, iperf3_port: int = I
         configure_socket(conn)
         try:
             with conn:
-                sink(conn, recv_chunk_bytes)
+                sink(conn, recv_chunk_bytes, read_ahead_bytes)
         finally:
             stop_server(iperf3_server)
 
@@ -146,11 +151,12 @@ def peer_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--plan", help="source: the plan as JSON")
     p.add_argument("--out", help="source: write the result JSON here")
     p.add_argument("--recv-chunk-bytes", type=int, default=64 * MIB, help="sink: FrameReader's recv_chunk_bytes")
+    p.add_argument("--read-ahead-bytes", type=int, default=0, help="sink: FrameReader's read_ahead_bytes")
     p.add_argument("--iperf3-port", type=int, default=IPERF3_PORT, help="the sink's iperf3 server port")
     p.add_argument("--no-iperf3", action="store_true", help="source: do not measure iperf3")
     args = p.parse_args(argv)
     if args.role == "sink":
-        serve_sink(args.host, args.port, args.recv_chunk_bytes, args.iperf3_port)
+        serve_sink(args.host, args.port, args.recv_chunk_bytes, args.iperf3_port, args.read_ahead_bytes)
         return 0
     if not args.plan or not args.out:
         p.error("--role source needs --plan and --out")

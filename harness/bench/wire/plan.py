@@ -48,6 +48,8 @@ class WirePlan:
         table_threads: thread counts for the codec table (each >= 1).
         small: a small synthetic model (256-1024-1024-10) instead of 1024-4096-4096-10 (for tests).
         recv_chunk_bytes: the receiver's `FrameReader` recv_chunk_bytes (bytes, >= 1 KiB).
+        read_ahead_bytes: the receiver's `FrameReader` read_ahead_bytes (bytes, 0 .. 1 MiB; 0: every
+            frame part read exactly).
         sections: which of `SECTIONS` run (default all), e.g. ``("frames",)``.
 
     Raises:
@@ -66,6 +68,7 @@ class WirePlan:
     table_threads: tuple[int, ...] = (1, 2)
     small: bool = False
     recv_chunk_bytes: int = 64 * MIB  # the nodes' (wiiide.protocol.DEFAULT_RECV_CHUNK_BYTES)
+    read_ahead_bytes: int = 0
     sections: tuple[str, ...] = SECTIONS
 
     def __post_init__(self) -> None:
@@ -86,6 +89,8 @@ class WirePlan:
             raise PlanError(f"table_threads: {list(self.table_threads)}: each must be >= 1")
         if self.recv_chunk_bytes < MIN_RECV_CHUNK_BYTES:
             raise PlanError(f"--recv-chunk-bytes: {self.recv_chunk_bytes} bytes: at least 1 KiB")
+        if not 0 <= self.read_ahead_bytes <= MIB:
+            raise PlanError(f"--read-ahead-bytes: {self.read_ahead_bytes} bytes: 0 .. 1 MiB")
         if not self.sections or set(self.sections) - set(SECTIONS):
             raise PlanError(f"--sections: {list(self.sections)}: a non-empty list of {list(SECTIONS)}")
         self._check_names()

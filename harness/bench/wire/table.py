@@ -44,8 +44,10 @@ def frames_table(report: dict[str, Any]) -> str | None:
              *(codec_cell(r, c) for c in codecs)]
             for r in frames]
     chunk = report.get("plan", {}).get("recv_chunk_bytes")
+    ahead = report.get("plan", {}).get("read_ahead_bytes") or 0
     return _table(f"frames: MB/s of tensor bytes delivered (median of repeats) and x of the raw socket (its "
-                  f"fastest variant); receiver recv_chunk_bytes {format_size(chunk)}",
+                  f"fastest variant); receiver recv_chunk_bytes {format_size(chunk)}, read_ahead_bytes "
+                  f"{format_size(ahead) if ahead else 0}",
                   ["size", "iperf3", "raw socket", *codecs], rows)
 
 
