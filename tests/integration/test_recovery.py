@@ -5,49 +5,30 @@ checkpoint_every_steps and recorded with the recovery time in the coordinator's 
 from __future__ import annotations
 
 import json
-import time
 
-from harness.run.backend import PhaseClock, collect_nodes, judge
-from harness.run.local import LocalBackend
-from harness.spec.cluster import ClusterSettings
+from tests.integration.local_run import run_local, wait_for
 from wiiide.config import RunConfig
 
 EVERY_STEPS = 20
 MAX_STEPS = 600
 
 
-def _wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"{what} did not happen within {timeout_s} s")
-
-
 def test_coordinator_killed_and_restarted_resumes_from_its_checkpoint(tmp_path):
     cfg = RunConfig(dataset="digits", num_workers=2, log_tier="normal", log_every_steps=100000, io_timeout_s=10.0,
                     heartbeat_interval_s=1.0, connect_timeout_s=30, duration_s=120, max_steps=MAX_STEPS,
                     checkpoint_every_steps=EVERY_STEPS, rejoin_timeout_s=30, momentum=0.5)
-    backend = LocalBackend()
     ckpt_dir = tmp_path / "checkpoints"
-    for folder in ("nodes", "logs"):
-        (tmp_path / folder).mkdir()
-    try:
-        controller = backend.start(cfg, tmp_path, ClusterSettings(), lambda line: None, PhaseClock())
+    seen = {}
+
+    def kill_and_restart(controller):
         # kill as soon as the second checkpoint is on disk, well before max_steps
-        _wait_for(lambda: len(list(ckpt_dir.glob("coordinator-step*.safetensors"))) >= 2, 60, "two checkpoints")
+        wait_for(lambda: len(list(ckpt_dir.glob("coordinator-step*.safetensors"))) >= 2, 60, "two checkpoints")
         controller.kill("coordinator")
-        newest_on_disk = max(int(p.name[16:28]) for p in ckpt_dir.glob("coordinator-step*.safetensors"))
+        seen["newest"] = max(int(p.name[16:28]) for p in ckpt_dir.glob("coordinator-step*.safetensors"))
         controller.restart("coordinator")
-        _wait_for(lambda: all(state == "exited" for state in backend.poll().values()), 120, "the run's end")
-        collected = backend.collect(tmp_path / "logs", lambda line: None)
-    finally:
-        backend.teardown()
-    nodes = collect_nodes(tmp_path / "nodes")
-    status, error = judge(nodes, collected.exit_codes, cfg.num_workers)
-    assert status == "ok", error  # the coordinator and both workers ended ok: nobody was left behind
+
+    nodes = run_local(cfg, tmp_path, kill_and_restart)
+    newest_on_disk = seen["newest"]
     coord = nodes["coordinator"]
     assert coord["steps"] == MAX_STEPS and coord["test_accuracy"] > 0.5
     rec = coord["recovery"]

@@ -10,10 +10,7 @@ from __future__ import annotations
 import json
 import re
 
-from harness.run.backend import PhaseClock, collect_nodes, judge
-from harness.run.local import LocalBackend
-from harness.spec.cluster import ClusterSettings
-from tests.integration.test_recovery import _wait_for
+from tests.integration.local_run import run_local, wait_for
 from wiiide.config import RunConfig
 
 EVERY_STEPS = 20
@@ -34,24 +31,6 @@ def _complete_steps(ckpt_dir) -> list[int]:
     return sorted(set.intersection(*by_shard.values()))
 
 
-def _run(cfg: RunConfig, out, fault=None) -> dict:
-    backend = LocalBackend()
-    for folder in ("nodes", "logs"):
-        (out / folder).mkdir(parents=True)
-    try:
-        controller = backend.start(cfg, out, ClusterSettings(), lambda line: None, PhaseClock())
-        if fault is not None:
-            fault(controller)
-        _wait_for(lambda: all(state == "exited" for state in backend.poll().values()), 120, "the run's end")
-        collected = backend.collect(out / "logs", lambda line: None)
-    finally:
-        backend.teardown()
-    nodes = collect_nodes(out / "nodes")
-    status, error = judge(nodes, collected.exit_codes, cfg.num_workers)
-    assert status == "ok", error
-    return nodes
-
-
 def test_sharded_coordinator_killed_and_restarted_resumes_from_the_newest_complete_step(tmp_path):
     knobs = dict(dataset="digits", num_workers=2, ps_shards="all", log_tier="normal", log_every_steps=100000,
                  io_timeout_s=10.0, heartbeat_interval_s=1.0, connect_timeout_s=30, duration_s=120,
@@ -61,12 +40,12 @@ def test_sharded_coordinator_killed_and_restarted_resumes_from_the_newest_comple
 
     def kill_and_restart(controller):
         # kill once two steps are complete on every shard, well before max_steps
-        _wait_for(lambda: len(_complete_steps(ckpt_dir)) >= 2, 60, "two complete sharded checkpoints")
+        wait_for(lambda: len(_complete_steps(ckpt_dir)) >= 2, 60, "two complete sharded checkpoints")
         controller.kill("coordinator")
         seen["complete_at_kill"] = max(_complete_steps(ckpt_dir))
         controller.restart("coordinator")
 
-    nodes = _run(RunConfig(**knobs, max_steps=MAX_STEPS), tmp_path / "faulted", kill_and_restart)
+    nodes = run_local(RunConfig(**knobs, max_steps=MAX_STEPS), tmp_path / "faulted", kill_and_restart)
     coord = nodes["coordinator"]
     assert coord["steps"] == MAX_STEPS and coord["test_accuracy"] > 0.5
     rec = coord["recovery"]
@@ -85,7 +64,7 @@ def test_sharded_coordinator_killed_and_restarted_resumes_from_the_newest_comple
         assert nodes[name]["ps"]["param_max_abs_diff"] == 0.0  # the rejoined workers' copy is the shards'
 
     # an uninterrupted run of restored_step steps ends with exactly the parameters restored
-    plain = _run(RunConfig(**{**knobs, "checkpoint_every_steps": 0}, max_steps=rec["restored_step"]),
+    plain = run_local(RunConfig(**{**knobs, "checkpoint_every_steps": 0}, max_steps=rec["restored_step"]),
                  tmp_path / "plain")
     assert plain["coordinator"]["steps"] == rec["restored_step"]
     assert plain["coordinator"]["params_digest"]["sha256"] == rec["restored_params_sha256"]

@@ -1,0 +1,45 @@
+"""Helpers for integration tests that drive one run on the local backend directly (no sweep)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.run.backend import PhaseClock, collect_nodes, judge
+from harness.run.local import LocalBackend
+from harness.spec.cluster import ClusterSettings
+from wiiide.config import RunConfig
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """Poll `predicate` every 10 ms until it returns something true (returned); AssertionError after
+    `timeout_s` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"{what} did not happen within {timeout_s} s")
+
+
+def run_local(cfg: RunConfig, out: Path, fault: Callable[[Any], None] | None = None) -> dict:
+    """Start `cfg` on the local backend with its output in `out`, call `fault(controller)` (if given)
+    while it runs, wait up to 120 s for every node to exit, tear down, assert the run ended ok and
+    return the nodes' metrics (`collect_nodes`)."""
+    backend = LocalBackend()
+    for folder in ("nodes", "logs"):
+        (out / folder).mkdir(parents=True)
+    try:
+        controller = backend.start(cfg, out, ClusterSettings(), lambda line: None, PhaseClock())
+        if fault is not None:
+            fault(controller)
+        wait_for(lambda: all(state == "exited" for state in backend.poll().values()), 120, "the run's end")
+        collected = backend.collect(out / "logs", lambda line: None)
+    finally:
+        backend.teardown()
+    nodes = collect_nodes(out / "nodes")
+    status, error = judge(nodes, collected.exit_codes, cfg.num_workers)
+    assert status == "ok", error  # every node ended ok: nobody was left behind
+    return nodes
