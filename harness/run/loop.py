@@ -33,6 +33,25 @@ NOTE_INTERVAL_S = 10.0  # how often a "running: ..." progress line is written
 FAULT_WAIT_MARGIN_S = 60.0  # seconds beyond connect_timeout_s that faults wait for training to start
 
 
+def set_aside_leftovers(out_dir: Path) -> Path | None:
+    """Move what an earlier attempt left in `out_dir` (a run interrupted and resumed into the same
+    ``point-NNN/repeat-R`` folder) to the first free sibling ``<name>.interrupted-<n>``, so that the new
+    run starts in an empty folder: its node metrics, logs and the watchdog's progress files must not
+    mix with the old ones (a stale progress file made the watchdog see a stall). Nothing is deleted.
+
+    Returns:
+        The folder the leftovers went to, or None when `out_dir` is missing or empty.
+    """
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return None
+    n = 1
+    while (aside := out_dir.with_name(f"{out_dir.name}.interrupted-{n}")).exists():
+        n += 1
+    out_dir.rename(aside)
+    return aside
+
+
 def run_point(backend: Backend, cfg: RunConfig, out_dir: Path, timeout_s: float | None = None,
               progress: Progress = print, cluster: ClusterSettings | None = None,
               faults: Sequence[Fault] = ()) -> RunResult:
@@ -59,6 +78,8 @@ def run_point(backend: Backend, cfg: RunConfig, out_dir: Path, timeout_s: float 
     backend.check_cluster(cluster)
     backend.check_faults(faults)
     out_dir = Path(out_dir).resolve()
+    if (aside := set_aside_leftovers(out_dir)) is not None:
+        progress(f"{out_dir.name}: an earlier attempt's files moved to {aside.name}")
     nodes_dir, logs_dir = out_dir / "nodes", out_dir / "logs"
     nodes_dir.mkdir(parents=True, exist_ok=True)
     logs_dir.mkdir(parents=True, exist_ok=True)

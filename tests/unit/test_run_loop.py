@@ -124,6 +124,26 @@ def test_a_failure_while_starting_is_recorded_and_torn_down(tmp_path):
     assert backend.calls[-3:] == ["stop", "collect", "teardown"]
 
 
+def test_an_interrupted_attempts_files_are_set_aside_not_mixed_into_the_new_run(tmp_path):
+    # A sweep resumed after an interruption runs a repeat again in the same folder: the old attempt's
+    # metrics (here a worker-3 that this run does not have) and progress files must not count.
+    out = tmp_path / "point-000" / "repeat-2"
+    (out / "nodes" / "progress").mkdir(parents=True)
+    (out / "nodes" / "worker-3.json").write_text(json.dumps({"schema_version": _node_schema(), "status": "failed"}))
+    (out / "nodes" / "progress" / "old-node.json").write_text('{"rank": 1, "phase": "train", "step": 201}')
+    lines: list[str] = []
+    result = run_point(ScriptedBackend(polls_running=1), CFG, out, timeout_s=60, progress=lines.append)
+    assert result.status == "ok", result.error
+    assert set(result.nodes) == {"coordinator", "worker-1", "worker-2"}
+    assert not (out / "nodes" / "progress" / "old-node.json").exists()
+    kept = tmp_path / "point-000" / "repeat-2.interrupted-1"
+    assert (kept / "nodes" / "worker-3.json").exists() and (kept / "nodes" / "progress" / "old-node.json").exists()
+    assert any("repeat-2.interrupted-1" in line for line in lines)
+    # a second resume keeps both earlier attempts
+    result = run_point(ScriptedBackend(polls_running=1), CFG, out, timeout_s=60, progress=lambda line: None)
+    assert (tmp_path / "point-000" / "repeat-2.interrupted-2" / "nodes" / "coordinator.json").exists()
+
+
 def test_phase_clock_adds_up_a_phase_timed_twice_and_times_a_raising_body():
     ticks = iter([0.0, 1.0, 3.0, 10.0, 10.5, 20.0, 29.5])  # the first: the clock's start
     clock = PhaseClock(clock=lambda: next(ticks))
