@@ -210,6 +210,17 @@ def test_adaptive_rate_is_time_weighted_for_a_throttled_worker():
     assert 110 <= sizes[4] <= 180  # 1024 x 1/7 = 146; the mean of per-task rates gives it about 280
 
 
+def test_a_pushs_compute_seconds_are_checked_before_they_size_batches():
+    from wiiide.errors import ProtocolError
+    from wiiide.pace.server import _compute_seconds
+
+    assert _compute_seconds({"step": 3}) is None  # an older worker: the server times the round trip
+    assert _compute_seconds({"compute_s": 0.025}) == 0.025 and _compute_seconds({"compute_s": 0}) == 0.0
+    for bad in ("0.02", float("nan"), float("inf"), -1.0, True, [1], {"s": 1}):
+        with pytest.raises(ProtocolError, match="compute_s"):
+            _compute_seconds({"compute_s": bad})
+
+
 # --- the knobs -----------------------------------------------------------------------------------
 def test_pace_knobs():
     assert not uses_pace(RunConfig())

@@ -81,7 +81,8 @@ class AdaptiveBatch:
         return {rank: samples / seconds for rank, (samples, seconds) in self._samples_seconds.items()}
 
     def observe(self, rank: int, samples: int, seconds: float) -> None:
-        """Record that `rank` took `seconds` (send to receive, > 0) for `samples` samples; ignores seconds <= 0."""
+        """Record that `rank` took `seconds` (> 0; the pace server passes the worker's own compute time,
+        else send to receive) for `samples` samples; ignores seconds <= 0."""
         if seconds <= 0 or samples <= 0:
             return
         old = self._samples_seconds.get(rank)
