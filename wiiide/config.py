@@ -303,8 +303,8 @@ class RunConfig(BaseSettings):
                                    ge=0.0, lt=1.0)
     adaptive_batch: Bool = _field(False, "a boolean", "wiiide: per-worker batch sizes follow measured samples/s, "
                                   "the global batch (num_workers x batch_size) constant")
-    adaptive_smoothing: Float = _field(0.5, "0 < x <= 1", "adaptive_batch: weight of a new rate measurement "
-                                       "in the moving average", gt=0.0, le=1.0)
+    adaptive_smoothing: Float = _field(0.1, "0 < x <= 1", "adaptive_batch: weight of a new task in the moving "
+                                       "averages of samples and seconds (rate: their ratio)", gt=0.0, le=1.0)
     debug_step_sleep_s: Float = _field(0.0, "0..60 seconds", "wiiide worker: sleep this long after every local "
                                        "step (tests' straggler)", ge=0.0, le=60.0)
     debug_sleep_worker_rank: Int = _field(0, "0 (every worker) or a worker rank 1..256",

@@ -270,8 +270,10 @@ class Worker:
                         time.sleep(self.cfg.debug_step_sleep_s)  # a test's straggler, as `_update` sleeps
             except (RuntimeError, IndexError, ValueError) as exc:
                 raise ProtocolError(f"batch does not fit the model: {exc}") from None
-            metrics.compute_time_s += time.perf_counter() - t0
-            meta = {"step": step, "loss": loss_value, "samples": int(x.shape[0]),
+            compute_s = time.perf_counter() - t0
+            metrics.compute_time_s += compute_s
+            # compute_s: this task's wall time on the worker (the pace server's adaptive batch sizes)
+            meta = {"step": step, "loss": loss_value, "samples": int(x.shape[0]), "compute_s": compute_s,
                     **self.policy.feedback_meta()}
             if sparse is not None:
                 frame = sparse.gradients_frame(meta, ids, rows_grad, flat.grads)

@@ -193,6 +193,34 @@ def test_adaptive_sizes_follow_the_measured_rates():
     assert smooth.rates_samples_per_s[1] == pytest.approx(200.0)
 
 
+def test_adaptive_rate_is_time_weighted_for_a_throttled_worker():
+    # A worker at a CPU quota: three fast tasks, then one stalled until the next period, over and over.
+    # Its real rate is 1,024 samples per 99 ms; the mean of its per-task rates would be 3x that.
+    adaptive = AdaptiveBatch(global_batch=1024, smoothing=1.0 / 8)
+    for _ in range(40):
+        for seconds in (0.006, 0.006, 0.006, 0.081):
+            adaptive.observe(4, 256, seconds)
+        for rank in (1, 2, 3):
+            for _ in range(4):
+                adaptive.observe(rank, 256, 0.099 / 4 / 2)  # twice worker 4's real rate
+    rates = adaptive.rates_samples_per_s
+    assert rates[4] == pytest.approx(1024 / 0.099, rel=0.25)
+    assert rates[1] / rates[4] == pytest.approx(2.0, rel=0.25)
+    sizes = adaptive.sizes([1, 2, 3, 4])
+    assert 110 <= sizes[4] <= 180  # 1024 x 1/7 = 146; the mean of per-task rates gives it about 280
+
+
+def test_a_pushs_compute_seconds_are_checked_before_they_size_batches():
+    from wiiide.errors import ProtocolError
+    from wiiide.pace.server import _compute_seconds
+
+    assert _compute_seconds({"step": 3}) is None  # an older worker: the server times the round trip
+    assert _compute_seconds({"compute_s": 0.025}) == 0.025 and _compute_seconds({"compute_s": 0}) == 0.0
+    for bad in ("0.02", float("nan"), float("inf"), -1.0, True, [1], {"s": 1}):
+        with pytest.raises(ProtocolError, match="compute_s"):
+            _compute_seconds({"compute_s": bad})
+
+
 # --- the knobs -----------------------------------------------------------------------------------
 def test_pace_knobs():
     assert not uses_pace(RunConfig())

@@ -4,7 +4,12 @@ sizing" and "load balancing"; the idea of Chen et al., "Revisiting Distributed S
 and of the heterogeneity-aware batch sizing of e.g. Tyagi and Sharma, "Taming Resource Heterogeneity
 in Distributed ML Training with Dynamic Batching", 2020).
 
-Rates are smoothed with an exponential moving average, ``r = a x measured + (1 - a) x r``. Sizes are
+A worker's rate is the ratio of two exponential moving averages, of the samples and of the seconds of
+its tasks (``S = a x samples + (1 - a) x S``, ``T = a x seconds + (1 - a) x T``, rate ``S / T``): a
+time-weighted mean. The mean of per-task rates would overstate a worker whose tasks alternate between
+fast and stalled ones, as a container at a CPU limit does (the kernel's CFS quota lets it run 25 ms of
+every 100 ms period at 0.25 CPU): three 6 ms tasks and one 81 ms task of 256 samples average 32,000
+samples/s as rates, while the worker did 1,024 samples in 99 ms, 10,300 samples/s. Sizes are
 the global batch split in proportion to the rates by the largest remainder method (Hamilton's
 apportionment): floors first, then one more sample to the largest fractional parts, so the sizes are
 integers that sum to the global batch exactly; every worker keeps at least `min_batch` samples.
@@ -52,7 +57,8 @@ class AdaptiveBatch:
 
     Args:
         global_batch: samples per round over all workers (``num_workers x batch_size``).
-        smoothing: the EMA weight of a new measurement, in (0, 1] (1: the last measurement only).
+        smoothing: the EMA weight of a new task's samples and seconds, in (0, 1] (1: the last task only;
+            0.1: about the last ten tasks, long enough to span a CPU quota period of short tasks).
         min_batch: the fewest samples a worker is given (>= 1).
 
     A worker not yet measured counts at the mean of the measured rates (all equal before any
@@ -62,20 +68,27 @@ class AdaptiveBatch:
         ValueError: global_batch < 1, smoothing outside (0, 1], min_batch < 1.
     """
 
-    def __init__(self, global_batch: int, smoothing: float = 0.5, min_batch: int = 1) -> None:
+    def __init__(self, global_batch: int, smoothing: float = 0.1, min_batch: int = 1) -> None:
         if global_batch < 1 or not 0 < smoothing <= 1 or min_batch < 1:
             raise ValueError(f"global_batch >= 1, smoothing in (0, 1] and min_batch >= 1, got "
                              f"{global_batch}, {smoothing}, {min_batch}")
         self.global_batch, self.smoothing, self.min_batch = global_batch, smoothing, min_batch
-        self.rates_samples_per_s: dict[int, float] = {}
+        self._samples_seconds: dict[int, tuple[float, float]] = {}  # rank -> (EMA of samples, EMA of seconds)
+
+    @property
+    def rates_samples_per_s(self) -> dict[int, float]:
+        """Each measured worker's smoothed rate (samples/s): EMA of samples / EMA of seconds."""
+        return {rank: samples / seconds for rank, (samples, seconds) in self._samples_seconds.items()}
 
     def observe(self, rank: int, samples: int, seconds: float) -> None:
-        """Record that `rank` took `seconds` (send to receive, > 0) for `samples` samples; ignores seconds <= 0."""
+        """Record that `rank` took `seconds` (> 0; the pace server passes the worker's own compute time,
+        else send to receive) for `samples` samples; ignores seconds <= 0."""
         if seconds <= 0 or samples <= 0:
             return
-        rate = samples / seconds
-        old = self.rates_samples_per_s.get(rank)
-        self.rates_samples_per_s[rank] = rate if old is None else self.smoothing * rate + (1 - self.smoothing) * old
+        old = self._samples_seconds.get(rank)
+        a = self.smoothing
+        self._samples_seconds[rank] = ((float(samples), seconds) if old is None
+                                       else (a * samples + (1 - a) * old[0], a * seconds + (1 - a) * old[1]))
 
     def sizes(self, ranks: list[int] | set[int]) -> dict[int, int]:
         """The batch size of each of `ranks` (the live workers): sums to global_batch.
@@ -83,7 +96,8 @@ class AdaptiveBatch:
         Raises:
             ValueError: no ranks, or a global batch too small to give each min_batch.
         """
-        known = [self.rates_samples_per_s[r] for r in ranks if r in self.rates_samples_per_s]
+        rates = self.rates_samples_per_s
+        known = [rates[r] for r in ranks if r in rates]
         default = sum(known) / len(known) if known else 1.0
-        return split_exact(self.global_batch, {r: self.rates_samples_per_s.get(r, default) for r in ranks},
+        return split_exact(self.global_batch, {r: rates.get(r, default) for r in ranks},
                            self.min_batch)

@@ -33,6 +33,7 @@ waits for them) and come back (`Coordinator._admit_waiting`; they start at the s
 
 from __future__ import annotations
 
+import math
 import selectors
 import socket
 import time
@@ -96,6 +97,21 @@ class _Part:
     samples: int
     loss: float
     staleness: int
+
+
+def _compute_seconds(meta: dict[str, Any]) -> float | None:
+    """A push's ``compute_s`` (the worker's wall seconds for the task, from the batch's arrival to the
+    push; a CPU-throttled worker's stalls included), or None when the worker sent none.
+
+    Raises:
+        ProtocolError: ``compute_s`` is not a finite number >= 0.
+    """
+    value = meta.get("compute_s")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ProtocolError(f"gradients: 'compute_s' must be a finite number >= 0, got {value!r:.40}")
+    return float(value)
 
 
 class PaceServer:
@@ -307,6 +323,7 @@ class PaceServer:
         try:
             task = self._tasks.pop(worker.rank, None)
             update, loss = self._check(item, task)
+            compute_s = _compute_seconds(item.meta)
         except Exception as exc:  # ProtocolError, OverflowError...: a drop with its cause
             self._lose(worker, exc)
             return
@@ -314,8 +331,10 @@ class PaceServer:
         self.host.policy.observe_received(item)
         staleness = self.version - task.version
         part = _Part(worker, task.samples, loss, staleness)
-        if self.adaptive is not None:
-            self.adaptive.observe(worker.rank, task.samples, time.perf_counter() - task.sent_at)
+        if self.adaptive is not None:  # the worker's own compute time: no wait in this server's queue in it
+            round_trip_s = time.perf_counter() - task.sent_at
+            self.adaptive.observe(worker.rank, task.samples,
+                                  min(compute_s, round_trip_s) if compute_s is not None else round_trip_s)
         self.clock.tick(worker.rank)
         self.record.clock_gap(self.clock.gap())
         if self.rounds:
