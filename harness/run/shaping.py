@@ -49,11 +49,13 @@ def container_identity(container) -> tuple[str, int | None]:
 
 
 def limits_of(container) -> dict[str, Any]:
-    """CPU and memory limits in force, from the Engine API (cpus from NanoCpus or quota/period)."""
+    """CPU and memory limits in force, from the Engine API (cpus from NanoCpus or quota/period;
+    ``cpu_period_s``: the CFS period of a quota, None for NanoCpus, whose period is the kernel's 100 ms)."""
     host = container.attrs.get("HostConfig", {})
     nano, quota, period = host.get("NanoCpus") or 0, host.get("CpuQuota") or 0, host.get("CpuPeriod") or 0
     cpus = nano / 1e9 if nano else (quota / period if quota > 0 and period else None)
-    return {"cpus": cpus, "mem_limit_bytes": host.get("Memory") or None,
+    return {"cpus": cpus, "cpu_period_s": period / 1e6 if quota > 0 and period and not nano else None,
+            "mem_limit_bytes": host.get("Memory") or None,
             "memswap_limit_bytes": host.get("MemorySwap") or None}
 
 

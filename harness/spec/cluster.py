@@ -9,6 +9,7 @@ A sweep spec sets them under ``base:`` or ``axes:`` with the keys ``link``, ``cp
     cpus: 0.5                                 # Compose `cpus` (0: no limit)
     cpus: {worker-2: 0.25}                    # one slow worker: a straggler
     mem_limit: {coordinator: 2GiB}            # Compose `mem_limit` (0: no limit), IEC (wiiide.units)
+    cpu_period_s: 0.01                        # the workers' CPU limits as a CFS quota per 10 ms, not Docker's 100 ms
     overlay_encrypted: true                   # swarm only: the stack's overlay with `--opt encrypted`
 
 Keys of a mapping: ``all``, ``coordinator``, ``worker`` (every worker) and ``worker-N`` (the Nth
@@ -16,6 +17,11 @@ worker container, Compose's container number, e.g. ``<project>_worker_2``); the 
 wins, and ``none`` (or null) means explicitly unshaped / unlimited. ``overlay_encrypted`` is one
 boolean for the whole run (a network has no per-container setting); only the swarm backend applies it. ``allow_partial`` (link only)
 applies what the kernel can and records the rest as unsupported instead of failing the point.
+
+``cpu_period_s`` (0.001 .. 1 s; default none: Docker's 100 ms) is the CFS period of the workers' CPU
+limits: a container at 0.25 CPU runs 25 ms and then stalls 75 ms in every 100 ms period, a bursty
+straggler unlike a slower machine; with 0.01 it runs 2.5 ms in every 10 ms. It applies to worker limits
+(set through the Engine API, as with ``worker-N`` keys); a coordinator limit keeps Docker's period.
 
 Role-wide limits go to Compose (``WIIIIIDE_COORDINATOR_CPUS`` and friends in compose.yaml); when a
 ``worker-N`` key is present, every worker's limit is set through the Engine API after start (before
@@ -47,7 +53,8 @@ from harness.spec.yaml_file import load_yaml_file
 from wiiide.units import parse_size_bytes
 
 PRESETS_FILE = REPO_ROOT / "experiments" / "links.yaml"
-CLUSTER_KEYS = ("link", "cpus", "mem_limit", "overlay_encrypted")
+CLUSTER_KEYS = ("link", "cpus", "mem_limit", "overlay_encrypted", "cpu_period_s")
+DOCKER_CPU_PERIOD_US = 100_000  # Docker's CFS period for --cpus (NanoCpus)
 ROLE_KEYS = ("all", "coordinator", "worker")
 ROLE_KEY_PATTERN = r"^(all|coordinator|worker|worker-[1-9][0-9]*)$"
 _WORKER_KEY = re.compile(r"^worker-(\d{1,6})$")  # at most 6 digits: int() never sees a huge number
@@ -239,6 +246,16 @@ def _mem_bytes(value: Any) -> int | None:
     return size or None
 
 
+def _cpu_period_s(value: Any) -> float | None:
+    """The workers' CFS period in seconds: 0.001 .. 1 (the kernel's cfs_period_us range); none for
+    Docker's 100 ms. Raises ValueError."""
+    if _is_none(value):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.001 <= value <= 1.0:
+        raise ValueError(f"{shown(value)}; allowed: seconds 0.001..1 (e.g. 0.01), or none for Docker's 0.1")
+    return float(value)
+
+
 # ---------------------------------------------------------------------------- the YAML forms (typed)
 # What a spec file may write for each key; the validators above read it, the JSON Schema
 # (harness.spec.schema) shows it. RoleKey: all / coordinator / worker / worker-N.
@@ -278,8 +295,11 @@ MemValue = Annotated[PerContainer[int] | None, PlainValidator(
 OverlayEncryptedValue = Annotated[bool, Field(strict=True, description=(
     "swarm only: create the stack's overlay network with driver_opts encrypted (IPsec ESP between hosts); "
     "true or false"))]
+CpuPeriodValue = Annotated[float | None, PlainValidator(_cpu_period_s, json_schema_input_type=float | None),
+                          Field(description="the workers' CFS period for their CPU limits, seconds 0.001..1 "
+                                            "(none: Docker's 0.1)")]
 _ADAPTERS = {"link": TypeAdapter(LinkValue), "cpus": TypeAdapter(CpusValue), "mem_limit": TypeAdapter(MemValue),
-             "overlay_encrypted": TypeAdapter(OverlayEncryptedValue)}
+             "overlay_encrypted": TypeAdapter(OverlayEncryptedValue), "cpu_period_s": TypeAdapter(CpuPeriodValue)}
 
 
 def parse_link(value: Any, presets: Mapping[str, Any], path: str) -> LinkSetting | None:
@@ -316,6 +336,7 @@ class ClusterSettings(SpecModel):
     cpus: PerContainer[float] | None = None
     mem_limit: PerContainer[int] | None = None
     overlay_encrypted: bool = False
+    cpu_period_s: float | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -325,16 +346,23 @@ class ClusterSettings(SpecModel):
 
     def to_dict(self) -> dict[str, Any]:
         """``{"link": LinkSetting.to_dict() | None, "cpus": {key: CPUs} | None, "mem_limit_bytes": ...}``,
-        plus ``"overlay_encrypted": true`` when asked (absent: a plain overlay, as in reports from before the key)."""
+        plus ``"overlay_encrypted": true`` and ``"cpu_period_s"`` when asked (absent: a plain overlay and
+        Docker's 100 ms period, as in reports from before the keys)."""
         return {"link": self.link.to_dict() if self.link else None,
                 "cpus": self.cpus.to_dict() if self.cpus else None,
                 "mem_limit_bytes": self.mem_limit.to_dict() if self.mem_limit else None,
-                **({"overlay_encrypted": True} if self.overlay_encrypted else {})}
+                **({"overlay_encrypted": True} if self.overlay_encrypted else {}),
+                **({"cpu_period_s": self.cpu_period_s} if self.cpu_period_s is not None else {})}
 
     def max_worker_index(self) -> int:
         """The largest N of any ``worker-N`` key (0: none)."""
         parts = [self.link.profiles if self.link else None, self.cpus, self.mem_limit]
         return max((p.max_worker_index() for p in parts if p is not None), default=0)
+
+    def _workers_cpus_by_api(self) -> bool:
+        """Whether the workers' CPU limits go through the Engine API (a ``worker-N`` key, or a CFS period
+        of our own, which Compose's ``cpus`` cannot set) rather than Compose."""
+        return self.cpus is not None and (self.cpus.has_worker_keys or self.cpu_period_s is not None)
 
     def compose_env(self) -> dict[str, str]:
         """Compose variables for role-wide limits (compose.yaml's defaults mean no limit): CPUs as a
@@ -347,19 +375,23 @@ class ClusterSettings(SpecModel):
             if coordinator:
                 env[f"WIIIIIDE_COORDINATOR_{name}"] = str(coordinator)
             worker = values.for_container("worker", 0)  # no worker-0: the role-wide value
-            if worker and not values.has_worker_keys:
+            by_api = self._workers_cpus_by_api() if name == "CPUS" else values.has_worker_keys
+            if worker and not by_api:
                 env[f"WIIIIIDE_WORKER_{name}"] = str(worker)
         return env
 
     def worker_updates(self, index: int) -> dict[str, Any]:
         """docker SDK ``container.update`` arguments for worker `index` when limits are set per worker
-        (Compose cannot: ``--scale`` gives every worker the same); {} when none apply. CPUs become a
-        CFS quota per 100,000 us period; swap is set equal to memory (memswap = 2 x memory), Docker's default."""
+        (Compose cannot: ``--scale`` gives every worker the same), or with a `cpu_period_s` of their own;
+        {} when none apply. CPUs become a CFS quota per period (`cpu_period_s`, else Docker's 100,000 us);
+        swap is set equal to memory (memswap = 2 x memory), Docker's default."""
         update: dict[str, Any] = {}
-        if self.cpus is not None and self.cpus.has_worker_keys:
+        if self._workers_cpus_by_api():
             cpus = self.cpus.for_container("worker", index)
             if cpus:
-                update.update(cpu_period=100_000, cpu_quota=int(round(cpus * 100_000)))
+                period_us = (int(round(self.cpu_period_s * 1e6)) if self.cpu_period_s is not None
+                             else DOCKER_CPU_PERIOD_US)
+                update.update(cpu_period=period_us, cpu_quota=int(round(cpus * period_us)))
         if self.mem_limit is not None and self.mem_limit.has_worker_keys:
             mem = self.mem_limit.for_container("worker", index)
             if mem:
@@ -381,6 +413,12 @@ def parse_cluster(values: Mapping[str, Any], presets: Mapping[str, Any], num_wor
     parsed = {key: validate(_ADAPTERS[key], values[key], path=paths[key], context={"yaml": True, "presets": presets})
               for key in CLUSTER_KEYS if key in values}
     settings = ClusterSettings(**parsed)
+    if settings.cpu_period_s is not None and settings.cpus is not None:
+        for index in range(1, num_workers + 1):  # the kernel's smallest CFS quota is 1 ms
+            cpus = settings.cpus.for_container("worker", index)
+            if cpus and cpus * settings.cpu_period_s < 0.001:
+                raise SpecError(f"{paths['cpu_period_s']}: {settings.cpu_period_s:g} s x {cpus:g} CPUs for worker-{index} "
+                                f"is a quota under the kernel's 1 ms; use a longer period")
     top = settings.max_worker_index()
     if top > num_workers:
         key = next(k for k in CLUSTER_KEYS if k in values and f"worker-{top}" in str(values[k]))

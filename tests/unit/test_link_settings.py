@@ -123,6 +123,23 @@ def test_compose_env_and_per_worker_updates():
     assert ClusterSettings().is_empty and ClusterSettings().compose_env() == {}
 
 
+def test_cpu_period_sets_the_workers_cfs_quota_per_that_period():
+    paths = {"cpus": "cpus", "cpu_period_s": "cpu_period_s"}
+    fine = parse_cluster({"cpus": {"worker-2": 0.25}, "cpu_period_s": 0.01}, {}, 2, paths)
+    assert fine.worker_updates(2) == {"cpu_period": 10_000, "cpu_quota": 2_500}  # 2.5 ms in every 10 ms
+    assert fine.worker_updates(1) == {}  # no limit for worker-1
+    assert fine.to_dict()["cpu_period_s"] == 0.01
+    role_wide = parse_cluster({"cpus": {"coordinator": 1.0, "worker": 0.5}, "cpu_period_s": 0.005}, {}, 2, paths)
+    assert role_wide.compose_env() == {"WIIIIIDE_COORDINATOR_CPUS": "1.0"}  # Compose's cpus cannot take a period
+    assert role_wide.worker_updates(1) == {"cpu_period": 5_000, "cpu_quota": 2_500}
+    assert "cpu_period_s" not in parse_cluster({"cpus": 0.5}, {}, 2, paths).to_dict()  # Docker's 100 ms
+    for bad, match in ((0.0001, "0.001..1"), (2, "0.001..1"), ("10ms", "0.001..1"), (True, "0.001..1")):
+        with pytest.raises(SpecError, match=match):
+            parse_cluster({"cpu_period_s": bad}, {}, 2, paths)
+    with pytest.raises(SpecError, match="under the kernel's 1 ms"):  # 0.05 CPU x 10 ms = 0.5 ms
+        parse_cluster({"cpus": {"worker-1": 0.05}, "cpu_period_s": 0.01}, {}, 2, paths)
+
+
 def test_param_label():
     assert param_label("lan-1g") == "lan-1g" and param_label(0.5) == 0.5
     assert param_label({"all": "wan", "allow_partial": True}) == "wan (partial)"
