@@ -283,3 +283,13 @@ def test_payload_bytes_already_queued_do_not_count_for_the_report():
         assert server.feedback_meta("w4") == {FEEDBACK_META_KEY: pytest.approx(200e6, rel=1e-3)}
     finally:
         server.close()
+
+
+def test_link_estimate_quantile_matches_numpy_on_any_window():
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 3, 8, 32):
+        est = LinkEstimate(min_bytes=1, window=32, quantile=0.25)
+        rates = rng.uniform(1e6, 1e10, size=n)
+        for bps in rates:
+            est.observe_rate(float(bps))
+        assert est.bps == pytest.approx(float(np.quantile(rates, 0.25)), rel=1e-12)

@@ -210,6 +210,63 @@ def test_adaptive_rate_is_time_weighted_for_a_throttled_worker():
     assert 110 <= sizes[4] <= 180  # 1024 x 1/7 = 146; the mean of per-task rates gives it about 280
 
 
+def test_adaptive_sizes_pull_a_worker_behind_on_the_clocks_back_level():
+    adaptive = AdaptiveBatch(global_batch=1024, smoothing=1.0)
+    for rank in (1, 2, 3, 4):
+        adaptive.observe(rank, 256, 0.01)  # equal rates
+    level = adaptive.sizes([1, 2, 3, 4], {1: 10, 2: 10, 3: 10, 4: 10})
+    assert level == {1: 256, 2: 256, 3: 256, 4: 256}
+    sizes = adaptive.sizes([1, 2, 3, 4], {1: 11, 2: 11, 3: 11, 4: 9})  # worker 4 two clocks behind
+    assert sum(sizes.values()) == 1024
+    assert sizes[4] < 256 < sizes[1] == sizes[2] == sizes[3]  # it gets less work and catches up
+    far = adaptive.sizes([1, 2, 3, 4], {1: 100, 2: 100, 3: 100, 4: 0})  # the factor is clamped to 0.5..2
+    assert far[4] == pytest.approx(far[1] / 4, abs=1)
+    assert AdaptiveBatch(1024, 1.0, clock_gain=0).sizes([1, 2], {1: 5, 2: 0}) == {1: 512, 2: 512}
+    with pytest.raises(ValueError):
+        AdaptiveBatch(1024, clock_gain=-0.1)
+
+
+def test_clock_feedback_keeps_a_bounded_run_off_its_bound():
+    # Four workers under staleness bound 2, one at 0.45 of the others' speed, every task's time noisy
+    # (lognormal, sigma 0.3): with rates alone the clock gap drifts to the bound and the fast workers
+    # wait; the clock feedback keeps the gap small, so they wait less and do more samples.
+    import heapq
+    import random
+
+    from wiiide.pace.staleness import SSPClock
+
+    def simulate(clock_gain: float, seed: int) -> tuple[float, float]:
+        rng, speeds = random.Random(seed), {1: 1000.0, 2: 1000.0, 3: 1000.0, 4: 450.0}  # samples/s
+        clock, adaptive = SSPClock(2), AdaptiveBatch(1024, smoothing=0.1, clock_gain=clock_gain)
+        for rank in speeds:
+            clock.join(rank)
+        events, busy, samples, gaps = [], set(), 0, []
+
+        def dispatch(now: float) -> None:
+            ready = [r for r in speeds if r not in busy and clock.may_proceed(r)]
+            sizes = adaptive.sizes(list(speeds), clock.clocks) if ready else {}
+            for r in ready:
+                seconds = sizes[r] / speeds[r] * rng.lognormvariate(0.0, 0.3)
+                busy.add(r)
+                heapq.heappush(events, (now + seconds, r, sizes[r], seconds))
+
+        dispatch(0.0)
+        while events[0][0] < 60.0:
+            now, rank, n, seconds = heapq.heappop(events)
+            busy.discard(rank)
+            clock.tick(rank)
+            adaptive.observe(rank, n, seconds)
+            samples += n
+            gaps.append(clock.gap())
+            dispatch(now)
+        return samples / 60.0, sum(gaps) / len(gaps)
+
+    for seed in range(3):
+        (rate_off, gap_off), (rate_on, gap_on) = simulate(0.0, seed), simulate(0.25, seed)
+        assert gap_on < gap_off
+        assert rate_on > rate_off
+
+
 def test_a_pushs_compute_seconds_are_checked_before_they_size_batches():
     from wiiide.errors import ProtocolError
     from wiiide.pace.server import _compute_seconds

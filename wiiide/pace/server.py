@@ -286,7 +286,10 @@ class PaceServer:
                  and w.rank not in self._tasks and self.clock.may_proceed(w.rank)]
         if not ready or (self.rounds and self._buffer):
             return
-        sizes = self.adaptive.sizes(self._live_ranks()) if self.adaptive is not None else None
+        sizes = None
+        if self.adaptive is not None:  # under a bound, the clocks too (wiiide.pace.adaptive)
+            bounded = self.clock.bound is not None and self.clock.bound > 0
+            sizes = self.adaptive.sizes(self._live_ranks(), self.clock.clocks if bounded else None)
         for w in ready:
             self._dispatch(w, sizes[w.rank] if sizes is not None else self.sampler.batch_size)
 
