@@ -166,6 +166,7 @@ BAD_VALUES = [
     ("outer_optimizer", "nesterov"),  # needs local_steps > 1
     ("staleness_scaling", "inverse"),  # needs staleness_bound != 0
     ("outer_learning_rate", 0.0), ("outer_momentum", 1.0), ("adaptive_batch", "maybe"), ("adaptive_smoothing", 0.0),
+    ("adaptive_clock_gain", -0.5), ("adaptive_clock_gain", 5),
     ("debug_step_sleep_s", -1.0), ("debug_sleep_worker_rank", -1),
     ("mixed_precision", "fp8"), ("mixed_precision", "bf16"),  # bf16: needs engine ddp or fsdp
     ("profile", True),  # needs engine ddp or fsdp

@@ -133,8 +133,8 @@ class PaceServer:
         self.outer = (OuterOptimizer(flat, cfg.outer_optimizer, cfg.outer_learning_rate, cfg.outer_momentum)
                       if cfg.local_steps > 1 else None)
         self.sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed)
-        self.adaptive = (AdaptiveBatch(cfg.num_workers * self.sampler.batch_size, cfg.adaptive_smoothing)
-                         if cfg.adaptive_batch else None)
+        self.adaptive = (AdaptiveBatch(cfg.num_workers * self.sampler.batch_size, cfg.adaptive_smoothing,
+                                       clock_gain=cfg.adaptive_clock_gain) if cfg.adaptive_batch else None)
         self.record = PaceRecord()
         self.version = 0
         self._selector = selectors.DefaultSelector()
