@@ -305,7 +305,7 @@ class RunConfig(BaseSettings):
                                   "the global batch (num_workers x batch_size) constant")
     adaptive_smoothing: Float = _field(0.1, "0 < x <= 1", "adaptive_batch: weight of a new task in the moving "
                                        "averages of samples and seconds (rate: their ratio)", gt=0.0, le=1.0)
-    adaptive_clock_gain: Float = _field(0.25, "0..4", "adaptive_batch under a staleness bound: fraction of a "
+    adaptive_clock_gain: Float = _field(0.5, "0..4", "adaptive_batch under a staleness bound: fraction of a "
                                         "batch a worker gains per clock ahead of the mean (loses per clock "
                                         "behind); 0: rates only", ge=0.0, le=4.0)
     debug_step_sleep_s: Float = _field(0.0, "0..60 seconds", "wiiide worker: sleep this long after every local "
