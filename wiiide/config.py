@@ -292,6 +292,9 @@ class RunConfig(BaseSettings):
         "none", " | ".join(STALENESS_SCALINGS),
         "wiiide, staleness_bound != 0: none (stale updates as they are, as SSP) | inverse (x 1/(k+1) for an "
         "update k versions old, Zhang et al. 2016)")
+    ssp_cache: Bool = _field(False, "a boolean", "wiiide, staleness_bound s >= 1, local_steps 1: send a worker the "
+                             "parameters only when its copy lacks pushes the bound requires it to see (Ho et al. "
+                             "2013's SSP cache); off: fresh parameters with every task")
     local_steps: Int = _field(1, "1..1024", "wiiide: local SGD steps per push (H > 1: workers push model deltas); "
                               "ddp with ddp_comm_hook post_local_sgd: the averaging period", ge=1, le=1024)
     outer_optimizer: Literal["avg", "nesterov"] = _field(
@@ -590,6 +593,8 @@ def _validate_engine(c: RunConfig) -> None:
             ("fsdp_reshard_after_forward", not c.fsdp_reshard_after_forward, c.engine == "fsdp", "engine fsdp"),
             ("staleness_bound", c.staleness_bound != 0, c.engine == "wiiide", "engine wiiide"),
             ("staleness_scaling", c.staleness_scaling != "none", c.staleness_bound != 0, "staleness_bound != 0"),
+            ("ssp_cache", c.ssp_cache, c.staleness_bound not in (0, "async") and c.local_steps == 1,
+             "staleness_bound s >= 1 and local_steps 1"),
             ("local_steps", c.local_steps != 1, c.engine == "wiiide" or c.ddp_comm_hook == "post_local_sgd",
              "engine wiiide or ddp_comm_hook post_local_sgd"),
             ("outer_optimizer", c.outer_optimizer != "avg", c.engine == "wiiide" and c.local_steps > 1,

@@ -19,6 +19,7 @@ VARIANTS = [
     {"label": "sync", "staleness_bound": 0},
     {"label": "async", "staleness_bound": "async"},
     {"label": "ssp-1", "staleness_bound": 1},
+    {"label": "ssp-2-cache", "staleness_bound": 2, "ssp_cache": True},
     {"label": "local-4", "staleness_bound": 0, "local_steps": 4, "outer_optimizer": "nesterov"},
     {"label": "local-4-int8", "staleness_bound": 0, "local_steps": 4, "compression": "fixed:int8",
      "lossy_warmup_steps": 1},
@@ -70,6 +71,20 @@ def test_bounded_staleness_keeps_workers_within_the_bound(pace_report):
     counts = totals["batches_per_worker"]
     assert abs(counts["1"] - counts["2"]) <= 2  # at most s + 1 pushes apart when the run stops
     assert totals["clock_gap_max"] <= 2  # s ahead, plus the push that reaches the bound
+
+
+def test_the_ssp_cache_sends_parameters_only_when_a_copy_is_too_stale(pace_report):
+    rep = pace_report["ssp-2-cache"]["repeats"][0]
+    pace = rep["nodes"]["coordinator"]["pace"]
+    assert pace["ssp_cache"] is True
+    # the slow worker (rank 1) is the slowest: its copy serves 2 more tasks after each refresh; the fast
+    # one runs at the bound, where every task needs the newest parameters
+    assert pace["tasks_with_params"] > 0 and pace["tasks_without_params"] > 0
+    assert pace["tasks_with_params"] + pace["tasks_without_params"] >= rep["totals"]["steps"]
+    assert rep["totals"]["clock_gap_max"] <= 3
+    assert rep["totals"]["test_accuracy"] > 0.5
+    fresh = pace_report["ssp-1"]["repeats"][0]["nodes"]["coordinator"]["pace"]
+    assert fresh["ssp_cache"] is False and fresh["tasks_without_params"] == 0
 
 
 def test_local_sgd_and_adaptive_batches_learn(pace_report):

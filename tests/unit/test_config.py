@@ -165,6 +165,7 @@ BAD_VALUES = [
     ("staleness_bound", -1), ("staleness_bound", "never"), ("local_steps", 0), ("local_steps", 1025),
     ("outer_optimizer", "nesterov"),  # needs local_steps > 1
     ("staleness_scaling", "inverse"),  # needs staleness_bound != 0
+    ("ssp_cache", True),  # needs staleness_bound s >= 1 (not 0, not async) and local_steps 1
     ("outer_learning_rate", 0.0), ("outer_momentum", 1.0), ("adaptive_batch", "maybe"), ("adaptive_smoothing", 0.0),
     ("adaptive_clock_gain", -0.5), ("adaptive_clock_gain", 5),
     ("debug_step_sleep_s", -1.0), ("debug_sleep_worker_rank", -1),

@@ -65,6 +65,24 @@ def test_leaving_unblocks_and_joining_starts_at_the_slowest():
         SSPClock(-1)
 
 
+def test_a_cached_copy_serves_until_it_lacks_pushes_the_bound_requires():
+    clock = SSPClock(2)
+    for rank in (1, 2):
+        clock.join(rank)
+    slowest_when_read = clock.slowest()  # worker 1 reads the parameters at clocks (0, 0)
+    for pushes in range(1, 4):  # worker 1 pushes; worker 2 is still at clock 0
+        clock.tick(1)
+        # at clock c worker 1 must see every worker's first c - 2 pushes: the copy read at 0 holds none
+        assert clock.copy_is_fresh(1, slowest_when_read) is (pushes <= 2), pushes
+    clock.tick(2)  # worker 2's first push: parameters read now hold one push of everyone
+    assert clock.copy_is_fresh(1, clock.slowest())
+    free = SSPClock("async")
+    free.join(1)
+    assert not free.copy_is_fresh(1, 0)  # no bound: nothing to measure a copy by, always fresh parameters
+    with pytest.raises(ValueError, match="never joined"):
+        clock.copy_is_fresh(7, 0)
+
+
 def test_staleness_scaling():
     assert [staleness_scale(k, "none") for k in (0, 3)] == [1.0, 1.0]
     assert [staleness_scale(k, "inverse") for k in (0, 1, 3)] == [1.0, 0.5, 0.25]

@@ -23,6 +23,14 @@ How updates are applied:
   a delta is applied as its worker's share of the average, ``delta / live workers``, so that once every
   worker has pushed the parameters moved by the mean delta, as in synchronous rounds.
 
+The SSP cache (``ssp_cache``, a bound s >= 1 and gradient pushes): SSP asks only that a worker at clock
+``c`` computes on parameters holding every worker's first ``c - s`` pushes (Ho et al. 2013: its workers
+read a local cache and refresh it only when it is that stale). The server remembers, per worker, the
+version it last sent and the slowest clock then (every worker had pushed that many times, all applied),
+and sends the parameters with a task only when that clock is below ``c - s``; otherwise the task is the
+batch alone and the worker computes on the copy it holds (the staleness recorded is against that
+copy's version). Off, every task carries the newest parameters.
+
 Local SGD with a lossy compression policy (``compression: fixed:int8``, say) compresses the outer step
 both ways (`wiiide.pace.compress`): each worker pushes its delta with an error-feedback residual, and
 its parameters go out as a delta against the copy it holds, which the server tracks.
@@ -143,6 +151,9 @@ class PaceServer:
         self._tasks: dict[int, _Task] = {}  # rank -> its task in flight
         self._buffer: list[tuple[torch.Tensor, _Part]] = []  # rounds: the pushes of the round so far
         self._params_frame: tuple[int, Any] | None = None  # (version, frame)
+        # ssp_cache: rank -> (version of the parameters the worker holds, slowest live clock when sent)
+        self._held: dict[int, tuple[int, int]] | None = {} if cfg.ssp_cache else None
+        self.params_sent = self.params_skipped = 0  # tasks with and without parameters
         # local SGD with a lossy policy: pulls as deltas against each worker's copy (wiiide.pace.compress),
         # through a policy of their own (dense for the first lossy_warmup_steps versions)
         self.pulls = (ReplicaPulls(CompressionPolicy.from_config(cfg.replace(lossy_warmup_steps=0)))
@@ -184,6 +195,8 @@ class PaceServer:
             metrics.extra["epochs"] = self.sampler.epochs_done
             metrics.extra.update(self.record.to_extra())
             metrics.extra["pace"] = {"staleness_bound": cfg.staleness_bound, "local_steps": cfg.local_steps,
+                                     "ssp_cache": cfg.ssp_cache, "tasks_with_params": self.params_sent,
+                                     "tasks_without_params": self.params_skipped,
                                      "outer_optimizer": cfg.outer_optimizer if cfg.local_steps > 1 else None,
                                      "staleness_scaling": cfg.staleness_scaling, "adaptive_batch": cfg.adaptive_batch,
                                      "grad_accum_steps": cfg.grad_accum_steps, "updates": self.version}
@@ -231,6 +244,8 @@ class PaceServer:
                 self.clock.join(w.rank)
                 if self.pulls is not None:  # a new connection: its worker holds no copy yet
                     self.pulls.forget(w.rank)
+                if self._held is not None:
+                    self._held.pop(w.rank, None)
 
     def _unregister(self, rank: int) -> None:
         conn = self._receivers.pop(rank, None)
@@ -274,6 +289,8 @@ class PaceServer:
         self._tasks.pop(worker.rank, None)
         if self.pulls is not None:
             self.pulls.forget(worker.rank)
+        if self._held is not None:
+            self._held.pop(worker.rank, None)
         self._close_round()
 
     def _live_ranks(self) -> list[int]:
@@ -293,9 +310,19 @@ class PaceServer:
         for w in ready:
             self._dispatch(w, sizes[w.rank] if sizes is not None else self.sampler.batch_size)
 
+    def _copy_is_fresh_enough(self, rank: int) -> bool:
+        """ssp_cache: whether the copy `rank` holds has every worker's first ``c - s`` pushes (``c``: its
+        clock), so that its next task may go without parameters."""
+        held = self._held.get(rank) if self._held is not None else None
+        return held is not None and self.clock.copy_is_fresh(rank, held[1])
+
     def _dispatch(self, worker: Any, batch_size: int) -> None:
         host, data = self.host, self.data
-        if self.pulls is not None:
+        version = self.version
+        if self._copy_is_fresh_enough(worker.rank):
+            params_frame = None
+            version = self._held[worker.rank][0]
+        elif self.pulls is not None:
             params_frame = self.pulls.frame_for(worker.rank, self.version, self.flat.params.numpy(),
                                                 dense=self.version < self.cfg.lossy_warmup_steps)
         else:
@@ -310,11 +337,17 @@ class PaceServer:
         batch_frame = host.policy.encode("batch", {"step": task_id, "local_steps": self.local_steps}, batch)
         now = time.perf_counter()
         try:
-            worker.conn.send([params_frame, batch_frame])
+            worker.conn.send([batch_frame] if params_frame is None else [params_frame, batch_frame])
         except OSError as exc:
             self._lose(worker, exc)
             return
-        self._tasks[worker.rank] = _Task(task_id, self.version, now, len(idx))
+        if params_frame is None:
+            self.params_skipped += 1
+        else:
+            self.params_sent += 1
+            if self._held is not None:
+                self._held[worker.rank] = (self.version, self.clock.slowest())
+        self._tasks[worker.rank] = _Task(task_id, version, now, len(idx))
         self.record.batch_size(worker.rank, now - self._start, batch_size)
 
     # --- updates -----------------------------------------------------------------------------------

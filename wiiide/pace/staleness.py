@@ -79,6 +79,15 @@ class SSPClock:
         """True unless `rank` is more than `bound` clocks ahead of the slowest live worker (always, async)."""
         return self.bound is None or self.ahead(rank) <= self.bound
 
+    def copy_is_fresh(self, rank: int, slowest_when_read: int) -> bool:
+        """Whether parameters read while the slowest live clock was `slowest_when_read` may serve
+        `rank`'s next piece of work: they hold every worker's first `slowest_when_read` pushes, and SSP
+        asks a worker at clock ``c`` to see every worker's first ``c - s`` (Ho et al. 2013: updates of
+        clocks up to ``c - s - 1``, counted from 0). Always False for async (no bound to measure by).
+        Raises ValueError if `rank` is unknown."""
+        self._known(rank)
+        return self.bound is not None and slowest_when_read >= self.clocks[rank] - self.bound
+
     def _known(self, rank: int) -> None:
         if rank not in self.clocks:
             raise ValueError(f"worker rank {rank} has no clock (it never joined); known: {sorted(self.clocks)}")
