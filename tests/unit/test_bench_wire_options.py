@@ -196,3 +196,30 @@ def test_sections_and_frame_codecs_options():
     assert plan.sections == ("frames",) and plan.frame_codecs == ("none", "int8")
     with pytest.raises(SpecError, match="--sections"):
         plan_from_args(_args("--sections", "frames,nonsense"))
+
+
+@pytest.mark.parametrize("send, recv", [("sendmsg-split", "whole"), ("sendall", "framed"),
+                                        ("sendmsg-split", "framed")])
+@pytest.mark.parametrize("size", [100, 150, 151, 70_000])
+def test_frame_shaped_raw_loops_deliver_every_byte(send, recv, size):
+    import socket
+    import threading
+
+    from harness.bench.wire.raw import RAW_CHUNK_BYTES, recv_raw, send_raw
+
+    payload = bytes(range(256)) * (size // 256 + 1)
+    message = memoryview(payload[:size])
+    a, b = socket.socketpair()
+    got = bytearray(size)
+    try:
+        sender = threading.Thread(target=send_raw, args=(a, message, 3, send))
+        sender.start()
+        recv_raw(b, memoryview(got), size, 3, recv, RAW_CHUNK_BYTES)
+        sender.join()
+        b.setblocking(False)
+        with pytest.raises(BlockingIOError):  # exactly 3 x size bytes were sent and taken
+            b.recv(1)
+    finally:
+        a.close()
+        b.close()
+    assert bytes(got) == payload[:size]  # the last of the 3 messages, whole and in order

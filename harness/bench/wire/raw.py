@@ -11,7 +11,12 @@ bytes are handed to the kernel and taken from it:
 - receiver ``chunk``: `recv_into` the message buffer at most `chunk_bytes` per call, through views made
   once per trial (`RAW_CHUNK_BYTES`, 256 KiB: seed 001's `FrameReader` chunks);
 - receiver ``scratch``: `recv_into` one chunk-sized buffer over and over, the bytes thrown away (iperf3's
-  way: no message-sized buffer is ever touched, so it is the upper bound of a Python receiver).
+  way: no message-sized buffer is ever touched, so it is the upper bound of a Python receiver);
+- sender ``sendmsg-split`` and receiver ``framed``: the raw loop with a frame's shape and none of its
+  work, to tell where frames lose time: the sender hands the first `FRAME_HEAD_BYTES` and the rest as
+  two buffers of one `sendmsg` (a frame's prefix + header, then its payload); the receiver reads 16
+  bytes, then up to `FRAME_HEAD_BYTES`, then the rest, each exactly (`wiiide.protocol.FrameReader`'s
+  three reads). Messages of at most `FRAME_HEAD_BYTES` go whole.
 
 `RAW_VARIANTS` lists those measured; the frames section keeps, per size, the variant with the highest
 median as the raw reference and reports every one.
@@ -38,10 +43,12 @@ class RawVariant:
 
 
 RAW_CHUNK_BYTES = 256 * 1024  # the chunk and scratch receivers' recv size (iperf3 reads 128 KiB)
+FRAME_HEAD_BYTES = 150  # a gradient frame's 16-byte prefix and its JSON header, about 134 bytes
 RAW_VARIANTS = (RawVariant("sendall", "whole"), RawVariant("sendmsg", "whole"),
-                RawVariant("sendall", "chunk"), RawVariant("sendall", "scratch"))
-SENDS = ("sendall", "sendmsg")
-RECVS = ("whole", "chunk", "scratch")
+                RawVariant("sendall", "chunk"), RawVariant("sendall", "scratch"),
+                RawVariant("sendmsg-split", "whole"), RawVariant("sendall", "framed"))
+SENDS = ("sendall", "sendmsg", "sendmsg-split")
+RECVS = ("whole", "chunk", "scratch", "framed")
 
 
 def send_raw(sock: socket.socket, buf: memoryview, count: int, send: str) -> None:
@@ -58,6 +65,13 @@ def send_raw(sock: socket.socket, buf: memoryview, count: int, send: str) -> Non
         for _ in range(count):
             sent = sock.sendmsg((buf,))
             while sent < nbytes:  # a partial send: slice only then
+                sent += sock.sendmsg((buf[sent:],))
+    elif send == "sendmsg-split":
+        nbytes = buf.nbytes
+        parts = (buf[:FRAME_HEAD_BYTES], buf[FRAME_HEAD_BYTES:]) if nbytes > FRAME_HEAD_BYTES else (buf,)
+        for _ in range(count):
+            sent = sock.sendmsg(parts)
+            while sent < nbytes:
                 sent += sock.sendmsg((buf[sent:],))
     else:
         raise ValueError(f"raw send {send!r}: one of {SENDS}")
@@ -81,7 +95,9 @@ def recv_raw(sock: socket.socket, buf: memoryview, size_bytes: int, count: int, 
                 raise ConnectionError("source closed during a raw trial")
             left -= got
         return
-    if recv == "whole":
+    if recv == "framed" and size_bytes > FRAME_HEAD_BYTES:
+        views = [buf[:16], buf[16:FRAME_HEAD_BYTES], buf[FRAME_HEAD_BYTES:size_bytes]]
+    elif recv in ("whole", "framed"):
         views = [buf[:size_bytes]]
     elif recv == "chunk":
         views = [buf[i:min(i + chunk_bytes, size_bytes)] for i in range(0, size_bytes, chunk_bytes)]
