@@ -242,10 +242,7 @@ class PaceServer:
                 self._heard[w.rank] = time.monotonic()
                 self._tasks.pop(w.rank, None)
                 self.clock.join(w.rank)
-                if self.pulls is not None:  # a new connection: its worker holds no copy yet
-                    self.pulls.forget(w.rank)
-                if self._held is not None:
-                    self._held.pop(w.rank, None)
+                self._forget_copy(w.rank)  # a new connection: its worker holds no copy yet
 
     def _unregister(self, rank: int) -> None:
         conn = self._receivers.pop(rank, None)
@@ -287,11 +284,16 @@ class PaceServer:
         if worker.rank in self.clock.live:
             self.clock.leave(worker.rank)
         self._tasks.pop(worker.rank, None)
-        if self.pulls is not None:
-            self.pulls.forget(worker.rank)
-        if self._held is not None:
-            self._held.pop(worker.rank, None)
+        self._forget_copy(worker.rank)
         self._close_round()
+
+    def _forget_copy(self, rank: int) -> None:
+        """Forget what this server knows of the parameters `rank` holds (the lossy pulls' replica, the
+        SSP cache's version): the next task sends it parameters in full."""
+        if self.pulls is not None:
+            self.pulls.forget(rank)
+        if self._held is not None:
+            self._held.pop(rank, None)
 
     def _live_ranks(self) -> list[int]:
         return [w.rank for w in self.host.workers if w.alive and self._receivers.get(w.rank) is w.conn]
