@@ -91,8 +91,9 @@ class Connection:
         self.metrics = metrics
         self.log = log
         # reuse_buffers: the nodes consume each message before reading the next one on a connection.
+        # whole_frames: one request per frame, as bench-wire's fastest raw loop (plain sockets only).
         self.reader = FrameReader(sock, max_frame_bytes or cfg.max_frame_bytes, cfg.recv_chunk_bytes,
-                                  quickack=cfg.tcp_quickack, reuse_buffers=True, pool=pool)
+                                  quickack=cfg.tcp_quickack, reuse_buffers=True, pool=pool, whole_frames=True)
         self._send_lock = threading.Lock()
         self.last_send = time.monotonic()
 
@@ -143,10 +144,11 @@ class Connection:
 
     def buffered_nbytes(self) -> int:
         """Bytes this connection already read from its socket and not yet returned: a TLS connection
-        reads ahead (`wiiide.tls.TLSStream.pending`), so a frame may wait here while `select` on the
-        socket says nothing is readable. 0 on a plain socket (the reader reads exact frame lengths)."""
+        reads ahead (`wiiide.tls.TLSStream.pending`) and a reader with `whole_frames` may have taken
+        bytes past its last frame (`FrameReader.buffered_nbytes`), so a frame may wait here while
+        `select` on the socket says nothing is readable."""
         pending = getattr(self.sock, "pending", None)
-        return pending() if pending is not None else 0
+        return (pending() if pending is not None else 0) + self.reader.buffered_nbytes()
 
     def close(self) -> None:
         """Close the socket; errors while closing are ignored (the peer is gone either way)."""

@@ -65,6 +65,8 @@ PREFIX_NBYTES = PREFIX.size  # 16
 MAX_HEADER_BYTES = 256 * 1024
 DEFAULT_RECV_CHUNK_BYTES = 64 * 1024 * 1024  # the most one recv_into asks for (see the module's docstring)
 MAX_TENSOR_RANK = 8
+PAYLOAD_ALIGN_BYTES = 8  # encode_message pads headers so a payload starts at this multiple within its frame
+WHOLE_FRAME_FIRST_GUESS_BYTES = 64 * 1024  # what a whole-frame reader asks for before it has read a frame
 MAX_TENSORS = 4096
 MAX_NAME_CHARS = 256
 
@@ -217,6 +219,9 @@ def encode_message(
     if codec_params:
         header["codec_params"] = codec_params
     header_bytes = _HEADER_JSON.encode(header).encode("utf-8")
+    # JSON allows trailing whitespace: pad the header so that the payload starts 8-byte aligned within
+    # the frame (a reader that takes whole frames into one buffer then hands out aligned array views).
+    header_bytes += b" " * (-(PREFIX_NBYTES + len(header_bytes)) % PAYLOAD_ALIGN_BYTES)
     if len(header_bytes) > MAX_HEADER_BYTES:
         raise ValueError(f"header of {len(header_bytes)} bytes exceeds {MAX_HEADER_BYTES}")
     prefix = PREFIX.pack(MAGIC, PROTOCOL_VERSION, 0, len(header_bytes), payload_nbytes)
@@ -312,11 +317,22 @@ class FrameReader:
             read before its header is validated, into that fixed buffer (nothing is allocated from an
             unchecked size). The bytes read ahead belong to this reader: use one reader per connection
             for its whole life, as the nodes do. Ignored on a TLS socket (no `recvmsg_into`).
+        whole_frames: read each frame whole, the way bench-wire's fastest raw loop (``whole``) reads a
+            message: prefix, header and payload land in one buffer kept by the reader, and each `recv_into`
+            asks for the whole frame at once, the last frame's size being the guess before the prefix is
+            known (`WHOLE_FRAME_FIRST_GUESS_BYTES` for the first). A stream of equal frames then costs one
+            request per frame and no copy; bytes past a frame (when a frame is shorter than the guess)
+            stay in that buffer for the next read. Requires `reuse_buffers` (the payload is a view of the
+            reader's buffer, valid until the next read) and a kernel socket; ignored otherwise. Bytes of
+            a following frame may be read before its prefix and header are checked, into that buffer only
+            (it grows only to a frame's validated size, never from an unchecked one). The bytes read past
+            a frame belong to this reader: one reader per connection for its whole life, as the nodes
+            do. `read_ahead_bytes` is ignored when this is on.
     """
 
     def __init__(self, sock: socket.socket, max_frame_bytes: int, recv_chunk_bytes: int = DEFAULT_RECV_CHUNK_BYTES,
                  quickack: bool = False, reuse_buffers: bool = False, pool: CodecPool | None = None,
-                 read_ahead_bytes: int = 0) -> None:
+                 read_ahead_bytes: int = 0, whole_frames: bool = False) -> None:
         self.sock = sock
         self.pool = pool
         self.max_frame_bytes = max_frame_bytes
@@ -330,6 +346,13 @@ class FrameReader:
         self._ahead = memoryview(bytearray(self.read_ahead_bytes))
         self._ahead_start = self._ahead_end = 0  # bytes of the stream read ahead, not yet used: _ahead[start:end]
         self._payload_buf = bytearray(0)
+        self.whole_frames = bool(whole_frames) and reuse_buffers and not tls
+        if self.whole_frames:
+            self.read_ahead_bytes = 0
+        self._frame_buf = bytearray(WHOLE_FRAME_FIRST_GUESS_BYTES if self.whole_frames else 0)
+        self._frame_view = memoryview(self._frame_buf)
+        self._frame_start = self._frame_end = 0  # whole_frames: bytes of the stream read, not yet used
+        self._frame_guess_nbytes = WHOLE_FRAME_FIRST_GUESS_BYTES
         self.last_payload_recv_s = 0.0
         self.last_payload_queued_nbytes = 0
 
@@ -397,9 +420,68 @@ class FrameReader:
             except OSError:
                 pass
 
-    def _read_raw(self, deadline: float | None) -> tuple[dict[str, Any], memoryview, int]:
-        self._recv_exact(memoryview(self._prefix), at_boundary=True, deadline=deadline)
-        magic, version, _flags, header_nbytes, payload_nbytes = PREFIX.unpack(self._prefix)
+    def buffered_nbytes(self) -> int:
+        """Bytes of the stream this reader took from its socket past the frames it returned (read-ahead or
+        whole-frame reads): the next frame may already be here while `select` on the socket sees nothing."""
+        return (self._ahead_end - self._ahead_start) + (self._frame_end - self._frame_start)
+
+    def _fill(self, need_end: int, ask_end: int, deadline: float | None) -> None:
+        """whole_frames: receive into the frame buffer until it holds `need_end` bytes from its start, each
+        `recv_into` asking for everything up to `ask_end` (>= need_end, <= the buffer's size)."""
+        view, end = self._frame_view, self._frame_end
+        while end < need_end:
+            if deadline is not None:  # an absolute deadline, as in _recv_exact
+                remaining_s = deadline - time.monotonic()
+                if remaining_s <= 0:
+                    raise DeadlineExceeded(f"read deadline passed with {end} of {need_end} bytes of a frame received")
+                self.sock.settimeout(remaining_s)
+            try:
+                got = self.sock.recv_into(view[end:ask_end])
+            except socket.timeout:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise DeadlineExceeded(f"read deadline passed with {end} of {need_end} bytes of a frame "
+                                           "received") from None
+                raise
+            if not got:
+                if end == 0:
+                    raise PeerClosed("peer closed the connection")
+                raise PeerClosed(f"peer closed the connection in the middle of a frame ({end} of {need_end} bytes)")
+            end += got
+            self._frame_end = end
+
+    def _read_raw_whole(self, deadline: float | None) -> tuple[dict[str, Any], memoryview, int]:
+        """`_read_raw` for `whole_frames` (see the class): one buffer, whole-frame requests."""
+        start, end = self._frame_start, self._frame_end
+        if start:  # what the last read took past its frame moves to the front: this frame starts at 0
+            self._frame_view[:end - start] = self._frame_view[start:end]
+            self._frame_start, self._frame_end = 0, end - start
+        ask_end = min(max(self._frame_guess_nbytes, PREFIX_NBYTES), len(self._frame_buf))
+        self._fill(PREFIX_NBYTES, ask_end, deadline)
+        magic, version, _flags, header_nbytes, payload_nbytes = PREFIX.unpack_from(self._frame_buf)
+        self._check_prefix(magic, version, header_nbytes, payload_nbytes)
+        frame_nbytes = PREFIX_NBYTES + header_nbytes + payload_nbytes
+        if frame_nbytes > len(self._frame_buf):  # grown only to a validated size; what was read comes along
+            grown = bytearray(frame_nbytes)
+            grown[:self._frame_end] = self._frame_view[:self._frame_end]
+            self._frame_buf, self._frame_view = grown, memoryview(grown)
+        header_end = PREFIX_NBYTES + header_nbytes
+        self._fill(header_end, frame_nbytes, deadline)
+        header = parse_header(self._frame_buf[PREFIX_NBYTES:header_end], self.max_frame_bytes)
+        held = min(self._frame_end, frame_nbytes) - header_end
+        self.last_payload_queued_nbytes = min(_queued_nbytes(self.sock, self._queued_buf) + held, payload_nbytes)
+        t0 = time.perf_counter()
+        self._fill(frame_nbytes, frame_nbytes, deadline)
+        self.last_payload_recv_s = time.perf_counter() - t0
+        if self.quickack:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+        self._frame_start = frame_nbytes if self._frame_end > frame_nbytes else 0
+        if not self._frame_start:
+            self._frame_end = 0
+        self._frame_guess_nbytes = frame_nbytes
+        return header, self._frame_view[header_end:frame_nbytes], frame_nbytes
+
+    def _check_prefix(self, magic: bytes, version: int, header_nbytes: int, payload_nbytes: int) -> None:
+        """Raise ProtocolError unless a frame prefix's fields are acceptable to this reader."""
         if magic != MAGIC:
             raise ProtocolError(f"bad frame magic {bytes(magic)!r} (expected {MAGIC!r}): not a WIIIIIDE peer")
         if version != PROTOCOL_VERSION:
@@ -410,6 +492,13 @@ class FrameReader:
             raise ProtocolError(
                 f"frame of {header_nbytes + payload_nbytes} bytes exceeds max_frame_bytes={self.max_frame_bytes}"
             )
+
+    def _read_raw(self, deadline: float | None) -> tuple[dict[str, Any], memoryview, int]:
+        if self.whole_frames:
+            return self._read_raw_whole(deadline)
+        self._recv_exact(memoryview(self._prefix), at_boundary=True, deadline=deadline)
+        magic, version, _flags, header_nbytes, payload_nbytes = PREFIX.unpack(self._prefix)
+        self._check_prefix(magic, version, header_nbytes, payload_nbytes)
         header_buf = bytearray(header_nbytes)
         self._recv_exact(memoryview(header_buf), deadline=deadline, last=payload_nbytes == 0)
         header = parse_header(header_buf, self.max_frame_bytes)

@@ -58,7 +58,9 @@ def test_plan_from_the_command_line():
     assert plan.sizes_bytes == (262_144, 1_048_576) and plan.link_rates_bps == (1e8, 0.0)
     assert plan.recv_chunk_bytes == 4 * 1024 * 1024 and plan.bytes_per_trial == 2 * 1024 * 1024
     assert plan.repeats == 3 and plan.small is True
+    assert plan_from_args(_args("--frame-readers", "exact,whole")).frame_readers == ("exact", "whole")
     default = plan_from_args(_args())
+    assert default.frame_readers == ("whole",)  # the nodes' reader
     assert default == WirePlan() and default.recv_chunk_bytes == 64 * 1024 * 1024  # the nodes' default
 
 
@@ -71,6 +73,8 @@ def test_plan_from_the_command_line():
     (("--codec-threads", "0"), "bench-wire: --codec-threads"),
     (("--recv-chunk-bytes", "512"), "bench-wire: --recv-chunk-bytes: 512 bytes: at least 1 KiB"),
     (("--recv-chunk-bytes", "lots"), "bench-wire: --recv-chunk-bytes: 'lots'"),
+    (("--frame-readers", "whole,fast"), "bench-wire: --frame-readers: ['whole', 'fast']"),
+    (("--frame-readers", "whole,whole"), "bench-wire: --frame-readers: ['whole', 'whole']"),
 ])
 def test_bad_options_raise_spec_error_naming_the_option(argv, starts):
     with pytest.raises(SpecError) as info:

@@ -16,10 +16,12 @@ from wiiide import protocol
 from wiiide.codecs import NoCodec, ZlibCodec
 from wiiide.errors import PeerClosed, ProtocolError
 from wiiide.protocol import (
+    DeadlineExceeded,
     DTYPES,
     MAGIC,
     MAX_HEADER_BYTES,
     MAX_TENSOR_RANK,
+    PAYLOAD_ALIGN_BYTES,
     PREFIX,
     PREFIX_NBYTES,
     PROTOCOL_VERSION,
@@ -194,12 +196,16 @@ def test_decoded_tensors_are_what_the_checked_constructor_builds(sock_pair, code
 
 
 def test_header_bytes_are_json_dumps_compact():
-    """The header encoder built once writes what json.dumps(..., separators=(",", ":")) writes."""
+    """The header encoder built once writes what json.dumps(..., separators=(",", ":")) writes, then
+    spaces up to the payload's alignment."""
     meta = {"step": 3, "loss": float("nan"), "note": "é\u00e9 \"q\"", "big": 2**70, "nested": {"a": [1, None, True]}}
     frame = encode_message("gradients", meta, [WireTensor("g", np.zeros((2, 2), np.float32))])
     header = {"kind": "gradients", "meta": meta, "codec": "none", "raw_nbytes": 16,
               "tensors": [{"name": "g", "dtype": "float32", "shape": [2, 2]}]}
-    assert bytes(frame.buffers[0][PREFIX.size:]) == json.dumps(header, separators=(",", ":")).encode()
+    head = bytes(frame.buffers[0])
+    assert len(head) % PAYLOAD_ALIGN_BYTES == 0
+    assert head[PREFIX.size:].rstrip(b" ") == json.dumps(header, separators=(",", ":")).encode()
+    assert len(head[PREFIX.size:]) - len(head[PREFIX.size:].rstrip(b" ")) < PAYLOAD_ALIGN_BYTES
 
 
 @pytest.mark.parametrize("codec_name", CODECS)
@@ -606,3 +612,115 @@ def test_read_ahead_is_off_on_a_socket_without_recvmsg_into():
             return 0
 
     assert FrameReader(NoScatter(), 1 * MIB, read_ahead_bytes=4096).read_ahead_bytes == 0
+
+
+class _CountingSocket:
+    """A socket wrapper that counts `recv_into` calls (everything else goes to the real socket)."""
+
+    def __init__(self, sock):
+        self._sock, self.recv_calls = sock, 0
+
+    def recv_into(self, view, nbytes=0):
+        self.recv_calls += 1
+        return self._sock.recv_into(view, nbytes)
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+@pytest.mark.parametrize("sizes", [
+    [0, 1, 3000, 5000, 300_000, 0, 17, 4096 - 200, 1 * MIB, 8, 2 * MIB, 2 * MIB, 64],
+    [70_000] * 5 + [0] * 5 + [70_000] * 3,
+])
+def test_whole_frames_read_a_stream_of_frames_exactly_as_without(sock_pair, sizes):
+    """whole_frames takes frames into one buffer, asking for the last frame's size: the messages are the
+    same whatever the sizes (shorter than the guess: bytes of the next frames are kept; longer: the
+    buffer grows), and the payload's arrays are aligned views of that buffer."""
+    writer, reader_sock = sock_pair
+    rng = np.random.default_rng(6)
+    frames = [encode_message("m", {"i": i}, [WireTensor("t", rng.standard_normal(n // 4 or 1).astype(np.float32))]
+                             if n else []) for i, n in enumerate(sizes)]
+    data = b"".join(_frame_bytes(f) for f in frames)
+    threading.Thread(target=_sendall_quiet, args=(writer, data), daemon=True).start()
+    reader = FrameReader(reader_sock, 4 * MIB, reuse_buffers=True, whole_frames=True)
+    assert reader.whole_frames
+    for i, frame in enumerate(frames):
+        msg = reader.read_message(deadline=time.monotonic() + 10)
+        assert msg.meta == {"i": i} and msg.wire_nbytes == frame.wire_nbytes
+        sent = [np.frombuffer(memoryview(b).cast("B"), np.float32) for b in frame.buffers[1:]]
+        got = [t.array for t in msg.tensors]
+        assert len(sent) == len(got) and all(np.array_equal(a, b) for a, b in zip(sent, got))
+        assert all(a.flags.aligned for a in got)
+    assert reader.buffered_nbytes() == 0
+    writer.close()
+    with pytest.raises(PeerClosed, match="peer closed the connection$"):
+        reader.read_message()
+
+
+def test_whole_frames_read_equal_frames_with_one_request_each(sock_pair):
+    """Frames of one size, all queued: after the first (the first guess, then the rest), each frame is one
+    `recv_into` asking for exactly its size, and nothing is read past the last one."""
+    writer, reader_sock = sock_pair
+    count = 17_000  # a frame of 68 KB: longer than the first guess
+    frame = _frame_bytes(encode_message("m", {}, [WireTensor("t", np.ones(count, np.float32))]))
+    writer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)  # the kernel caps it at 2 x wmem_max
+    writer.sendall(frame * 4 + b"Z" * 3)  # all queued before the first read
+    counting = _CountingSocket(reader_sock)
+    reader = FrameReader(counting, 1 * MIB, reuse_buffers=True, whole_frames=True)
+    reader.read_message()
+    assert counting.recv_calls == 2  # the first guess, then the rest of the frame
+    for _ in range(3):
+        assert reader.read_message().tensor("t").sum() == count
+    assert counting.recv_calls == 2 + 3
+    assert reader.buffered_nbytes() == 0 and reader_sock.recv(16) == b"Z" * 3
+
+
+def test_whole_frames_refuse_an_oversized_frame_read_with_a_good_one_without_growing(sock_pair):
+    """An oversized frame whose prefix came in with a good frame is refused from its prefix, and the
+    reader's buffer did not grow to the size it declares."""
+    writer, reader_sock = sock_pair
+    good = _frame_bytes(encode_message("m", {}, [WireTensor("t", np.zeros(8, np.float32))]))
+    writer.sendall(good * 3 + PREFIX.pack(MAGIC, PROTOCOL_VERSION, 0, 100, 2 * MIB) + b"Y" * 64)
+    time.sleep(0.05)
+    reader = FrameReader(reader_sock, 1 * MIB, reuse_buffers=True, whole_frames=True)
+    for _ in range(3):
+        reader.read_message()
+    with pytest.raises(ProtocolError, match="max_frame_bytes"):
+        reader.read_message()
+    assert len(reader._frame_buf) < 1 * MIB
+
+
+def test_whole_frames_keep_a_deadline_on_a_partial_frame(sock_pair):
+    writer, reader_sock = sock_pair
+    frame = _frame_bytes(encode_message("m", {}, [WireTensor("t", np.zeros(1000, np.float32))]))
+    writer.sendall(frame + frame[:100])
+    reader = FrameReader(reader_sock, 1 * MIB, reuse_buffers=True, whole_frames=True)
+    reader.read_message()
+    with pytest.raises(DeadlineExceeded):
+        reader.read_message(deadline=time.monotonic() + 0.2)
+
+
+def test_whole_frames_say_when_the_peer_closes_mid_frame(sock_pair):
+    writer, reader_sock = sock_pair
+    frame = _frame_bytes(encode_message("m", {}, [WireTensor("t", np.zeros(1000, np.float32))]))
+    writer.sendall(frame + frame[:100])
+    writer.close()
+    reader = FrameReader(reader_sock, 1 * MIB, reuse_buffers=True, whole_frames=True)
+    reader.read_message()
+    with pytest.raises(PeerClosed, match="middle of a frame"):
+        reader.read_message()
+
+
+def test_whole_frames_need_reused_buffers_and_a_kernel_socket():
+    class NoScatter:
+        def recv_into(self, view):
+            return 0
+
+    a, b = socket.socketpair()
+    try:
+        assert not FrameReader(a, 1 * MIB, reuse_buffers=False, whole_frames=True).whole_frames
+        assert FrameReader(a, 1 * MIB, reuse_buffers=True, whole_frames=True).whole_frames
+        assert not FrameReader(NoScatter(), 1 * MIB, reuse_buffers=True, whole_frames=True).whole_frames
+    finally:
+        a.close()
+        b.close()

@@ -77,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the receiver's recv_chunk_bytes for frames, IEC (default: the nodes' 64MiB)")
     p.add_argument("--read-ahead-bytes", default="0",
                    help="the receiver's FrameReader read_ahead_bytes, IEC, e.g. 4KiB (default 0: none)")
+    p.add_argument("--frame-readers", default="whole",
+                   help="how the sink reads frames: whole (the nodes' reader), exact (three reads a frame), or "
+                        "whole,exact for both side by side (default whole)")
     p.add_argument("--results-dir", help="where bench-wire-<stamp>.json goes (default results/)")
 
 
@@ -96,7 +99,8 @@ def plan_from_args(args: argparse.Namespace) -> WirePlan:
             codec_threads=args.codec_threads, small=args.small,
             sections=tuple(split_list(args.sections, "--sections")) if args.sections else SECTIONS,
             recv_chunk_bytes=parse_size_bytes(args.recv_chunk_bytes, "--recv-chunk-bytes"),
-            read_ahead_bytes=parse_size_bytes(args.read_ahead_bytes, "--read-ahead-bytes"))
+            read_ahead_bytes=parse_size_bytes(args.read_ahead_bytes, "--read-ahead-bytes"),
+            frame_readers=tuple(split_list(args.frame_readers, "--frame-readers")))
     except (UnitError, PlanError) as exc:
         raise SpecError(f"bench-wire: {exc}") from None
 

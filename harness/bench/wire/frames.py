@@ -48,8 +48,9 @@ def raw_trial(sock: socket.socket, reader: FrameReader, buf: memoryview, count: 
 
 
 def frame_trial(sock: socket.socket, reader: FrameReader, payload: np.ndarray, count: int, codec_name: str,
-                pool: CodecPool) -> tuple[float, float, int]:
-    """`count` gradient frames of `payload` (float32), each encoded with `codec_name` as it is sent.
+                pool: CodecPool, frame_reader: str = "whole") -> tuple[float, float, int]:
+    """`count` gradient frames of `payload` (float32), each encoded with `codec_name` as it is sent, read
+    by the sink's `frame_reader` (``whole`` or ``exact``, `harness.bench.wire.plan.FRAME_READERS`).
 
     Returns:
         (seconds from the first byte to the sink's ack, the sink's decode seconds, wire bytes of one frame).
@@ -58,7 +59,7 @@ def frame_trial(sock: socket.socket, reader: FrameReader, payload: np.ndarray, c
         ValueError: unknown codec name. OSError, ConnectionError: as `raw_trial`.
     """
     codec = codec_from_name(codec_name)
-    send_control(sock, "trial", mode="frames", count=count, size=payload.nbytes)
+    send_control(sock, "trial", mode="frames", count=count, size=payload.nbytes, reader=frame_reader)
     t0 = time.perf_counter()
     wire_bytes = 0
     for _ in range(count):
@@ -80,7 +81,8 @@ def _stats(values: list[float]) -> dict[str, Any]:
 def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, sizes_bytes: Sequence[int],
                    codecs: Sequence[str], repeats: int, bytes_per_trial: int, pool: CodecPool,
                    progress: Callable[[str], None], chunk_bytes: int = RAW_CHUNK_BYTES,
-                   iperf3_host: str | None = None, iperf3_port: int | None = None) -> list[dict[str, Any]]:
+                   iperf3_host: str | None = None, iperf3_port: int | None = None,
+                   frame_readers: Sequence[str] = ("whole",)) -> list[dict[str, Any]]:
     """One row per size: every raw variant's, iperf3's and each codec's throughput of every repeat, and ratios.
 
     Each row: ``size_bytes``, ``count_per_trial``, ``raw_variants`` (variant name -> ``bytes_per_s``
@@ -94,7 +96,9 @@ def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, s
     ``vs_iperf3_per_repeat`` and ``vs_iperf3``. Compressed codecs move a quarter of the uncompressed
     trial's messages (at least 2). `chunk_bytes` is the sink's recv size of the chunked raw receivers
     (`RAW_CHUNK_BYTES`);
-    iperf3 runs against ``iperf3_host``:``iperf3_port`` (None: not measured).
+    iperf3 runs against ``iperf3_host``:``iperf3_port`` (None: not measured). The sink reads with
+    `frame_readers`[0] (``whole`` or ``exact``); each further reader also reads the uncompressed frames,
+    in the same repeats, reported as ``frames["none/<reader>"]``.
 
     Raises:
         OSError, ConnectionError: the connection failed.
@@ -109,9 +113,11 @@ def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, s
         variants: dict[str, list[float]] = {v.name: [] for v in RAW_VARIANTS}
         iperf3: dict[str, Any] = ({"bytes_per_s": [], "retransmits": [], "figure": []} if iperf3_host
                                   else {"unavailable": "not asked for"})
+        trials = [(c, c, frame_readers[0]) for c in codecs]  # (report key, codec, sink reader)
+        trials += [(f"none/{r}", "none", r) for r in frame_readers[1:] if "none" in codecs]
         row: dict[str, Any] = {"size_bytes": size, "count_per_trial": count,
-                               "frames": {c: {"bytes_per_s": [], "wire_nbytes": None, "sink_decode_s": []}
-                                          for c in codecs}}
+                               "frames": {key: {"bytes_per_s": [], "wire_nbytes": None, "sink_decode_s": []}
+                                          for key, _, _ in trials}}
         for _ in range(repeats):
             for variant in RAW_VARIANTS:
                 variants[variant.name].append(count * size / raw_trial(sock, reader, raw, count, variant, chunk_bytes))
@@ -124,10 +130,10 @@ def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, s
                     iperf3["version"] = result["version"]
                 except Iperf3Error as exc:
                     iperf3 = {"unavailable": str(exc)}
-            for c in codecs:
+            for key, c, frame_reader in trials:
                 n = count if c == "none" else max(MIN_COUNT, count // 4)
-                seconds, decode_s, wire_bytes = frame_trial(sock, reader, payload, n, c, pool)
-                entry = row["frames"][c]
+                seconds, decode_s, wire_bytes = frame_trial(sock, reader, payload, n, c, pool, frame_reader)
+                entry = row["frames"][key]
                 entry["bytes_per_s"].append(n * size / seconds)
                 entry["sink_decode_s"].append(decode_s)
                 entry["wire_nbytes"] = wire_bytes

@@ -21,7 +21,7 @@ from harness.bench.wire.frames import frames_section
 from harness.bench.wire.iperf import IPERF3_PORT, start_server, stop_server
 from harness.bench.wire.links import links_section
 from harness.bench.wire.payloads import gradients
-from harness.bench.wire.plan import WirePlan
+from harness.bench.wire.plan import FRAME_READERS, WirePlan
 from harness.bench.wire.raw import RAW_CHUNK_BYTES, recv_raw
 from wiiide.codecs.chunked import CodecPool
 from wiiide.metrics import write_json_atomic
@@ -35,8 +35,10 @@ CONNECT_TIMEOUT_S = 60.0
 def sink(sock: socket.socket, recv_chunk_bytes: int = 64 * MIB, read_ahead_bytes: int = 0) -> None:
     """Serve trials until ``done``: each starts with a ``trial`` control frame naming its mode, count and size.
 
-    Frames are read as the nodes read them: `FrameReader` with `recv_chunk_bytes` (bytes; the nodes'
-    default 64 MiB unless told otherwise) and `read_ahead_bytes` (bytes; 0: none), reusing its receive buffer. A raw trial receives the way its
+    Frames are read by the reader the trial names (``reader``: ``whole``, the nodes' `FrameReader` with
+    `whole_frames`, the default; ``exact``: every frame part read exactly), with `recv_chunk_bytes` (bytes;
+    the nodes' default 64 MiB unless told otherwise) and `read_ahead_bytes` (bytes; 0: none; ``exact``
+    only), reusing its receive buffer. A raw trial receives the way its
     ``recv`` names (`harness.bench.wire.raw.recv_raw`) into one reused buffer. Each trial ends with an ``ack`` carrying ``recv_s`` and the frames' ``decode_s`` (s);
     a ``roundtrip`` trial also acks every message.
 
@@ -44,11 +46,12 @@ def sink(sock: socket.socket, recv_chunk_bytes: int = 64 * MIB, read_ahead_bytes
         ConnectionError: the source closed during a raw trial. ProtocolError: (wiiide) a malformed frame.
     """
     # Control frames are read exactly (a raw trial's bytes follow its control frame at once, and must
-    # stay in the socket); the trial's frames with `read_ahead_bytes`: nothing follows a trial's last
-    # frame before the sink's ack, so nothing is left read ahead when a trial ends.
+    # stay in the socket); a trial's frames by a reader that may read past a frame: nothing follows a
+    # trial's last frame before the sink's ack, so nothing is left read ahead when a trial ends.
     control_reader = FrameReader(sock, max_frame_bytes=MAX_FRAME_BYTES, reuse_buffers=True)
-    reader = FrameReader(sock, max_frame_bytes=MAX_FRAME_BYTES, recv_chunk_bytes=recv_chunk_bytes,
-                         reuse_buffers=True, read_ahead_bytes=read_ahead_bytes)
+    readers = {name: FrameReader(sock, max_frame_bytes=MAX_FRAME_BYTES, recv_chunk_bytes=recv_chunk_bytes,
+                                 reuse_buffers=True, read_ahead_bytes=read_ahead_bytes, whole_frames=name == "whole")
+               for name in FRAME_READERS}
     raw_buf = bytearray(0)
     while True:
         control = control_reader.read_message()
@@ -64,6 +67,7 @@ def sink(sock: socket.socket, recv_chunk_bytes: int = 64 * MIB, read_ahead_bytes
                 raw_buf = bytearray(max(size_bytes, chunk_bytes))
             recv_raw(sock, memoryview(raw_buf), size_bytes, count, str(meta.get("recv", "whole")), chunk_bytes)
         else:
+            reader = readers[str(meta.get("reader", "whole"))]
             for _ in range(count):
                 msg = reader.read_message()
                 decode_s += msg.decode_s
@@ -96,7 +100,7 @@ def source(sock: socket.socket, plan: WirePlan, progress: Callable[[str], None],
             out["frames"] = frames_section(sock, reader, grads["synthetic-mlp"], plan.sizes_bytes,
                                            plan.frame_codecs, plan.repeats, plan.bytes_per_trial, pool, progress,
                                            iperf3_host=iperf3_host,
-                                           iperf3_port=iperf3_port)
+                                           iperf3_port=iperf3_port, frame_readers=plan.frame_readers)
         if "links" in plan.sections:
             progress("links: synchronous gradient round trips on paced links")
             out["links"] = links_section(sock, reader, grads["digits-mlp"], plan.link_rates_bps, plan.link_policies,

@@ -20,6 +20,7 @@ DEFAULT_LINK_POLICIES = ("fixed:none", "fixed:lz4", "fixed:zstd-1", "fixed:shuff
                          "seed", "network-aware")
 DEFAULT_LINK_RATES_BPS = (100e6, 200e6, 500e6, 1e9, 2.5e9, 0.0)  # bit/s; 0 = unpaced
 SECTIONS = ("frames", "links", "codecs")
+FRAME_READERS = ("whole", "exact")  # the sink's FrameReader: whole_frames=True (the nodes') or exact reads
 FLOAT32_BYTES = 4  # payloads are float32 gradient slices
 MIN_RECV_CHUNK_BYTES = KIB
 
@@ -51,6 +52,10 @@ class WirePlan:
         read_ahead_bytes: the receiver's `FrameReader` read_ahead_bytes (bytes, 0 .. 1 MiB; 0: every
             frame part read exactly).
         sections: which of `SECTIONS` run (default all), e.g. ``("frames",)``.
+        frame_readers: how the sink reads the frames section's frames, from `FRAME_READERS`: ``whole``
+            (`FrameReader(whole_frames=True)`, the nodes' reader) and ``exact`` (each frame part read
+            exactly, three requests per frame); the first reads every codec's frames, the others the
+            uncompressed ones too, side by side (reported as ``none/<reader>``).
 
     Raises:
         PlanError: (a ValueError) on any value out of range or an unknown codec or policy name.
@@ -70,10 +75,11 @@ class WirePlan:
     recv_chunk_bytes: int = 64 * MIB  # the nodes' (wiiide.protocol.DEFAULT_RECV_CHUNK_BYTES)
     read_ahead_bytes: int = 0
     sections: tuple[str, ...] = SECTIONS
+    frame_readers: tuple[str, ...] = ("whole",)
 
     def __post_init__(self) -> None:
         for name in ("sizes_bytes", "frame_codecs", "table_codecs", "link_rates_bps", "link_policies",
-                     "table_threads", "sections"):
+                     "table_threads", "sections", "frame_readers"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if not self.sizes_bytes or any(s < FLOAT32_BYTES or s % FLOAT32_BYTES for s in self.sizes_bytes):
             raise PlanError(f"--sizes: {list(self.sizes_bytes)} bytes: each size must be a positive multiple of "
@@ -91,6 +97,9 @@ class WirePlan:
             raise PlanError(f"--recv-chunk-bytes: {self.recv_chunk_bytes} bytes: at least 1 KiB")
         if not 0 <= self.read_ahead_bytes <= MIB:
             raise PlanError(f"--read-ahead-bytes: {self.read_ahead_bytes} bytes: 0 .. 1 MiB")
+        if (not self.frame_readers or set(self.frame_readers) - set(FRAME_READERS)
+                or len(set(self.frame_readers)) != len(self.frame_readers)):
+            raise PlanError(f"--frame-readers: {list(self.frame_readers)}: distinct names of {list(FRAME_READERS)}")
         if not self.sections or set(self.sections) - set(SECTIONS):
             raise PlanError(f"--sections: {list(self.sections)}: a non-empty list of {list(SECTIONS)}")
         self._check_names()
