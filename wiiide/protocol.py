@@ -372,30 +372,15 @@ class FrameReader:
         chunk = self.recv_chunk_bytes
         ahead = self._ahead if last and self.read_ahead_bytes else None
         while pos < n:
-            if deadline is not None:
-                # An absolute deadline, not a timeout per recv: a peer sending one byte per second
-                # cannot stretch the read (the socket's timeout is cut to what is left of it).
-                remaining_s = deadline - time.monotonic()
-                if remaining_s <= 0:
-                    raise DeadlineExceeded(f"read deadline passed with {pos} of {n} bytes of a frame part received")
-                self.sock.settimeout(remaining_s)
-            try:
-                if ahead is not None and n - pos <= chunk:
-                    got = self.sock.recvmsg_into([view[pos:], ahead])[0]
-                    if got > n - pos:
-                        self._ahead_start, self._ahead_end = 0, got - (n - pos)
-                        got = n - pos
-                else:
-                    got = self.sock.recv_into(view[pos:pos + min(chunk, n - pos)])
-            except socket.timeout:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise DeadlineExceeded(f"read deadline passed with {pos} of {n} bytes of a frame part "
-                                           "received") from None
-                raise
-            if not got:
-                if at_boundary and pos == 0:
-                    raise PeerClosed("peer closed the connection")
-                raise PeerClosed(f"peer closed the connection in the middle of a frame ({pos} of {n} bytes)")
+            if ahead is not None and n - pos <= chunk:
+                got = _recv_within(self.sock, lambda: self.sock.recvmsg_into([view[pos:], ahead])[0], deadline,
+                                   pos, n, at_boundary)
+                if got > n - pos:
+                    self._ahead_start, self._ahead_end = 0, got - (n - pos)
+                    got = n - pos
+            else:
+                got = _recv_within(self.sock, lambda: self.sock.recv_into(view[pos:pos + min(chunk, n - pos)]),
+                                   deadline, pos, n, at_boundary)
             pos += got
 
     def read_raw(self, deadline: float | None = None) -> tuple[dict[str, Any], memoryview, int]:
@@ -430,23 +415,8 @@ class FrameReader:
         `recv_into` asking for everything up to `ask_end` (>= need_end, <= the buffer's size)."""
         view, end = self._frame_view, self._frame_end
         while end < need_end:
-            if deadline is not None:  # an absolute deadline, as in _recv_exact
-                remaining_s = deadline - time.monotonic()
-                if remaining_s <= 0:
-                    raise DeadlineExceeded(f"read deadline passed with {end} of {need_end} bytes of a frame received")
-                self.sock.settimeout(remaining_s)
-            try:
-                got = self.sock.recv_into(view[end:ask_end])
-            except socket.timeout:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise DeadlineExceeded(f"read deadline passed with {end} of {need_end} bytes of a frame "
-                                           "received") from None
-                raise
-            if not got:
-                if end == 0:
-                    raise PeerClosed("peer closed the connection")
-                raise PeerClosed(f"peer closed the connection in the middle of a frame ({end} of {need_end} bytes)")
-            end += got
+            end += _recv_within(self.sock, lambda: self.sock.recv_into(view[end:ask_end]), deadline, end, need_end,
+                                True)
             self._frame_end = end
 
     def _read_raw_whole(self, deadline: float | None) -> tuple[dict[str, Any], memoryview, int]:
@@ -528,6 +498,38 @@ class FrameReader:
         msg.payload_recv_s = self.last_payload_recv_s
         msg.payload_queued_nbytes = self.last_payload_queued_nbytes
         return msg
+
+
+def _recv_within(sock: socket.socket, recv: Any, deadline: float | None, have_nbytes: int, need_nbytes: int,
+                 at_boundary: bool) -> int:
+    """Call `recv` (one receive on `sock`, returning the bytes it took) within `deadline`; `have_nbytes` of
+    the `need_nbytes` of a frame (part) are in so far. An absolute deadline, not a timeout per recv: a
+    peer sending one byte per second cannot stretch the read (the socket's timeout is cut to what is
+    left of it). Returns the bytes received (> 0).
+
+    Raises:
+        DeadlineExceeded: the deadline passed. PeerClosed: EOF (its message says whether mid-frame;
+            `at_boundary` with nothing in yet: between frames). OSError: from the socket.
+    """
+    if deadline is not None:
+        remaining_s = deadline - time.monotonic()
+        if remaining_s <= 0:
+            raise DeadlineExceeded(f"read deadline passed with {have_nbytes} of {need_nbytes} bytes of a frame "
+                                   "part received")
+        sock.settimeout(remaining_s)
+    try:
+        got = recv()
+    except socket.timeout:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise DeadlineExceeded(f"read deadline passed with {have_nbytes} of {need_nbytes} bytes of a frame "
+                                   "part received") from None
+        raise
+    if not got:
+        if at_boundary and have_nbytes == 0:
+            raise PeerClosed("peer closed the connection")
+        raise PeerClosed(f"peer closed the connection in the middle of a frame ({have_nbytes} of {need_nbytes} "
+                         "bytes)")
+    return got
 
 
 def parse_header(header_bytes: bytes | bytearray, max_raw_nbytes: int) -> dict[str, Any]:
