@@ -1,7 +1,8 @@
 """Section ``frames``: raw socket throughput against WIIIIIDE frame throughput, per frame size and codec.
 
 For each size, trials are interleaved (every raw variant of `RAW_VARIANTS`, iperf3 when it is there,
-then each codec, `repeats` times) so each ratio compares figures taken side by side. Throughput is
+then each codec, `repeats` times) so each ratio compares figures taken side by side; each timed raw or
+frames trial follows an untimed warm-up trial of the same kind (`WARMUP_FRACTION`). Throughput is
 payload (raw tensor) bytes delivered per second, counted from the first byte sent to the sink's
 acknowledgement of the last frame (iperf3: its receiver's bytes over its data phase's seconds).
 
@@ -28,6 +29,11 @@ from wiiide.protocol import FrameReader, WireTensor, encode_message, send_frames
 from wiiide.units import MIB
 
 MIN_COUNT, MAX_COUNT = 2, 4096  # messages per trial
+# Each timed trial (raw variant or frames) follows an untimed one of the same kind, 1/8 as long: the same
+# frames trial run twice in a row in one repeat gave 0.90x / 0.86x of the raw loop in its first slot and
+# 1.08x / 0.96x in the second (loopback, two runs, session 6), so the order of the trials was part of the
+# ratios. Between two containers the warm-up changed little (0.66x first slot, 0.73x second, with it).
+WARMUP_FRACTION = 1 / 8
 
 
 def raw_trial(sock: socket.socket, reader: FrameReader, buf: memoryview, count: int,
@@ -67,6 +73,12 @@ def frame_trial(sock: socket.socket, reader: FrameReader, payload: np.ndarray, c
         wire_bytes = send_frames(sock, [frame])
     meta = read_ack(reader)
     return time.perf_counter() - t0, float(meta.get("decode_s", 0.0)), wire_bytes
+
+
+def warmup_count(count: int) -> int:
+    """Messages of the untimed trial that precedes each timed one: `count` x `WARMUP_FRACTION`, at least
+    `MIN_COUNT`."""
+    return max(MIN_COUNT, int(count * WARMUP_FRACTION))
 
 
 def trial_count(size_bytes: int, bytes_per_trial: int) -> int:
@@ -118,8 +130,10 @@ def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, s
         row: dict[str, Any] = {"size_bytes": size, "count_per_trial": count,
                                "frames": {key: {"bytes_per_s": [], "wire_nbytes": None, "sink_decode_s": []}
                                           for key, _, _ in trials}}
+        warmup = warmup_count(count)
         for _ in range(repeats):
             for variant in RAW_VARIANTS:
+                raw_trial(sock, reader, raw, warmup, variant, chunk_bytes)  # untimed: see WARMUP_FRACTION
                 variants[variant.name].append(count * size / raw_trial(sock, reader, raw, count, variant, chunk_bytes))
             if "unavailable" not in iperf3:
                 try:
@@ -132,6 +146,7 @@ def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, s
                     iperf3 = {"unavailable": str(exc)}
             for key, c, frame_reader in trials:
                 n = count if c == "none" else max(MIN_COUNT, count // 4)
+                frame_trial(sock, reader, payload, warmup_count(n), c, pool, frame_reader)  # untimed
                 seconds, decode_s, wire_bytes = frame_trial(sock, reader, payload, n, c, pool, frame_reader)
                 entry = row["frames"][key]
                 entry["bytes_per_s"].append(n * size / seconds)
