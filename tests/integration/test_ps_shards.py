@@ -62,6 +62,15 @@ def test_lossy_both_ways_keeps_the_workers_copy_on_the_shards(tmp_path, node_env
     assert out["coordinator"]["test_accuracy"] > 0.5
 
 
+def test_lossless_pulls_go_as_deltas_and_keep_the_workers_copy(tmp_path, node_env, node_procs):  # noqa: F811
+    out = _run(node_env, node_procs, tmp_path / "zstd", ps_shards="all", compression="fixed:shuffle-zstd")
+    pulls = out["coordinator"]["ps"]["shard"]["pull_policy"]
+    assert list(pulls) == ["gradients"] and all("shuffle" in codec for codec in pulls["gradients"]), pulls
+    for rank in (1, 2, 3):  # deltas added in float32 as the shard's replica adds them: rounding at most
+        assert out[f"worker-{rank}"]["ps"]["param_max_abs_diff"] < 1e-6, out[f"worker-{rank}"]["ps"]
+    assert out["coordinator"]["test_accuracy"] > 0.5
+
+
 def test_a_lost_shard_fails_the_run_with_its_cause(tmp_path, node_env, node_procs):  # noqa: F811
     metrics_dir = tmp_path / "lost"
     fields = {**RUN, "metrics_dir": metrics_dir, "ps_shards": "all", "max_steps": 0, "duration_s": 60,

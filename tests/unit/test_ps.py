@@ -9,8 +9,9 @@ from wiiide.codecs.policy import CompressionPolicy
 from wiiide.config import RunConfig
 from wiiide.errors import ConfigError
 from wiiide.model import FlatParams, build_mlp
+from wiiide.protocol import WireTensor
 from wiiide.ps.digest import params_digest
-from wiiide.ps.feedback import ErrorFeedback, PullReplica, decoded_values
+from wiiide.ps.feedback import ErrorFeedback, PullReplica, decoded_values, pulls_as_deltas
 from wiiide.ps.partition import (
     egress_shard_weights,
     partition_flat,
@@ -155,6 +156,34 @@ def test_delta_pulls_keep_the_workers_copy_on_the_shards_parameters(codec):
         gaps.append(replica.max_abs_gap(params))
     assert gaps[2] == 0.0  # dense steps are exact
     assert max(gaps[20:]) < 5 * max(gaps[3:20]) + 1e-6  # bounded: the error is fed back, not accumulated
+
+
+@pytest.mark.parametrize("codec", ["fixed:shuffle-zstd", "fixed:zstd-1"])
+def test_lossless_delta_pulls_are_exact_and_smaller_than_the_parameters(codec):
+    """With a lossless codec the pulls go as deltas from the first step: the worker's copy is the
+    replica bit for bit and within float rounding of the shard's parameters, and an SGD step's delta
+    (parameters of the digits MLP's scale, lr 0.1) takes fewer bytes than the parameters themselves."""
+    rng = np.random.default_rng(3)
+    params = (rng.standard_normal(20_000) * 0.05).astype(np.float32)
+    replica = PullReplica(params)
+    policy = CompressionPolicy(codec)
+    worker = params.copy()
+    for step in range(20):
+        params = params - (0.1 * 0.01 * rng.standard_normal(params.size)).astype(np.float32)
+        frame = replica.frame_for(policy, {"step": step}, "p0", params, dense=False)
+        assert frame.buffers[0].find(b'"delta":true') >= 0
+        worker = worker + decoded_values(frame, "p0", params.size)
+        assert np.array_equal(worker, replica.replica)
+        np.testing.assert_allclose(worker, params, rtol=1e-6, atol=1e-9)
+        absolute = policy.encode("ps_dense", {"step": step}, [WireTensor("p0", params.copy())])
+        assert frame.payload_nbytes < absolute.payload_nbytes
+
+
+def test_pulls_are_deltas_whenever_the_policy_compresses():
+    assert not pulls_as_deltas(RunConfig(compression="fixed:none"))
+    assert pulls_as_deltas(RunConfig(compression="fixed:shuffle-zstd"))
+    assert pulls_as_deltas(RunConfig(compression="network-aware"))
+    assert pulls_as_deltas(RunConfig(compression="fixed:int8"))
 
 
 def test_policy_may_be_lossy():

@@ -50,7 +50,7 @@ from wiiide.model import MomentumSGD
 from wiiide.node import Connection, Heartbeats
 from wiiide.protocol import PROTOCOL_VERSION, WireTensor, encode_message
 from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
-from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica
+from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas
 from wiiide.ps.partition import Partition
 from wiiide.recovery import momentum_from_flat
 from wiiide.sockets import configure_socket
@@ -115,6 +115,7 @@ class ShardServer:
         self._heartbeats: Heartbeats | None = None
         self._warmup_steps = cfg.lossy_warmup_steps
         self._lossy = False
+        self._delta_pulls = False
         self.stats: dict = {"shard": shard_id}
         self.checkpointer: ShardCheckpointer | None = None  # made by configure
         metrics.extra.setdefault("ps", {})["shard"] = self.stats
@@ -141,7 +142,8 @@ class ShardServer:
         """Own the partitions of `partitions` whose shard is this one, starting from `params` (the whole
         flat float32 vector) at step `start_step` (a restored checkpoint's, with its `momentum`: the
         whole flat float32 vector, or None); `lossy_pulls`: the policy may pick a lossy codec (pulls
-        become deltas). Checkpoints every checkpoint_every_steps (`wiiide.ps.checkpoints`)."""
+        become deltas, dense through the warm-up; a lossless codec other than none makes them deltas too,
+        `wiiide.ps.feedback.pulls_as_deltas`). Checkpoints every checkpoint_every_steps (`wiiide.ps.checkpoints`)."""
         cfg = self.cfg
         for p in partitions:
             if p.shard != self.shard_id:
@@ -155,6 +157,7 @@ class ShardServer:
         self.checkpointer = ShardCheckpointer(cfg, self.shard_id, max(p.shard for p in partitions) + 1,
                                               [o.part for o in self.owned.values()], self.metrics, self.stats, self.log)
         self._lossy = lossy_pulls
+        self._delta_pulls = lossy_pulls or pulls_as_deltas(cfg)
         self.stats.update({"partitions": len(self.owned), "bytes": sum(o.part.nbytes for o in self.owned.values())})
 
     def start(self) -> "ShardServer":
@@ -344,7 +347,8 @@ class ShardServer:
         owned.step += 1
         self.updates += 1
         index = owned.part.index
-        dense = not self._lossy or step < self._warmup_steps
+        # Deltas whenever the policy compresses (`pulls_as_deltas`); dense through the lossy codecs' warm-up.
+        dense = not self._delta_pulls or (self._lossy and step < self._warmup_steps)
         frame = owned.replica.frame_for(self.policy, {"step": step, "partition": index}, f"p{index}",
                                         owned.param.numpy(), dense)
         self.update_s += time.perf_counter() - t0
