@@ -32,8 +32,10 @@ per frame (or one buffer reused for every frame, `reuse_buffers`), each `recv_in
 that is left of the frame part up to `recv_chunk_bytes` (`DEFAULT_RECV_CHUNK_BYTES`, 64 MiB: seed 001's
 256 KiB chunks cost a 16 MiB frame about half its throughput between two containers, bench-wire's
 ``chunk`` raw variant against ``whole``; asking for more allocates nothing, the kernel returns what it has). Decoded tensors are numpy views of that buffer when uncompressed: no copy and
-no `bytes()` round trip between the socket and the arrays. With `read_ahead_bytes` a reader also takes,
-in the recv that ends a frame, up to that many bytes of what follows (see `FrameReader`). A TLS
+no `bytes()` round trip between the socket and the arrays. The nodes' readers take each frame whole
+(`FrameReader(whole_frames=True)`: prefix, header and payload in one buffer, one request per frame in a
+stream of equal frames; bench-wire measured it against exact reads). With `read_ahead_bytes` a reader of
+exact parts also takes, in the recv that ends a frame, up to that many bytes of what follows. A TLS
 connection (`wiiide.tls.TLSStream`) has no `sendmsg`: it encrypts the frames' buffers itself
 (`send_buffers`); on an `ssl.SSLSocket` each large buffer goes out with `sendall` and the small ones are joined.
 """
