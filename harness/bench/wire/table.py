@@ -43,10 +43,13 @@ def frames_table(report: dict[str, Any]) -> str | None:
              f"{_mb(r['raw_bytes_per_s_median'])} {r.get('raw_variant', '')}".rstrip(),
              *(codec_cell(r, c) for c in codecs)]
             for r in frames]
-    chunk = report.get("plan", {}).get("recv_chunk_bytes")
-    ahead = report.get("plan", {}).get("read_ahead_bytes") or 0
+    plan = report.get("plan", {})
+    chunk = plan.get("recv_chunk_bytes")
+    ahead = plan.get("read_ahead_bytes") or 0
+    readers = plan.get("frame_readers") or ["exact"]  # reports before frame_readers: exact reads
     return _table(f"frames: MB/s of tensor bytes delivered (median of repeats) and x of the raw socket (its "
-                  f"fastest variant); receiver recv_chunk_bytes {format_size(chunk)}, read_ahead_bytes "
+                  f"fastest variant); the receiver reads {readers[0]} frames (none/<reader>: the same "
+                  f"frames read another way), recv_chunk_bytes {format_size(chunk)}, read_ahead_bytes "
                   f"{format_size(ahead) if ahead else 0}",
                   ["size", "iperf3", "raw socket", *codecs], rows)
 
