@@ -13,6 +13,8 @@ import math
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.unit.conftest import free_port, node_env, node_procs  # noqa: F401  (fixtures)
 
 RUN = {"num_workers": 3, "hidden_sizes": "64,64", "max_steps": 20, "duration_s": 120, "momentum": 0.9,
@@ -29,9 +31,10 @@ def _run(node_env, node_procs, metrics_dir: Path, **fields) -> dict:  # noqa: F8
     return {p.stem: json.loads(p.read_text()) for p in metrics_dir.glob("*.json")}
 
 
-def test_central_and_sharded_reach_the_same_parameters(tmp_path, node_env, node_procs):  # noqa: F811
+@pytest.mark.parametrize("balance", ["egress", "pipeline"])
+def test_central_and_sharded_reach_the_same_parameters(tmp_path, node_env, node_procs, balance):  # noqa: F811
     central = _run(node_env, node_procs, tmp_path / "central", ps_shards=1)
-    sharded = _run(node_env, node_procs, tmp_path / "sharded", ps_shards="all")
+    sharded = _run(node_env, node_procs, tmp_path / "sharded", ps_shards="all", partition_balance=balance)
     c, s = central["coordinator"]["params_digest"], sharded["coordinator"]["params_digest"]
     assert central["coordinator"]["steps"] == sharded["coordinator"]["steps"] == 20
     assert c["numel"] == s["numel"] == 64 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10

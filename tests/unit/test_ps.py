@@ -14,6 +14,7 @@ from wiiide.ps.digest import params_digest
 from wiiide.ps.feedback import ErrorFeedback, PullReplica, decoded_values, pulls_as_deltas
 from wiiide.ps.partition import (
     egress_shard_weights,
+    pipeline_shard_weights,
     partition_flat,
     resolve_shards,
     shard_loads_bytes,
@@ -76,6 +77,29 @@ def test_egress_weights_lower_the_busiest_link(workers):
     weighted = egress(partition_flat(DIGITS_MLP_NUMEL, shards, 64 * 1024, egress_shard_weights(shards, workers)))
     assert max(weighted) < max(equal)
     assert max(weighted) - min(weighted) <= 4 * workers  # level to a few elements' rounding
+
+
+@pytest.mark.parametrize("numel, workers, partition_bytes", [
+    (DIGITS_MLP_NUMEL, 4, 64 * 1024), (DIGITS_MLP_NUMEL, 8, 64 * 1024), (6_500_000, 8, 4 * MIB), (12, 3, 4)])
+def test_pipeline_partitions_put_the_coordinators_range_at_the_tail(numel, workers, partition_bytes):
+    """partition_balance pipeline: every element once, each worker's shard a contiguous range in shard
+    order, then the coordinator's (shard 0) last, at (k + W - 3) / W times a worker's share."""
+    shards = workers + 1
+    weights = pipeline_shard_weights(shards, workers)
+    assert weights[0] == pytest.approx((2 * workers - 2) / workers) and weights[1:] == [1.0] * workers
+    parts = partition_flat(numel, shards, partition_bytes, weights, [*range(1, shards), 0])
+    covered = np.zeros(numel, dtype=np.int64)
+    for p in parts:
+        covered[p.start:p.stop] += 1
+    assert covered.min() == covered.max() == 1 and [p.index for p in parts] == list(range(len(parts)))
+    runs = [p.shard for i, p in enumerate(parts) if i == 0 or parts[i - 1].shard != p.shard]
+    assert runs == [*range(1, shards), 0]  # one contiguous range per shard, shard 0's at the tail
+    assert parts[-1].stop == numel and parts[-1].shard == 0
+    loads = [n // 4 for n in shard_loads_bytes(parts, shards)]
+    for load, w in zip(loads, weights):
+        assert abs(load - numel * w / sum(weights)) <= 1 or numel < 2 * shards
+    with pytest.raises(ValueError, match="permutation"):
+        partition_flat(numel, shards, partition_bytes, weights, [0] * shards)
 
 
 def test_egress_weights_edge_cases():

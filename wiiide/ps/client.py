@@ -174,7 +174,9 @@ class ShardClient:
         self._remaining = list(self._needed)
 
     def _grad_ready(self, covered: list[int]) -> None:
-        for i in covered:
+        # Tail first, as backward runs and as DDP's Reducer fills its buckets: with partition_balance
+        # pipeline the coordinator's range is the tail, so its pushes leave first.
+        for i in reversed(covered):
             self._remaining[i] -= 1
             if self._remaining[i] == 0:
                 part = self._partitions[i]

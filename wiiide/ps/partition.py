@@ -71,7 +71,7 @@ def resolve_shards(ps_shards: str | int, num_nodes: int) -> int:
 
 
 def partition_flat(numel: int, num_shards: int, partition_bytes: int,
-                   weights: Sequence[float] | None = None) -> list[Partition]:
+                   weights: Sequence[float] | None = None, order: Sequence[int] | None = None) -> list[Partition]:
     """Cut ``[0, numel)`` into partitions of at most `partition_bytes` (float32) and at least `num_shards`
     of them (so a small model spreads over every shard too), near-equal in size, and assign them to shards.
 
@@ -79,8 +79,10 @@ def partition_flat(numel: int, num_shards: int, partition_bytes: int,
         numel: elements of the flat float32 vector (>= 1).
         num_shards: shards (>= 1).
         partition_bytes: the largest partition in bytes (>= 4).
-        weights: `num_shards` shares (`egress_shard_weights`): cut by `partition_by_weights` instead,
-            when there is at least one element per shard; None: equal bytes (LPT).
+        weights: `num_shards` shares (`egress_shard_weights`, `pipeline_shard_weights`): cut by
+            `partition_by_weights` instead, when there is at least one element per shard; None: equal
+            bytes (LPT).
+        order: with `weights`, the shards' ranges in vector order (`partition_by_weights`).
 
     Returns:
         Partitions in vector order (``index`` 0..P-1), covering every element exactly once; P =
@@ -95,7 +97,7 @@ def partition_flat(numel: int, num_shards: int, partition_bytes: int,
     if weights is not None and numel >= num_shards:
         if len(weights) != num_shards:
             raise ValueError(f"{len(weights)} weights for {num_shards} shards")
-        return partition_by_weights(numel, weights, partition_bytes)
+        return partition_by_weights(numel, weights, partition_bytes, order)
     count = min(numel, max(num_shards, math.ceil(numel * FLOAT32_BYTES / partition_bytes)))
     bounds = [numel * i // count for i in range(count + 1)]
     shards = assign_by_bytes([(bounds[i + 1] - bounds[i]) * FLOAT32_BYTES for i in range(count)], num_shards)
@@ -125,21 +127,53 @@ def egress_shard_weights(num_shards: int, num_workers: int) -> list[float]:
     return [max(w0, 1e-3)] + [1.0] * (num_shards - 1)
 
 
-def partition_by_weights(numel: int, weights: Sequence[float], partition_bytes: int) -> list[Partition]:
-    """One contiguous range of ``[0, numel)`` per shard, in shard order, of ``numel x weight / sum``
-    elements (rounded; every shard at least one element), each range cut into the fewest near-equal
-    partitions of at most `partition_bytes` (float32).
+def pipeline_shard_weights(num_shards: int, num_workers: int) -> list[float]:
+    """Shares like `egress_shard_weights`, for the layout that puts the coordinator's range at the tail
+    of the vector (``partition_balance: pipeline``), with the one dependency that model leaves out: a
+    shard pulls a partition only once every push for it is in.
+
+    Backward produces the last layers' gradients first, and the client pushes a tensor's partitions
+    tail first, so every worker pushes the coordinator's partitions before the others; they are in
+    after s_0 / R, and the coordinator, which pushes nothing, then sends W s_0 of pulls: it is done
+    after (W + 1) s_0 / R. A worker with a shard sends M + (W - 2) s_w, pushes and pulls back to back.
+    Levelling (W + 1) s_0 = M + (W - 2) s_w with s_0 + (k - 1) s_w = M gives s_0 / s_w = (k + W - 3) / W
+    (1.75 at W = 8, k = 9, against `egress_shard_weights`' 2, whose coordinator would send 1.6 M only
+    after its 0.2 M of pushes: 1.8 M, or up to 2.5 M when its range is pushed last, as the head of the
+    vector is). With a shard on every node (k = W + 1), s_w = W M / (W^2 + 2W - 2), 8 M / 78 at W = 8,
+    and every node is done after (M + (W - 2) s_w) / R = 1.615 M / R (ring all-reduce: 1.75 M / R).
+
+    Returns:
+        `num_shards` weights (float > 0): shard 0's first, then 1.0 for each worker's shard.
+    Raises:
+        ValueError: num_shards < 1 or num_workers < 1.
+    """
+    if num_shards < 1 or num_workers < 1:
+        raise ValueError(f"num_shards {num_shards}, num_workers {num_workers}: each must be >= 1")
+    w0 = (num_shards + num_workers - 3) / num_workers if num_workers >= 2 else 1.0
+    return [max(w0, 1e-3)] + [1.0] * (num_shards - 1)
+
+
+def partition_by_weights(numel: int, weights: Sequence[float], partition_bytes: int,
+                         order: Sequence[int] | None = None) -> list[Partition]:
+    """One contiguous range of ``[0, numel)`` per shard, of ``numel x weight / sum`` elements (rounded;
+    every shard at least one element), each range cut into the fewest near-equal partitions of at most
+    `partition_bytes` (float32). `order`: the shards in vector order (a permutation of their ids; None:
+    0, 1, ...), e.g. ``[1, .., k - 1, 0]`` puts shard 0's range at the tail.
 
     Returns partitions in vector order (``index`` 0..P-1) covering every element exactly once.
     Raises:
-        ValueError: numel < len(weights), a weight <= 0, or partition_bytes < 4.
+        ValueError: numel < len(weights), a weight <= 0, partition_bytes < 4, or `order` not a
+            permutation of the shard ids.
     """
     if numel < len(weights) or not weights or min(weights) <= 0 or partition_bytes < FLOAT32_BYTES:
         raise ValueError(f"numel {numel} (>= one per shard), weights {list(weights)} (> 0), partition_bytes "
                          f"{partition_bytes} (>= 4)")
+    order = list(range(len(weights))) if order is None else list(order)
+    if sorted(order) != list(range(len(weights))):
+        raise ValueError(f"order {order}: a permutation of 0..{len(weights) - 1}")
     total, acc, ends = float(sum(weights)), 0.0, []
-    for w in weights:
-        acc += w
+    for shard in order:
+        acc += weights[shard]
         ends.append(round(numel * acc / total))
     ends[-1] = numel
     for i in range(len(ends)):  # at least one element per shard, and room for the shards after it
@@ -147,7 +181,7 @@ def partition_by_weights(numel: int, weights: Sequence[float], partition_bytes: 
         ends[i] = min(max(ends[i], low), numel - (len(ends) - 1 - i))
     out: list[Partition] = []
     start = 0
-    for shard, stop in enumerate(ends):
+    for shard, stop in zip(order, ends):
         n = stop - start
         count = min(n, math.ceil(n * FLOAT32_BYTES / partition_bytes))
         for j in range(count):
