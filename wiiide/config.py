@@ -322,12 +322,12 @@ class RunConfig(BaseSettings):
     partition_bytes: SizeBytes = _field(4 * _MIB, "4 bytes..1 GiB",
                                         "ps_shards > 1: largest parameter partition (BytePS's default 4 MiB); "
                                         "at least one partition per shard", ge=4, le=1024 * _MIB)
-    partition_balance: Literal["egress", "pipeline", "bytes"] = _field(
-        "egress", "egress | pipeline | bytes",
-        "ps_shards > 1: egress: shares that level every node's bytes sent per step (the coordinator's shard, which "
-        "pushes nothing, gets more: wiiide.ps.partition.egress_shard_weights); pipeline: the coordinator's range at "
-        "the tail of the vector, pushed first, with shares that level every node's finish time "
-        "(wiiide.ps.partition.pipeline_shard_weights); bytes: equal bytes per shard")
+    partition_balance: Literal["pipeline", "egress", "bytes"] = _field(
+        "pipeline", "pipeline | egress | bytes",
+        "ps_shards > 1: pipeline: the coordinator's range at the tail of the vector, pushed first, with shares "
+        "that level every node's finish time (wiiide.ps.partition.pipeline_shard_weights); egress: shares that "
+        "level every node's bytes sent per step, the coordinator's range first (egress_shard_weights); bytes: "
+        "equal bytes per shard")
     shard_port: Int = _field(0, "0 (a free port, reported at join) or 1..65535",
                              "ps_shards > 1: TCP port a node's shard listens on", ge=0, le=65535)
     batch_handout: Literal["auto", "indices", "samples"] = _field(
