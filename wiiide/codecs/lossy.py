@@ -191,8 +191,7 @@ class Int8BlockCodec(_BlockwiseCodec):
             for xs, sc, qs in pieces:
                 np.max(np.abs(xs), axis=1, out=sc)
                 sc /= 127.0
-                inv = np.where(sc > 0, 1.0 / sc, 0.0).astype(F32)
-                scaled = xs * inv[:, None]
+                scaled = xs / np.where(sc > 0, sc, np.float32(1.0))[:, None]  # not x * (1 / sc): see _blockwise_scales
                 np.rint(scaled, out=scaled)
                 np.clip(scaled, -127, 127, out=scaled)
                 qs[...] = scaled
@@ -228,11 +227,12 @@ def _blockwise_scales(x: np.ndarray, block: int, levels: int) -> tuple[np.ndarra
     pad = nb * block - n
     xs = np.pad(x, (0, pad)) if pad else x
     xs = xs.reshape(nb, block)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore", under="ignore"):
         scales = np.max(np.abs(xs), axis=1).astype(F32)
         scales /= levels
-        inv = np.where(scales > 0, 1.0 / scales, 0.0).astype(F32)
-        codes = xs * inv[:, None]
+        # x / scale, not x * (1 / scale): below about 2.9e-39 a scale's inverse overflows float32 to inf,
+        # and 0 x inf is NaN (whose code would be garbage); |x| / scale <= levels never overflows.
+        codes = xs / np.where(scales > 0, scales, np.float32(1.0))[:, None]
         np.rint(codes, out=codes)
         np.clip(codes, -levels, levels, out=codes)
     return scales, codes.reshape(-1)[:n]
