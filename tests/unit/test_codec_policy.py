@@ -293,3 +293,21 @@ def test_link_estimate_quantile_matches_numpy_on_any_window():
         for bps in rates:
             est.observe_rate(float(bps))
         assert est.bps == pytest.approx(float(np.quantile(rates, 0.25)), rel=1e-12)
+
+
+def test_a_sharded_runs_partitions_feed_the_link_estimate():
+    """Sharded servers move partitions (64 KiB here), below the default smallest payload the link
+    estimate counts (256 KiB): from a config the policy counts payloads of half a partition and up, so
+    network-aware learns the link from pulls and pushes; the central server's default is unchanged."""
+    sharded = CompressionPolicy.from_config(RunConfig(compression="network-aware", ps_shards="all",
+                                                      partition_bytes=64 * 1024))
+    central = CompressionPolicy.from_config(RunConfig(compression="network-aware"))
+    try:
+        for policy in (sharded, central):
+            for _ in range(3):
+                policy.observe_received(_Received(64 * 1024, 100e6))
+        assert sharded.link_bps() == (pytest.approx(100e6), "measured")
+        assert central.link_bps()[1] == "assumed"  # 64 KiB payloads do not count at the default
+    finally:
+        sharded.close()
+        central.close()

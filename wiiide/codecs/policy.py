@@ -61,6 +61,7 @@ LOSSY_CANDIDATES = ("fp16", "bf16", "int8")  # + topk-<topk_fraction>
 POLICY_NAME_FORMS = ("fixed:<codec>", "none", "zlib-1..9", "seed", "adaptive", "network-aware",
                      "network-aware+lossy")
 MIN_COMPRESS_BYTES = 4096
+LINK_MIN_BYTES = 256 * 1024  # the link estimate's smallest payload by default (LinkEstimate.min_bytes)
 ASSUMED_LINK_BPS = 1e9  # network-aware, before the first measurement when no bandwidth is configured
 MAX_DECISIONS_KEPT = 200
 FIRST_TRIES = 2  # network-aware tries every candidate twice before choosing
@@ -119,7 +120,7 @@ class LinkEstimate:
     the link is as fast both ways (tc/tbf profiles shape each direction alike).
     """
 
-    def __init__(self, min_bytes: int = 256 * 1024, window: int = 32, quantile: float = 0.25) -> None:
+    def __init__(self, min_bytes: int = LINK_MIN_BYTES, window: int = 32, quantile: float = 0.25) -> None:
         self.min_bytes, self.quantile = min_bytes, quantile
         self.rates_bps: deque[float] = deque(maxlen=window)
 
@@ -156,6 +157,8 @@ class CompressionPolicy:
         ema_alpha: weight of the newest sample in the moving averages.
         clock: time source (seconds), replaceable in tests.
         record: a dict (e.g. the node's ``metrics.extra``) that receives ``compression_policy``.
+        link_min_bytes: the smallest received payload whose arrival rate counts for the link estimate
+            (`LinkEstimate`; `LINK_MIN_BYTES` unless the messages are smaller, as sharded partitions are).
 
     Raises:
         ValueError: a bad name or parameter.
@@ -165,7 +168,7 @@ class CompressionPolicy:
                  lossy_warmup_steps: int = 0, topk_fraction: float = 0.01, link_bandwidth_bps: float = 0,
                  codec_threads: int = 1, chunk_bytes: int = 1024 * 1024, probe_every: int = 20,
                  ema_alpha: float = 0.2, clock: Callable[[], float] = time.perf_counter,
-                 record: dict[str, Any] | None = None) -> None:
+                 record: dict[str, Any] | None = None, link_min_bytes: int = LINK_MIN_BYTES) -> None:
         self.name = name
         self.mode, codec_name = parse_policy_name(name)
         if probe_every < 2:
@@ -178,7 +181,7 @@ class CompressionPolicy:
         # The node hands this pool to its frame readers (`FrameReader(pool=policy.pool)`), so received
         # chunks are decoded on the same threads.
         self.pool = CodecPool(codec_threads, chunk_bytes)
-        self.link = LinkEstimate()  # what arrives here (the symmetric stand-in for the uplink)
+        self.link = LinkEstimate(min_bytes=link_min_bytes)  # what arrives here (the symmetric stand-in for the uplink)
         self.uplink = LinkEstimate()  # this node's uplink: the rates its peers reported (FEEDBACK_META_KEY)
         self._rx_by_peer: dict[Any, LinkEstimate] = {}  # what arrived here from each peer, reported back to it
         self.gradient_messages = 0
@@ -211,14 +214,17 @@ class CompressionPolicy:
     def from_config(cls, cfg: Any, record: dict[str, Any] | None = None) -> "CompressionPolicy":
         """The policy a `wiiide.config.RunConfig` describes, recording into `record` (metrics.extra).
 
-        ``codec_threads`` 0 becomes `default_threads()` (the cores, at most 4). Raises `ValueError` as
-        the constructor does (a config that validated never does).
+        ``codec_threads`` 0 becomes `default_threads()` (the cores, at most 4); the link estimate counts
+        payloads of half a ``partition_bytes`` and up when that is below `LINK_MIN_BYTES` (a sharded
+        run's pulls and pushes are partitions). Raises `ValueError` as the constructor does (a config
+        that validated never does).
         """
         return cls(cfg.compression, cfg.adaptive_threshold_bytes, allow_lossy=cfg.allow_lossy,
                    lossy_warmup_steps=cfg.lossy_warmup_steps, topk_fraction=cfg.topk_fraction,
                    link_bandwidth_bps=cfg.link_bandwidth_bps,
                    codec_threads=cfg.codec_threads or default_threads(), chunk_bytes=cfg.codec_chunk_bytes,
-                   probe_every=cfg.codec_probe_every, record=record)
+                   probe_every=cfg.codec_probe_every, record=record,
+                   link_min_bytes=min(LINK_MIN_BYTES, max(MIN_COMPRESS_BYTES, cfg.partition_bytes // 2)))
 
     # ------------------------------------------------------------------------------------------
     def choose(self, kind: str, raw_nbytes: int, arrays: Sequence[np.ndarray] | None = None) -> Codec:

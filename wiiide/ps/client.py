@@ -245,6 +245,7 @@ class ShardClient:
                     continue
                 if len(msg.tensors) != 1 or msg.tensors[0].dtype != "float32":
                     raise ProtocolError("a pull carries one float32 tensor")
+                link.policy.observe_received(msg)  # network-aware: this link's estimate (its pushes use link.policy)
                 self.inbox.put(("pulled", msg.meta, np.array(msg.tensors[0].array, copy=True).reshape(-1)))
         except Exception as exc:
             if not self._closing.is_set():

@@ -292,6 +292,7 @@ class ShardServer:
                     continue
                 if peer.role != ROLE_WORKER:
                     raise ProtocolError("only workers push")
+                self.policy.observe_received(msg, ("worker", peer.rank))  # network-aware's link estimate
                 frame = self._on_push(peer.rank, msg)
                 if frame is not None:
                     for other in list(self.peers):
