@@ -14,7 +14,9 @@ Equal bytes per shard are not equal work per link, though: the coordinator's sha
 pushes to every other shard too. `egress_shard_weights` gives each shard the share that levels every
 node's egress (the link model below), and ``partition_flat(..., weights=...)`` cuts the vector into one
 contiguous range per shard of exactly that share (ps-lite's key range per server), each range into
-partitions of at most `partition_bytes`. Measured at 8 workers and 100 Mbit/s (README, "Side by
+partitions of at most `partition_bytes`. `pipeline_shard_weights` (the default layout) adds the one
+dependency the egress model leaves out, that a shard pulls only once its pushes are in, and puts the
+coordinator's range at the tail of the vector (``order``), which backward reaches first. Measured at 8 workers and 100 Mbit/s (README, "Side by
 side"): with equal bytes, 19 partitions of 64 KiB over 9 shards left one worker with 3 and it carried
 2.34 MB a step against the others' 1.96 MB, which set the step.
 """
