@@ -6,7 +6,9 @@ qdiscs the kernel has in a throwaway container.
 from __future__ import annotations
 
 import shlex
-from typing import Any, Iterable, Mapping
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Mapping
 
 from harness.errors import LinkShapingError
 from harness.links.plan import Capabilities, ShapingPlan
@@ -20,6 +22,34 @@ class TcCommandError(LinkShapingError):
     def __init__(self, message: str, argv: list[str], exit_code: int | None, tool_message: str) -> None:
         super().__init__(message)
         self.argv, self.exit_code, self.tool_message = argv, exit_code, tool_message
+
+
+# Containers a fault has frozen (docker pause), by name, and one lock per container name that an exec and
+# a pause or unpause take in turn. An exec into a paused container starts a `runc init` inside the frozen
+# cgroup, which freezes too; Docker 20.10's unpause then waited on it, and the container stayed paused
+# for good (seen in the swarm test: the link counter sampler's exec landed in a 1 s pause).
+_PAUSED: set[str] = set()
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+@contextmanager
+def exec_lock(name: str) -> Iterator[None]:
+    """Hold the lock of container `name`: `ContainerExec.run` takes it around each exec, and a fault's
+    pause and resume around theirs (`set_paused`), so neither starts while the other is under way."""
+    with _LOCKS_GUARD:
+        lock = _LOCKS.setdefault(name, threading.Lock())
+    with lock:
+        yield
+
+
+def set_paused(name: str, paused: bool) -> None:
+    """Record that container `name` is frozen (True, after a pause) or not (after an unpause); call it
+    under `exec_lock(name)`. `ContainerExec.run` refuses to exec into a paused container."""
+    if paused:
+        _PAUSED.add(name)
+    else:
+        _PAUSED.discard(name)
 
 
 class ContainerExec:
@@ -36,14 +66,19 @@ class ContainerExec:
 
         Raises:
             LinkShapingError: with the container, the command and tc's own message, when it exits
-            non-zero or the container cannot run it (e.g. it has exited).
+            non-zero or the container cannot run it (e.g. it has exited, or a fault paused it).
         """
         argv = list(argv)
         where = getattr(self.container, "name", "container")
-        try:
-            code, output = self.container.exec_run(argv, demux=True)
-        except Exception as exc:  # docker.errors.APIError and friends: the container is not running
-            raise TcCommandError(f"{where}: `{shlex.join(argv)}` could not run: {exc}", argv, None, str(exc)) from None
+        with exec_lock(where):
+            if where in _PAUSED:  # see _PAUSED: an exec would freeze, and the unpause with it
+                raise TcCommandError(f"{where}: `{shlex.join(argv)}` not run: the container is paused", argv, None,
+                                     "paused")
+            try:
+                code, output = self.container.exec_run(argv, demux=True)
+            except Exception as exc:  # docker.errors.APIError and friends: the container is not running
+                raise TcCommandError(f"{where}: `{shlex.join(argv)}` could not run: {exc}", argv, None,
+                                     str(exc)) from None
         out, err = output if isinstance(output, tuple) else (output, b"")
         stdout = (out or b"").decode(errors="replace")
         if code != 0:
