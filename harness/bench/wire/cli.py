@@ -76,7 +76,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recv-chunk-bytes", default="64MiB",
                    help="the receiver's recv_chunk_bytes for frames, IEC (default: the nodes' 64MiB)")
     p.add_argument("--read-ahead-bytes", default="0",
-                   help="the receiver's FrameReader read_ahead_bytes, IEC, e.g. 4KiB (default 0: none)")
+                   help="the receiver's FrameReader read_ahead_bytes for exact reads (--frame-readers exact), IEC, "
+                        "e.g. 4KiB (default 0: none)")
     p.add_argument("--frame-readers", default="whole",
                    help="how the sink reads frames: whole (the nodes' reader), exact (three reads a frame), or "
                         "whole,exact for both side by side (default whole)")

@@ -49,8 +49,8 @@ class WirePlan:
         table_threads: thread counts for the codec table (each >= 1).
         small: a small synthetic model (256-1024-1024-10) instead of 1024-4096-4096-10 (for tests).
         recv_chunk_bytes: the receiver's `FrameReader` recv_chunk_bytes (bytes, >= 1 KiB).
-        read_ahead_bytes: the receiver's `FrameReader` read_ahead_bytes (bytes, 0 .. 1 MiB; 0: every
-            frame part read exactly).
+        read_ahead_bytes: the receiver's `FrameReader` read_ahead_bytes for exact reads (bytes, 0 .. 1 MiB;
+            0: every frame part read exactly; whole-frame reads ignore it).
         sections: which of `SECTIONS` run (default all), e.g. ``("frames",)``.
         frame_readers: how the sink reads the frames section's frames, from `FRAME_READERS`: ``whole``
             (`FrameReader(whole_frames=True)`, the nodes' reader) and ``exact`` (each frame part read
