@@ -554,6 +554,20 @@ def _frame_bytes(frame) -> bytes:
     return b"".join(bytes(memoryview(b).cast("B")) for b in frame.buffers)
 
 
+def _stream_and_check(writer, reader, frames, aligned: bool = False) -> None:
+    """Send `frames` (meta {"i": index}) in one write from a thread; read each with `reader` and check it
+    is the frame sent: meta, wire size, every tensor's values (and, with `aligned`, aligned arrays)."""
+    data = b"".join(_frame_bytes(f) for f in frames)
+    threading.Thread(target=_sendall_quiet, args=(writer, data), daemon=True).start()
+    for i, frame in enumerate(frames):
+        msg = reader.read_message(deadline=time.monotonic() + 10)
+        assert msg.meta == {"i": i} and msg.wire_nbytes == frame.wire_nbytes
+        sent = [np.frombuffer(memoryview(b).cast("B"), np.float32) for b in frame.buffers[1:]]
+        got = [t.array for t in msg.tensors]
+        assert len(sent) == len(got) and all(np.array_equal(a, b) for a, b in zip(sent, got))
+        assert not aligned or all(a.flags.aligned for a in got)
+
+
 @pytest.mark.parametrize("recv_chunk_bytes", [1000, 64 * MIB])
 def test_read_ahead_reads_a_stream_of_frames_exactly_as_without(sock_pair, recv_chunk_bytes):
     """With read_ahead_bytes the end of one frame and the start of the next come in one recv: the
@@ -564,15 +578,8 @@ def test_read_ahead_reads_a_stream_of_frames_exactly_as_without(sock_pair, recv_
     sizes = [0, 1, 3000, 5000, 300_000, 0, 17, 4096 - 200, 1 * MIB]
     frames = [encode_message("m", {"i": i}, [WireTensor("t", rng.standard_normal(n // 4 or 1).astype(np.float32))]
                              if n else []) for i, n in enumerate(sizes)]
-    data = b"".join(_frame_bytes(f) for f in frames)
-    threading.Thread(target=_sendall_quiet, args=(writer, data), daemon=True).start()
     reader = FrameReader(reader_sock, 4 * MIB, recv_chunk_bytes, reuse_buffers=False, read_ahead_bytes=4096)
-    for i, frame in enumerate(frames):
-        msg = reader.read_message(deadline=time.monotonic() + 10)
-        assert msg.meta == {"i": i} and msg.wire_nbytes == frame.wire_nbytes
-        sent = [np.frombuffer(memoryview(b).cast("B"), np.float32) for b in frame.buffers[1:]]
-        got = [t.array for t in msg.tensors]
-        assert len(sent) == len(got) and all(np.array_equal(a, b) for a, b in zip(sent, got))
+    _stream_and_check(writer, reader, frames)
     writer.close()
     with pytest.raises(PeerClosed, match="peer closed the connection$"):
         reader.read_message()
@@ -640,17 +647,9 @@ def test_whole_frames_read_a_stream_of_frames_exactly_as_without(sock_pair, size
     rng = np.random.default_rng(6)
     frames = [encode_message("m", {"i": i}, [WireTensor("t", rng.standard_normal(n // 4 or 1).astype(np.float32))]
                              if n else []) for i, n in enumerate(sizes)]
-    data = b"".join(_frame_bytes(f) for f in frames)
-    threading.Thread(target=_sendall_quiet, args=(writer, data), daemon=True).start()
     reader = FrameReader(reader_sock, 4 * MIB, reuse_buffers=True, whole_frames=True)
     assert reader.whole_frames
-    for i, frame in enumerate(frames):
-        msg = reader.read_message(deadline=time.monotonic() + 10)
-        assert msg.meta == {"i": i} and msg.wire_nbytes == frame.wire_nbytes
-        sent = [np.frombuffer(memoryview(b).cast("B"), np.float32) for b in frame.buffers[1:]]
-        got = [t.array for t in msg.tensors]
-        assert len(sent) == len(got) and all(np.array_equal(a, b) for a, b in zip(sent, got))
-        assert all(a.flags.aligned for a in got)
+    _stream_and_check(writer, reader, frames, aligned=True)
     assert reader.buffered_nbytes() == 0
     writer.close()
     with pytest.raises(PeerClosed, match="peer closed the connection$"):
