@@ -52,6 +52,19 @@ def set_paused(name: str, paused: bool) -> None:
         _PAUSED.discard(name)
 
 
+def _still_paused(container) -> bool:
+    """Whether a container marked paused is so in the engine: a run that ended before its fault's resume
+    leaves the mark, and a new container of the same name must not inherit it (the mark is dropped)."""
+    try:
+        container.reload()
+        paused = container.status == "paused"
+    except Exception:  # docker.errors.NotFound and friends: gone, so not paused
+        paused = False
+    if not paused:
+        _PAUSED.discard(getattr(container, "name", "container"))
+    return paused
+
+
 class ContainerExec:
     """Runs argv lists in a running container through the Engine API (``exec_run``, no shell).
 
@@ -71,7 +84,7 @@ class ContainerExec:
         argv = list(argv)
         where = getattr(self.container, "name", "container")
         with exec_lock(where):
-            if where in _PAUSED:  # see _PAUSED: an exec would freeze, and the unpause with it
+            if where in _PAUSED and _still_paused(self.container):  # see _PAUSED: an exec would freeze
                 raise TcCommandError(f"{where}: `{shlex.join(argv)}` not run: the container is paused", argv, None,
                                      "paused")
             try:

@@ -17,12 +17,18 @@ class _Container:
 
     def __init__(self, name: str) -> None:
         self.name, self.labels, self.calls = name, {SERVICE_LABEL: "worker", NUMBER_LABEL: "2"}, []
+        self.status = "running"
+
+    def reload(self) -> None:
+        pass
 
     def pause(self) -> None:
         self.calls.append("pause")
+        self.status = "paused"
 
     def unpause(self) -> None:
         self.calls.append("unpause")
+        self.status = "running"
 
     def exec_run(self, argv, demux=True):
         self.calls.append(argv[0])
@@ -66,3 +72,13 @@ def test_a_pause_waits_for_an_exec_under_way():
     pauser.join(5)
     assert container.calls == ["tc", "pause"]
     controller.resume("worker-2")
+
+
+def test_a_pause_left_by_an_ended_run_does_not_bar_a_new_container_of_that_name():
+    """A run stopped before its fault's resume leaves the name marked paused; the next run's container
+    of the same name (running) still gets its execs."""
+    old = _Container("wiiide_worker_2")
+    ContainerController([old]).pause("worker-2")  # no resume: the run ended
+    new = _Container("wiiide_worker_2")
+    assert ContainerExec(new).run(["tc"]) == "ok"
+    assert ContainerExec(new).run(["tc"]) == "ok" and new.calls == ["tc", "tc"]
