@@ -50,7 +50,7 @@ import ssl
 import struct
 import termios
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -175,6 +175,7 @@ class Frame:
     encode_s: float
     wire_id: str = "none"
     codec_params: dict[str, Any] = field(default_factory=dict)
+    header: dict[str, Any] | None = None  # the JSON header the first buffer carries (see `with_meta`)
 
     @property
     def wire_nbytes(self) -> int:
@@ -220,15 +221,8 @@ def encode_message(
     }
     if codec_params:
         header["codec_params"] = codec_params
-    header_bytes = _HEADER_JSON.encode(header).encode("utf-8")
-    # JSON allows trailing whitespace: pad the header so that the payload starts 8-byte aligned within
-    # the frame (a reader that takes whole frames into one buffer then hands out aligned array views).
-    header_bytes += b" " * (-(PREFIX_NBYTES + len(header_bytes)) % PAYLOAD_ALIGN_BYTES)
-    if len(header_bytes) > MAX_HEADER_BYTES:
-        raise ValueError(f"header of {len(header_bytes)} bytes exceeds {MAX_HEADER_BYTES}")
-    prefix = PREFIX.pack(MAGIC, PROTOCOL_VERSION, 0, len(header_bytes), payload_nbytes)
     return Frame(
-        buffers=[prefix + header_bytes, *[p for p in payload_parts if memoryview(p).nbytes]],
+        buffers=[_frame_head(header, payload_nbytes), *[p for p in payload_parts if memoryview(p).nbytes]],
         kind=kind,
         codec=codec.name,
         raw_nbytes=raw_nbytes,
@@ -236,7 +230,41 @@ def encode_message(
         encode_s=encode_s,
         wire_id=codec.wire_id,
         codec_params=codec_params,
+        header=header,
     )
+
+
+def _frame_head(header: dict[str, Any], payload_nbytes: int) -> bytes:
+    """A frame's prefix and JSON header (padded so the payload starts `PAYLOAD_ALIGN_BYTES`-aligned).
+
+    Raises:
+        ValueError: a header larger than MAX_HEADER_BYTES.
+    """
+    header_bytes = _HEADER_JSON.encode(header).encode("utf-8")
+    # JSON allows trailing whitespace: pad the header so that the payload starts 8-byte aligned within
+    # the frame (a reader that takes whole frames into one buffer then hands out aligned array views).
+    header_bytes += b" " * (-(PREFIX_NBYTES + len(header_bytes)) % PAYLOAD_ALIGN_BYTES)
+    if len(header_bytes) > MAX_HEADER_BYTES:
+        raise ValueError(f"header of {len(header_bytes)} bytes exceeds {MAX_HEADER_BYTES}")
+    return PREFIX.pack(MAGIC, PROTOCOL_VERSION, 0, len(header_bytes), payload_nbytes) + header_bytes
+
+
+def with_meta(frame: Frame, extra: dict[str, Any]) -> Frame:
+    """`frame` with `extra` added to its header's meta: a new prefix and header, the same payload buffers
+    (not copied), so one encoded payload can go to several peers each with its own meta (a shard's pull
+    with the rate each worker's pushes arrived at, `wiiide.codecs.policy.FEEDBACK_META_KEY`).
+    `frame` itself is left as it was; with an empty `extra` it is returned as is.
+
+    Raises:
+        ValueError: `frame` was not built by `encode_message` (no header kept), or the header grows past
+            MAX_HEADER_BYTES.
+    """
+    if not extra:
+        return frame
+    if frame.header is None:
+        raise ValueError(f"frame {frame.kind!r} keeps no header to add meta to")
+    header = {**frame.header, "meta": {**frame.header["meta"], **extra}}
+    return replace(frame, buffers=[_frame_head(header, frame.payload_nbytes), *frame.buffers[1:]], header=header)
 
 
 def send_frames(sock: socket.socket, frames: Sequence[Frame]) -> int:

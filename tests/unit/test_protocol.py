@@ -29,6 +29,7 @@ from wiiide.protocol import (
     WireTensor,
     encode_message,
     send_frames,
+    with_meta,
 )
 from wiiide.tensors import from_wire, to_wire
 
@@ -237,6 +238,28 @@ def test_identity_codec_sends_tensor_buffers_without_copy():
     assert len(frame.buffers) == 2
     assert np.shares_memory(np.frombuffer(frame.buffers[1], dtype=np.float32), a)
     assert frame.payload_nbytes == frame.raw_nbytes == a.nbytes
+
+
+def test_with_meta_adds_meta_and_shares_the_payload(sock_pair):
+    """One encoded payload, a meta per peer (a shard's pull to each worker): each copy is a valid frame
+    carrying its own meta and the same bytes; the original frame is unchanged."""
+    a = np.arange(4097, dtype=np.float32)
+    frame = encode_message("pull", {"step": 3}, [WireTensor("p0", a)], ZlibCodec(1))
+    head = bytes(frame.buffers[0])
+    copies = [with_meta(frame, {"rx_bps": rate}) for rate in (1e6, 2.5e8)]
+    assert with_meta(frame, {}) is frame
+    assert bytes(frame.buffers[0]) == head and frame.header["meta"] == {"step": 3}
+    for copy in copies:
+        assert copy.buffers[1:] == frame.buffers[1:] and copy.buffers[1] is frame.buffers[1]
+    msgs = roundtrip(sock_pair, [frame, *copies], whole_frames=True)
+    assert [m.meta for m in msgs] == [{"step": 3}, {"step": 3, "rx_bps": 1e6}, {"step": 3, "rx_bps": 2.5e8}]
+    for m in msgs:
+        assert m.codec == frame.wire_id
+        assert_same(m.tensor("p0"), a)
+    hand_made = protocol.Frame(buffers=[head, *frame.buffers[1:]], kind="pull", codec="zlib-1",
+                               raw_nbytes=a.nbytes, payload_nbytes=frame.payload_nbytes, encode_s=0.0)
+    with pytest.raises(ValueError, match="keeps no header"):
+        with_meta(hand_made, {"rx_bps": 1.0})
 
 
 def test_zlib_frame_is_smaller_for_compressible_data():

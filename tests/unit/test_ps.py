@@ -295,6 +295,62 @@ def test_a_shard_averages_pushes_steps_its_optimizer_slice_and_answers_every_wor
         server.close()
 
 
+class _Arrived:
+    """What `CompressionPolicy.observe_received` reads of a received message: `nbytes` at `rate_bps`."""
+
+    def __init__(self, nbytes: int, rate_bps: float) -> None:
+        self.payload_nbytes, self.payload_recv_s, self.payload_queued_nbytes = nbytes, 8 * nbytes / rate_bps, 0
+        self.meta = {}
+
+
+def test_a_push_reports_the_rate_its_shards_pulls_arrived_at_with_network_aware_only():
+    from wiiide.codecs.policy import FEEDBACK_META_KEY
+    from wiiide.ps.client import push_meta
+
+    base = dict(ps_shards="all", partition_bytes=64 * 1024)
+    aware = CompressionPolicy.from_config(RunConfig(compression="network-aware", **base))
+    fixed = CompressionPolicy.from_config(RunConfig(compression="fixed:shuffle-zstd", **base))
+    configured = CompressionPolicy.from_config(RunConfig(compression="network-aware", link_bandwidth_bps=1e8, **base))
+    try:
+        assert push_meta(aware, 4, 7) == {"step": 4, "partition": 7}  # nothing arrived yet
+        for policy in (aware, fixed, configured):
+            for _ in range(3):  # pulls of a 64 KiB partition at 100 Mbit/s
+                policy.observe_received(_Arrived(64 * 1024, 100e6))
+        assert push_meta(aware, 4, 7) == {"step": 4, "partition": 7, FEEDBACK_META_KEY: pytest.approx(100e6, rel=1e-6)}
+        assert push_meta(fixed, 4, 7) == push_meta(configured, 4, 7) == {"step": 4, "partition": 7}
+    finally:
+        for policy in (aware, fixed, configured):
+            policy.close()
+
+
+def test_a_shards_pull_tells_each_worker_the_rate_of_its_own_pushes():
+    """The shard encodes a pull once for every worker; with network-aware each worker's copy carries the
+    rate that worker's pushes arrived at (its uplink to this shard), and the payload is shared."""
+    from wiiide.codecs.policy import FEEDBACK_META_KEY
+    from wiiide.ps.shard import ShardServer
+
+    cfg = RunConfig(num_workers=3, log_tier="silent", compression="network-aware", ps_shards="all",
+                    partition_bytes=64 * 1024)
+    metrics, log = _node(cfg, "coordinator", "shard0")
+    server = ShardServer(cfg, SECRET, metrics, log, 0)
+    try:
+        for rank, rate in ((1, 50e6), (2, 400e6)):
+            for _ in range(3):
+                server.policy.observe_received(_Arrived(64 * 1024, rate), ("worker", rank))
+        frame = server.policy.encode("ps_dense", {"step": 0, "partition": 0},
+                                     [WireTensor("p0", np.ones(16384, dtype=np.float32))])
+        to = {rank: server._to_worker(frame, rank) for rank in (1, 2, 3)}
+        assert to[1].header["meta"][FEEDBACK_META_KEY] == pytest.approx(50e6, rel=1e-6)
+        assert to[2].header["meta"][FEEDBACK_META_KEY] == pytest.approx(400e6, rel=1e-6)
+        assert to[3] is frame  # nothing measured from worker 3 yet: nothing to tell it
+        assert to[1].buffers[1] is frame.buffers[1]
+        server.policy.observe_received(_Arrived(64 * 1024, 1e6), ("worker", 3))
+        server.policy.mode = "fixed"  # a fixed codec never reads the reports: the pull goes as encoded
+        assert server._to_worker(frame, 3) is frame
+    finally:
+        server.close()
+
+
 def test_a_shard_refuses_a_peer_without_the_secret():
     from wiiide.ps.client import ShardFailed, connect_shard
     from wiiide.ps.shard import ROLE_WORKER, ShardServer

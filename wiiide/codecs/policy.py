@@ -400,7 +400,7 @@ class CompressionPolicy:
         self.record["link_bandwidth_bps_measured"] = self.link.bps
         rx = self._rx_by_peer.get(peer)
         if rx is None:
-            rx = self._rx_by_peer[peer] = LinkEstimate()
+            rx = self._rx_by_peer[peer] = LinkEstimate(min_bytes=self.link.min_bytes)
         # Only the bytes that arrived while this node read count for the report: a payload that waited
         # in the socket's queue (the parameter server reading its 4th worker after the other 3) would
         # report the speed of a memory copy, not of the peer's uplink.
@@ -412,10 +412,18 @@ class CompressionPolicy:
             self.uplink.observe_rate(reported)
             self.record["uplink_bps_reported"] = self.uplink.bps
 
+    @property
+    def learns_uplink(self) -> bool:
+        """True when the codec choice uses the peers' reports (network-aware with no configured bandwidth):
+        a node whose messages to its peers are costly to give each their own meta (a shard's pull goes
+        to every worker) adds `feedback_meta` only then."""
+        return self.mode == "network-aware" and self.link_bandwidth_bps <= 0
+
     def feedback_meta(self, peer: Any = None) -> dict[str, float]:
         """The meta entries to add to the next message to `peer`: ``{FEEDBACK_META_KEY: bit/s}``, the
-        rate (`LinkEstimate.bps` of the last payloads of at least 256 KiB) at which `peer`'s messages
-        arrived here; ``{}`` before any such payload arrived."""
+        rate (`LinkEstimate.bps` of the last payloads of at least the link estimate's `min_bytes`, 256 KiB
+        unless the policy was given a smaller `link_min_bytes`) at which `peer`'s messages arrived here;
+        ``{}`` before any such payload arrived."""
         rx = self._rx_by_peer.get(peer)
         bps = rx.bps if rx is not None else None
         return {FEEDBACK_META_KEY: round(bps)} if bps else {}

@@ -110,6 +110,16 @@ def connect_shard(cfg: RunConfig, secret: bytes, metrics: NodeMetrics, log: Tier
     return conn
 
 
+def push_meta(policy: CompressionPolicy, step: int, index: int) -> dict:
+    """The meta of a push of partition `index` at `step` on a link whose pushes `policy` encodes: with
+    network-aware (`CompressionPolicy.learns_uplink`) also the rate the shard's pulls arrived at here
+    (`CompressionPolicy.feedback_meta`), which the shard's policy takes as its uplink to this worker."""
+    meta = {"step": step, "partition": index}
+    if policy.learns_uplink:
+        meta.update(policy.feedback_meta())
+    return meta
+
+
 class ShardClient:
     """Connections to every shard (`addresses[s]` = (host, port) of shard s) for a node of `role`/`rank`.
 
@@ -225,7 +235,7 @@ class ShardClient:
                 return item  # a ready frame (bye, pull_final, checkpoint_at)
             step, part, dense = item
             values = self._flat.grads[part.start:part.stop].numpy()
-            return self.feedback.encode(link.policy, {"step": step, "partition": part.index}, f"p{part.index}",
+            return self.feedback.encode(link.policy, push_meta(link.policy, step, part.index), f"p{part.index}",
                                         values, dense)[0]
 
         def failed(exc: Exception) -> None:
@@ -288,6 +298,10 @@ class ShardClient:
     def policy_records(self) -> list[dict]:
         """Each link's push policy choices (codec counts by kind)."""
         return [link.policy.record["choices"] for link in self.links]
+
+    def uplink_records(self) -> list[float | None]:
+        """Each link's uplink as its shard reported it (bit/s, `CompressionPolicy.uplink`; None: no report)."""
+        return [link.policy.uplink.bps for link in self.links]
 
     def close(self) -> None:
         """Say goodbye to every shard and stop the threads."""

@@ -329,6 +329,7 @@ def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, s
     finally:
         if client is not None:
             metrics.extra.setdefault("ps", {})["push_policy"] = client.policy_records()
+            metrics.extra["ps"]["push_uplink_bps_reported"] = client.uplink_records()
             client.close()
         if shard is not None:
             shard.close()

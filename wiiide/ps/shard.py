@@ -48,7 +48,7 @@ from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.model import MomentumSGD
 from wiiide.node import Connection, Heartbeats
-from wiiide.protocol import PROTOCOL_VERSION, WireTensor, encode_message
+from wiiide.protocol import PROTOCOL_VERSION, Frame, WireTensor, encode_message, with_meta
 from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas
 from wiiide.ps.partition import Partition
@@ -179,6 +179,7 @@ class ShardServer:
         self.stats.update({"updates": self.updates, "update_s": round(self.update_s, 4),
                            "push_spread_s": round(self.push_spread_s, 4)})
         self.stats["pull_policy"] = self.policy.record["choices"]
+        self.stats["pull_uplink_bps_reported"] = self.policy.uplink.bps
         with self._lock:
             gaps = [o.replica.max_abs_gap(o.param.numpy()) for o in self.owned.values()]
         self.stats["replica_max_abs_gap"] = max(gaps, default=0.0)
@@ -297,9 +298,17 @@ class ShardServer:
                 if frame is not None:
                     for other in list(self.peers):
                         if other.role == ROLE_WORKER:
-                            other.outbox.put(frame)
+                            other.outbox.put(self._to_worker(frame, other.rank))
         except Exception as exc:  # the peer is gone, or sent what it must not: the shard cannot go on
             self._fail(peer, exc)
+
+    def _to_worker(self, frame: Frame, rank: int) -> Frame:
+        """The pull `frame` as sent to worker `rank`: with network-aware, its meta also carries the rate that
+        worker's pushes arrived at here (`CompressionPolicy.feedback_meta`), for its codec choice on this
+        link; the payload buffers are shared by every worker's copy (`wiiide.protocol.with_meta`)."""
+        if not self.policy.learns_uplink:
+            return frame
+        return with_meta(frame, self.policy.feedback_meta(("worker", rank)))
 
     def _on_push(self, rank: int, msg) -> object | None:
         """Record one push; the pull frame when it completed its partition's step, else None.
