@@ -7,13 +7,21 @@ central server, "Sharded parameter servers" for ``ps_shards``); here it is for t
 DDP, with M the model's bytes, N workers and R the link's TCP payload rate (the htb rate x
 `TCP_PAYLOAD_SHARE`):
 
-- sharded (``ps_shards`` > 1): shard j owns s_j bytes (the coordinator's ``ps.shard_loads_bytes``). A
-  worker holding shard j sends (M - s_j) of pushes and (N - 1) s_j of pulls back to back; a worker
-  without a shard sends M. The coordinator sends N s_0 of pulls, but only once every push of its
-  partitions is in: after s_0 / R when its range is pushed first (``partition_balance: pipeline``, the
-  tail of the vector, where backward starts), after the push phase, (M - min_j s_j) / R, when it is
-  pushed last (``egress`` and ``bytes``: its range is the head). The step is the slowest node's time,
-  plus the compute of a step. Each node's bytes are divided by its own compression ratio.
+- sharded (``ps_shards`` > 1), bytes only (`sharded_link_s`, the table's last columns): shard j owns s_j
+  bytes (the coordinator's ``ps.shard_loads_bytes``). A worker holding shard j sends (M - s_j) of pushes
+  and (N - 1) s_j of pulls back to back; a worker without a shard sends M. The coordinator sends N s_0
+  of pulls, but only once every push of its partitions is in: after s_0 / R when its range is pushed
+  first (``partition_balance: pipeline``, the tail of the vector, where backward starts), after the
+  push phase, (M - min_j s_j) / R, when it is pushed last (``egress`` and ``bytes``: its range is the
+  head). The step is the slowest node's time, plus the compute of a step.
+- sharded, the model (`sharded_round_s`): the same bytes, partition by partition (the run's layout,
+  rebuilt by `wiiide.ps.partition.plan_partitions`), through a fluid simulation of every node's link:
+  one connection per peer sending its messages in order, a node's rate shared equally by its busy
+  connections, a pull sent once every push of its partition is in. It is what the bytes-only model
+  leaves out at 8 workers: the coordinator's first partition is in only after a fair share of every
+  worker's link (not s_0 / R), so its pulls start later.
+  Each node's bytes are divided by its compression ratio (for a fixed lossy codec, the ratio of the
+  steps after its ``lossy_warmup_steps``, `_steady_ratio`).
 - ddp: ring all-reduce, 2 (W - 1) / W x M / R (gloo; Patarasuk and Yuan 2009), compute overlapped
   with it (buckets) and not added.
 
@@ -27,10 +35,15 @@ import argparse
 import json
 import statistics
 import sys
+from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+
+from wiiide.codecs.policy import parse_policy_name
+from wiiide.codecs.registry import codec_from_name
+from wiiide.ps.partition import FLOAT32_BYTES, partition_by_weights, plan_partitions, shard_loads_bytes
 
 TCP_PAYLOAD_SHARE = 0.956  # TCP payload per bit of an htb rate with 1500-byte frames (README, "Link conditions")
 
@@ -42,6 +55,7 @@ class ModelRow:
     params: dict[str, Any]
     model_step_s: float
     measured_step_s: float
+    bytes_model_step_s: float | None = None  # sharded: compute + the busiest node's bytes (`sharded_link_s`)
 
     @property
     def error(self) -> float:
@@ -74,6 +88,81 @@ def sharded_link_s(shard_loads_bytes: Sequence[float], num_workers: int, rate_bp
     pushes_in_s = (s0 if coordinator_pushed_first else model_bytes - min(worker_loads)) / worker_ratio * byte_s
     coordinator_s = pushes_in_s + num_workers * s0 / coordinator_ratio * byte_s
     return max(worker_s, coordinator_s)
+
+
+def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, rate_bps: float,
+                    worker_ratio: float = 1.0, coordinator_ratio: float = 1.0) -> float:
+    """Seconds from the first push to the last pull of one synchronous step with sharded servers, by a
+    fluid simulation of every node's link rather than the busiest node's bytes (`sharded_link_s`).
+
+    What it simulates (the code of `wiiide.ps.client` and `wiiide.ps.shard`): node 0 is the coordinator,
+    node w worker w; shard j lives on node j. Each worker pushes every partition, tail of the vector first
+    (backward's order), each on its own connection to the partition's shard; a connection sends its
+    messages one after the other (one TCP stream, one sender thread), and a node's egress rate is shared
+    equally by its connections that have something to send (TCP's fair share of one bottleneck; ingress
+    is not shaped). A shard answers a partition once all `num_workers` pushes of it are in, with one
+    pull to every worker. A push or pull to one's own shard is free (loopback). The step ends when the
+    last worker has every pull. What this adds to the byte count: a shard's pulls wait for the slowest
+    push of their partition, and a node whose egress is shared by fewer connections is idle in between.
+
+    Args:
+        partitions: (shard, bytes) of each partition in vector order (`wiiide.ps.partition.plan_partitions`).
+        num_workers: W >= 1; rate_bps: each node's egress (TCP payload), bit/s > 0.
+        worker_ratio, coordinator_ratio: raw / sent bytes of what workers and the coordinator send.
+    Raises:
+        ValueError: no partition or worker, a shard outside 0..W, or a rate or ratio <= 0.
+    """
+    if (not partitions or num_workers < 1 or rate_bps <= 0 or worker_ratio <= 0 or coordinator_ratio <= 0
+            or any(not 0 <= shard <= num_workers for shard, _ in partitions)):
+        raise ValueError(f"{len(partitions)} partitions (shards 0..{num_workers}), workers {num_workers}, "
+                         f"rate {rate_bps}, ratios {worker_ratio}/{coordinator_ratio}")
+    byte_rate = rate_bps / 8.0
+    queues: dict[tuple[int, int], deque] = {}
+    pushes_in = [0] * len(partitions)
+    pulled = [0] * (num_workers + 1)
+    finish_s = [0.0] * (num_workers + 1)
+
+    def send(src: int, dst: int, kind: str, index: int, nbytes: float, now: float) -> None:
+        if src == dst:
+            arrive(dst, kind, index, now)
+        else:
+            queues.setdefault((src, dst), deque()).append([nbytes, kind, index])
+
+    def arrive(node: int, kind: str, index: int, now: float) -> None:
+        if kind == "push":
+            pushes_in[index] += 1
+            if pushes_in[index] == num_workers:
+                shard, nbytes = partitions[index]
+                for worker in range(1, num_workers + 1):
+                    send(shard, worker, "pull", index, nbytes / (coordinator_ratio if shard == 0 else worker_ratio), now)
+        else:
+            pulled[node] += 1
+            if pulled[node] == len(partitions):
+                finish_s[node] = now
+
+    for worker in range(1, num_workers + 1):
+        for index in reversed(range(len(partitions))):
+            shard, nbytes = partitions[index]
+            send(worker, shard, "push", index, nbytes / worker_ratio, 0.0)
+    now = 0.0
+    while True:
+        active = [key for key, q in queues.items() if q]
+        if not active:
+            break
+        sharing = Counter(src for src, _ in active)
+        rates = {key: byte_rate / sharing[key[0]] for key in active}
+        dt = min(queues[key][0][0] / rates[key] for key in active)
+        now += dt
+        done = []
+        for key in active:
+            head = queues[key][0]
+            head[0] -= rates[key] * dt
+            if head[0] <= 1e-9 * byte_rate:
+                done.append(key)
+        for key in done:
+            _, kind, index = queues[key].popleft()
+            arrive(key[1], kind, index, now)
+    return max(finish_s[1:])
 
 
 def _median(values: list[float]) -> float | None:
@@ -110,10 +199,56 @@ def point_model(point: dict[str, Any]) -> ModelRow | None:
     loads = ps.get("shard_loads_bytes")
     if engine != "wiiide" or not loads or config.get("staleness_bound", 0) not in (0, "0"):
         return None
-    worker_ratios = [n.get("compression_ratio") or 1.0 for k, n in first["nodes"].items() if k.startswith("worker")]
-    link_s = sharded_link_s(loads, workers, rate, ps.get("partition_balance") == "pipeline",
-                            _median(worker_ratios) or 1.0, coord.get("compression_ratio") or 1.0)
-    return ModelRow(dict(point.get("params") or {}), compute_s + link_s, measured)
+    worker_ratios = [_steady_ratio(n, config) for k, n in first["nodes"].items() if k.startswith("worker")]
+    worker_ratio, coordinator_ratio = _median(worker_ratios) or 1.0, _steady_ratio(coord, config)
+    link_s = sharded_link_s(loads, workers, rate, ps.get("partition_balance") == "pipeline", worker_ratio,
+                            coordinator_ratio)
+    partitions = _report_partitions(loads, workers, ps.get("partition_bytes") or config.get("partition_bytes"),
+                                    ps.get("partition_balance") or "bytes")
+    if partitions is None:
+        return None
+    round_s = sharded_round_s(partitions, workers, rate, worker_ratio, coordinator_ratio)
+    return ModelRow(dict(point.get("params") or {}), compute_s + round_s, measured, compute_s + link_s)
+
+
+def _steady_ratio(node: dict[str, Any], config: dict[str, Any]) -> float:
+    """raw / sent bytes of a node's messages in the steps after a fixed lossy codec's warm-up (the steps
+    whose median is measured): its metrics' ``compression_ratio`` counts the first ``lossy_warmup_steps``
+    of its ``steps``, sent uncompressed, too. With raw bytes alike in every step, sent / raw =
+    (w + (S - w) / r) / S, so r = (S - w) / (S / ratio - w). Any other policy: ``compression_ratio``."""
+    ratio = float(node.get("compression_ratio") or 1.0)
+    warmup, steps = int(config.get("lossy_warmup_steps") or 0), int(node.get("steps") or 0)
+    try:
+        mode, codec = parse_policy_name(str(config.get("compression") or "none"))
+        lossy = mode == "fixed" and not codec_from_name(codec).lossless
+    except ValueError:
+        return ratio
+    if not lossy or not 0 < warmup < steps or steps / ratio - warmup <= 0:
+        return ratio
+    return (steps - warmup) / (steps / ratio - warmup)
+
+
+def _report_partitions(loads: Sequence[int], workers: int, partition_bytes: Any, balance: str
+                       ) -> list[tuple[int, float]] | None:
+    """(shard, bytes) of every partition of a sharded run, rebuilt as the run cut them: with ``pipeline``
+    or ``egress`` shares one contiguous range per shard of exactly its reported load (the coordinator's
+    at the tail or at the head), cut into partitions of at most `partition_bytes`
+    (`wiiide.ps.partition.partition_by_weights`); with ``bytes``, `plan_partitions`. None when that does
+    not give the loads the run reported."""
+    if not isinstance(partition_bytes, int) or any(load % FLOAT32_BYTES or load <= 0 for load in loads):
+        return None
+    numel, k = sum(loads) // FLOAT32_BYTES, len(loads)
+    try:
+        if balance in ("pipeline", "egress"):
+            order = [*range(1, k), 0] if balance == "pipeline" else None
+            parts = partition_by_weights(numel, [load // FLOAT32_BYTES for load in loads], partition_bytes, order)
+        else:
+            parts = plan_partitions(numel, k, workers, partition_bytes, balance)
+    except ValueError:
+        return None
+    if shard_loads_bytes(parts, k) != list(loads):
+        return None
+    return [(p.shard, float((p.stop - p.start) * FLOAT32_BYTES)) for p in parts]
 
 
 def model_rows(report: dict[str, Any]) -> list[ModelRow]:
@@ -123,11 +258,13 @@ def model_rows(report: dict[str, Any]) -> list[ModelRow]:
 
 def render(rows: Sequence[ModelRow]) -> str:
     """Rows as text: the point's parameters, model ms, measured ms, error %."""
-    lines = [f"{'point':60} {'model ms':>9} {'measured ms':>12} {'error':>7}"]
+    lines = [f"{'point':60} {'model ms':>9} {'measured ms':>12} {'error':>7} {'bytes-only ms':>14} {'error':>7}"]
     for row in rows:
         label = ", ".join(f"{k}={v}" for k, v in row.params.items())
+        simple = (f" {row.bytes_model_step_s * 1e3:14.1f} {(row.bytes_model_step_s / row.measured_step_s - 1) * 100:+6.1f}%"
+                  if row.bytes_model_step_s else "")
         lines.append(f"{label[:60]:60} {row.model_step_s * 1e3:9.1f} {row.measured_step_s * 1e3:12.1f} "
-                     f"{row.error * 100:+6.1f}%")
+                     f"{row.error * 100:+6.1f}%{simple}")
     return "\n".join(lines)
 
 

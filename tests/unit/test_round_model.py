@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness.present.round_model import ModelRow, model_rows, point_model, render, sharded_link_s
+from harness.present.round_model import ModelRow, model_rows, point_model, render, sharded_link_s, sharded_round_s
 from wiiide.ps.partition import (
     egress_shard_weights,
     partition_flat,
     pipeline_shard_weights,
+    plan_partitions,
     shard_loads_bytes,
 )
 
@@ -52,10 +53,60 @@ def test_compression_scales_the_link_time_and_bad_input_is_refused():
             sharded_link_s(*bad, True)
 
 
-def _point(engine: str = "wiiide", rate_bps: int | None = 100_000_000, status: str = "ok") -> dict:
-    node = {"steps": 10, "compute_time_s": 0.05, "compression_ratio": 1.0}
-    coordinator = {"ps": {"shard_loads_bytes": [200_000, 100_000, 100_000], "partition_balance": "pipeline"}}
-    return {"params": {"engine": engine}, "config": {"num_workers": 2, "engine": engine},
+def test_round_of_a_central_server_is_pushes_then_every_pull_through_its_link():
+    """One shard on the coordinator (ps_shards 1's topology): the workers push M at once, each on its
+    own link (M / R), then the coordinator sends M to each of W workers through its one link (W M / R):
+    (W + 1) M / R with one partition. With several, its pulls start after the first partition is in."""
+    model_bytes, rate_bps = 1e6, 8e6  # 1 s a model
+    assert sharded_round_s([(0, model_bytes)], 2, rate_bps) == pytest.approx(3.0)
+    assert sharded_round_s([(0, model_bytes)], 4, rate_bps) == pytest.approx(5.0)
+    quarters = [(0, model_bytes / 4)] * 4
+    assert sharded_round_s(quarters, 4, rate_bps) == pytest.approx(0.25 + 4.0)
+
+
+def test_round_shares_a_nodes_link_among_its_busy_connections_and_pulls_wait_for_pushes():
+    """Two workers, a shard on every node, one partition of b bytes each. Each worker pushes to the two
+    other shards at once, R / 2 each: both in at 2b / R. Then each worker sends its one pull alone (b / R,
+    done at 3b / R) and the coordinator its two pulls, sharing its link (2b / R): the step is 4b / R."""
+    b, rate_bps = 1e6, 8e6
+    parts = [(1, b), (2, b), (0, b)]
+    assert sharded_round_s(parts, 2, rate_bps) == pytest.approx(4.0)
+    assert sharded_round_s(parts, 2, rate_bps, worker_ratio=2.0, coordinator_ratio=2.0) == pytest.approx(2.0)
+    assert sharded_round_s(parts, 2, rate_bps, coordinator_ratio=1e9) == pytest.approx(3.0)  # workers alone
+    for bad in (([], 2, 1e6), (parts, 0, 1e6), (parts, 2, 0.0), ([(3, b)], 2, 1e6)):
+        with pytest.raises(ValueError):
+            sharded_round_s(*bad)
+
+
+def test_round_at_eight_workers_is_longer_than_the_busiest_nodes_bytes():
+    """The digits model at 8 workers, 64 KiB partitions, pipeline shares: the coordinator's first
+    partition is in only after a fair share of every worker's link, so the step is above the bytes of
+    the busiest node (1.615 M / R); at 4 workers the workers' own bytes set it, and both agree."""
+    def both(workers):
+        parts = plan_partitions(DIGITS_MLP_NUMEL, workers + 1, workers, 64 * 1024, "pipeline")
+        loads = shard_loads_bytes(parts, workers + 1)
+        simulated = sharded_round_s([(p.shard, (p.stop - p.start) * 4.0) for p in parts], workers, RATE_BPS)
+        return simulated, sharded_link_s(loads, workers, RATE_BPS, True)
+
+    simulated, busiest = both(8)
+    assert simulated > 1.05 * busiest
+    simulated, busiest = both(4)
+    assert simulated == pytest.approx(busiest, rel=0.01)
+
+
+_NUMEL = 100_000  # 400 KB: 7 partitions of at most 64 KiB over 3 shards
+
+
+def _point(engine: str = "wiiide", rate_bps: int | None = 100_000_000, status: str = "ok",
+           compression: str = "none", ratio: float = 1.0, loads: list[int] | None = None,
+           balance: str = "pipeline") -> dict:
+    node = {"steps": 10, "compute_time_s": 0.05, "compression_ratio": ratio}
+    if loads is None:
+        loads = shard_loads_bytes(plan_partitions(_NUMEL, 3, 2, 64 * 1024, "pipeline"), 3)
+    coordinator = {"ps": {"shard_loads_bytes": loads, "partition_balance": balance, "partition_bytes": 64 * 1024},
+                   "compression_ratio": ratio, "steps": 10}
+    return {"params": {"engine": engine}, "config": {"num_workers": 2, "engine": engine, "compression": compression,
+                                                     "lossy_warmup_steps": 5},
             "cluster": {"link": {"profiles": {"all": {"rate_bps": rate_bps}}}},
             "repeats": [{"status": status, "totals": {"step_time_median_s": s},
                          "nodes": {"coordinator": coordinator, "worker-1": node, "worker-2": node}}
@@ -71,3 +122,18 @@ def test_point_model_uses_the_ok_repeats_median_and_skips_what_it_cannot_model()
     assert point_model(_point(engine="fsdp")) is None
     assert model_rows({"points": [_point(), _point(rate_bps=None)]}) == [row]
     assert "engine=wiiide" in render([row])
+    # pipeline shares: one range per shard of its reported load, whatever the weights were
+    assert point_model(_point(loads=[200_000, 100_000, 100_000])) is not None
+    assert point_model(_point(loads=[200_000, 100_000, 100_000], balance="bytes")) is None  # not what LPT cuts
+    assert row.bytes_model_step_s is not None and row.bytes_model_step_s > 0.005
+
+
+def test_a_lossy_codecs_ratio_counts_only_the_steps_after_its_warm_up():
+    """int4 sends 8x less after 5 dense warm-up steps of 10: the run's ratio is 10 / (5 + 5 / 8) = 1.78,
+    and the model's link time is that of the compressed steps (raw / 8), not of the run's mean."""
+    dense = point_model(_point())
+    int4 = point_model(_point(compression="fixed:int4", ratio=10 / (5 + 5 / 8)))
+    zstd = point_model(_point(compression="fixed:shuffle-zstd", ratio=10 / (5 + 5 / 8)))
+    compute_s = 0.005
+    assert int4.model_step_s - compute_s == pytest.approx((dense.model_step_s - compute_s) / 8)
+    assert zstd.model_step_s - compute_s == pytest.approx((dense.model_step_s - compute_s) / (10 / 5.625))

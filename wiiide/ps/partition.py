@@ -196,6 +196,25 @@ def partition_by_weights(numel: int, weights: Sequence[float], partition_bytes: 
     return out
 
 
+def plan_partitions(numel: int, num_shards: int, num_workers: int, partition_bytes: int,
+                    balance: str = "pipeline") -> list[Partition]:
+    """The partitions a sharded run uses (`partition_flat`) for the config's ``partition_balance``:
+    ``pipeline`` (`pipeline_shard_weights`, the coordinator's range at the tail), ``egress``
+    (`egress_shard_weights`) or ``bytes`` (equal bytes, LPT).
+
+    Raises:
+        ValueError: an unknown `balance`, or a count or size `partition_flat` refuses.
+    """
+    if balance == "pipeline":
+        return partition_flat(numel, num_shards, partition_bytes, pipeline_shard_weights(num_shards, num_workers),
+                              [*range(1, num_shards), 0])
+    if balance == "egress":
+        return partition_flat(numel, num_shards, partition_bytes, egress_shard_weights(num_shards, num_workers))
+    if balance == "bytes":
+        return partition_flat(numel, num_shards, partition_bytes)
+    raise ValueError(f"partition_balance {balance!r}: one of pipeline, egress, bytes")
+
+
 def assign_by_bytes(sizes_bytes: Sequence[int], num_shards: int) -> list[int]:
     """Shard of each item: largest first onto the least-loaded shard (ties: the lower shard id).
 

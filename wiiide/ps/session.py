@@ -49,9 +49,7 @@ from wiiide.ps.digest import params_digest
 from wiiide.ps.feedback import policy_may_be_lossy
 from wiiide.ps.partition import (
     Partition,
-    egress_shard_weights,
-    pipeline_shard_weights,
-    partition_flat,
+    plan_partitions,
     resolve_shards,
     shard_loads_bytes,
 )
@@ -88,12 +86,7 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
     """
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
     k = num_shards(cfg)
-    weights, order = None, None
-    if cfg.partition_balance == "egress":
-        weights = egress_shard_weights(k, cfg.num_workers)
-    elif cfg.partition_balance == "pipeline":  # the coordinator's range at the tail: pushed first
-        weights, order = pipeline_shard_weights(k, cfg.num_workers), [*range(1, k), 0]
-    partitions = partition_flat(flat.numel, k, cfg.partition_bytes, weights, order)
+    partitions = plan_partitions(flat.numel, k, cfg.num_workers, cfg.partition_bytes, cfg.partition_balance)
     if len(coord.workers) < cfg.num_workers:  # a restarted coordinator some workers did not come back to
         raise NodeFailure(f"sharded run (ps_shards={cfg.ps_shards}) needs all {cfg.num_workers} workers; "
                           f"{len(coord.workers)} came back within rejoin_timeout_s", EXIT_PEER_LOST)
