@@ -9,17 +9,15 @@ DDP, with M the model's bytes, N workers and R the link's TCP payload rate (the 
 
 - sharded (``ps_shards`` > 1), bytes only (`sharded_link_s`, the table's last columns): shard j owns s_j
   bytes (the coordinator's ``ps.shard_loads_bytes``). A worker holding shard j sends (M - s_j) of pushes
-  and (N - 1) s_j of pulls back to back; a worker without a shard sends M. The coordinator sends N s_0
-  of pulls, but only once every push of its partitions is in: after s_0 / R when its range is pushed
-  first (``partition_balance: pipeline``, the tail of the vector, where backward starts), after the
-  push phase, (M - min_j s_j) / R, when it is pushed last (``egress`` and ``bytes``: its range is the
-  head). The step is the slowest node's time, plus the compute of a step.
+  and (N - 1) s_j of pulls; a worker without a shard sends M; the coordinator sends N s_0 of pulls. The
+  step is the busiest node's bytes over R, plus the compute of a step: what no schedule beats.
 - sharded, the model (`sharded_round_s`): the same bytes, partition by partition (the run's layout,
   rebuilt by `wiiide.ps.partition.plan_partitions`), through a fluid simulation of every node's link:
   one connection per peer sending its messages in order, a node's rate shared equally by its busy
-  connections, a pull sent once every push of its partition is in. It is what the bytes-only model
-  leaves out at 8 workers: the coordinator's first partition is in only after a fair share of every
-  worker's link (not s_0 / R), so its pulls start later.
+  connections, a pull sent once every push of its partition is in. What it adds to the bytes: a
+  shard's pulls wait for their pushes; the coordinator, which pushes nothing, is idle until its first
+  partition is in, after a fair share of every worker's link (`wiiide.ps.partition.pipeline_shard_weights`
+  sizes its range for that).
   Each node's bytes are divided by its compression ratio (for a fixed lossy codec, the ratio of the
   steps after its ``lossy_warmup_steps``, `_steady_ratio`).
 - ddp: ring all-reduce, 2 (W - 1) / W x M / R (gloo; Patarasuk and Yuan 2009), compute overlapped
@@ -39,7 +37,6 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
-
 
 from wiiide.codecs.policy import parse_policy_name
 from wiiide.codecs.registry import codec_from_name
@@ -64,15 +61,14 @@ class ModelRow:
 
 
 def sharded_link_s(shard_loads_bytes: Sequence[float], num_workers: int, rate_bps: float,
-                   coordinator_pushed_first: bool, worker_ratio: float = 1.0,
-                   coordinator_ratio: float = 1.0) -> float:
-    """Seconds the busiest node's link needs per step with sharded servers (see the module's docstring).
+                   worker_ratio: float = 1.0, coordinator_ratio: float = 1.0) -> float:
+    """Seconds the busiest node's link needs for its bytes of a step with sharded servers, dependencies
+    left out (see the module's docstring): a lower bound of `sharded_round_s`.
 
     Args:
         shard_loads_bytes: bytes owned by each shard; shard 0 the coordinator's, shard j worker j's.
         num_workers: N >= 1 (workers beyond the shards hold none).
         rate_bps: the link's TCP payload rate, bit/s (> 0).
-        coordinator_pushed_first: the coordinator's range is pushed first (``pipeline``) or last.
         worker_ratio, coordinator_ratio: raw / sent bytes of what each sends (>= 1 when compressed).
     Raises:
         ValueError: no shard, no worker, or a rate or ratio <= 0.
@@ -84,9 +80,7 @@ def sharded_link_s(shard_loads_bytes: Sequence[float], num_workers: int, rate_bp
     byte_s = 8.0 / rate_bps
     worker_loads = list(shard_loads_bytes[1:]) + [0.0] * max(0, num_workers - (len(shard_loads_bytes) - 1))
     worker_s = max((model_bytes - s + (num_workers - 1) * s) / worker_ratio * byte_s for s in worker_loads)
-    s0 = shard_loads_bytes[0]
-    pushes_in_s = (s0 if coordinator_pushed_first else model_bytes - min(worker_loads)) / worker_ratio * byte_s
-    coordinator_s = pushes_in_s + num_workers * s0 / coordinator_ratio * byte_s
+    coordinator_s = num_workers * shard_loads_bytes[0] / coordinator_ratio * byte_s
     return max(worker_s, coordinator_s)
 
 
@@ -201,8 +195,7 @@ def point_model(point: dict[str, Any]) -> ModelRow | None:
         return None
     worker_ratios = [_steady_ratio(n, config) for k, n in first["nodes"].items() if k.startswith("worker")]
     worker_ratio, coordinator_ratio = _median(worker_ratios) or 1.0, _steady_ratio(coord, config)
-    link_s = sharded_link_s(loads, workers, rate, ps.get("partition_balance") == "pipeline", worker_ratio,
-                            coordinator_ratio)
+    link_s = sharded_link_s(loads, workers, rate, worker_ratio, coordinator_ratio)
     partitions = _report_partitions(loads, workers, ps.get("partition_bytes") or config.get("partition_bytes"),
                                     ps.get("partition_balance") or "bytes")
     if partitions is None:

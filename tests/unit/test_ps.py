@@ -83,10 +83,12 @@ def test_egress_weights_lower_the_busiest_link(workers):
     (DIGITS_MLP_NUMEL, 4, 64 * 1024), (DIGITS_MLP_NUMEL, 8, 64 * 1024), (6_500_000, 8, 4 * MIB), (12, 3, 4)])
 def test_pipeline_partitions_put_the_coordinators_range_at_the_tail(numel, workers, partition_bytes):
     """partition_balance pipeline: every element once, each worker's shard a contiguous range in shard
-    order, then the coordinator's (shard 0) last, at (k + W - 3) / W times a worker's share."""
+    order, then the coordinator's (shard 0) last, at its fair-share weight (with partitions -> 0 the
+    egress shares; `tests/unit/test_round_model.py` checks the weights against the simulated links)."""
     shards = workers + 1
-    weights = pipeline_shard_weights(shards, workers)
-    assert weights[0] == pytest.approx((2 * workers - 2) / workers) and weights[1:] == [1.0] * workers
+    assert pipeline_shard_weights(shards, workers) == egress_shard_weights(shards, workers)
+    weights = pipeline_shard_weights(shards, workers, numel * 4, partition_bytes)
+    assert weights[0] > 0 and weights[1:] == [1.0] * workers
     parts = partition_flat(numel, shards, partition_bytes, weights, [*range(1, shards), 0])
     covered = np.zeros(numel, dtype=np.int64)
     for p in parts:

@@ -126,27 +126,54 @@ def egress_shard_weights(num_shards: int, num_workers: int) -> list[float]:
     return _coordinator_weighted(num_shards, num_workers, num_workers - 1)
 
 
-def pipeline_shard_weights(num_shards: int, num_workers: int) -> list[float]:
+def pipeline_shard_weights(num_shards: int, num_workers: int, model_bytes: float = 0.0,
+                           partition_bytes: float = 0.0) -> list[float]:
     """Shares like `egress_shard_weights`, for the layout that puts the coordinator's range at the tail
     of the vector (``partition_balance: pipeline``), with the one dependency that model leaves out: a
     shard pulls a partition only once every push for it is in.
 
-    Backward produces the last layers' gradients first, and the client pushes a tensor's partitions
-    tail first, so every worker pushes the coordinator's partitions before the others; they are in
-    after s_0 / R, and the coordinator, which pushes nothing, then sends W s_0 of pulls: it is done
-    after (W + 1) s_0 / R. A worker with a shard sends M + (W - 2) s_w, pushes and pulls back to back.
-    Levelling (W + 1) s_0 = M + (W - 2) s_w with s_0 + (k - 1) s_w = M gives s_0 / s_w = (k + W - 3) / W
-    (1.75 at W = 8, k = 9, against `egress_shard_weights`' 2, whose coordinator would send 1.6 M only
-    after its 0.2 M of pushes: 1.8 M, or up to 2.5 M when its range is pushed last, as the head of the
-    vector is). With a shard on every node (k = W + 1), s_w = W M / (W^2 + 2W - 2), 8 M / 78 at W = 8,
-    and every node is done after (M + (W - 2) s_w) / R = 1.615 M / R (ring all-reduce: 1.75 M / R).
+    Backward produces the last layers' gradients first, so every worker pushes the coordinator's
+    partitions first on its connection to the coordinator; but it pushes to every shard at once (one
+    connection and one sender thread per shard), and its link gives each of its k - 1 busy connections
+    R / (k - 1) (TCP's fair share). The coordinator's first partition, m bytes, is in after
+    (k - 1) m / R; from then on its pulls keep its link busy (its later partitions arrive at W R / (k - 1)
+    >= R while it sends each W times), and it is done after ((k - 1) m + W s_0) / R. A worker with a shard
+    sends M + (W - 2) s_w, pushes and pulls back to back. Levelling the two, with s_0 + (k - 1) s_w = M
+    and the coordinator's range cut into c partitions of m = s_0 / c (c = ceil(s_0 / partition_bytes)):
+    with a = W + (k - 1) / c, s_w = (a - 1) M / (a (k - 1) + W - 2). With a shard on every node at 8
+    workers and the digits model in 64 KiB partitions (c = 3): s_0 / s_w = 1.44, every node done after
+    1.62 M / R. With m -> 0 (`partition_bytes` 0) these are the egress shares, (k + W - 3) / (W - 1).
+    The earlier form, (k + W - 3) / W (1.75 at W = 8), assumed the coordinator's partitions in after
+    s_0 / R, as if the pushes went one shard after the other; the fluid model of the links
+    (`harness.present.round_model.sharded_round_s`) and the runs showed they do not (README, "Sharded
+    parameter servers").
 
+    Args:
+        num_shards: k >= 1; num_workers: W >= 1.
+        model_bytes: M, the flat vector's bytes; partition_bytes: the largest partition (bytes; 0: m -> 0).
     Returns:
         `num_shards` weights (float > 0): shard 0's first, then 1.0 for each worker's shard.
     Raises:
         ValueError: num_shards < 1 or num_workers < 1.
     """
-    return _coordinator_weighted(num_shards, num_workers, num_workers)
+    if num_shards < 1 or num_workers < 1:
+        raise ValueError(f"num_shards {num_shards}, num_workers {num_workers}: each must be >= 1")
+    if num_shards == 1:
+        return [1.0]
+    if num_workers < 2:
+        return [1.0] * num_shards
+    if model_bytes <= 0 or partition_bytes <= 0:
+        return egress_shard_weights(num_shards, num_workers)
+    k, w, m_bytes = num_shards, num_workers, float(model_bytes)
+    count = 1
+    while True:  # the fewest partitions of the coordinator's range that its own size agrees with
+        a = w + (k - 1) / count
+        s_w = (a - 1) * m_bytes / (a * (k - 1) + w - 2)
+        s_0 = m_bytes - (k - 1) * s_w
+        if s_0 <= 0 or math.ceil(s_0 / partition_bytes) <= count:
+            break
+        count = math.ceil(s_0 / partition_bytes)
+    return [max(s_0 / s_w, 1e-3)] + [1.0] * (k - 1)
 
 
 def _coordinator_weighted(num_shards: int, num_workers: int, divisor: int) -> list[float]:
@@ -206,8 +233,8 @@ def plan_partitions(numel: int, num_shards: int, num_workers: int, partition_byt
         ValueError: an unknown `balance`, or a count or size `partition_flat` refuses.
     """
     if balance == "pipeline":
-        return partition_flat(numel, num_shards, partition_bytes, pipeline_shard_weights(num_shards, num_workers),
-                              [*range(1, num_shards), 0])
+        weights = pipeline_shard_weights(num_shards, num_workers, numel * FLOAT32_BYTES, partition_bytes)
+        return partition_flat(numel, num_shards, partition_bytes, weights, [*range(1, num_shards), 0])
     if balance == "egress":
         return partition_flat(numel, num_shards, partition_bytes, egress_shard_weights(num_shards, num_workers))
     if balance == "bytes":
