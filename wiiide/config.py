@@ -330,6 +330,11 @@ class RunConfig(BaseSettings):
         "equal bytes per shard")
     shard_port: Int = _field(0, "0 (a free port, reported at join) or 1..65535",
                              "ps_shards > 1: TCP port a node's shard listens on", ge=0, le=65535)
+    push_schedule: Literal["concurrent", "ordered"] = _field(
+        "concurrent", "concurrent | ordered",
+        "ps_shards > 1: concurrent: a sender thread per shard, every push offered to the kernel at once; ordered: "
+        "one thread sends the pushes in backward's order, each once the one before has left the socket "
+        "(TCP_NOTSENT_LOWAT), so every worker sends a partition at the same time (wiiide.ps.client)")
     batch_handout: Literal["auto", "indices", "samples"] = _field(
         "auto", "auto | indices | samples",
         "ps_shards > 1: send a worker the batch's indices (it holds the data set) or its samples; auto: "

@@ -31,10 +31,12 @@ def _run(node_env, node_procs, metrics_dir: Path, **fields) -> dict:  # noqa: F8
     return {p.stem: json.loads(p.read_text()) for p in metrics_dir.glob("*.json")}
 
 
-@pytest.mark.parametrize("balance", ["egress", "pipeline"])
-def test_central_and_sharded_reach_the_same_parameters(tmp_path, node_env, node_procs, balance):  # noqa: F811
+@pytest.mark.parametrize("balance, schedule", [("egress", "concurrent"), ("pipeline", "concurrent"),
+                                               ("pipeline", "ordered")])
+def test_central_and_sharded_reach_the_same_parameters(tmp_path, node_env, node_procs, balance, schedule):  # noqa: F811
     central = _run(node_env, node_procs, tmp_path / "central", ps_shards=1)
-    sharded = _run(node_env, node_procs, tmp_path / "sharded", ps_shards="all", partition_balance=balance)
+    sharded = _run(node_env, node_procs, tmp_path / "sharded", ps_shards="all", partition_balance=balance,
+                   push_schedule=schedule)
     c, s = central["coordinator"]["params_digest"], sharded["coordinator"]["params_digest"]
     assert central["coordinator"]["steps"] == sharded["coordinator"]["steps"] == 20
     assert c["numel"] == s["numel"] == 64 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10

@@ -252,14 +252,15 @@ def _worker_clients(cfg: RunConfig, port: int, models, flats, parts, clients: li
     return clients
 
 
-def test_a_shard_averages_pushes_steps_its_optimizer_slice_and_answers_every_worker():
+@pytest.mark.parametrize("push_schedule", ["concurrent", "ordered"])
+def test_a_shard_averages_pushes_steps_its_optimizer_slice_and_answers_every_worker(push_schedule):
     import torch
 
     from wiiide.model import MomentumSGD
     from wiiide.ps.shard import ShardServer
 
     cfg = RunConfig(num_workers=2, log_tier="silent", learning_rate=0.1, momentum=0.9, io_timeout_s=5,
-                    connect_timeout_s=5)
+                    connect_timeout_s=5, push_schedule=push_schedule)
     metrics, log = _node(cfg, "coordinator", "shard0")
     models = [build_mlp(8, [4], 3, seed=0) for _ in range(2)]
     flats = [FlatParams(m) for m in models]

@@ -59,6 +59,9 @@ class ShardFailed(NodeFailure):
     """A shard (or the connection to it) failed: the sharded run cannot go on."""
 
 
+PUSH_NOTSENT_LOWAT_BYTES = 16 * 1024  # push_schedule ordered: unsent bytes a push may leave behind when the next starts
+
+
 @dataclass
 class _Link:
     shard: int
@@ -140,13 +143,19 @@ class ShardClient:
         self._step = 0
         self._dense = True
         self._lossy = False
+        self._ordered = cfg.push_schedule == "ordered"
+        self._pushes: queue.Queue = queue.Queue()  # push_schedule ordered: every push, in backward's order
         for shard, (host, port) in enumerate(addresses):
             policy = CompressionPolicy.from_config(cfg.replace(lossy_warmup_steps=0))
             conn = connect_shard(cfg, secret, metrics, log, host, port, shard, role, rank, node_id, policy.pool)
+            if self._ordered and hasattr(socket, "TCP_NOTSENT_LOWAT"):  # a send returns once its bytes have left
+                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, PUSH_NOTSENT_LOWAT_BYTES)
             self.links.append(_Link(shard, conn, policy))
         for link in self.links:
             threading.Thread(target=self._receive_loop, args=(link,), name=f"pull <- {link.shard}", daemon=True).start()
             threading.Thread(target=self._send_loop, args=(link,), name=f"push -> {link.shard}", daemon=True).start()
+        if self._ordered:
+            threading.Thread(target=self._ordered_push_loop, name="pushes, ordered", daemon=True).start()
         self._heartbeats = Heartbeats(lambda: [link.conn for link in self.links], cfg.heartbeat_interval_s).start()
 
     # --- worker -----------------------------------------------------------------------------------
@@ -190,7 +199,7 @@ class ShardClient:
             self._remaining[i] -= 1
             if self._remaining[i] == 0:
                 part = self._partitions[i]
-                self.links[part.shard].outbox.put((self._step, part, self._dense))
+                (self._pushes if self._ordered else self.links[part.shard].outbox).put((self._step, part, self._dense))
 
     def finish_step(self, step: int) -> float:
         """Wait for every partition's pull of `step` and apply it; returns the seconds waited.
@@ -229,19 +238,39 @@ class ShardClient:
             raise item
         return item
 
+    def _push_frame(self, link: _Link, step: int, part: Partition, dense: bool):
+        values = self._flat.grads[part.start:part.stop].numpy()
+        return self.feedback.encode(link.policy, push_meta(link.policy, step, part.index), f"p{part.index}",
+                                    values, dense)[0]
+
     def _send_loop(self, link: _Link) -> None:
         def to_frame(item):
             if not isinstance(item, tuple):
                 return item  # a ready frame (bye, pull_final, checkpoint_at)
-            step, part, dense = item
-            values = self._flat.grads[part.start:part.stop].numpy()
-            return self.feedback.encode(link.policy, push_meta(link.policy, step, part.index), f"p{part.index}",
-                                        values, dense)[0]
+            return self._push_frame(link, *item)
 
         def failed(exc: Exception) -> None:
             self.inbox.put(ShardFailed(f"push to shard {link.shard} failed: {type(exc).__name__}: {exc}"))
 
         drain_outbox(link.outbox, link.conn, to_frame, failed)
+
+    def _ordered_push_loop(self) -> None:
+        """push_schedule ordered: send every push in the order backward made them, on its shard's
+        connection, one after the other; with TCP_NOTSENT_LOWAT a send returns only once all but
+        `PUSH_NOTSENT_LOWAT_BYTES` of it have left the socket, so a worker's link carries one partition's
+        push at a time and every worker pushes a partition at about the same time."""
+        while True:
+            item = self._pushes.get()
+            if item is None:
+                return
+            step, part, dense = item
+            link = self.links[part.shard]
+            try:
+                link.conn.send([self._push_frame(link, step, part, dense)])
+            except Exception as exc:
+                if not self._closing.is_set():
+                    self.inbox.put(ShardFailed(f"push to shard {link.shard} failed: {type(exc).__name__}: {exc}"))
+                return
 
     def _receive_loop(self, link: _Link) -> None:
         try:
@@ -307,6 +336,7 @@ class ShardClient:
         """Say goodbye to every shard and stop the threads."""
         self._closing.set()
         self._heartbeats.stop()
+        self._pushes.put(None)
         for link in self.links:
             link.outbox.put(BYE)
             link.outbox.put(None)
