@@ -12,9 +12,10 @@ DDP, with M the model's bytes, N workers and R the link's TCP payload rate (the 
   and (N - 1) s_j of pulls; a worker without a shard sends M; the coordinator sends N s_0 of pulls. The
   step is the busiest node's bytes over R, plus the compute of a step: what no schedule beats.
 - sharded, the model (`sharded_round_s`): the same bytes, partition by partition (the run's layout,
-  rebuilt by `wiiide.ps.partition.plan_partitions`), through a fluid simulation of every node's link:
+  rebuilt from its shard loads, `_report_partitions`), through a fluid simulation of every node's link:
   one connection per peer sending its messages in order, a node's rate shared equally by its busy
-  connections, a pull sent once every push of its partition is in. What it adds to the bytes: a
+  connections (``push_schedule: concurrent``; an ``ordered`` run is simulated alike), a pull sent once
+  every push of its partition is in. What it adds to the bytes: a
   shard's pulls wait for their pushes; the coordinator, which pushes nothing, is idle until its first
   partition is in, after a fair share of every worker's link (`wiiide.ps.partition.pipeline_shard_weights`
   sizes its range for that).
