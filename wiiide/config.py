@@ -331,7 +331,7 @@ class RunConfig(BaseSettings):
     shard_port: Int = _field(0, "0 (a free port, reported at join) or 1..65535",
                              "ps_shards > 1: TCP port a node's shard listens on", ge=0, le=65535)
     push_schedule: Literal["concurrent", "ordered"] = _field(
-        "ordered", "concurrent | ordered",
+        "concurrent", "concurrent | ordered",
         "ps_shards > 1: concurrent: a sender thread per shard, every push offered to the kernel at once; ordered: "
         "one thread sends the pushes in backward's order, each once the one before has left the socket "
         "(TCP_NOTSENT_LOWAT), so every worker sends a partition at the same time (wiiide.ps.client)")
