@@ -11,7 +11,7 @@ from typing import Any, Callable, Protocol
 
 from harness.errors import ClusterError
 from harness.run.compose_file import NUMBER_LABEL, SERVICE_LABEL
-from harness.run.tc_exec import exec_lock, set_paused
+from harness.run.tc_exec import set_container_paused
 from harness.spec.faults import Fault
 
 MARKER = "coordinator.training"
@@ -153,17 +153,11 @@ class ContainerController:
     def pause(self, target: str) -> None:
         """Freeze the target's container (cgroup freezer); no exec of the harness runs in it until `resume`
         (`harness.run.tc_exec.exec_lock`)."""
-        container = self._get(target, "pause")
-        with exec_lock(container.name):
-            container.pause()
-            set_paused(container.name, True)
+        set_container_paused(self._get(target, "pause"), True)
 
     def resume(self, target: str) -> None:
         """Thaw the target's container."""
-        container = self._get(target, "resume")
-        with exec_lock(container.name):
-            container.unpause()
-            set_paused(container.name, False)
+        set_container_paused(self._get(target, "resume"), False)
 
     def _link(self, target: str, state: str) -> None:
         code, out = self._get(target, f"link {state}").exec_run(["ip", "link", "set", "eth0", state])

@@ -52,6 +52,21 @@ def set_paused(name: str, paused: bool) -> None:
         _PAUSED.discard(name)
 
 
+def set_container_paused(container, paused: bool) -> None:
+    """Pause (freeze) or unpause a container (a docker SDK Container) under its `exec_lock`, and record it
+    (`set_paused`), so no exec of the harness starts in it while it is frozen.
+
+    Raises:
+        docker.errors.APIError: from the engine (the container is gone, or already in that state).
+    """
+    with exec_lock(container.name):
+        if paused:
+            container.pause()
+        else:
+            container.unpause()
+        set_paused(container.name, paused)
+
+
 def _still_paused(container) -> bool:
     """Whether a container marked paused is so in the engine: a run that ended before its fault's resume
     leaves the mark, and a new container of the same name must not inherit it (the mark is dropped)."""

@@ -249,10 +249,10 @@ class ShardClient:
                 return item  # a ready frame (bye, pull_final, checkpoint_at)
             return self._push_frame(link, *item)
 
-        def failed(exc: Exception) -> None:
-            self.inbox.put(ShardFailed(f"push to shard {link.shard} failed: {type(exc).__name__}: {exc}"))
+        drain_outbox(link.outbox, link.conn, to_frame, lambda exc: self._push_failed(link, exc))
 
-        drain_outbox(link.outbox, link.conn, to_frame, failed)
+    def _push_failed(self, link: _Link, exc: Exception) -> None:
+        self.inbox.put(ShardFailed(f"push to shard {link.shard} failed: {type(exc).__name__}: {exc}"))
 
     def _ordered_push_loop(self) -> None:
         """push_schedule ordered: send every push in the order backward made them, on its shard's
@@ -269,7 +269,7 @@ class ShardClient:
                 link.conn.send([self._push_frame(link, step, part, dense)])
             except Exception as exc:
                 if not self._closing.is_set():
-                    self.inbox.put(ShardFailed(f"push to shard {link.shard} failed: {type(exc).__name__}: {exc}"))
+                    self._push_failed(link, exc)
                 return
 
     def _receive_loop(self, link: _Link) -> None:

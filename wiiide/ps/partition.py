@@ -123,7 +123,10 @@ def egress_shard_weights(num_shards: int, num_workers: int) -> list[float]:
     Raises:
         ValueError: num_shards < 1 or num_workers < 1.
     """
-    return _coordinator_weighted(num_shards, num_workers, num_workers - 1)
+    if num_shards < 1 or num_workers < 1:
+        raise ValueError(f"num_shards {num_shards}, num_workers {num_workers}: each must be >= 1")
+    w0 = (num_shards + num_workers - 3) / (num_workers - 1) if num_workers >= 2 else 1.0
+    return [max(w0, 1e-3)] + [1.0] * (num_shards - 1)
 
 
 def pipeline_shard_weights(num_shards: int, num_workers: int, model_bytes: float = 0.0,
@@ -175,16 +178,6 @@ def pipeline_shard_weights(num_shards: int, num_workers: int, model_bytes: float
             break
         count = math.ceil(s_0 / partition_bytes)
     return [max(s_0 / s_w, 1e-3)] + [1.0] * (k - 1)
-
-
-def _coordinator_weighted(num_shards: int, num_workers: int, divisor: int) -> list[float]:
-    """[(k + W - 3) / divisor for shard 0, 1.0 for each worker's shard] (weights 1 with one worker).
-
-    Raises ValueError: num_shards < 1 or num_workers < 1."""
-    if num_shards < 1 or num_workers < 1:
-        raise ValueError(f"num_shards {num_shards}, num_workers {num_workers}: each must be >= 1")
-    w0 = (num_shards + num_workers - 3) / divisor if num_workers >= 2 else 1.0
-    return [max(w0, 1e-3)] + [1.0] * (num_shards - 1)
 
 
 def partition_by_weights(numel: int, weights: Sequence[float], partition_bytes: int,

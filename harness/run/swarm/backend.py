@@ -39,7 +39,7 @@ from harness.run.swarm.tasks import (
     copy_node_metrics,
     task_containers,
 )
-from harness.run.tc_exec import exec_lock, probe_capabilities, set_paused
+from harness.run.tc_exec import probe_capabilities, set_container_paused
 from harness.spec.cluster import ClusterSettings
 from harness.spec.faults import Fault
 from wiiide.config import RunConfig
@@ -244,9 +244,7 @@ class SwarmBackend:
                 c.reload()
                 if c.status in ("running", "paused"):
                     if c.status == "paused":
-                        with exec_lock(c.name):
-                            c.unpause()
-                            set_paused(c.name, False)
+                        set_container_paused(c, False)
                     c.stop(timeout=STOP_GRACE_S)
             except Exception:  # already gone
                 pass
