@@ -55,7 +55,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from wiiide.codecs.base import Codec, NoCodec
+from wiiide.codecs.base import Codec, NoCodec, byte_view
 from wiiide.codecs.chunked import CodecPool
 from wiiide.codecs.registry import decoder_for
 from wiiide.errors import PeerClosed, ProtocolError
@@ -92,6 +92,29 @@ _NUMPY_TO_WIRE = {v: k for k, v in DTYPES.items() if k != "bfloat16"}
 # The header's JSON encoder, built once (json.dumps(..., separators=...) builds a new JSONEncoder on every
 # call); its output is json.dumps's. Stateless, so threads may share it.
 _HEADER_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
+def _make_value_json() -> Any:
+    """A function giving `_HEADER_JSON.encode(value)`'s text for a dict or list `value` without building
+    json's C encoder anew on each call (`JSONEncoder.iterencode` does; that was 0.6 of the 0.9 us a
+    frame's ``{"step": 0}`` took), or `_HEADER_JSON.encode` itself where json has no C encoder or it
+    takes other arguments. No circular-reference check: a value that contains itself raises
+    RecursionError (ValueError with `_HEADER_JSON`); the values are the nodes' own metadata."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return _HEADER_JSON.encode
+    try:
+        encoder = make(None, _HEADER_JSON.default, json.encoder.encode_basestring_ascii, None, ":", ",",
+                       False, False, True)
+        probe = {"a": [1, 2.5, "\u00e9", None, True, float("nan")]}
+        if "".join(encoder(probe, 0)) != _HEADER_JSON.encode(probe):
+            return _HEADER_JSON.encode
+    except TypeError:  # another Python's signature
+        return _HEADER_JSON.encode
+    return lambda value: "".join(encoder(value, 0))
+
+
+_value_json = _make_value_json()
 _NO_CODEC = NoCodec()  # stateless
 
 
@@ -163,9 +186,13 @@ class Message:
         raise ProtocolError(f"message {self.kind!r} has no tensor {name!r}")
 
 
-@dataclass
+@dataclass(slots=True)
 class Frame:
-    """An encoded frame ready to send: its buffers, in order, and what it cost to make."""
+    """An encoded frame ready to send: its buffers, in order, and what it cost to make.
+
+    `buffers`: the prefix and header (``bytes``), then the payload's parts (`payload_nbytes` bytes in all;
+    `send_frames` counts on it).
+    """
 
     buffers: list[Any]
     kind: str
@@ -205,24 +232,29 @@ def encode_message(
     codec = codec or _NO_CODEC
     arrays = [t.array for t in tensors]
     raw_nbytes = sum(a.nbytes for a in arrays)
+    if raw_nbytes == 0 or type(codec) is NoCodec:
+        # The identity codec, the nodes' default: the tensors' own buffers behind the header, built with as
+        # little Python as can be (see _TEMPLATES: that time between two sends costs throughput).
+        template = _header_template(kind, "none", raw_nbytes, tensors)
+        meta = meta or {}
+        return Frame(buffers=[template.frame_head(meta, None, raw_nbytes), *[byte_view(a) for a in arrays if a.nbytes]],
+                     kind=kind, codec=_NO_CODEC.name, raw_nbytes=raw_nbytes, payload_nbytes=raw_nbytes, encode_s=0.0,
+                     header={"kind": kind, "meta": meta, "codec": "none", "raw_nbytes": raw_nbytes,
+                             "tensors": template.specs})
     t0 = time.perf_counter()
-    if raw_nbytes == 0:
-        codec = _NO_CODEC
     payload_parts, codec_params = codec.encode_message(arrays, [t.name for t in tensors],
                                                        kind if stream is None else stream, pool)
     encode_s = time.perf_counter() - t0
-    payload_nbytes = sum(memoryview(p).nbytes for p in payload_parts)
-    header = {
-        "kind": kind,
-        "meta": meta or {},
-        "codec": codec.wire_id,
-        "raw_nbytes": raw_nbytes,
-        "tensors": [{"name": t.name, "dtype": t.dtype, "shape": list(t.array.shape)} for t in tensors],
-    }
+    views = [memoryview(p) for p in payload_parts]
+    payload_nbytes = sum(v.nbytes for v in views)
+    template = _header_template(kind, codec.wire_id, raw_nbytes, tensors)
+    header = {"kind": kind, "meta": meta or {}, "codec": codec.wire_id, "raw_nbytes": raw_nbytes,
+              "tensors": template.specs}
     if codec_params:
         header["codec_params"] = codec_params
     return Frame(
-        buffers=[_frame_head(header, payload_nbytes), *[p for p in payload_parts if memoryview(p).nbytes]],
+        buffers=[template.frame_head(header["meta"], codec_params, payload_nbytes),
+                 *[p for p, v in zip(payload_parts, views) if v.nbytes]],
         kind=kind,
         codec=codec.name,
         raw_nbytes=raw_nbytes,
@@ -234,13 +266,70 @@ def encode_message(
     )
 
 
+class _HeaderTemplate:
+    """The JSON header of every frame of one kind, codec and tensor list, but for its ``meta`` and
+    ``codec_params``: the text before the meta and after it, encoded once (`_header_template`).
+
+    `specs` is the header's ``tensors`` list, shared by the frames built from this template: read-only.
+    """
+
+    __slots__ = ("specs", "before_meta", "after_meta")
+
+    def __init__(self, kind: str, wire_id: str, raw_nbytes: int, tensors: Sequence[WireTensor]) -> None:
+        self.specs = [{"name": t.name, "dtype": t.dtype, "shape": list(t.array.shape)} for t in tensors]
+        enc = _HEADER_JSON.encode
+        # The keys in encode_message's order; _HEADER_JSON.encode of the whole header gives the same text.
+        self.before_meta = f'{{"kind":{enc(kind)},"meta":'.encode()
+        self.after_meta = f',"codec":{enc(wire_id)},"raw_nbytes":{raw_nbytes},"tensors":{enc(self.specs)}'.encode()
+
+    def frame_head(self, meta: dict[str, Any], codec_params: dict[str, Any] | None, payload_nbytes: int) -> bytes:
+        """The frame's prefix and header (see `_frame_head`) with `meta` and `codec_params` filled in.
+
+        Raises:
+            ValueError: a header larger than MAX_HEADER_BYTES.
+        """
+        tail = f',"codec_params":{_value_json(codec_params)}}}'.encode() if codec_params else b"}"
+        return _pack_head(self.before_meta + _value_json(meta).encode() + self.after_meta + tail,
+                          payload_nbytes)
+
+
+# Recent header templates, keyed by kind, codec and (name, dtype, shape) of every tensor: a node sends the
+# same shapes step after step, and encoding a header's JSON whole took 2.0 of encode_message's 5.4 us;
+# that time between two sends cost 1 MiB frames about 20 % of their throughput between two containers
+# (bench-wire and a scratch loop with a 6 us busy loop per frame, session 8). Cleared when full; shared by
+# threads (a dict's get and set are atomic under the GIL; a race builds one entry twice).
+_TEMPLATES: dict[tuple[Any, ...], _HeaderTemplate] = {}
+_TEMPLATES_MAX = 512
+
+
+def _header_template(kind: str, wire_id: str, raw_nbytes: int, tensors: Sequence[WireTensor]) -> _HeaderTemplate:
+    """The `_HeaderTemplate` of a frame of `kind`, codec `wire_id` and `tensors` (from `_TEMPLATES` when
+    seen before; `raw_nbytes` follows from the tensors' dtypes and shapes)."""
+    key = (kind, wire_id, *[(t.name, t.dtype, t.array.shape) for t in tensors])
+    template = _TEMPLATES.get(key)
+    if template is None:
+        template = _HeaderTemplate(kind, wire_id, raw_nbytes, tensors)
+        if len(_TEMPLATES) >= _TEMPLATES_MAX:
+            _TEMPLATES.clear()
+        _TEMPLATES[key] = template
+    return template
+
+
 def _frame_head(header: dict[str, Any], payload_nbytes: int) -> bytes:
     """A frame's prefix and JSON header (padded so the payload starts `PAYLOAD_ALIGN_BYTES`-aligned).
 
     Raises:
         ValueError: a header larger than MAX_HEADER_BYTES.
     """
-    header_bytes = _HEADER_JSON.encode(header).encode("utf-8")
+    return _pack_head(_HEADER_JSON.encode(header).encode("utf-8"), payload_nbytes)
+
+
+def _pack_head(header_bytes: bytes, payload_nbytes: int) -> bytes:
+    """The prefix and `header_bytes` (UTF-8 JSON), padded as `_frame_head` says.
+
+    Raises:
+        ValueError: a header larger than MAX_HEADER_BYTES.
+    """
     # JSON allows trailing whitespace: pad the header so that the payload starts 8-byte aligned within
     # the frame (a reader that takes whole frames into one buffer then hands out aligned array views).
     header_bytes += b" " * (-(PREFIX_NBYTES + len(header_bytes)) % PAYLOAD_ALIGN_BYTES)
@@ -272,27 +361,49 @@ def send_frames(sock: socket.socket, frames: Sequence[Frame]) -> int:
 
     Returns the number of bytes sent. Raises OSError (e.g. BrokenPipeError) from the socket.
     """
+    send_buffers = getattr(sock, "send_buffers", None)
+    if send_buffers is None and len(frames) == 1 and not isinstance(sock, ssl.SSLSocket):
+        # One frame on a kernel socket (the nodes' case): its buffers as they are, the views and sums below
+        # only after a partial send (a frame's Python between two sends costs throughput, see _TEMPLATES).
+        buffers = frames[0].buffers
+        head = buffers[0]
+        if type(head) is bytes and len(buffers) <= _IOV_MAX:
+            total = len(head) + frames[0].payload_nbytes
+            sent = sock.sendmsg(buffers)
+            if sent == total:
+                return total
+            return sent + _send_rest([memoryview(b).cast("B") for b in buffers], sent, sock)
     buffers = [memoryview(b).cast("B") for f in frames for b in f.buffers]
     total = sum(b.nbytes for b in buffers)
-    send_buffers = getattr(sock, "send_buffers", None)
     if send_buffers is not None:  # wiiide.tls.TLSStream: encrypts and sends the frames itself
         send_buffers(buffers)
         return total
     if isinstance(sock, ssl.SSLSocket):  # no sendmsg on SSLSocket (wiiide.tls, memory_bio=False)
         _send_buffers_tls(sock, buffers)
         return total
+    sent = _send_rest(buffers, 0, sock)
+    assert sent == total
+    return total
+
+
+_IOV_MAX = 1024  # the most buffers one sendmsg takes on Linux
+
+
+def _send_rest(buffers: list[memoryview], sent: int, sock: socket.socket) -> int:
+    """Send what is left of `buffers` (byte views) once their first `sent` bytes are out; returns the
+    bytes this call sent. Raises OSError from the socket."""
     sent_total = 0
-    while buffers:
-        sent = sock.sendmsg(buffers[:1024])  # IOV_MAX on Linux is 1024
-        sent_total += sent
+    while True:
         # Drop what went out; keep the rest of a partly sent buffer.
         while buffers and sent >= buffers[0].nbytes:
             sent -= buffers[0].nbytes
             buffers.pop(0)
         if sent:
             buffers[0] = buffers[0][sent:]
-    assert sent_total == total
-    return total
+        if not buffers:
+            return sent_total
+        sent = sock.sendmsg(buffers[:_IOV_MAX])
+        sent_total += sent
 
 
 TLS_COALESCE_BYTES = 64 * 1024  # buffers below this are joined before a TLS write (one record, not one each)

@@ -209,6 +209,75 @@ def test_header_bytes_are_json_dumps_compact():
     assert len(head[PREFIX.size:]) - len(head[PREFIX.size:].rstrip(b" ")) < PAYLOAD_ALIGN_BYTES
 
 
+@pytest.mark.parametrize("codec_name", ["none", "zlib-1", "int8", "topk-0.1"])
+def test_header_from_a_template_is_the_whole_header_encoded(codec_name):
+    """A header built from its cached template (kind, codec, tensors) with the frame's meta and codec
+    parameters spliced in is the text `json.dumps` gives for the whole header, for every codec, with
+    several tensors, codec parameters (int8's block, top-k's k) and a second frame of the same shapes."""
+    from wiiide.codecs import codec_from_name
+
+    codec = codec_from_name(codec_name)
+    tensors = [WireTensor("w", random_array("float32", (3, 40))), WireTensor("bé", random_array("float32", (40,)))]
+    for meta in ({"step": 1, "note": " x"}, {"step": 2, "uplink_bps": 1.5e8, "nested": {"a": [None, True]}}):
+        frame = encode_message("gradients", meta, tensors, codec)
+        head = bytes(frame.buffers[0])
+        assert head[PREFIX.size:].rstrip(b" ") == json.dumps(frame.header, separators=(",", ":")).encode()
+        assert frame.header["meta"] == meta and frame.header["codec"] == codec.wire_id
+        assert ("codec_params" in frame.header) == bool(frame.codec_params)
+
+
+def test_header_templates_are_keyed_by_shape_and_bounded():
+    """Frames of one name and kind but other shapes get their own shapes in the header, and the template
+    cache never holds more than its bound however many shapes pass."""
+    for n in range(1, protocol._TEMPLATES_MAX + 20):
+        frame = encode_message("pull", {"step": n}, [WireTensor("p", np.zeros(n, np.float32))])
+        assert frame.header["tensors"] == [{"name": "p", "dtype": "float32", "shape": [n]}]
+        assert json.loads(bytes(frame.buffers[0])[PREFIX.size:])["tensors"][0]["shape"] == [n]
+        assert len(protocol._TEMPLATES) <= protocol._TEMPLATES_MAX
+
+
+class _TrickleSocket:
+    """A socket stand-in whose `sendmsg` takes at most `step` bytes a call (a kernel with a full send
+    buffer, or a socket with a timeout), recording what it took."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.sent, self.calls = step, bytearray(), 0
+
+    def sendmsg(self, buffers):
+        self.calls += 1
+        data = b"".join(bytes(memoryview(b).cast("B")) for b in buffers)[:self.step]
+        self.sent += data
+        return len(data)
+
+
+@pytest.mark.parametrize("step", [1, 7, 150, 4096, 1 << 30])
+@pytest.mark.parametrize("nframes", [1, 3])
+def test_send_frames_finishes_partial_sends_in_order(step, nframes):
+    """Whatever a sendmsg call takes, every byte of the frames leaves once, in order, and the count
+    returned is the frames' size (one frame takes the single-frame path, three the general one)."""
+    frames = [encode_message("m", {"i": i}, [WireTensor("v", np.arange(100 * (i + 1), dtype=np.float32)),
+                                             WireTensor("e", np.zeros(0, np.float32)),
+                                             WireTensor("w", np.ones((4, 5), np.int16))],
+                             ZlibCodec(1) if i == 1 else None) for i in range(nframes)]
+    want = b"".join(bytes(memoryview(b).cast("B")) for f in frames for b in f.buffers)
+    sock = _TrickleSocket(step)
+    assert send_frames(sock, frames) == len(want) == sum(f.wire_nbytes for f in frames)
+    assert bytes(sock.sent) == want
+    assert sock.calls == -(-len(want) // step)
+
+
+def test_byte_view_of_any_layout_is_its_c_order_bytes():
+    """`byte_view` gives an array's bytes in C order for C-contiguous, Fortran-ordered, zero-dim and
+    empty arrays alike."""
+    from wiiide.codecs.base import byte_view
+
+    for array in (np.arange(12, dtype=np.float32).reshape(3, 4), np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+                  np.asarray(np.float32(2.5)), np.zeros((2, 0), np.float32), np.arange(5, dtype=np.uint8)):
+        view = byte_view(array)
+        assert view.format == "B" and view.ndim == 1
+        assert view.tobytes() == np.ascontiguousarray(array).tobytes()
+
+
 @pytest.mark.parametrize("codec_name", CODECS)
 def test_control_messages_without_tensors(sock_pair, codec_name):
     frames = [encode_message("hello", {"protocol_version": 1, "node_id": "n1", "nested": {"a": [1, 2]}},

@@ -116,7 +116,10 @@ def byte_view(array: np.ndarray) -> memoryview:
     Raises:
         ValueError: a non-contiguous array (numpy refuses the reshape view's buffer).
     """
-    return memoryview(array.reshape(-1)).cast("B")
+    try:
+        return memoryview(array).cast("B")  # any C-contiguous array without a zero in its shape; no reshape
+    except (TypeError, ValueError):
+        return memoryview(array.reshape(-1)).cast("B")
 
 
 def check_params(wire_id: str, params: Any, allowed: set[str], required: set[str] = frozenset()) -> None:
