@@ -16,6 +16,7 @@ from wiiide.ps.partition import (
     egress_shard_weights,
     pipeline_shard_weights,
     partition_flat,
+    plan_partitions,
     resolve_shards,
     shard_loads_bytes,
 )
@@ -102,6 +103,37 @@ def test_pipeline_partitions_put_the_coordinators_range_at_the_tail(numel, worke
         assert abs(load - numel * w / sum(weights)) <= 1 or numel < 2 * shards
     with pytest.raises(ValueError, match="permutation"):
         partition_flat(numel, shards, partition_bytes, weights, [0] * shards)
+
+
+@pytest.mark.parametrize("balance", ["pipeline", "egress", "bytes"])
+@pytest.mark.parametrize("numel, workers, partition_bytes, per_shard", [
+    (DIGITS_MLP_NUMEL, 4, 4 * MIB, 4), (DIGITS_MLP_NUMEL, 8, 4 * MIB, 4), (DIGITS_MLP_NUMEL, 8, 64 * 1024, 3),
+    (6_500_000, 4, 4 * MIB, 4), (6_500_000, 8, 1 * MIB, 2), (40, 3, 4 * MIB, 8)])
+def test_partitions_per_shard_cuts_every_shards_range_into_that_many(numel, workers, partition_bytes, per_shard,
+                                                                     balance):
+    """``partitions_per_shard``: every shard owns at least that many partitions (while it has elements
+    for them), none larger than `partition_bytes`, every element in exactly one, the shards' loads as
+    with one partition per shard (pipeline, egress: the same shares; bytes: within one partition)."""
+    shards = workers + 1
+    parts = plan_partitions(numel, shards, workers, partition_bytes, balance, per_shard)
+    covered = np.zeros(numel, dtype=np.int64)
+    for p in parts:
+        covered[p.start:p.stop] += 1
+        assert 0 < p.nbytes <= partition_bytes
+    assert covered.min() == covered.max() == 1 and [p.index for p in parts] == list(range(len(parts)))
+    loads = shard_loads_bytes(parts, shards)
+    for shard in range(shards):
+        owned = sum(1 for p in parts if p.shard == shard)
+        assert owned >= min(per_shard, loads[shard] // 4)
+    one = shard_loads_bytes(plan_partitions(numel, shards, workers, partition_bytes, balance), shards)
+    if balance == "egress":
+        assert loads == one
+    elif balance == "bytes":
+        assert max(loads) - min(loads) <= max(p.nbytes for p in parts)
+    else:  # the coordinator's range gets more pieces, so its pushes are in sooner: its share grows
+        assert loads[0] >= one[0] - 4 * shards
+    with pytest.raises(ValueError, match="per_shard"):
+        plan_partitions(numel, shards, workers, partition_bytes, balance, 0)
 
 
 def test_egress_weights_edge_cases():

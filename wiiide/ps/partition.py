@@ -73,9 +73,11 @@ def resolve_shards(ps_shards: str | int, num_nodes: int) -> int:
 
 
 def partition_flat(numel: int, num_shards: int, partition_bytes: int,
-                   weights: Sequence[float] | None = None, order: Sequence[int] | None = None) -> list[Partition]:
-    """Cut ``[0, numel)`` into partitions of at most `partition_bytes` (float32) and at least `num_shards`
-    of them (so a small model spreads over every shard too), near-equal in size, and assign them to shards.
+                   weights: Sequence[float] | None = None, order: Sequence[int] | None = None,
+                   per_shard: int = 1) -> list[Partition]:
+    """Cut ``[0, numel)`` into partitions of at most `partition_bytes` (float32) and at least `per_shard`
+    x `num_shards` of them (so a small model spreads over every shard too, in pieces a shard can answer one
+    after the other), near-equal in size, and assign them to shards.
 
     Args:
         numel: elements of the flat float32 vector (>= 1).
@@ -85,22 +87,24 @@ def partition_flat(numel: int, num_shards: int, partition_bytes: int,
             `partition_by_weights` instead, when there is at least one element per shard; None: equal
             bytes (LPT).
         order: with `weights`, the shards' ranges in vector order (`partition_by_weights`).
+        per_shard: the fewest partitions per shard (>= 1; ``partitions_per_shard``).
 
     Returns:
         Partitions in vector order (``index`` 0..P-1), covering every element exactly once; P =
-        max(num_shards, ceil(numel * 4 / partition_bytes)), at most numel.
+        max(per_shard x num_shards, ceil(numel * 4 / partition_bytes)), at most numel (with `weights`:
+        per shard's range, `partition_by_weights`).
 
     Raises:
         ValueError: a count or size below its minimum.
     """
-    if numel < 1 or num_shards < 1 or partition_bytes < FLOAT32_BYTES:
-        raise ValueError(f"numel {numel}, num_shards {num_shards}, partition_bytes {partition_bytes}: "
-                         "each must be >= 1 (partition_bytes >= 4)")
+    if numel < 1 or num_shards < 1 or partition_bytes < FLOAT32_BYTES or per_shard < 1:
+        raise ValueError(f"numel {numel}, num_shards {num_shards}, partition_bytes {partition_bytes}, per_shard "
+                         f"{per_shard}: each must be >= 1 (partition_bytes >= 4)")
     if weights is not None and numel >= num_shards:
         if len(weights) != num_shards:
             raise ValueError(f"{len(weights)} weights for {num_shards} shards")
-        return partition_by_weights(numel, weights, partition_bytes, order)
-    count = min(numel, max(num_shards, math.ceil(numel * FLOAT32_BYTES / partition_bytes)))
+        return partition_by_weights(numel, weights, partition_bytes, order, per_shard)
+    count = min(numel, max(num_shards * per_shard, math.ceil(numel * FLOAT32_BYTES / partition_bytes)))
     bounds = [numel * i // count for i in range(count + 1)]
     shards = assign_by_bytes([(bounds[i + 1] - bounds[i]) * FLOAT32_BYTES for i in range(count)], num_shards)
     return [Partition(i, bounds[i], bounds[i + 1], shards[i]) for i in range(count)]
@@ -130,7 +134,7 @@ def egress_shard_weights(num_shards: int, num_workers: int) -> list[float]:
 
 
 def pipeline_shard_weights(num_shards: int, num_workers: int, model_bytes: float = 0.0,
-                           partition_bytes: float = 0.0) -> list[float]:
+                           partition_bytes: float = 0.0, per_shard: int = 1) -> list[float]:
     """Shares like `egress_shard_weights`, for the layout that puts the coordinator's range at the tail
     of the vector (``partition_balance: pipeline``), with the one dependency that model leaves out: a
     shard pulls a partition only once every push for it is in.
@@ -142,7 +146,8 @@ def pipeline_shard_weights(num_shards: int, num_workers: int, model_bytes: float
     (k - 1) m / R; from then on its pulls keep its link busy (its later partitions arrive at W R / (k - 1)
     >= R while it sends each W times), and it is done after ((k - 1) m + W s_0) / R. A worker with a shard
     sends M + (W - 2) s_w, pushes and pulls back to back. Levelling the two, with s_0 + (k - 1) s_w = M
-    and the coordinator's range cut into c partitions of m = s_0 / c (c = ceil(s_0 / partition_bytes)):
+    and the coordinator's range cut into c partitions of m = s_0 / c (c = max(per_shard,
+    ceil(s_0 / partition_bytes))):
     with a = W + (k - 1) / c, s_w = (a - 1) M / (a (k - 1) + W - 2). With a shard on every node at 8
     workers and the digits model in 64 KiB partitions (c = 3): s_0 / s_w = 1.44, every node done after
     1.62 M / R. With m -> 0 (`partition_bytes` 0) these are the egress shares, (k + W - 3) / (W - 1).
@@ -155,6 +160,7 @@ def pipeline_shard_weights(num_shards: int, num_workers: int, model_bytes: float
     Args:
         num_shards: k >= 1; num_workers: W >= 1.
         model_bytes: M, the flat vector's bytes; partition_bytes: the largest partition (bytes; 0: m -> 0).
+        per_shard: the fewest partitions per shard (`partition_flat`).
     Returns:
         `num_shards` weights (float > 0): shard 0's first, then 1.0 for each worker's shard.
     Raises:
@@ -169,32 +175,34 @@ def pipeline_shard_weights(num_shards: int, num_workers: int, model_bytes: float
     if model_bytes <= 0 or partition_bytes <= 0:
         return egress_shard_weights(num_shards, num_workers)
     k, w, m_bytes = num_shards, num_workers, float(model_bytes)
-    count = 1
+    count = max(1, per_shard)
     while True:  # the fewest partitions of the coordinator's range that its own size agrees with
         a = w + (k - 1) / count
         s_w = (a - 1) * m_bytes / (a * (k - 1) + w - 2)
         s_0 = m_bytes - (k - 1) * s_w
         if s_0 <= 0 or math.ceil(s_0 / partition_bytes) <= count:
             break
-        count = math.ceil(s_0 / partition_bytes)
+        count = max(count, math.ceil(s_0 / partition_bytes))
     return [max(s_0 / s_w, 1e-3)] + [1.0] * (k - 1)
 
 
 def partition_by_weights(numel: int, weights: Sequence[float], partition_bytes: int,
-                         order: Sequence[int] | None = None) -> list[Partition]:
+                         order: Sequence[int] | None = None, per_shard: int = 1) -> list[Partition]:
     """One contiguous range of ``[0, numel)`` per shard, of ``numel x weight / sum`` elements (rounded;
     every shard at least one element), each range cut into the fewest near-equal partitions of at most
-    `partition_bytes` (float32). `order`: the shards in vector order (a permutation of their ids; None:
-    0, 1, ...), e.g. ``[1, .., k - 1, 0]`` puts shard 0's range at the tail.
+    `partition_bytes` (float32), and at least `per_shard` (while the range has elements for them).
+    `order`: the shards in vector order (a permutation of their ids; None: 0, 1, ...), e.g.
+    ``[1, .., k - 1, 0]`` puts shard 0's range at the tail.
 
     Returns partitions in vector order (``index`` 0..P-1) covering every element exactly once.
     Raises:
         ValueError: numel < len(weights), a weight <= 0, partition_bytes < 4, or `order` not a
             permutation of the shard ids.
     """
-    if numel < len(weights) or not weights or min(weights) <= 0 or partition_bytes < FLOAT32_BYTES:
+    if (numel < len(weights) or not weights or min(weights) <= 0 or partition_bytes < FLOAT32_BYTES
+            or per_shard < 1):
         raise ValueError(f"numel {numel} (>= one per shard), weights {list(weights)} (> 0), partition_bytes "
-                         f"{partition_bytes} (>= 4)")
+                         f"{partition_bytes} (>= 4), per_shard {per_shard} (>= 1)")
     order = list(range(len(weights))) if order is None else list(order)
     if sorted(order) != list(range(len(weights))):
         raise ValueError(f"order {order}: a permutation of 0..{len(weights) - 1}")
@@ -210,7 +218,7 @@ def partition_by_weights(numel: int, weights: Sequence[float], partition_bytes: 
     start = 0
     for shard, stop in zip(order, ends):
         n = stop - start
-        count = min(n, math.ceil(n * FLOAT32_BYTES / partition_bytes))
+        count = min(n, max(per_shard, math.ceil(n * FLOAT32_BYTES / partition_bytes)))
         for j in range(count):
             out.append(Partition(len(out), start + n * j // count, start + n * (j + 1) // count, shard))
         start = stop
@@ -218,21 +226,23 @@ def partition_by_weights(numel: int, weights: Sequence[float], partition_bytes: 
 
 
 def plan_partitions(numel: int, num_shards: int, num_workers: int, partition_bytes: int,
-                    balance: str = "pipeline") -> list[Partition]:
+                    balance: str = "pipeline", per_shard: int = 1) -> list[Partition]:
     """The partitions a sharded run uses (`partition_flat`) for the config's ``partition_balance``:
     ``pipeline`` (`pipeline_shard_weights`, the coordinator's range at the tail), ``egress``
-    (`egress_shard_weights`) or ``bytes`` (equal bytes, LPT).
+    (`egress_shard_weights`) or ``bytes`` (equal bytes, LPT), at least `per_shard` per shard
+    (``partitions_per_shard``).
 
     Raises:
         ValueError: an unknown `balance`, or a count or size `partition_flat` refuses.
     """
     if balance == "pipeline":
-        weights = pipeline_shard_weights(num_shards, num_workers, numel * FLOAT32_BYTES, partition_bytes)
-        return partition_flat(numel, num_shards, partition_bytes, weights, [*range(1, num_shards), 0])
+        weights = pipeline_shard_weights(num_shards, num_workers, numel * FLOAT32_BYTES, partition_bytes, per_shard)
+        return partition_flat(numel, num_shards, partition_bytes, weights, [*range(1, num_shards), 0], per_shard)
     if balance == "egress":
-        return partition_flat(numel, num_shards, partition_bytes, egress_shard_weights(num_shards, num_workers))
+        return partition_flat(numel, num_shards, partition_bytes, egress_shard_weights(num_shards, num_workers),
+                              per_shard=per_shard)
     if balance == "bytes":
-        return partition_flat(numel, num_shards, partition_bytes)
+        return partition_flat(numel, num_shards, partition_bytes, per_shard=per_shard)
     raise ValueError(f"partition_balance {balance!r}: one of pipeline, egress, bytes")
 
 
