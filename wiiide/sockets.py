@@ -53,3 +53,79 @@ def configure_socket(sock: socket.socket, cfg: RunConfig) -> dict[str, Any]:
         "keepalive": bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)),
         "tcp_congestion": congestion,
     }
+
+
+def set_route_congestion(congestion: str, run: Any = None) -> list[str]:
+    """Set `congestion` (a tcp(7) congestion control, e.g. ``cubic``) on every route of this network
+    namespace that leaves through an interface other than loopback (ip-route(8) ``congctl``): every TCP
+    connection opened over them afterwards starts with it, also those of sockets this process does not
+    configure (gloo's, for the ddp and fsdp engines, where `configure_socket` cannot reach). Routes are read
+    with ``ip -j route show`` (JSON) and each changed in place, its other attributes kept.
+
+    Needs CAP_NET_ADMIN in the namespace (the harness's containers have it). `run`: `subprocess.run`
+    (tests pass a stand-in).
+
+    Returns:
+        The destinations changed (``ip``'s ``dst``, e.g. ``172.18.0.0/16`` or ``default``).
+    Raises:
+        OSError: no ``ip`` command, or ``ip`` refused a change (its message, e.g. "Operation not
+            permitted" without CAP_NET_ADMIN, or an unknown algorithm).
+    """
+    import json
+    import subprocess
+
+    run = run or subprocess.run
+
+    def ip(*argv: str) -> str:
+        try:
+            done = run(["ip", *argv], capture_output=True, text=True, timeout=10.0)
+        except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
+            raise OSError(f"tcp_congestion {congestion!r} on the routes: ip {' '.join(argv)}: {exc}") from None
+        if done.returncode != 0:
+            raise OSError(f"tcp_congestion {congestion!r} on the routes: ip {' '.join(argv)}: "
+                          f"{(done.stderr or done.stdout).strip()[:300]}")
+        return done.stdout
+
+    try:
+        routes = json.loads(ip("-j", "route", "show") or "[]")
+    except ValueError as exc:
+        raise OSError(f"tcp_congestion {congestion!r}: ip -j route show gave no JSON: {exc}") from None
+    changed = []
+    for route in routes:
+        if not isinstance(route, dict) or route.get("dev") in (None, "lo") or not route.get("dst"):
+            continue
+        argv = ["route", "change", str(route["dst"])]
+        for key, word in (("gateway", "via"), ("dev", "dev"), ("protocol", "proto"), ("scope", "scope"),
+                          ("prefsrc", "src"), ("metric", "metric")):
+            if route.get(key) is not None:
+                argv += [word, str(route[key])]
+        ip(*argv, "congctl", congestion)
+        changed.append(str(route["dst"]))
+    return changed
+
+
+def congestion_in_force(run: Any = None) -> dict[str, int]:
+    """How many established TCP connections of this network namespace run each congestion control, read
+    with ``ss -tinH state established`` (its info lines name the algorithm, one of
+    net.ipv4.tcp_available_congestion_control): the read-back of `set_route_congestion`, for sockets
+    whose options this process cannot read (gloo's). Empty when ``ss`` is missing or fails.
+
+    `run`: `subprocess.run` (tests pass a stand-in). Returns algorithm -> connections, e.g. ``{"cubic": 8}``.
+    """
+    import subprocess
+
+    run = run or subprocess.run
+    try:
+        known = set(open("/proc/sys/net/ipv4/tcp_available_congestion_control").read().split())
+        done = run(["ss", "-tinH", "state", "established"], capture_output=True, text=True, timeout=10.0)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if done.returncode != 0:
+        return {}
+    counts: dict[str, int] = {}
+    for line in done.stdout.splitlines():
+        for token in line.split():
+            if token in known:
+                counts[token] = counts.get(token, 0) + 1
+                break
+    return counts

@@ -100,3 +100,64 @@ def test_options_survive_connect_and_accept():
         with server:
             assert server.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == expected_effective(128 * 1024, rmem_max)
             assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+class _FakeIp:
+    """Stands in for `subprocess.run` of ``ip``: answers ``ip -j route show`` with `routes` (JSON) and
+    records every other command; refuses a change when `refuse` is set (as ip does without CAP_NET_ADMIN)."""
+
+    def __init__(self, routes: str, refuse: str = "") -> None:
+        self.routes, self.refuse, self.calls = routes, refuse, []
+
+    def __call__(self, argv, **kwargs):
+        import subprocess
+
+        self.calls.append(argv)
+        if argv[:4] == ["ip", "-j", "route", "show"]:
+            return subprocess.CompletedProcess(argv, 0, self.routes, "")
+        if self.refuse:
+            return subprocess.CompletedProcess(argv, 2, "", self.refuse)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+
+DOCKER_ROUTES = ('[{"dst":"default","gateway":"172.18.0.1","dev":"eth0","flags":[]},'
+                 '{"dst":"172.18.0.0/16","dev":"eth0","protocol":"kernel","scope":"link","prefsrc":"172.18.0.3",'
+                 '"flags":[]},{"dst":"127.0.0.0/8","dev":"lo","flags":[]}]')
+
+
+def test_route_congestion_changes_every_route_but_loopback_keeping_its_attributes():
+    from wiiide.sockets import set_route_congestion
+
+    ip = _FakeIp(DOCKER_ROUTES)
+    assert set_route_congestion("cubic", ip) == ["default", "172.18.0.0/16"]
+    assert ip.calls[1:] == [
+        ["ip", "route", "change", "default", "via", "172.18.0.1", "dev", "eth0", "congctl", "cubic"],
+        ["ip", "route", "change", "172.18.0.0/16", "dev", "eth0", "proto", "kernel", "scope", "link",
+         "src", "172.18.0.3", "congctl", "cubic"]]
+
+
+def test_route_congestion_refused_or_unreadable_is_an_oserror_naming_it():
+    from wiiide.sockets import set_route_congestion
+
+    with pytest.raises(OSError, match="cubic.*Operation not permitted"):
+        set_route_congestion("cubic", _FakeIp(DOCKER_ROUTES, refuse="RTNETLINK answers: Operation not permitted"))
+    with pytest.raises(OSError, match="no JSON"):
+        set_route_congestion("cubic", _FakeIp("default via 172.18.0.1 dev eth0"))
+
+
+def test_congestion_in_force_counts_the_connections_of_each_algorithm():
+    """Read back on real sockets: one end of a loopback connection switched to reno is counted by `ss`
+    under reno (no other connection of this machine's namespace runs reno)."""
+    from wiiide.sockets import congestion_in_force
+
+    before = congestion_in_force()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    with listener, socket.create_connection(listener.getsockname()) as client:
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"reno")
+        server, _ = listener.accept()
+        with server:
+            after = congestion_in_force()
+    assert after.get("reno", 0) == before.get("reno", 0) + 1
+    assert sum(after.values()) >= 2  # the server's end too, under the system's algorithm

@@ -60,6 +60,7 @@ from torch import nn
 from wiiide.config import RunConfig
 from wiiide.data import BatchSampler, load_dataset
 from wiiide.engines.comm import IntervalTimer, estimate
+from wiiide.errors import ConfigError
 from wiiide.evaluation import evaluator_for, record_held_out, stop_at_target
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics, summarize
@@ -76,6 +77,7 @@ from wiiide.node import (
     wait_for_start_gate,
 )
 from wiiide.progress import ProgressBeat
+from wiiide.sockets import congestion_in_force, set_route_congestion
 from wiiide.workload import workload_record
 
 RANK_KEY = "wiiide/next_rank"
@@ -86,7 +88,8 @@ PROFILE_ACTIVE_STEPS = 5
 # ddp post_local_sgd: gradients are all-reduced at step 0 only (the models start equal anyway); local SGD and
 # the periodic parameter averaging start at step 1.
 POST_LOCAL_SGD_START_STEP = 1
-# WIIIIIDE's own socket knobs, which gloo's sockets do not take: recorded as not applied.
+# WIIIIIDE's own socket knobs, which gloo's sockets do not take: recorded as not applied (tcp_congestion
+# when it is '': when set, it goes on the routes, `wiiide.sockets.set_route_congestion`).
 NOT_APPLIED = ("sndbuf_bytes", "rcvbuf_bytes", "tcp_nodelay", "tcp_quickack", "keepalive", "tcp_congestion",
                "recv_chunk_bytes",
                "max_frame_bytes", "compression")
@@ -283,9 +286,17 @@ class TorchNode:
             if name:
                 os.environ["GLOO_SOCKET_IFNAME"] = name
         m.extra["malloc"] = return_freed_memory()  # before any tensor: freed buffers go back to the kernel
+        not_applied = {k: "gloo's own sockets" for k in NOT_APPLIED}
+        if cfg.tcp_congestion:  # gloo's sockets take no option, but they follow their routes' congctl
+            try:
+                routes = set_route_congestion(cfg.tcp_congestion)
+            except OSError as exc:
+                raise ConfigError(f"{exc} (the ddp and fsdp engines set tcp_congestion on the routes, which "
+                                  "needs CAP_NET_ADMIN: the docker backend's containers have it)") from None
+            del not_applied["tcp_congestion"]
+            m.extra["tcp_congestion_routes"] = {"congestion": cfg.tcp_congestion, "routes": routes}
         m.extra.update({"engine": cfg.engine, "world_size": self.world_size, "num_workers": cfg.num_workers,
-                        "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
-                        "not_applied": {k: "gloo's own sockets" for k in NOT_APPLIED}})
+                        "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"), "not_applied": not_applied})
         store = self._rendezvous()
         rank = claim_rank(store, self.role, cfg.num_workers)
         m.rank = self.beat.rank = rank
@@ -297,6 +308,8 @@ class TorchNode:
         except (RuntimeError, ValueError) as exc:
             raise _failure(exc, f"rank {rank}: gloo process group of {self.world_size} did not form") from None
         m.event("joined", rank=rank, world_size=self.world_size)
+        if cfg.tcp_congestion:  # gloo's connections are up: what they run (ss)
+            m.extra["tcp_congestion_routes"]["connections"] = congestion_in_force()
         self.beat.beat(0, "setup")  # from here on, the harness's watchdog expects progress
         self.log.info("rank %d of %d (%s)", rank, self.world_size, cfg.engine)
         try:
