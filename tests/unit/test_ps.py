@@ -16,6 +16,7 @@ from wiiide.ps.partition import (
     egress_shard_weights,
     pipeline_shard_weights,
     partition_flat,
+    PER_SHARD_FINEST_BYTES,
     plan_partitions,
     resolve_shards,
     shard_loads_bytes,
@@ -108,12 +109,12 @@ def test_pipeline_partitions_put_the_coordinators_range_at_the_tail(numel, worke
 @pytest.mark.parametrize("balance", ["pipeline", "egress", "bytes"])
 @pytest.mark.parametrize("numel, workers, partition_bytes, per_shard", [
     (DIGITS_MLP_NUMEL, 4, 4 * MIB, 4), (DIGITS_MLP_NUMEL, 8, 4 * MIB, 4), (DIGITS_MLP_NUMEL, 8, 64 * 1024, 3),
-    (6_500_000, 4, 4 * MIB, 4), (6_500_000, 8, 1 * MIB, 2), (40, 3, 4 * MIB, 8)])
+    (6_500_000, 4, 4 * MIB, 4), (6_500_000, 8, 1 * MIB, 2), (40, 3, 4 * MIB, 8), (4_000_000, 3, 4 * MIB, 64)])
 def test_partitions_per_shard_cuts_every_shards_range_into_that_many(numel, workers, partition_bytes, per_shard,
                                                                      balance):
-    """``partitions_per_shard``: every shard owns at least that many partitions (while it has elements
-    for them), none larger than `partition_bytes`, every element in exactly one, the shards' loads as
-    with one partition per shard (pipeline, egress: the same shares; bytes: within one partition)."""
+    """``partitions_per_shard``: every shard owns at least that many partitions while they stay about
+    64 KiB or more, none larger than `partition_bytes`, every element in exactly one, the shards' loads
+    as with one partition per shard (pipeline, egress: the same shares; bytes: within one partition)."""
     shards = workers + 1
     parts = plan_partitions(numel, shards, workers, partition_bytes, balance, per_shard)
     covered = np.zeros(numel, dtype=np.int64)
@@ -124,7 +125,9 @@ def test_partitions_per_shard_cuts_every_shards_range_into_that_many(numel, work
     loads = shard_loads_bytes(parts, shards)
     for shard in range(shards):
         owned = sum(1 for p in parts if p.shard == shard)
-        assert owned >= min(per_shard, loads[shard] // 4)
+        assert owned >= min(per_shard, -(-loads[shard] // PER_SHARD_FINEST_BYTES), loads[shard] // 4)
+        if balance != "bytes" and owned > -(-loads[shard] // partition_bytes):  # cut finer for per_shard only
+            assert owned <= -(-loads[shard] // PER_SHARD_FINEST_BYTES)
     one = shard_loads_bytes(plan_partitions(numel, shards, workers, partition_bytes, balance), shards)
     if balance == "egress":
         assert loads == one

@@ -30,6 +30,17 @@ from typing import Sequence
 from wiiide.errors import ConfigError
 
 FLOAT32_BYTES = 4
+# `partitions_per_shard` cuts a shard's range no finer than this: pieces of about 64 KiB and up. Measured
+# (README, "Partitions per shard"): the digits model at 8 workers in 33 KB pieces (4 per shard) ran 0.87x DDP
+# with ordered pushes where 64 KiB pieces had run 1.10x; at 4 workers 4 pieces of 60 KB ran 1.10x.
+PER_SHARD_FINEST_BYTES = 64 * 1024
+
+
+def range_partition_count(nbytes: float, partition_bytes: float, per_shard: int = 1) -> int:
+    """Partitions a shard's range of `nbytes` is cut into: enough that none exceeds `partition_bytes`, and
+    at least `per_shard` while each piece stays about `PER_SHARD_FINEST_BYTES` or more (at least one).
+    The caller caps it at the range's elements."""
+    return max(1, math.ceil(nbytes / partition_bytes), min(per_shard, math.ceil(nbytes / PER_SHARD_FINEST_BYTES)))
 
 
 @dataclass(frozen=True)
@@ -75,9 +86,10 @@ def resolve_shards(ps_shards: str | int, num_nodes: int) -> int:
 def partition_flat(numel: int, num_shards: int, partition_bytes: int,
                    weights: Sequence[float] | None = None, order: Sequence[int] | None = None,
                    per_shard: int = 1) -> list[Partition]:
-    """Cut ``[0, numel)`` into partitions of at most `partition_bytes` (float32) and at least `per_shard`
-    x `num_shards` of them (so a small model spreads over every shard too, in pieces a shard can answer one
-    after the other), near-equal in size, and assign them to shards.
+    """Cut ``[0, numel)`` into partitions of at most `partition_bytes` (float32) and at least `num_shards`
+    of them (so a small model spreads over every shard too), `per_shard` x `num_shards` while they stay
+    about `PER_SHARD_FINEST_BYTES` or more (pieces a shard can answer one after the other), near-equal in
+    size, and assign them to shards.
 
     Args:
         numel: elements of the flat float32 vector (>= 1).
@@ -91,8 +103,8 @@ def partition_flat(numel: int, num_shards: int, partition_bytes: int,
 
     Returns:
         Partitions in vector order (``index`` 0..P-1), covering every element exactly once; P =
-        max(per_shard x num_shards, ceil(numel * 4 / partition_bytes)), at most numel (with `weights`:
-        per shard's range, `partition_by_weights`).
+        max(num_shards, `range_partition_count` of the whole vector with per_shard x num_shards), at most
+        numel (with `weights`: per shard's range, `partition_by_weights`).
 
     Raises:
         ValueError: a count or size below its minimum.
@@ -104,7 +116,8 @@ def partition_flat(numel: int, num_shards: int, partition_bytes: int,
         if len(weights) != num_shards:
             raise ValueError(f"{len(weights)} weights for {num_shards} shards")
         return partition_by_weights(numel, weights, partition_bytes, order, per_shard)
-    count = min(numel, max(num_shards * per_shard, math.ceil(numel * FLOAT32_BYTES / partition_bytes)))
+    count = min(numel, max(num_shards, range_partition_count(numel * FLOAT32_BYTES, partition_bytes,
+                                                             num_shards * per_shard)))
     bounds = [numel * i // count for i in range(count + 1)]
     shards = assign_by_bytes([(bounds[i + 1] - bounds[i]) * FLOAT32_BYTES for i in range(count)], num_shards)
     return [Partition(i, bounds[i], bounds[i + 1], shards[i]) for i in range(count)]
@@ -146,8 +159,7 @@ def pipeline_shard_weights(num_shards: int, num_workers: int, model_bytes: float
     (k - 1) m / R; from then on its pulls keep its link busy (its later partitions arrive at W R / (k - 1)
     >= R while it sends each W times), and it is done after ((k - 1) m + W s_0) / R. A worker with a shard
     sends M + (W - 2) s_w, pushes and pulls back to back. Levelling the two, with s_0 + (k - 1) s_w = M
-    and the coordinator's range cut into c partitions of m = s_0 / c (c = max(per_shard,
-    ceil(s_0 / partition_bytes))):
+    and the coordinator's range cut into c partitions of m = s_0 / c (c = `range_partition_count` of s_0):
     with a = W + (k - 1) / c, s_w = (a - 1) M / (a (k - 1) + W - 2). With a shard on every node at 8
     workers and the digits model in 64 KiB partitions (c = 3): s_0 / s_w = 1.44, every node done after
     1.62 M / R. With m -> 0 (`partition_bytes` 0) these are the egress shares, (k + W - 3) / (W - 1).
@@ -175,14 +187,15 @@ def pipeline_shard_weights(num_shards: int, num_workers: int, model_bytes: float
     if model_bytes <= 0 or partition_bytes <= 0:
         return egress_shard_weights(num_shards, num_workers)
     k, w, m_bytes = num_shards, num_workers, float(model_bytes)
-    count = max(1, per_shard)
+    count = 1
     while True:  # the fewest partitions of the coordinator's range that its own size agrees with
         a = w + (k - 1) / count
         s_w = (a - 1) * m_bytes / (a * (k - 1) + w - 2)
         s_0 = m_bytes - (k - 1) * s_w
-        if s_0 <= 0 or math.ceil(s_0 / partition_bytes) <= count:
+        wanted = range_partition_count(s_0, partition_bytes, per_shard) if s_0 > 0 else count
+        if wanted <= count:
             break
-        count = max(count, math.ceil(s_0 / partition_bytes))
+        count = wanted
     return [max(s_0 / s_w, 1e-3)] + [1.0] * (k - 1)
 
 
@@ -190,7 +203,8 @@ def partition_by_weights(numel: int, weights: Sequence[float], partition_bytes: 
                          order: Sequence[int] | None = None, per_shard: int = 1) -> list[Partition]:
     """One contiguous range of ``[0, numel)`` per shard, of ``numel x weight / sum`` elements (rounded;
     every shard at least one element), each range cut into the fewest near-equal partitions of at most
-    `partition_bytes` (float32), and at least `per_shard` (while the range has elements for them).
+    `partition_bytes` (float32), and at least `per_shard` while the pieces stay about
+    `PER_SHARD_FINEST_BYTES` or more (`range_partition_count`; never more than the range's elements).
     `order`: the shards in vector order (a permutation of their ids; None: 0, 1, ...), e.g.
     ``[1, .., k - 1, 0]`` puts shard 0's range at the tail.
 
@@ -218,7 +232,7 @@ def partition_by_weights(numel: int, weights: Sequence[float], partition_bytes: 
     start = 0
     for shard, stop in zip(order, ends):
         n = stop - start
-        count = min(n, max(per_shard, math.ceil(n * FLOAT32_BYTES / partition_bytes)))
+        count = min(n, range_partition_count(n * FLOAT32_BYTES, partition_bytes, per_shard))
         for j in range(count):
             out.append(Partition(len(out), start + n * j // count, start + n * (j + 1) // count, shard))
         start = stop
