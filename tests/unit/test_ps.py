@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 import pytest
 
@@ -139,16 +137,6 @@ def test_partitions_per_shard_cuts_every_shards_range_into_that_many(numel, work
         assert loads[0] >= one[0] - 4 * shards
     with pytest.raises(ValueError, match="per_shard"):
         plan_partitions(numel, shards, workers, partition_bytes, balance, 0)
-
-
-def test_ordered_pushes_leave_a_quarter_of_a_partition_unsent():
-    """push_schedule ordered: the shard connection's TCP_NOTSENT_LOWAT is a quarter of its largest
-    partition, never below 16 KiB (64 KiB partitions: 16 KiB, as measured) nor above 1 MiB."""
-    from wiiide.ps.client import PUSH_NOTSENT_LOWAT_BYTES, PUSH_NOTSENT_LOWAT_MAX_BYTES, push_notsent_lowat_bytes
-
-    assert push_notsent_lowat_bytes(0) == push_notsent_lowat_bytes(64 * 1024) == PUSH_NOTSENT_LOWAT_BYTES
-    assert push_notsent_lowat_bytes(1_184_000) == 296_000
-    assert push_notsent_lowat_bytes(4 * MIB) == push_notsent_lowat_bytes(64 * MIB) == PUSH_NOTSENT_LOWAT_MAX_BYTES
 
 
 def test_egress_weights_edge_cases():
@@ -339,11 +327,6 @@ def test_a_shard_averages_pushes_steps_its_optimizer_slice_and_answers_every_wor
             for flat in flats:
                 assert torch.equal(flat.params, ref_flat.params)
         assert server.updates == 3 * len(parts) and server.failure is None
-        if push_schedule == "ordered":  # a quarter of the shard's largest partition, at least 16 KiB
-            from wiiide.ps.client import PUSH_NOTSENT_LOWAT_BYTES
-
-            sock = clients[0].links[0].conn.sock
-            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == PUSH_NOTSENT_LOWAT_BYTES
     finally:
         for client in clients:
             client.close()

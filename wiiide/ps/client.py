@@ -60,19 +60,6 @@ class ShardFailed(NodeFailure):
 
 
 PUSH_NOTSENT_LOWAT_BYTES = 16 * 1024  # push_schedule ordered: unsent bytes a push may leave behind when the next starts
-PUSH_NOTSENT_LOWAT_MAX_BYTES = 1024 * 1024
-
-
-def push_notsent_lowat_bytes(partition_bytes: int) -> int:
-    """push_schedule ordered: TCP_NOTSENT_LOWAT (bytes) of a shard connection whose largest partition is
-    `partition_bytes`: a quarter of it, within [`PUSH_NOTSENT_LOWAT_BYTES`, `PUSH_NOTSENT_LOWAT_MAX_BYTES`].
-
-    With 64 KiB partitions that is 16 KiB (what the digits runs measured, README "Sharded parameter
-    servers"). With 1.2 MB partitions of the 26 MB model, 16 KiB is 1.3 ms of a 100 Mbit/s link: the
-    sending thread, woken each time, must run within that on a machine whose cores are busy with backward,
-    or the link idles (ordered pushes on CUBIC ran ~0.98x DDP there against 1.09x concurrent, session 8);
-    a quarter of a partition is 25 ms of it."""
-    return max(PUSH_NOTSENT_LOWAT_BYTES, min(PUSH_NOTSENT_LOWAT_MAX_BYTES, int(partition_bytes) // 4))
 
 
 @dataclass
@@ -178,11 +165,6 @@ class ShardClient:
         `lossy`: the policy may choose a lossy codec (after ``lossy_warmup_steps`` steps).
         """
         self._flat, self._partitions, self._lossy = flat, list(partitions), lossy
-        if self._ordered and hasattr(socket, "TCP_NOTSENT_LOWAT"):  # a quarter of the shard's largest partition
-            for link in self.links:
-                largest = max((p.nbytes for p in partitions if p.shard == link.shard), default=0)
-                link.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT,
-                                          push_notsent_lowat_bytes(largest))
         starts = np.array([p.start for p in partitions])
         overlaps: list[list[int]] = []
         offset = 0
@@ -274,10 +256,9 @@ class ShardClient:
 
     def _ordered_push_loop(self) -> None:
         """push_schedule ordered: send every push in the order backward made them, on its shard's
-        connection, one after the other; with TCP_NOTSENT_LOWAT a send returns only once all but a quarter
-        of a partition (`push_notsent_lowat_bytes`, at least 16 KiB) have left the socket, so a worker's
-        link carries about one partition's push at a time and every worker pushes a partition at about
-        the same time."""
+        connection, one after the other; with TCP_NOTSENT_LOWAT a send returns only once all but
+        `PUSH_NOTSENT_LOWAT_BYTES` of it have left the socket, so a worker's link carries one partition's
+        push at a time and every worker pushes a partition at about the same time."""
         while True:
             item = self._pushes.get()
             if item is None:
