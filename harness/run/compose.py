@@ -343,7 +343,8 @@ class ComposeBackend:
         pool = self._pool
         assert pool is not None
         root = results_root(out_dir)
-        key = pool_key(self.image, cfg.num_workers, cluster, root)
+        route_congestion = cfg.tcp_congestion if cfg.engine in ("ddp", "fsdp") else ""  # on the routes: kept
+        key = pool_key(self.image, cfg.num_workers, cluster, root, route_congestion)
         self.last_run_reused = pool.usable(key) and self._pool_running()
         if not self.last_run_reused:
             with clock.phase("clean"):

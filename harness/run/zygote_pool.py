@@ -4,7 +4,7 @@ the host side of `wiiide.zygote`.
 A pool is one cluster of containers whose nodes are zygotes: they imported torch once, and each run
 forks a fresh node process in every one of them (`wiiide.zygote`). The pool is kept for the next run
 when that run asks for the same cluster (`pool_key`: image, worker count, cluster settings, results
-mount) and the run ended clean (every node exited 0, no fault touched a container); anything else
+mount, the congestion control set on the routes) and the run ended clean (every node exited 0, no fault touched a container); anything else
 removes it and the next run starts fresh containers. A kept container's link shaping is removed
 before it is shaped again (`harness.run.tc_exec.reset_links`).
 
@@ -27,11 +27,17 @@ RUNS_DIR = "runs"
 REQUEST_FILE = "request.json"
 
 
-def pool_key(image: str, num_workers: int, cluster: ClusterSettings, results_root: Path) -> str:
+def pool_key(image: str, num_workers: int, cluster: ClusterSettings, results_root: Path,
+             route_congestion: str = "") -> str:
     """What a run's containers are made of, as a string to compare: two runs with equal keys can share
-    containers (their nodes' knobs differ only in what each run's request carries)."""
+    containers (their nodes' knobs differ only in what each run's request carries).
+
+    `route_congestion`: the congestion control a run sets on its containers' routes (the ddp and fsdp
+    engines' ``tcp_congestion``, `wiiide.sockets.set_route_congestion`; '' for none). The routes outlive a
+    run in a kept container, so a run that sets none must not inherit one."""
     return json.dumps({"image": image, "num_workers": num_workers, "cluster": cluster.to_dict(),
-                       "results_root": str(results_root)}, sort_keys=True, default=str)
+                       "results_root": str(results_root), "route_congestion": route_congestion},
+                      sort_keys=True, default=str)
 
 
 def results_root(out_dir: Path) -> Path:

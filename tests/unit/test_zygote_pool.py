@@ -17,8 +17,9 @@ def test_pool_key_differs_with_workers_image_limits_and_mount():
     assert base == pool_key("img:1", 8, ClusterSettings(), root)
     others = {pool_key("img:2", 8, ClusterSettings(), root), pool_key("img:1", 4, ClusterSettings(), root),
               pool_key("img:1", 8, parse_cluster({"cpus": 0.5}, {}, 8, {"cpus": "base.cpus"}), root),
-              pool_key("img:1", 8, ClusterSettings(), Path("/s"))}
-    assert base not in others and len(others) == 4
+              pool_key("img:1", 8, ClusterSettings(), Path("/s")),
+              pool_key("img:1", 8, ClusterSettings(), root, "cubic")}  # ddp's congestion control on the routes
+    assert base not in others and len(others) == 5
 
 
 def test_results_root_is_the_sweeps_folder_never_the_filesystems_root(tmp_path):
