@@ -32,7 +32,7 @@ from wiiide.errors import ConfigError
 FLOAT32_BYTES = 4
 # `partitions_per_shard` cuts a shard's range no finer than this: pieces of about 64 KiB and up. Measured
 # (README, "Partitions per shard"): the digits model at 8 workers in 33 KB pieces (4 per shard) ran 0.87x DDP
-# with ordered pushes where 64 KiB pieces had run 1.10x; at 4 workers 4 pieces of 60 KB ran 1.10x.
+# with ordered pushes on CUBIC where 64 KiB pieces had run 1.10x; at 4 workers 4 pieces of 55 KB ran 1.10x.
 PER_SHARD_FINEST_BYTES = 64 * 1024
 
 
