@@ -227,3 +227,42 @@ def test_frame_shaped_raw_loops_deliver_every_byte(send, recv, size):
         a.close()
         b.close()
     assert bytes(got) == payload[:size]  # the last of the 3 messages, whole and in order
+
+
+def test_a_bench_killed_with_sigterm_unwinds_as_on_ctrl_c(monkeypatch):
+    """`wiiide-lab bench-*` turns SIGTERM into KeyboardInterrupt: the bench's ``finally`` (where run_pair
+    removes its containers) runs, the verb exits 130, and the previous SIGTERM handler is back after."""
+    import os
+    import signal
+    import sys
+    import time
+    import types
+
+    import harness.cli as cli
+
+    cleaned = []
+
+    def main_from_args(args, log):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs in this thread before the next line
+            time.sleep(1.0)
+            raise AssertionError("SIGTERM did not interrupt the bench")
+        finally:
+            cleaned.append(True)
+
+    fake = types.ModuleType("fake_bench")
+    fake.main_from_args = main_from_args
+    monkeypatch.setitem(sys.modules, "fake_bench", fake)
+    def unhandled(signum, frame):  # what the test process gets if the verb does not take SIGTERM itself
+        raise RuntimeError("SIGTERM reached the handler in force before the bench")
+
+    args = cli.build_parser().parse_args(["bench-wire"])
+    args.bench_module = "fake_bench"
+    monkeypatch.setattr(cli, "build_parser", lambda: types.SimpleNamespace(parse_args=lambda argv: args))
+    original = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        assert cli.main([]) == 130
+        assert signal.getsignal(signal.SIGTERM) is unhandled
+    finally:
+        signal.signal(signal.SIGTERM, original)
+    assert cleaned == [True]
