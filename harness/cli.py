@@ -222,16 +222,12 @@ BENCHES = {
 }
 
 
-def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
-    """SIGTERM handler: raise KeyboardInterrupt, so a benchmark unwinds as on Ctrl-C (its ``finally``
-    removes its containers and networks) instead of dying with them left running."""
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
     """A `bench-*` verb: its module's `main_from_args` (see `BENCHES`), with SIGTERM (`timeout`, `kill`)
     unwinding as Ctrl-C does (exit 130, containers removed)."""
-    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    from harness.bench import sigterm_as_interrupt
+
+    previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)
     try:
         return importlib.import_module(args.bench_module).main_from_args(args, _log)
     finally:

@@ -233,37 +233,27 @@ def encode_message(
     arrays = [t.array for t in tensors]
     raw_nbytes = sum(a.nbytes for a in arrays)
     if raw_nbytes == 0 or type(codec) is NoCodec:
-        # The identity codec, the nodes' default: the tensors' own buffers behind the header, built with as
-        # little Python as can be (see _TEMPLATES: that time between two sends costs throughput).
-        template = _header_template(kind, "none", raw_nbytes, tensors)
-        meta = meta or {}
-        return Frame(buffers=[template.frame_head(meta, None, raw_nbytes), *[byte_view(a) for a in arrays if a.nbytes]],
-                     kind=kind, codec=_NO_CODEC.name, raw_nbytes=raw_nbytes, payload_nbytes=raw_nbytes, encode_s=0.0,
-                     header={"kind": kind, "meta": meta, "codec": "none", "raw_nbytes": raw_nbytes,
-                             "tensors": template.specs})
-    t0 = time.perf_counter()
-    payload_parts, codec_params = codec.encode_message(arrays, [t.name for t in tensors],
-                                                       kind if stream is None else stream, pool)
-    encode_s = time.perf_counter() - t0
-    views = [memoryview(p) for p in payload_parts]
-    payload_nbytes = sum(v.nbytes for v in views)
-    template = _header_template(kind, codec.wire_id, raw_nbytes, tensors)
-    header = {"kind": kind, "meta": meta or {}, "codec": codec.wire_id, "raw_nbytes": raw_nbytes,
-              "tensors": template.specs}
+        # The identity codec, the nodes' default: the tensors' own buffers, no codec call and nothing to
+        # time (see _TEMPLATES: Python between two sends costs throughput).
+        codec, codec_params, encode_s = _NO_CODEC, {}, 0.0
+        payload_parts, payload_nbytes = [byte_view(a) for a in arrays if a.nbytes], raw_nbytes
+    else:
+        t0 = time.perf_counter()
+        payload_parts, codec_params = codec.encode_message(arrays, [t.name for t in tensors],
+                                                           kind if stream is None else stream, pool)
+        encode_s = time.perf_counter() - t0
+        sizes = [memoryview(p).nbytes for p in payload_parts]
+        payload_parts = [p for p, n in zip(payload_parts, sizes) if n]
+        payload_nbytes = sum(sizes)
+    wire_id = codec.wire_id
+    template = _header_template(kind, wire_id, raw_nbytes, tensors)
+    meta = meta or {}
+    header = {"kind": kind, "meta": meta, "codec": wire_id, "raw_nbytes": raw_nbytes, "tensors": template.specs}
     if codec_params:
         header["codec_params"] = codec_params
-    return Frame(
-        buffers=[template.frame_head(header["meta"], codec_params, payload_nbytes),
-                 *[p for p, v in zip(payload_parts, views) if v.nbytes]],
-        kind=kind,
-        codec=codec.name,
-        raw_nbytes=raw_nbytes,
-        payload_nbytes=payload_nbytes,
-        encode_s=encode_s,
-        wire_id=codec.wire_id,
-        codec_params=codec_params,
-        header=header,
-    )
+    return Frame(buffers=[template.frame_head(meta, codec_params, payload_nbytes), *payload_parts], kind=kind,
+                 codec=codec.name, raw_nbytes=raw_nbytes, payload_nbytes=payload_nbytes, encode_s=encode_s,
+                 wire_id=wire_id, codec_params=codec_params, header=header)
 
 
 class _HeaderTemplate:

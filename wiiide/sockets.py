@@ -7,7 +7,9 @@ getsockopt and recorded: a run that asked for 16 MiB may have got far less.
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
 from typing import Any
 
 from wiiide.config import RunConfig
@@ -71,9 +73,6 @@ def set_route_congestion(congestion: str, run: Any = None) -> list[str]:
         OSError: no ``ip`` command, or ``ip`` refused a change (its message, e.g. "Operation not
             permitted" without CAP_NET_ADMIN, or an unknown algorithm).
     """
-    import json
-    import subprocess
-
     run = run or subprocess.run
 
     def ip(*argv: str) -> str:
@@ -112,8 +111,6 @@ def congestion_in_force(run: Any = None) -> dict[str, int]:
 
     `run`: `subprocess.run` (tests pass a stand-in). Returns algorithm -> connections, e.g. ``{"cubic": 8}``.
     """
-    import subprocess
-
     run = run or subprocess.run
     try:
         known = set(open("/proc/sys/net/ipv4/tcp_available_congestion_control").read().split())

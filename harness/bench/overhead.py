@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from harness import REPO_ROOT
+from harness.bench import sigterm_as_interrupt
 from harness.run.backend import Backend
 from harness.run.loop import run_point
 from harness.run.machine import commit_info, machine_info
@@ -291,16 +292,11 @@ def main_from_args(args: argparse.Namespace, log: Log) -> int:
     return 0
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    """SIGTERM handler: raise KeyboardInterrupt, so the benchmark's cleanup runs."""
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m harness.bench.overhead [--workers 4 8] [--repeats 3] [--duration-s 5]``."""
     parser = argparse.ArgumentParser(prog="python -m harness.bench.overhead", description=__doc__.split("\n")[0])
     add_arguments(parser)
-    signal.signal(signal.SIGTERM, _interrupt)  # `timeout`, `kill`: unwind as Ctrl-C does, removing the containers
+    signal.signal(signal.SIGTERM, sigterm_as_interrupt)  # `timeout`, `kill`: unwind as Ctrl-C does, removing the containers
     return main_from_args(parser.parse_args(argv), lambda line: print(line, file=sys.stderr, flush=True))
 
 
