@@ -332,6 +332,11 @@ class RunConfig(BaseSettings):
         "that level every node's finish time (wiiide.ps.partition.pipeline_shard_weights); egress: shares that "
         "level every node's bytes sent per step, the coordinator's range first (egress_shard_weights); bytes: "
         "equal bytes per shard")
+    partition_placement: Literal["contiguous", "interleaved"] = _field(
+        "contiguous", "contiguous | interleaved",
+        "ps_shards > 1: contiguous: one range of the vector per shard (ps-lite's key ranges); interleaved: the same "
+        "pieces dealt to the shards in turns (BytePS's placement), so that pieces backward makes one after the other "
+        "go to different shards (wiiide.ps.partition.partition_by_weights)")
     shard_port: Int = _field(0, "0 (a free port, reported at join) or 1..65535",
                              "ps_shards > 1: TCP port a node's shard listens on", ge=0, le=65535)
     push_schedule: Literal["concurrent", "ordered"] = _field(

@@ -198,7 +198,8 @@ def point_model(point: dict[str, Any]) -> ModelRow | None:
     worker_ratio, coordinator_ratio = _median(worker_ratios) or 1.0, _steady_ratio(coord, config)
     link_s = sharded_link_s(loads, workers, rate, worker_ratio, coordinator_ratio)
     partitions = _report_partitions(loads, workers, ps.get("partition_bytes") or config.get("partition_bytes"),
-                                    ps.get("partition_balance") or "bytes", int(ps.get("partitions_per_shard") or 1))
+                                    ps.get("partition_balance") or "bytes", int(ps.get("partitions_per_shard") or 1),
+                                    ps.get("partition_placement") or "contiguous")
     if partitions is None:
         return None
     round_s = sharded_round_s(partitions, workers, rate, worker_ratio, coordinator_ratio)
@@ -222,13 +223,13 @@ def _steady_ratio(node: dict[str, Any], config: dict[str, Any]) -> float:
     return (steps - warmup) / (steps / ratio - warmup)
 
 
-def _report_partitions(loads: Sequence[int], workers: int, partition_bytes: Any, balance: str, per_shard: int = 1
-                       ) -> list[tuple[int, float]] | None:
+def _report_partitions(loads: Sequence[int], workers: int, partition_bytes: Any, balance: str, per_shard: int = 1,
+                       placement: str = "contiguous") -> list[tuple[int, float]] | None:
     """(shard, bytes) of every partition of a sharded run, rebuilt as the run cut them: with ``pipeline``
     or ``egress`` shares one contiguous range per shard of exactly its reported load (the coordinator's
     at the tail or at the head), cut into partitions of at most `partition_bytes`, at least `per_shard`
-    per shard (`wiiide.ps.partition.partition_by_weights`); with ``bytes``, `plan_partitions`. None when that does
-    not give the loads the run reported."""
+    per shard, dealt in turns with `placement` ``interleaved`` (`wiiide.ps.partition.partition_by_weights`);
+    with ``bytes``, `plan_partitions`. None when that does not give the loads the run reported."""
     if not isinstance(partition_bytes, int) or any(load % FLOAT32_BYTES or load <= 0 for load in loads):
         return None
     numel, k = sum(loads) // FLOAT32_BYTES, len(loads)
@@ -236,9 +237,9 @@ def _report_partitions(loads: Sequence[int], workers: int, partition_bytes: Any,
         if balance in ("pipeline", "egress"):
             order = [*range(1, k), 0] if balance == "pipeline" else None
             parts = partition_by_weights(numel, [load // FLOAT32_BYTES for load in loads], partition_bytes, order,
-                                         per_shard)
+                                         per_shard, placement == "interleaved")
         else:
-            parts = plan_partitions(numel, k, workers, partition_bytes, balance, per_shard)
+            parts = plan_partitions(numel, k, workers, partition_bytes, balance, per_shard, placement)
     except ValueError:
         return None
     if shard_loads_bytes(parts, k) != list(loads):

@@ -31,12 +31,15 @@ def _run(node_env, node_procs, metrics_dir: Path, **fields) -> dict:  # noqa: F8
     return {p.stem: json.loads(p.read_text()) for p in metrics_dir.glob("*.json")}
 
 
-@pytest.mark.parametrize("balance, schedule", [("egress", "concurrent"), ("pipeline", "concurrent"),
-                                               ("pipeline", "ordered")])
-def test_central_and_sharded_reach_the_same_parameters(tmp_path, node_env, node_procs, balance, schedule):  # noqa: F811
+@pytest.mark.parametrize("balance, schedule, placement", [
+    ("egress", "concurrent", "contiguous"), ("pipeline", "concurrent", "contiguous"),
+    ("pipeline", "ordered", "contiguous"), ("pipeline", "ordered", "interleaved")])
+def test_central_and_sharded_reach_the_same_parameters(tmp_path, node_env, node_procs, balance, schedule,  # noqa: F811
+                                                       placement):
     central = _run(node_env, node_procs, tmp_path / "central", ps_shards=1)
+    pieces = {"partition_bytes": 4096} if placement == "interleaved" else {}  # several pieces per shard to deal
     sharded = _run(node_env, node_procs, tmp_path / "sharded", ps_shards="all", partition_balance=balance,
-                   push_schedule=schedule)
+                   push_schedule=schedule, partition_placement=placement, **pieces)
     c, s = central["coordinator"]["params_digest"], sharded["coordinator"]["params_digest"]
     assert central["coordinator"]["steps"] == sharded["coordinator"]["steps"] == 20
     assert c["numel"] == s["numel"] == 64 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10
@@ -44,6 +47,7 @@ def test_central_and_sharded_reach_the_same_parameters(tmp_path, node_env, node_
         assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-4), (c, s)
     ps = sharded["coordinator"]["ps"]
     assert ps["ps_shards"] == 4 and len(ps["shard_loads_bytes"]) == 4 and min(ps["shard_loads_bytes"]) > 0
+    assert ps["partition_placement"] == placement and (placement == "contiguous" or ps["partitions"] >= 2 * 4)
     assert set(ps["batch_handout"].values()) == {"indices"}  # every worker holds the digits set
     for rank in (1, 2, 3):
         w = sharded[f"worker-{rank}"]

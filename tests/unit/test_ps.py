@@ -108,6 +108,42 @@ def test_pipeline_partitions_put_the_coordinators_range_at_the_tail(numel, worke
 
 @pytest.mark.parametrize("balance", ["pipeline", "egress", "bytes"])
 @pytest.mark.parametrize("numel, workers, partition_bytes, per_shard", [
+    (DIGITS_MLP_NUMEL, 4, 4 * MIB, 4), (DIGITS_MLP_NUMEL, 8, 4 * MIB, 4), (6_500_000, 4, 4 * MIB, 4),
+    (6_500_000, 8, 1 * MIB, 2), (40, 3, 4 * MIB, 8), (12, 3, 4, 1)])
+def test_interleaved_placement_deals_the_same_pieces_to_the_shards_in_turns(numel, workers, partition_bytes,
+                                                                            per_shard, balance):
+    """``partition_placement: interleaved``: every element once, each shard the same load and the same
+    piece sizes as in contiguous ranges, and no two pieces next to each other on one shard while every
+    shard still has one to deal (with pipeline, the shards in the same order: shard 0 last in each turn)."""
+    shards = workers + 1
+    contiguous = plan_partitions(numel, shards, workers, partition_bytes, balance, per_shard)
+    parts = plan_partitions(numel, shards, workers, partition_bytes, balance, per_shard, "interleaved")
+    covered = np.zeros(numel, dtype=np.int64)
+    for p in parts:
+        covered[p.start:p.stop] += 1
+    assert covered.min() == covered.max() == 1 and [p.index for p in parts] == list(range(len(parts)))
+    assert parts[0].start == 0 and all(a.stop == b.start for a, b in zip(parts, parts[1:]))
+    loads = shard_loads_bytes(parts, shards)
+    if balance != "bytes":
+        assert loads == shard_loads_bytes(contiguous, shards)
+        for shard in range(shards):
+            assert ([p.numel for p in parts if p.shard == shard]
+                    == [p.numel for p in contiguous if p.shard == shard])
+    else:  # the same near-equal pieces, partition i on shard i mod k instead of by LPT
+        assert [p.numel for p in parts] == [p.numel for p in contiguous]
+        assert max(loads) - min(loads) <= max(p.nbytes for p in parts) + 4 * shards  # pieces differ by an element
+    fewest = min(sum(1 for p in parts if p.shard == s) for s in range(shards))
+    first_turns = [p.shard for p in parts[:fewest * shards]]
+    assert sorted(first_turns) == sorted(list(range(shards)) * fewest)  # every shard once per turn
+    assert all(a != b for a, b in zip(first_turns, first_turns[1:]))
+    if balance == "pipeline" and fewest:
+        assert first_turns[:shards] == [*range(1, shards), 0]
+    with pytest.raises(ValueError, match="placement"):
+        plan_partitions(numel, shards, workers, partition_bytes, balance, per_shard, "striped")
+
+
+@pytest.mark.parametrize("balance", ["pipeline", "egress", "bytes"])
+@pytest.mark.parametrize("numel, workers, partition_bytes, per_shard", [
     (DIGITS_MLP_NUMEL, 4, 4 * MIB, 4), (DIGITS_MLP_NUMEL, 8, 4 * MIB, 4), (DIGITS_MLP_NUMEL, 8, 64 * 1024, 3),
     (6_500_000, 4, 4 * MIB, 4), (6_500_000, 8, 1 * MIB, 2), (40, 3, 4 * MIB, 8), (4_000_000, 3, 4 * MIB, 64)])
 def test_partitions_per_shard_cuts_every_shards_range_into_that_many(numel, workers, partition_bytes, per_shard,
@@ -132,7 +168,7 @@ def test_partitions_per_shard_cuts_every_shards_range_into_that_many(numel, work
     if balance == "egress":
         assert loads == one
     elif balance == "bytes":
-        assert max(loads) - min(loads) <= max(p.nbytes for p in parts)
+        assert max(loads) - min(loads) <= max(p.nbytes for p in parts) + 4 * shards  # pieces differ by an element
     else:  # the coordinator's range gets more pieces, so its pushes are in sooner: its share grows
         assert loads[0] >= one[0] - 4 * shards
     with pytest.raises(ValueError, match="per_shard"):

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from harness.present.round_model import ModelRow, model_rows, point_model, render, sharded_link_s, sharded_round_s
+from harness.present.round_model import (
+    ModelRow,
+    _report_partitions,
+    model_rows,
+    point_model,
+    render,
+    sharded_link_s,
+    sharded_round_s,
+)
 from wiiide.ps.partition import (
     egress_shard_weights,
     partition_flat,
@@ -146,3 +154,19 @@ def test_a_lossy_codecs_ratio_counts_only_the_steps_after_its_warm_up():
     compute_s = 0.005
     assert int4.model_step_s - compute_s == pytest.approx((dense.model_step_s - compute_s) / 8)
     assert zstd.model_step_s - compute_s == pytest.approx((dense.model_step_s - compute_s) / (10 / 5.625))
+
+
+@pytest.mark.parametrize("balance", ["pipeline", "egress"])
+@pytest.mark.parametrize("placement", ["contiguous", "interleaved"])
+def test_a_reports_partitions_are_rebuilt_with_their_placement(balance, placement):
+    """The model rebuilds a run's partitions from its reported loads, balance, pieces per shard and
+    placement: the same (shard, bytes) in the same order as the run cut them, so an interleaved run is
+    not modelled as contiguous ranges."""
+    workers = 4
+    parts = plan_partitions(6_500_000, workers + 1, workers, 4 * 1024 * 1024, balance, 4, placement)
+    rebuilt = _report_partitions(shard_loads_bytes(parts, workers + 1), workers, 4 * 1024 * 1024, balance, 4,
+                                 placement)
+    assert rebuilt == [(p.shard, float(p.nbytes)) for p in parts]
+    other = "contiguous" if placement == "interleaved" else "interleaved"
+    assert _report_partitions(shard_loads_bytes(parts, workers + 1), workers, 4 * 1024 * 1024, balance, 4,
+                              other) != rebuilt

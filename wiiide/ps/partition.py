@@ -85,7 +85,7 @@ def resolve_shards(ps_shards: str | int, num_nodes: int) -> int:
 
 def partition_flat(numel: int, num_shards: int, partition_bytes: int,
                    weights: Sequence[float] | None = None, order: Sequence[int] | None = None,
-                   per_shard: int = 1) -> list[Partition]:
+                   per_shard: int = 1, interleaved: bool = False) -> list[Partition]:
     """Cut ``[0, numel)`` into partitions of at most `partition_bytes` (float32) and at least `num_shards`
     of them (so a small model spreads over every shard too), `per_shard` x `num_shards` while they stay
     about `PER_SHARD_FINEST_BYTES` or more (pieces a shard can answer one after the other), near-equal in
@@ -100,6 +100,9 @@ def partition_flat(numel: int, num_shards: int, partition_bytes: int,
             bytes (LPT).
         order: with `weights`, the shards' ranges in vector order (`partition_by_weights`).
         per_shard: the fewest partitions per shard (>= 1; ``partitions_per_shard``).
+        interleaved: deal the partitions to the shards in turns (``partition_placement: interleaved``):
+            with `weights` as `partition_by_weights` does; with equal bytes partition i goes to shard
+            i mod `num_shards` instead of by LPT.
 
     Returns:
         Partitions in vector order (``index`` 0..P-1), covering every element exactly once; P =
@@ -115,11 +118,12 @@ def partition_flat(numel: int, num_shards: int, partition_bytes: int,
     if weights is not None and numel >= num_shards:
         if len(weights) != num_shards:
             raise ValueError(f"{len(weights)} weights for {num_shards} shards")
-        return partition_by_weights(numel, weights, partition_bytes, order, per_shard)
+        return partition_by_weights(numel, weights, partition_bytes, order, per_shard, interleaved)
     count = min(numel, max(num_shards, range_partition_count(numel * FLOAT32_BYTES, partition_bytes,
                                                              num_shards * per_shard)))
     bounds = [numel * i // count for i in range(count + 1)]
-    shards = assign_by_bytes([(bounds[i + 1] - bounds[i]) * FLOAT32_BYTES for i in range(count)], num_shards)
+    shards = ([i % num_shards for i in range(count)] if interleaved else
+              assign_by_bytes([(bounds[i + 1] - bounds[i]) * FLOAT32_BYTES for i in range(count)], num_shards))
     return [Partition(i, bounds[i], bounds[i + 1], shards[i]) for i in range(count)]
 
 
@@ -200,13 +204,22 @@ def pipeline_shard_weights(num_shards: int, num_workers: int, model_bytes: float
 
 
 def partition_by_weights(numel: int, weights: Sequence[float], partition_bytes: int,
-                         order: Sequence[int] | None = None, per_shard: int = 1) -> list[Partition]:
+                         order: Sequence[int] | None = None, per_shard: int = 1,
+                         interleaved: bool = False) -> list[Partition]:
     """One contiguous range of ``[0, numel)`` per shard, of ``numel x weight / sum`` elements (rounded;
     every shard at least one element), each range cut into the fewest near-equal partitions of at most
     `partition_bytes` (float32), and at least `per_shard` while the pieces stay about
     `PER_SHARD_FINEST_BYTES` or more (`range_partition_count`; never more than the range's elements).
     `order`: the shards in vector order (a permutation of their ids; None: 0, 1, ...), e.g.
     ``[1, .., k - 1, 0]`` puts shard 0's range at the tail.
+
+    `interleaved` (``partition_placement: interleaved``): the same pieces, of the same sizes per shard, are
+    dealt into the vector in turns instead of one range per shard: every shard's first piece (in `order`),
+    then every shard's second, and so on (a shard with fewer pieces drops out of the later turns). BytePS
+    spreads a tensor's partitions over the servers the same way (``docs/architecture.md``), so that the
+    pieces backward makes one after the other go to different servers: with ordered pushes every worker
+    sends to one shard at a time, and in contiguous ranges that shard's link alone carries the pulls
+    that follow.
 
     Returns partitions in vector order (``index`` 0..P-1) covering every element exactly once.
     Raises:
@@ -228,35 +241,49 @@ def partition_by_weights(numel: int, weights: Sequence[float], partition_bytes: 
     for i in range(len(ends)):  # at least one element per shard, and room for the shards after it
         low = (ends[i - 1] if i else 0) + 1
         ends[i] = min(max(ends[i], low), numel - (len(ends) - 1 - i))
-    out: list[Partition] = []
+    pieces: list[list[int]] = []  # per shard in `order`: its pieces' element counts
     start = 0
-    for shard, stop in zip(order, ends):
+    for stop in ends:
         n = stop - start
         count = min(n, range_partition_count(n * FLOAT32_BYTES, partition_bytes, per_shard))
-        for j in range(count):
-            out.append(Partition(len(out), start + n * j // count, start + n * (j + 1) // count, shard))
+        pieces.append([n * (j + 1) // count - n * j // count for j in range(count)])
         start = stop
+    if interleaved:
+        turns = [(shard, sizes[j]) for j in range(max(map(len, pieces)))
+                 for shard, sizes in zip(order, pieces) if j < len(sizes)]
+    else:
+        turns = [(shard, size) for shard, sizes in zip(order, pieces) for size in sizes]
+    out: list[Partition] = []
+    start = 0
+    for shard, size in turns:
+        out.append(Partition(len(out), start, start + size, shard))
+        start += size
     return out
 
 
 def plan_partitions(numel: int, num_shards: int, num_workers: int, partition_bytes: int,
-                    balance: str = "pipeline", per_shard: int = 1) -> list[Partition]:
+                    balance: str = "pipeline", per_shard: int = 1, placement: str = "contiguous") -> list[Partition]:
     """The partitions a sharded run uses (`partition_flat`) for the config's ``partition_balance``:
     ``pipeline`` (`pipeline_shard_weights`, the coordinator's range at the tail), ``egress``
     (`egress_shard_weights`) or ``bytes`` (equal bytes, LPT), at least `per_shard` per shard
-    (``partitions_per_shard``).
+    (``partitions_per_shard``), and ``partition_placement``: ``contiguous`` (one range per shard) or
+    ``interleaved`` (dealt in turns, `partition_by_weights`).
 
     Raises:
-        ValueError: an unknown `balance`, or a count or size `partition_flat` refuses.
+        ValueError: an unknown `balance` or `placement`, or a count or size `partition_flat` refuses.
     """
+    if placement not in ("contiguous", "interleaved"):
+        raise ValueError(f"partition_placement {placement!r}: one of contiguous, interleaved")
+    interleaved = placement == "interleaved"
     if balance == "pipeline":
         weights = pipeline_shard_weights(num_shards, num_workers, numel * FLOAT32_BYTES, partition_bytes, per_shard)
-        return partition_flat(numel, num_shards, partition_bytes, weights, [*range(1, num_shards), 0], per_shard)
+        return partition_flat(numel, num_shards, partition_bytes, weights, [*range(1, num_shards), 0], per_shard,
+                              interleaved)
     if balance == "egress":
         return partition_flat(numel, num_shards, partition_bytes, egress_shard_weights(num_shards, num_workers),
-                              per_shard=per_shard)
+                              per_shard=per_shard, interleaved=interleaved)
     if balance == "bytes":
-        return partition_flat(numel, num_shards, partition_bytes, per_shard=per_shard)
+        return partition_flat(numel, num_shards, partition_bytes, per_shard=per_shard, interleaved=interleaved)
     raise ValueError(f"partition_balance {balance!r}: one of pipeline, egress, bytes")
 
 

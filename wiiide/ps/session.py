@@ -87,7 +87,7 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
     k = num_shards(cfg)
     partitions = plan_partitions(flat.numel, k, cfg.num_workers, cfg.partition_bytes, cfg.partition_balance,
-                                 cfg.partitions_per_shard)
+                                 cfg.partitions_per_shard, cfg.partition_placement)
     if len(coord.workers) < cfg.num_workers:  # a restarted coordinator some workers did not come back to
         raise NodeFailure(f"sharded run (ps_shards={cfg.ps_shards}) needs all {cfg.num_workers} workers; "
                           f"{len(coord.workers)} came back within rejoin_timeout_s", EXIT_PEER_LOST)
@@ -131,6 +131,7 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
         metrics.extra["ps"].update({
             "ps_shards": k, "partitions": len(partitions), "partition_bytes": cfg.partition_bytes,
             "partitions_per_shard": cfg.partitions_per_shard, "partition_balance": cfg.partition_balance,
+            "partition_placement": cfg.partition_placement,
             "shard_loads_bytes": shard_loads_bytes(partitions, k),
             "shard_hosts": [f"{h or 'coordinator'}:{p}" for h, p in addresses],
             "batch_handout": {str(r): h for r, h in handout.items()}})
