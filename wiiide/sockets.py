@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import subprocess
 from typing import Any
 
@@ -126,3 +127,27 @@ def congestion_in_force(run: Any = None) -> dict[str, int]:
                 counts[token] = counts.get(token, 0) + 1
                 break
     return counts
+
+
+# struct tcp_info (include/uapi/linux/tcp.h): 8 one-byte fields, then u32s: rto, ato, snd_mss (byte 16),
+# rcv_mss, unacked, sacked, lost, retrans, fackets, last_data_sent, last_ack_sent, last_data_recv,
+# last_ack_recv, pmtu, rcv_ssthresh, rtt, rttvar, snd_ssthresh, snd_cwnd (byte 80, in segments).
+_TCP_INFO_U32 = struct.Struct("=I")
+_TCP_INFO_SND_MSS_AT, _TCP_INFO_SND_CWND_AT, _TCP_INFO_NEEDED_BYTES = 16, 80, 84
+
+
+def tcp_cwnd_bytes(sock: socket.socket) -> int | None:
+    """The congestion window of a TCP socket in bytes: ``tcpi_snd_cwnd`` (segments) x ``tcpi_snd_mss``
+    (bytes) from getsockopt(TCP_INFO) (Linux, tcp(7)), what the connection may have in flight unacknowledged.
+    None where there is no TCP_INFO (not Linux, not TCP) or the socket is closed."""
+    if not hasattr(socket, "TCP_INFO"):
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_NEEDED_BYTES)
+    except OSError:
+        return None
+    if len(info) < _TCP_INFO_NEEDED_BYTES:
+        return None
+    mss = _TCP_INFO_U32.unpack_from(info, _TCP_INFO_SND_MSS_AT)[0]
+    cwnd = _TCP_INFO_U32.unpack_from(info, _TCP_INFO_SND_CWND_AT)[0]
+    return int(mss) * int(cwnd)

@@ -161,3 +161,28 @@ def test_congestion_in_force_counts_the_connections_of_each_algorithm():
             after = congestion_in_force()
     assert after.get("reno", 0) == before.get("reno", 0) + 1
     assert sum(after.values()) >= 2  # the server's end too, under the system's algorithm
+
+
+def test_tcp_cwnd_bytes_is_the_congestion_window_ss_shows():
+    """TCP_INFO read by hand: a loopback connection's cwnd (segments) x mss, as `ss -tin` prints them for
+    the same socket; None for a socket that is not TCP."""
+    import re
+    import subprocess
+
+    from wiiide.sockets import tcp_cwnd_bytes
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    with listener, socket.create_connection(listener.getsockname()) as client:
+        server, _ = listener.accept()
+        with server:
+            port = client.getsockname()[1]
+            shown = subprocess.run(["ss", "-tinH", "state", "established", f"( sport = :{port} )"],
+                                   capture_output=True, text=True, timeout=10.0).stdout
+            mss = re.search(r"\bmss:(\d+)", shown)
+            cwnd = re.search(r"\bcwnd:(\d+)", shown)
+            assert mss and cwnd, shown
+            assert tcp_cwnd_bytes(client) == int(mss.group(1)) * int(cwnd.group(1))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        assert tcp_cwnd_bytes(udp) is None

@@ -21,6 +21,7 @@ import queue
 import socket
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -48,7 +49,7 @@ from wiiide.ps.checkpoints import CHECKPOINT_AT
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback
 from wiiide.ps.partition import Partition
 from wiiide.ps.shard import drain_outbox
-from wiiide.sockets import configure_socket
+from wiiide.sockets import configure_socket, tcp_cwnd_bytes
 
 CONNECT_RETRY_S = 0.05
 BYE = encode_message("bye")
@@ -60,6 +61,7 @@ class ShardFailed(NodeFailure):
 
 
 PUSH_NOTSENT_LOWAT_BYTES = 16 * 1024  # push_schedule ordered: unsent bytes a push may leave behind when the next starts
+PUSH_CWND_SAMPLES = 4096  # pushes whose connection's congestion window is kept (push_cwnd_record)
 
 
 @dataclass
@@ -144,6 +146,10 @@ class ShardClient:
         self._dense = True
         self._lossy = False
         self._ordered = cfg.push_schedule == "ordered"
+        self._rank = rank
+        # The congestion window (bytes) of each push's connection as the push starts, the latest
+        # PUSH_CWND_SAMPLES: how much of a push TCP may have in flight ahead of the link (push_cwnd_record).
+        self._push_cwnd_bytes: deque[int] = deque(maxlen=PUSH_CWND_SAMPLES)
         self._pushes: queue.Queue = queue.Queue()  # push_schedule ordered: every push, in backward's order
         for shard, (host, port) in enumerate(addresses):
             policy = CompressionPolicy.from_config(cfg.replace(lossy_warmup_steps=0))
@@ -239,6 +245,10 @@ class ShardClient:
         return item
 
     def _push_frame(self, link: _Link, step: int, part: Partition, dense: bool):
+        if link.shard != self._rank:  # one's own shard is on loopback
+            cwnd = tcp_cwnd_bytes(link.conn.sock)
+            if cwnd is not None:
+                self._push_cwnd_bytes.append(cwnd)
         values = self._flat.grads[part.start:part.stop].numpy()
         return self.feedback.encode(link.policy, push_meta(link.policy, step, part.index), f"p{part.index}",
                                     values, dense)[0]
@@ -327,6 +337,17 @@ class ShardClient:
     def policy_records(self) -> list[dict]:
         """Each link's push policy choices (codec counts by kind)."""
         return [link.policy.record["choices"] for link in self.links]
+
+    def push_cwnd_record(self) -> dict[str, int] | None:
+        """The congestion window of the pushes' connections as each push started (TCP_INFO,
+        `wiiide.sockets.tcp_cwnd_bytes`), over the latest `PUSH_CWND_SAMPLES` pushes to other nodes:
+        ``median_bytes``, ``p90_bytes`` and ``samples``; None before any. The round model
+        (`harness.present.round_model`) takes the median as how far ordered pushes run ahead of the link."""
+        samples = list(self._push_cwnd_bytes)
+        if not samples:
+            return None
+        return {"median_bytes": int(np.median(samples)), "p90_bytes": int(np.percentile(samples, 90)),
+                "samples": len(samples)}
 
     def uplink_records(self) -> list[float | None]:
         """Each link's uplink as its shard reported it (bit/s, `CompressionPolicy.uplink`; None: no report)."""

@@ -325,6 +325,7 @@ def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, s
         if client is not None:
             metrics.extra.setdefault("ps", {})["push_policy"] = client.policy_records()
             metrics.extra["ps"]["push_uplink_bps_reported"] = client.uplink_records()
+            metrics.extra["ps"]["push_cwnd"] = client.push_cwnd_record()
             client.close()
         if shard is not None:
             shard.close()
