@@ -14,8 +14,11 @@ DDP, with M the model's bytes, N workers and R the link's TCP payload rate (the 
 - sharded, the model (`sharded_round_s`): the same bytes, partition by partition (the run's layout,
   rebuilt from its shard loads, `_report_partitions`), through a fluid simulation of every node's link:
   one connection per peer sending its messages in order, a node's rate shared equally by its busy
-  connections (``push_schedule: concurrent``; an ``ordered`` run is simulated alike), a pull sent once
-  every push of its partition is in. What it adds to the bytes: a
+  connections (``push_schedule: concurrent``), a pull sent once every push of its partition is in. An
+  ``ordered`` run's pushes join the link one after the other, each once those before it have at most
+  a congestion window of bytes left to cross it (the median window its workers measured as their pushes
+  started, ``ps.push_cwnd``; reports from before session 9 have none and are simulated as concurrent).
+  What it adds to the bytes: a
   shard's pulls wait for their pushes; the coordinator, which pushes nothing, is idle until its first
   partition is in, after a fair share of every worker's link (`wiiide.ps.partition.pipeline_shard_weights`
   sizes its range for that).
@@ -86,7 +89,8 @@ def sharded_link_s(shard_loads_bytes: Sequence[float], num_workers: int, rate_bp
 
 
 def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, rate_bps: float,
-                    worker_ratio: float = 1.0, coordinator_ratio: float = 1.0) -> float:
+                    worker_ratio: float = 1.0, coordinator_ratio: float = 1.0,
+                    push_window_bytes: float | None = None) -> float:
     """Seconds from the first push to the last pull of one synchronous step with sharded servers, by a
     fluid simulation of every node's link rather than the busiest node's bytes (`sharded_link_s`).
 
@@ -100,28 +104,46 @@ def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, r
     last worker has every pull. What this adds to the byte count: a shard's pulls wait for the slowest
     push of their partition, and a node whose egress is shared by fewer connections is idle in between.
 
+    With `push_window_bytes` (``push_schedule: ordered``) a worker's pushes instead join its connections'
+    queues one after the other, in the same order, each once the pushes before it have at most that many
+    bytes left to send: the client sends a push once the one before has left its socket
+    (TCP_NOTSENT_LOWAT), and what has left the socket may still be in flight, up to the connection's
+    congestion window. 0 is one push on the link at a time; a window above every push's size is the
+    concurrent schedule.
+
     Args:
         partitions: (shard, bytes) of each partition in vector order (`wiiide.ps.partition.plan_partitions`).
         num_workers: W >= 1; rate_bps: each node's egress (TCP payload), bit/s > 0.
         worker_ratio, coordinator_ratio: raw / sent bytes of what workers and the coordinator send.
+        push_window_bytes: None: pushes concurrent; bytes >= 0: ordered pushes with that window.
     Raises:
-        ValueError: no partition or worker, a shard outside 0..W, or a rate or ratio <= 0.
+        ValueError: no partition or worker, a shard outside 0..W, a rate or ratio <= 0, or a negative window.
     """
     if (not partitions or num_workers < 1 or rate_bps <= 0 or worker_ratio <= 0 or coordinator_ratio <= 0
-            or any(not 0 <= shard <= num_workers for shard, _ in partitions)):
+            or any(not 0 <= shard <= num_workers for shard, _ in partitions)
+            or (push_window_bytes is not None and push_window_bytes < 0)):
         raise ValueError(f"{len(partitions)} partitions (shards 0..{num_workers}), workers {num_workers}, "
-                         f"rate {rate_bps}, ratios {worker_ratio}/{coordinator_ratio}")
+                         f"rate {rate_bps}, ratios {worker_ratio}/{coordinator_ratio}, window {push_window_bytes}")
     byte_rate = rate_bps / 8.0
     queues: dict[tuple[int, int], deque] = {}
     pushes_in = [0] * len(partitions)
     pulled = [0] * (num_workers + 1)
     finish_s = [0.0] * (num_workers + 1)
+    waiting: dict[int, deque] = {w: deque() for w in range(1, num_workers + 1)}  # ordered pushes not yet sent
+    unsent = [0.0] * (num_workers + 1)  # ordered: bytes of a worker's sent pushes still to cross its link
+    eps = 1e-9 * byte_rate
 
     def send(src: int, dst: int, kind: str, index: int, nbytes: float, now: float) -> None:
         if src == dst:
             arrive(dst, kind, index, now)
         else:
             queues.setdefault((src, dst), deque()).append([nbytes, kind, index])
+            if kind == "push":
+                unsent[src] += nbytes
+
+    def admit(worker: int, now: float) -> None:
+        while waiting[worker] and (unsent[worker] <= push_window_bytes + eps):
+            send(worker, *waiting[worker].popleft(), now)
 
     def arrive(node: int, kind: str, index: int, now: float) -> None:
         if kind == "push":
@@ -138,7 +160,12 @@ def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, r
     for worker in range(1, num_workers + 1):
         for index in reversed(range(len(partitions))):
             shard, nbytes = partitions[index]
-            send(worker, shard, "push", index, nbytes / worker_ratio, 0.0)
+            if push_window_bytes is None:
+                send(worker, shard, "push", index, nbytes / worker_ratio, 0.0)
+            else:
+                waiting[worker].append((shard, "push", index, nbytes / worker_ratio))
+        if push_window_bytes is not None:
+            admit(worker, 0.0)
     now = 0.0
     while True:
         active = [key for key, q in queues.items() if q]
@@ -147,16 +174,26 @@ def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, r
         sharing = Counter(src for src, _ in active)
         rates = {key: byte_rate / sharing[key[0]] for key in active}
         dt = min(queues[key][0][0] / rates[key] for key in active)
+        if push_window_bytes is not None:  # or until a worker's unsent pushes shrink to the window
+            for worker, left in waiting.items():
+                pushing = sum(rates[key] for key in active if key[0] == worker and queues[key][0][1] == "push")
+                if left and pushing > 0 and unsent[worker] > push_window_bytes:
+                    dt = min(dt, (unsent[worker] - push_window_bytes) / pushing)
         now += dt
         done = []
         for key in active:
             head = queues[key][0]
             head[0] -= rates[key] * dt
-            if head[0] <= 1e-9 * byte_rate:
+            if head[1] == "push":
+                unsent[key[0]] -= rates[key] * dt
+            if head[0] <= eps:
                 done.append(key)
         for key in done:
             _, kind, index = queues[key].popleft()
             arrive(key[1], kind, index, now)
+        if push_window_bytes is not None:
+            for worker in waiting:
+                admit(worker, now)
     return max(finish_s[1:])
 
 
@@ -202,8 +239,21 @@ def point_model(point: dict[str, Any]) -> ModelRow | None:
                                     ps.get("partition_placement") or "contiguous")
     if partitions is None:
         return None
-    round_s = sharded_round_s(partitions, workers, rate, worker_ratio, coordinator_ratio)
+    round_s = sharded_round_s(partitions, workers, rate, worker_ratio, coordinator_ratio,
+                              _push_window_bytes(ok, config))
     return ModelRow(dict(point.get("params") or {}), compute_s + round_s, measured, compute_s + link_s)
+
+
+def _push_window_bytes(repeats: Sequence[dict[str, Any]], config: dict[str, Any]) -> float | None:
+    """An ordered run's push window for `sharded_round_s`: the median over the repeats' workers of the
+    median congestion window their pushes started with (``ps.push_cwnd.median_bytes``, bytes); None (the
+    concurrent simulation) for a concurrent run or a report without the figure (before session 9)."""
+    if config.get("push_schedule") != "ordered":
+        return None
+    windows = [float(node["ps"]["push_cwnd"]["median_bytes"]) for rep in repeats
+               for name, node in rep["nodes"].items()
+               if name.startswith("worker") and ((node.get("ps") or {}).get("push_cwnd") or {}).get("median_bytes")]
+    return _median(windows)
 
 
 def _steady_ratio(node: dict[str, Any], config: dict[str, Any]) -> float:

@@ -95,6 +95,39 @@ def test_round_shares_a_nodes_link_among_its_busy_connections_and_pulls_wait_for
             sharded_round_s(*bad)
 
 
+def test_ordered_pushes_join_the_link_one_after_another_within_their_window():
+    """Two workers, partition p0 (b bytes) on worker 1's shard, p1 (b) on the coordinator's; backward
+    pushes p1 first. Concurrent: worker 2 pushes p1 and p0 at R / 2 each (both in at 2b / R), then the
+    coordinator sends p1 to both workers sharing its link: 4b / R. Ordered, window 0: worker 2 sends p1
+    alone (in at b / R, as worker 1's), the coordinator's two pulls take 2b / R: done at 3b / R, and p0
+    (in at 2b / R) reaches worker 2 at 3b / R too. A window of both pushes is the concurrent schedule."""
+    b, rate_bps = 1e6, 8e6
+    parts = [(1, b), (0, b)]
+    assert sharded_round_s(parts, 2, rate_bps) == pytest.approx(4.0)
+    assert sharded_round_s(parts, 2, rate_bps, push_window_bytes=0.0) == pytest.approx(3.0)
+    assert sharded_round_s(parts, 2, rate_bps, push_window_bytes=2 * b) == pytest.approx(4.0)
+    between = sharded_round_s(parts, 2, rate_bps, push_window_bytes=b / 2)
+    assert 3.0 < between < 4.0
+    with pytest.raises(ValueError):
+        sharded_round_s(parts, 2, rate_bps, push_window_bytes=-1.0)
+
+
+def test_ordered_pushes_of_large_pieces_run_one_shard_at_a_time_and_interleaving_spreads_their_pulls():
+    """The 26 MB model at 4 workers in 20 pieces of 1.2 MB: with a window below a piece, ordered pushes
+    in contiguous ranges queue every worker's pushes to one shard, whose link alone then sends the pulls;
+    interleaved, the next pieces go to other shards: the round is shorter, and with an unbounded window
+    the placement makes no difference to the concurrent schedule."""
+    workers, numel = 4, 6_500_000
+    rounds = {}
+    for placement in ("contiguous", "interleaved"):
+        parts = [(p.shard, float(p.nbytes)) for p in
+                 plan_partitions(numel, workers + 1, workers, 4 * 1024 * 1024, "pipeline", 4, placement)]
+        rounds[placement] = (sharded_round_s(parts, workers, RATE_BPS, push_window_bytes=256 * 1024),
+                             sharded_round_s(parts, workers, RATE_BPS))
+    assert rounds["interleaved"][0] < 0.9 * rounds["contiguous"][0]
+    assert rounds["interleaved"][1] == pytest.approx(rounds["contiguous"][1])
+
+
 def test_round_at_eight_workers_with_the_old_pipeline_shares_waits_for_the_coordinator():
     """The first pipeline shares, (k + W - 3) / W, assumed the coordinator's partitions in after s_0 / R:
     at 8 workers its first partition is in only after a fair share of every worker's link, so the round
@@ -116,17 +149,19 @@ _NUMEL = 100_000  # 400 KB: 7 partitions of at most 64 KiB over 3 shards
 
 def _point(engine: str = "wiiide", rate_bps: int | None = 100_000_000, status: str = "ok",
            compression: str = "none", ratio: float = 1.0, loads: list[int] | None = None,
-           balance: str = "pipeline") -> dict:
+           balance: str = "pipeline", schedule: str = "concurrent", cwnd_bytes: list[int] | None = None) -> dict:
     node = {"steps": 10, "compute_time_s": 0.05, "compression_ratio": ratio}
+    workers = {f"worker-{w}": {**node, "ps": {"push_cwnd": {"median_bytes": c, "samples": 40} if c else None}}
+               for w, c in ((1, (cwnd_bytes or [0, 0])[0]), (2, (cwnd_bytes or [0, 0])[1]))}
     if loads is None:
         loads = shard_loads_bytes(plan_partitions(_NUMEL, 3, 2, 64 * 1024, "pipeline"), 3)
     coordinator = {"ps": {"shard_loads_bytes": loads, "partition_balance": balance, "partition_bytes": 64 * 1024},
                    "compression_ratio": ratio, "steps": 10}
     return {"params": {"engine": engine}, "config": {"num_workers": 2, "engine": engine, "compression": compression,
-                                                     "lossy_warmup_steps": 5},
+                                                     "lossy_warmup_steps": 5, "push_schedule": schedule},
             "cluster": {"link": {"profiles": {"all": {"rate_bps": rate_bps}}}},
             "repeats": [{"status": status, "totals": {"step_time_median_s": s},
-                         "nodes": {"coordinator": coordinator, "worker-1": node, "worker-2": node}}
+                         "nodes": {"coordinator": coordinator, **workers}}
                         for s in (0.1, 0.3, 0.2)]}
 
 
@@ -143,6 +178,21 @@ def test_point_model_uses_the_ok_repeats_median_and_skips_what_it_cannot_model()
     assert point_model(_point(loads=[200_000, 100_000, 100_000])) is not None
     assert point_model(_point(loads=[200_000, 100_000, 100_000], balance="bytes")) is None  # not what LPT cuts
     assert row.bytes_model_step_s is not None and row.bytes_model_step_s > 0.005
+
+
+def test_an_ordered_run_is_simulated_with_its_workers_measured_congestion_window():
+    """push_schedule ordered: the window is the median of the workers' ``ps.push_cwnd.median_bytes``;
+    one above every push gives the concurrent model, a small one a longer round; a report without the
+    figure (before session 9) is simulated as concurrent."""
+    loads = shard_loads_bytes(plan_partitions(_NUMEL, 3, 2, 64 * 1024, "egress"), 3)  # the coordinator's last
+
+    def model_s(**kw):
+        return point_model(_point(loads=loads, balance="egress", **kw)).model_step_s
+    concurrent = model_s()
+    assert model_s(schedule="ordered") == pytest.approx(concurrent)
+    assert model_s(schedule="ordered", cwnd_bytes=[4_000_000, 4_000_000]) == pytest.approx(concurrent)
+    assert model_s(schedule="ordered", cwnd_bytes=[1, 3]) > 1.1 * concurrent
+    assert model_s(cwnd_bytes=[1, 3]) == pytest.approx(concurrent)
 
 
 def test_a_lossy_codecs_ratio_counts_only_the_steps_after_its_warm_up():
