@@ -15,7 +15,7 @@ DDP, with M the model's bytes, N workers and R the link's TCP payload rate (the 
   rebuilt from its shard loads, `_report_partitions`), through a fluid simulation of every node's link:
   one connection per peer sending its messages in order, a node's rate shared equally by its busy
   connections (``push_schedule: concurrent``), a pull sent once every push of its partition is in. An
-  ``ordered`` run's pushes join the link one after the other, each once those before it have at most
+  ``ordered`` run's pushes join the link one after the other, each once the one before it has at most
   a congestion window of bytes left to cross it (the median window its workers measured as their pushes
   started, ``ps.push_cwnd``; reports from before session 9 have none and are simulated as concurrent).
   What it adds to the bytes: a
@@ -105,10 +105,10 @@ def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, r
     push of their partition, and a node whose egress is shared by fewer connections is idle in between.
 
     With `push_window_bytes` (``push_schedule: ordered``) a worker's pushes instead join its connections'
-    queues one after the other, in the same order, each once the pushes before it have at most that many
-    bytes left to send: the client sends a push once the one before has left its socket
-    (TCP_NOTSENT_LOWAT), and what has left the socket may still be in flight, up to the connection's
-    congestion window. 0 is one push on the link at a time; a window above every push's size is the
+    queues one after the other, in the same order, each once the push before it has at most that many
+    bytes left to cross the link: the client sends a push once the one before has left its socket
+    (TCP_NOTSENT_LOWAT), and what has left the socket may still be in flight, up to that connection's
+    congestion window. 0 is one push on the link at a time; a window of a push's size or more is the
     concurrent schedule.
 
     Args:
@@ -130,19 +130,22 @@ def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, r
     pulled = [0] * (num_workers + 1)
     finish_s = [0.0] * (num_workers + 1)
     waiting: dict[int, deque] = {w: deque() for w in range(1, num_workers + 1)}  # ordered pushes not yet sent
-    unsent = [0.0] * (num_workers + 1)  # ordered: bytes of a worker's sent pushes still to cross its link
+    last_push: dict[int, list] = {}  # ordered: each worker's latest push still to cross its link (its queue item)
     eps = 1e-9 * byte_rate
 
     def send(src: int, dst: int, kind: str, index: int, nbytes: float, now: float) -> None:
         if src == dst:
+            if kind == "push":  # to one's own shard: on loopback, nothing left to cross the link
+                last_push.pop(src, None)
             arrive(dst, kind, index, now)
         else:
-            queues.setdefault((src, dst), deque()).append([nbytes, kind, index])
+            item = [nbytes, kind, index]
+            queues.setdefault((src, dst), deque()).append(item)
             if kind == "push":
-                unsent[src] += nbytes
+                last_push[src] = item
 
     def admit(worker: int, now: float) -> None:
-        while waiting[worker] and (unsent[worker] <= push_window_bytes + eps):
+        while waiting[worker] and (worker not in last_push or last_push[worker][0] <= push_window_bytes + eps):
             send(worker, *waiting[worker].popleft(), now)
 
     def arrive(node: int, kind: str, index: int, now: float) -> None:
@@ -174,18 +177,16 @@ def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, r
         sharing = Counter(src for src, _ in active)
         rates = {key: byte_rate / sharing[key[0]] for key in active}
         dt = min(queues[key][0][0] / rates[key] for key in active)
-        if push_window_bytes is not None:  # or until a worker's unsent pushes shrink to the window
-            for worker, left in waiting.items():
-                pushing = sum(rates[key] for key in active if key[0] == worker and queues[key][0][1] == "push")
-                if left and pushing > 0 and unsent[worker] > push_window_bytes:
-                    dt = min(dt, (unsent[worker] - push_window_bytes) / pushing)
+        if push_window_bytes is not None:  # or until a worker's latest push is down to the window
+            for key in active:
+                head = queues[key][0]
+                if waiting.get(key[0]) and head is last_push.get(key[0]) and head[0] > push_window_bytes:
+                    dt = min(dt, (head[0] - push_window_bytes) / rates[key])
         now += dt
         done = []
         for key in active:
             head = queues[key][0]
             head[0] -= rates[key] * dt
-            if head[1] == "push":
-                unsent[key[0]] -= rates[key] * dt
             if head[0] <= eps:
                 done.append(key)
         for key in done:
@@ -303,13 +304,15 @@ def model_rows(report: dict[str, Any]) -> list[ModelRow]:
 
 
 def render(rows: Sequence[ModelRow]) -> str:
-    """Rows as text: the point's parameters, model ms, measured ms, error %."""
-    lines = [f"{'point':60} {'model ms':>9} {'measured ms':>12} {'error':>7} {'bytes-only ms':>14} {'error':>7}"]
-    for row in rows:
-        label = ", ".join(f"{k}={v}" for k, v in row.params.items())
+    """Rows as text: the point's parameters (as wide as the longest, so engine labels stay whole), model
+    ms, measured ms, error %."""
+    labels = [", ".join(f"{k}={v}" for k, v in row.params.items()) for row in rows]
+    width = max([60, *map(len, labels)])
+    lines = [f"{'point':{width}} {'model ms':>9} {'measured ms':>12} {'error':>7} {'bytes-only ms':>14} {'error':>7}"]
+    for row, label in zip(rows, labels):
         simple = (f" {row.bytes_model_step_s * 1e3:14.1f} {(row.bytes_model_step_s / row.measured_step_s - 1) * 100:+6.1f}%"
                   if row.bytes_model_step_s else "")
-        lines.append(f"{label[:60]:60} {row.model_step_s * 1e3:9.1f} {row.measured_step_s * 1e3:12.1f} "
+        lines.append(f"{label:{width}} {row.model_step_s * 1e3:9.1f} {row.measured_step_s * 1e3:12.1f} "
                      f"{row.error * 100:+6.1f}%{simple}")
     return "\n".join(lines)
 

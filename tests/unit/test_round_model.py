@@ -100,12 +100,12 @@ def test_ordered_pushes_join_the_link_one_after_another_within_their_window():
     pushes p1 first. Concurrent: worker 2 pushes p1 and p0 at R / 2 each (both in at 2b / R), then the
     coordinator sends p1 to both workers sharing its link: 4b / R. Ordered, window 0: worker 2 sends p1
     alone (in at b / R, as worker 1's), the coordinator's two pulls take 2b / R: done at 3b / R, and p0
-    (in at 2b / R) reaches worker 2 at 3b / R too. A window of both pushes is the concurrent schedule."""
+    (in at 2b / R) reaches worker 2 at 3b / R too. A window of a push's size is the concurrent schedule."""
     b, rate_bps = 1e6, 8e6
     parts = [(1, b), (0, b)]
     assert sharded_round_s(parts, 2, rate_bps) == pytest.approx(4.0)
     assert sharded_round_s(parts, 2, rate_bps, push_window_bytes=0.0) == pytest.approx(3.0)
-    assert sharded_round_s(parts, 2, rate_bps, push_window_bytes=2 * b) == pytest.approx(4.0)
+    assert sharded_round_s(parts, 2, rate_bps, push_window_bytes=b) == pytest.approx(4.0)
     between = sharded_round_s(parts, 2, rate_bps, push_window_bytes=b / 2)
     assert 3.0 < between < 4.0
     with pytest.raises(ValueError):

@@ -19,6 +19,12 @@ dependency the egress model leaves out, that a shard pulls only once its pushes 
 coordinator's range at the tail of the vector (``order``), which backward reaches first. Measured at 8 workers and 100 Mbit/s (README, "Side by
 side"): with equal bytes, 19 partitions of 64 KiB over 9 shards left one worker with 3 and it carried
 2.34 MB a step against the others' 1.96 MB, which set the step.
+
+``partition_placement: interleaved`` keeps every shard's share and pieces but deals the pieces into the
+vector in turns (shard 1's first, shard 2's first, ..., then every shard's second), as BytePS spreads a
+tensor's partitions over its servers: backward's consecutive pieces then go to different shards, which
+is what ordered pushes (``push_schedule: ordered``) need, since every worker pushes the same piece at
+about the same time and that piece's shard alone sends its pulls.
 """
 
 from __future__ import annotations
