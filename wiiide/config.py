@@ -333,14 +333,14 @@ class RunConfig(BaseSettings):
         "level every node's bytes sent per step, the coordinator's range first (egress_shard_weights); bytes: "
         "equal bytes per shard")
     partition_placement: Literal["contiguous", "interleaved"] = _field(
-        "contiguous", "contiguous | interleaved",
+        "interleaved", "contiguous | interleaved",
         "ps_shards > 1: contiguous: one range of the vector per shard (ps-lite's key ranges); interleaved: the same "
         "pieces dealt to the shards in turns (BytePS's placement), so that pieces backward makes one after the other "
         "go to different shards (wiiide.ps.partition.partition_by_weights)")
     shard_port: Int = _field(0, "0 (a free port, reported at join) or 1..65535",
                              "ps_shards > 1: TCP port a node's shard listens on", ge=0, le=65535)
     push_schedule: Literal["concurrent", "ordered"] = _field(
-        "concurrent", "concurrent | ordered",
+        "ordered", "concurrent | ordered",
         "ps_shards > 1: concurrent: a sender thread per shard, every push offered to the kernel at once; ordered: "
         "one thread sends the pushes in backward's order, each once the one before has left the socket "
         "(TCP_NOTSENT_LOWAT), so every worker sends a partition at the same time (wiiide.ps.client)")
@@ -360,6 +360,11 @@ class RunConfig(BaseSettings):
     tcp_congestion: TcpCongestion = _field(
         "", "'' (the system's default) or an available congestion control (cubic, bbr, reno, ...)",
         "TCP_CONGESTION on every connection (tcp(7)); '': leave net.ipv4.tcp_congestion_control's choice")
+    shard_tcp_congestion: TcpCongestion = _field(
+        "auto", "auto | '' (as tcp_congestion) | an available congestion control (reno, cubic, bbr, ...)",
+        "ps_shards > 1: TCP_CONGESTION on the sharded servers' connections (pushes and pulls); auto: "
+        "tcp_congestion if set, else reno where this process may set it (net.ipv4.tcp_allowed_congestion_control), "
+        "else the system's; '': as tcp_congestion (wiiide.sockets.shard_congestion)")
     # 64 MiB (wiiide.protocol.DEFAULT_RECV_CHUNK_BYTES), not seed 001's 256 KiB: see bench-wire in the README
     recv_chunk_bytes: SizeBytes = _field(64 * MIB, "1 KiB..256 MiB", "the most one recv_into asks for",
                                          ge=1024, le=256 * MIB)

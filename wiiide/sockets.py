@@ -16,8 +16,33 @@ from typing import Any
 from wiiide.config import RunConfig
 
 
-def configure_socket(sock: socket.socket, cfg: RunConfig) -> dict[str, Any]:
+AUTO_CONGESTION = "reno"  # shard_tcp_congestion auto: the loss-based algorithm any process may set
+
+
+def shard_congestion(cfg: RunConfig) -> str:
+    """The congestion control for the sharded servers' connections (pushes and pulls), for
+    `configure_socket`'s `congestion`: ``shard_tcp_congestion`` if it names one; with ``''`` or
+    ``auto`` and ``tcp_congestion`` set, that; ``auto`` with neither: ``auto`` (`AUTO_CONGESTION` where
+    this process may set it, else the system's); ``''`` with neither: ``''`` (the system's)."""
+    choice = cfg.shard_tcp_congestion
+    if choice not in ("", "auto"):
+        return choice
+    return cfg.tcp_congestion or choice
+
+
+def congestion_of(sock: socket.socket) -> str | None:
+    """The congestion control a TCP socket runs (tcp(7) TCP_CONGESTION); None where the platform has none."""
+    if not hasattr(socket, "TCP_CONGESTION"):
+        return None
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).split(b"\0", 1)[0].decode()
+
+
+def configure_socket(sock: socket.socket, cfg: RunConfig, congestion: str | None = None) -> dict[str, Any]:
     """Apply buffer sizes and TCP options; return what is in force, read back with getsockopt.
+
+    `congestion`: the congestion control instead of ``cfg.tcp_congestion`` (None: that one); ``auto``
+    tries `AUTO_CONGESTION` and keeps the system's where the kernel refuses it (net.ipv4.
+    tcp_allowed_congestion_control) or the platform has no TCP_CONGESTION (`shard_congestion`).
 
     Returns a dict with ``sndbuf_bytes``/``rcvbuf_bytes`` (effective), the requested sizes,
     ``tcp_nodelay``, ``tcp_quickack`` (None where the platform has no TCP_QUICKACK), ``keepalive`` and
@@ -35,17 +60,23 @@ def configure_socket(sock: socket.socket, cfg: RunConfig) -> dict[str, Any]:
     if hasattr(socket, "TCP_QUICKACK"):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, int(cfg.tcp_quickack))
         quickack = bool(cfg.tcp_quickack)
-    congestion = None
+    wanted = cfg.tcp_congestion if congestion is None else congestion
+    in_force = None
     if hasattr(socket, "TCP_CONGESTION"):
-        if cfg.tcp_congestion:
+        if wanted == "auto":
             try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cfg.tcp_congestion.encode("ascii"))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, AUTO_CONGESTION.encode("ascii"))
+            except OSError:
+                pass  # not allowed here: the system's stays
+        elif wanted:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, wanted.encode("ascii"))
             except OSError as exc:
-                raise OSError(exc.errno, f"tcp_congestion {cfg.tcp_congestion!r}: {exc.strerror} (see "
+                raise OSError(exc.errno, f"tcp_congestion {wanted!r}: {exc.strerror} (see "
                                          "net.ipv4.tcp_available_congestion_control)") from None
-        congestion = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).split(b"\0", 1)[0].decode()
-    elif cfg.tcp_congestion:
-        raise OSError(f"tcp_congestion {cfg.tcp_congestion!r}: this platform has no TCP_CONGESTION")
+        in_force = congestion_of(sock)
+    elif wanted and wanted != "auto":
+        raise OSError(f"tcp_congestion {wanted!r}: this platform has no TCP_CONGESTION")
     return {
         "sndbuf_requested_bytes": cfg.sndbuf_bytes,
         "rcvbuf_requested_bytes": cfg.rcvbuf_bytes,
@@ -54,7 +85,7 @@ def configure_socket(sock: socket.socket, cfg: RunConfig) -> dict[str, Any]:
         "tcp_nodelay": bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)),
         "tcp_quickack": quickack,
         "keepalive": bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)),
-        "tcp_congestion": congestion,
+        "tcp_congestion": in_force,
     }
 
 

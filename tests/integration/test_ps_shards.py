@@ -48,6 +48,7 @@ def test_central_and_sharded_reach_the_same_parameters(tmp_path, node_env, node_
     ps = sharded["coordinator"]["ps"]
     assert ps["ps_shards"] == 4 and len(ps["shard_loads_bytes"]) == 4 and min(ps["shard_loads_bytes"]) > 0
     assert ps["partition_placement"] == placement and (placement == "contiguous" or ps["partitions"] >= 2 * 4)
+    assert sharded["worker-1"]["ps"]["tcp_congestion"] == "reno"  # shard_tcp_congestion: auto
     cwnd = sharded["worker-1"]["ps"]["push_cwnd"]  # TCP_INFO as its pushes to the other shards started
     assert cwnd["samples"] >= 20 and cwnd["median_bytes"] > 0
     assert set(ps["batch_handout"].values()) == {"indices"}  # every worker holds the digits set

@@ -156,7 +156,7 @@ BAD_VALUES = [
     ("codec_chunk_bytes", 1024), ("link_bandwidth_bps", -1), ("lossy_warmup_steps", -1), ("topk_fraction", 0.0),
     ("topk_fraction", 1.5), ("codec_probe_every", 1),
     ("connect_timeout_s", 0.0), ("io_timeout_s", -1.0), ("hidden_sizes", ()),
-    ("partition_balance", "flows"), ("partition_placement", "striped"), ("tcp_congestion", "cu bic"), ("tcp_congestion", "x" * 16),
+    ("partition_balance", "flows"), ("partition_placement", "striped"), ("tcp_congestion", "cu bic"), ("shard_tcp_congestion", "re no"), ("tcp_congestion", "x" * 16),
     ("warmup_steps", -1), ("warmup_steps", 100_001), ("engine", "horovod"), ("ddp_comm_hook", "int8"),
     ("ddp_comm_hook", "fp16"),  # needs engine ddp
     ("powersgd_rank", 0), ("powersgd_rank", 2),  # 2: needs ddp_comm_hook powersgd

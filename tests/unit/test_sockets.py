@@ -186,3 +186,37 @@ def test_tcp_cwnd_bytes_is_the_congestion_window_ss_shows():
             assert tcp_cwnd_bytes(client) == int(mss.group(1)) * int(cwnd.group(1))
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
         assert tcp_cwnd_bytes(udp) is None
+
+
+@pytest.mark.parametrize("shard, overall, expected", [
+    ("auto", "", "auto"), ("auto", "cubic", "cubic"), ("", "", ""), ("", "bbr", "bbr"), ("reno", "cubic", "reno")])
+def test_the_shard_connections_congestion_control(shard, overall, expected):
+    """shard_tcp_congestion names one, or defers to tcp_congestion when that is set; auto otherwise."""
+    from wiiide.sockets import shard_congestion
+
+    assert shard_congestion(RunConfig(shard_tcp_congestion=shard, tcp_congestion=overall)) == expected
+
+
+def test_auto_congestion_is_reno_where_allowed_and_the_systems_where_refused(tcp_socket):
+    """``auto`` sets reno (built into every kernel and in every allowed list); where the kernel refuses
+    it (a stand-in socket whose TCP_CONGESTION setsockopt fails) the socket keeps the system's."""
+    opts = configure_socket(tcp_socket, RunConfig(), "auto")
+    assert opts["tcp_congestion"] == "reno"
+
+    class Refusing:
+        def __init__(self, sock):
+            self.sock = sock
+
+        def setsockopt(self, level, option, value):
+            if option == socket.TCP_CONGESTION:
+                raise PermissionError(1, "Operation not permitted")
+            self.sock.setsockopt(level, option, value)
+
+        def getsockopt(self, *args):
+            return self.sock.getsockopt(*args)
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as fresh:
+        opts = configure_socket(Refusing(fresh), RunConfig(), "auto")
+        assert opts["tcp_congestion"] == open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
+        with pytest.raises(OSError, match="cubic"):
+            configure_socket(Refusing(fresh), RunConfig(), "cubic")  # a named one refused stays an error

@@ -49,7 +49,7 @@ from wiiide.ps.checkpoints import CHECKPOINT_AT
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback
 from wiiide.ps.partition import Partition
 from wiiide.ps.shard import drain_outbox
-from wiiide.sockets import configure_socket, tcp_cwnd_bytes
+from wiiide.sockets import congestion_of, configure_socket, shard_congestion, tcp_cwnd_bytes
 
 CONNECT_RETRY_S = 0.05
 BYE = encode_message("bye")
@@ -84,7 +84,7 @@ def connect_shard(cfg: RunConfig, secret: bytes, metrics: NodeMetrics, log: Tier
     while time.monotonic() < deadline:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            configure_socket(sock, cfg)
+            configure_socket(sock, cfg, shard_congestion(cfg))
             sock.settimeout(cfg.handshake_timeout_s)
             sock.connect((host, port))
             break
@@ -162,6 +162,9 @@ class ShardClient:
             threading.Thread(target=self._send_loop, args=(link,), name=f"push -> {link.shard}", daemon=True).start()
         if self._ordered:
             threading.Thread(target=self._ordered_push_loop, name="pushes, ordered", daemon=True).start()
+        others = [link for link in self.links if link.shard != rank]
+        if others:  # what shard_tcp_congestion put in force (one's own shard is on loopback)
+            metrics.extra.setdefault("ps", {})["tcp_congestion"] = congestion_of(others[0].conn.sock)
         self._heartbeats = Heartbeats(lambda: [link.conn for link in self.links], cfg.heartbeat_interval_s).start()
 
     # --- worker -----------------------------------------------------------------------------------

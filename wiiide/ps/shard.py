@@ -53,7 +53,7 @@ from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas
 from wiiide.ps.partition import Partition
 from wiiide.recovery import momentum_from_flat
-from wiiide.sockets import configure_socket
+from wiiide.sockets import configure_socket, shard_congestion
 
 ROLE_WORKER = "worker"
 ROLE_COORDINATOR = "coordinator"
@@ -125,7 +125,7 @@ class ShardServer:
         """Bind ``shard_port`` (0: a free port) and listen; returns the port. Raises OSError."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        configure_socket(sock, self.cfg)
+        configure_socket(sock, self.cfg, shard_congestion(self.cfg))
         try:
             sock.bind((shard_bind_host(self.cfg), self.cfg.shard_port))
             sock.listen(self.cfg.num_workers + self.cfg.max_handshakes + 64)
@@ -235,7 +235,7 @@ class ShardServer:
         """
         sock, cfg = pending.sock, self.cfg
         sock.settimeout(max(0.01, pending.deadline - time.monotonic()))
-        configure_socket(sock, cfg)
+        configure_socket(sock, cfg, shard_congestion(cfg))
         conn = Connection(sock, cfg, self.metrics, self.log, f"shard peer {pending.peer}",
                           max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES, pool=self.policy.pool)
         nonce_c = new_nonce()
