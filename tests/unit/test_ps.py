@@ -444,3 +444,40 @@ def test_a_shard_refuses_a_peer_without_the_secret():
             connect_shard(cfg, SECRET, m, lg, "127.0.0.1", port, 2, ROLE_WORKER, 1, "w1")
     finally:
         server.close()
+
+
+def test_a_worker_keeps_its_first_shard_connections_alive_while_a_later_shard_comes_up():
+    """The coordinator sends the plans one after the other, and a shard starts answering only once its
+    node has its plan: a worker connecting to every shard in turn may wait on one for longer than
+    io_timeout_s. The connections made before it get heartbeats meanwhile, so their shards do not
+    count the worker as lost (at 8 workers with the 26 MB model they did, 16 s into the plans)."""
+    import threading
+
+    from wiiide.ps.client import ShardClient
+    from wiiide.ps.shard import ROLE_WORKER, ShardServer
+
+    cfg = RunConfig(num_workers=1, log_tier="silent", io_timeout_s=0.5, heartbeat_interval_s=0.1,
+                    connect_timeout_s=10, handshake_timeout_s=0.5)
+    model = build_mlp(8, [4], 3, seed=0)
+    flat = FlatParams(model)
+    parts = partition_flat(flat.numel, 2, 64)
+    servers = [ShardServer(cfg, SECRET, *_node(cfg, "coordinator" if s == 0 else "worker", f"s{s}"), s)
+               for s in range(2)]
+    ports = [server.listen() for server in servers]
+    for server in servers:
+        server.configure(parts, flat.params.numpy().copy(), lossy_pulls=False)
+    servers[0].start()
+    late = threading.Timer(2.0, servers[1].start)  # four io_timeout_s after the first connection
+    late.start()
+    client = None
+    try:
+        m, lg = _node(cfg, "worker", "w1")
+        client = ShardClient(cfg, SECRET, m, lg, [("127.0.0.1", p) for p in ports], ROLE_WORKER, 1, "w1")
+        assert len(client.links) == 2
+        assert servers[0].failure is None and servers[1].failure is None, (servers[0].failure, servers[1].failure)
+    finally:
+        late.join()
+        if client is not None:
+            client.close()
+        for server in servers:
+            server.close()

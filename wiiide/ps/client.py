@@ -76,8 +76,13 @@ def connect_shard(cfg: RunConfig, secret: bytes, metrics: NodeMetrics, log: Tier
                   shard: int, role: str, rank: int, node_id: str, pool=None) -> Connection:
     """Connect (retrying for connect_timeout_s) and authenticate to shard `shard` at host:port.
 
+    A shard that accepts the connection but sends no challenge within handshake_timeout_s is taken as
+    not serving yet (its node starts it once it has its plan, and the coordinator sends the plans one
+    after the other) and is tried again until connect_timeout_s.
+
     Raises:
-        ShardFailed: unreachable, refused, or a welcome that does not authenticate the shard.
+        ShardFailed: unreachable, refused, silent until connect_timeout_s, or a welcome that does not
+            authenticate the shard.
     """
     deadline = time.monotonic() + cfg.connect_timeout_s
     last: Exception | None = None
@@ -87,17 +92,27 @@ def connect_shard(cfg: RunConfig, secret: bytes, metrics: NodeMetrics, log: Tier
             configure_socket(sock, cfg, shard_congestion(cfg))
             sock.settimeout(cfg.handshake_timeout_s)
             sock.connect((host, port))
-            break
         except OSError as exc:
             sock.close()
             last = exc
             time.sleep(CONNECT_RETRY_S)
+            continue
+        conn = Connection(sock, cfg, metrics, log, f"shard {shard}", max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES,
+                          pool=pool)
+        try:
+            challenge = conn.receive(["challenge"])
+            break
+        except TimeoutError as exc:  # accepted by the kernel, not yet served: again
+            conn.close()
+            last = exc
+        except (ProtocolError, OSError) as exc:
+            conn.close()
+            raise ShardFailed(f"handshake with shard {shard} at {host}:{port} failed: {type(exc).__name__}: "
+                              f"{exc}") from None
     else:
         raise ShardFailed(f"could not reach shard {shard} at {host}:{port} within connect_timeout_s="
                           f"{cfg.connect_timeout_s:g} s: {last}")
-    conn = Connection(sock, cfg, metrics, log, f"shard {shard}", max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES, pool=pool)
     try:
-        challenge = conn.receive(["challenge"])
         nonce_c = check_nonce(challenge.meta.get("nonce"), "challenge")
         nonce_w = new_nonce()
         hello_id = f"{role}-{rank}@{node_id}"[:160]
@@ -151,12 +166,27 @@ class ShardClient:
         # PUSH_CWND_SAMPLES: how much of a push TCP may have in flight ahead of the link (push_cwnd_record).
         self._push_cwnd_bytes: deque[int] = deque(maxlen=PUSH_CWND_SAMPLES)
         self._pushes: queue.Queue = queue.Queue()  # push_schedule ordered: every push, in backward's order
-        for shard, (host, port) in enumerate(addresses):
-            policy = CompressionPolicy.from_config(cfg.replace(lossy_warmup_steps=0))
-            conn = connect_shard(cfg, secret, metrics, log, host, port, shard, role, rank, node_id, policy.pool)
-            if self._ordered and hasattr(socket, "TCP_NOTSENT_LOWAT"):  # a send returns once its bytes have left
-                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, PUSH_NOTSENT_LOWAT_BYTES)
-            self.links.append(_Link(shard, conn, policy))
+        # Heartbeats from the first link on: a shard whose node has not yet had its plan (the coordinator
+        # sends the plans one after the other, 26 MB each for the 26 MB model) may take longer than
+        # io_timeout_s to answer, and the shards connected before it must not count this one as lost.
+        self._heartbeats = Heartbeats(lambda: [link.conn for link in self.links], cfg.heartbeat_interval_s).start()
+        policy = None
+        try:
+            for shard, (host, port) in enumerate(addresses):
+                policy = CompressionPolicy.from_config(cfg.replace(lossy_warmup_steps=0))
+                conn = connect_shard(cfg, secret, metrics, log, host, port, shard, role, rank, node_id, policy.pool)
+                if self._ordered and hasattr(socket, "TCP_NOTSENT_LOWAT"):  # a send returns once its bytes left
+                    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, PUSH_NOTSENT_LOWAT_BYTES)
+                self.links.append(_Link(shard, conn, policy))
+                policy = None
+        except BaseException:
+            self._heartbeats.stop()
+            for link in self.links:
+                link.conn.close()
+                link.policy.close()
+            if policy is not None:
+                policy.close()
+            raise
         for link in self.links:
             threading.Thread(target=self._receive_loop, args=(link,), name=f"pull <- {link.shard}", daemon=True).start()
             threading.Thread(target=self._send_loop, args=(link,), name=f"push -> {link.shard}", daemon=True).start()
@@ -165,7 +195,6 @@ class ShardClient:
         others = [link for link in self.links if link.shard != rank]
         if others:  # what shard_tcp_congestion put in force (one's own shard is on loopback)
             metrics.extra.setdefault("ps", {})["tcp_congestion"] = congestion_of(others[0].conn.sock)
-        self._heartbeats = Heartbeats(lambda: [link.conn for link in self.links], cfg.heartbeat_interval_s).start()
 
     # --- worker -----------------------------------------------------------------------------------
     def attach(self, model: nn.Module, flat: FlatParams, partitions: Sequence[Partition], lossy: bool) -> None:
