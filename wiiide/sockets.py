@@ -63,17 +63,14 @@ def configure_socket(sock: socket.socket, cfg: RunConfig, congestion: str | None
     wanted = cfg.tcp_congestion if congestion is None else congestion
     in_force = None
     if hasattr(socket, "TCP_CONGESTION"):
-        if wanted == "auto":
+        if wanted:
+            name = AUTO_CONGESTION if wanted == "auto" else wanted
             try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, AUTO_CONGESTION.encode("ascii"))
-            except OSError:
-                pass  # not allowed here: the system's stays
-        elif wanted:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, wanted.encode("ascii"))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode("ascii"))
             except OSError as exc:
-                raise OSError(exc.errno, f"tcp_congestion {wanted!r}: {exc.strerror} (see "
-                                         "net.ipv4.tcp_available_congestion_control)") from None
+                if wanted != "auto":  # auto where it is not allowed: the system's stays
+                    raise OSError(exc.errno, f"tcp_congestion {wanted!r}: {exc.strerror} (see "
+                                             "net.ipv4.tcp_available_congestion_control)") from None
         in_force = congestion_of(sock)
     elif wanted and wanted != "auto":
         raise OSError(f"tcp_congestion {wanted!r}: this platform has no TCP_CONGESTION")
