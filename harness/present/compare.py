@@ -115,8 +115,19 @@ def _row(group: dict[str, Any], label: str, point: Point, ref_label: str, ref: P
 
 def compare_engines(report: Report | Mapping[str, Any], metric: str = DEFAULT_METRIC, baseline: str | None = None,
                     alpha: float = ALPHA) -> list[Row]:
-    """Each engine against the baseline engine of its group (all other params equal); `metric`: a
-    `Totals` figure, compared over the ok repeats; `alpha`: the t-test's significance level.
+    """Each engine against the baseline engine of its group (all other params equal): `baseline`, else
+    ``ddp`` when the report has it, else each group's first engine; `metric`: a
+    `Totals` figure, compared over the ok repeats; `alpha`: the t-test's significance level. A group
+    without the baseline (a sweep stopped before its baseline ran) is left out (`engine_rows` names it).
+
+    Raises HarnessError when the report has no ``engine`` axis or the baseline is in no group.
+    """
+    return engine_rows(report, metric, baseline, alpha)[0]
+
+
+def engine_rows(report: Report | Mapping[str, Any], metric: str = DEFAULT_METRIC, baseline: str | None = None,
+                alpha: float = ALPHA) -> tuple[list[Row], list[str]]:
+    """`compare_engines`'s rows, and a line for each group left out because its baseline did not run.
 
     Raises HarnessError when the report has no ``engine`` axis or the baseline is in no group.
     """
@@ -132,14 +143,20 @@ def compare_engines(report: Report | Mapping[str, Any], metric: str = DEFAULT_ME
         key = json.dumps(group, sort_keys=True, default=str)
         groups.setdefault(key, (group, {}))[1][str(point.params[ENGINE_PARAM])] = point
     rows: list[Row] = []
+    skipped: list[str] = []
+    if baseline is None and any(DEFAULT_BASELINE in by_engine for _, by_engine in groups.values()):
+        baseline = DEFAULT_BASELINE
     for group, by_engine in groups.values():
-        ref_label = baseline or (DEFAULT_BASELINE if DEFAULT_BASELINE in by_engine else next(iter(by_engine)))
+        ref_label = baseline or next(iter(by_engine))
         if ref_label not in by_engine:
-            raise HarnessError(f"baseline engine '{ref_label}' is not in group {group} "
-                               f"(engines: {', '.join(by_engine)})")
+            skipped.append(f"not compared: baseline engine '{ref_label}' is not in group {group} "
+                           f"(engines: {', '.join(by_engine)})")
+            continue
         for label, point in by_engine.items():
             rows.append(_row(group, label, point, ref_label, by_engine[ref_label], metric, alpha))
-    return rows
+    if not rows and skipped:
+        raise HarnessError(skipped[0].removeprefix("not compared: "))
+    return rows, skipped
 
 
 def compare_reports(a: Report | Mapping[str, Any], b: Report | Mapping[str, Any], metric: str = DEFAULT_METRIC,
@@ -218,7 +235,7 @@ def compare(paths: Sequence[str], metric: str = DEFAULT_METRIC, baseline: str | 
     reports = [load_report(p) for p in paths]
     unmatched: list[str] = []
     if len(reports) == 1:
-        rows = compare_engines(reports[0], metric, baseline, alpha)
+        rows, unmatched = engine_rows(reports[0], metric, baseline, alpha)
         title = report_title(reports[0])
     else:
         rows, unmatched = compare_reports(reports[0], reports[1], metric, alpha)

@@ -16,6 +16,7 @@ from harness.errors import HarnessError
 from harness.present.compare import (
     compare,
     compare_engines,
+    engine_rows,
     compare_reports,
     verdict,
     welch_p_value,
@@ -311,6 +312,27 @@ def test_compare_engines_groups_by_the_other_params_against_ddp():
         compare_engines(report, baseline="horovod")
     with pytest.raises(HarnessError):
         compare_engines(_report([_point(0, {"workers": 2}, [1.0])]))
+
+
+def test_compare_leaves_out_a_group_whose_baseline_did_not_run(tmp_path):
+    # A sweep stopped (SIGINT) after the 100 Mbit/s engines and the first engine of 200 Mbit/s.
+    report = _report([
+        _point(0, {"engine": "wiiide", "link": "rate-100m"}, [130.0, 131.0, 129.0]),
+        _point(1, {"engine": "ddp", "link": "rate-100m"}, [100.0, 101.0, 99.0]),
+        _point(2, {"engine": "wiiide", "link": "rate-200m"}, [250.0]),
+    ])
+    rows, skipped = engine_rows(report)
+    assert [(r.group["link"], r.label) for r in rows] == [("rate-100m", "wiiide"), ("rate-100m", "ddp")]
+    assert len(skipped) == 1 and "rate-200m" in skipped[0] and "'ddp'" in skipped[0]
+    assert compare_engines(report) == rows
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    text = compare([str(path)])
+    assert "1.30x" in text and skipped[0] in text
+    with pytest.raises(HarnessError, match="horovod"):
+        compare_engines(report, baseline="horovod")
+    with pytest.raises(HarnessError, match="'ddp' is not in group"):
+        engine_rows(_report([_point(0, {"engine": "wiiide", "link": "rate-200m"}, [1.0])]), baseline="ddp")
 
 
 def test_compare_two_reports_matches_points_by_params(tmp_path):
