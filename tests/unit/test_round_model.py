@@ -128,6 +128,24 @@ def test_ordered_pushes_of_large_pieces_run_one_shard_at_a_time_and_interleaving
     assert rounds["interleaved"][1] == pytest.approx(rounds["contiguous"][1])
 
 
+def test_ordered_pushes_end_on_one_shards_piece_whose_pulls_finer_pieces_shorten():
+    """The 26 MB model at 8 workers, interleaved, with the ~540 KB window its pushes started with
+    (experiments/ordered-tail.yaml): every worker's last push is the same piece, and once it is in, that
+    shard's link alone sends 7 pulls of it. In 4 pieces per shard (~0.68 MB on a worker's shard, above
+    the window) that tail puts the round well above the busiest link's bytes; in 8 (~0.34 MB, under the
+    window) the round is the bytes."""
+    workers, numel, window_bytes = 8, 6_500_000, 540e3
+    rounds, bounds = {}, {}
+    for per_shard in (4, 8):
+        plan = plan_partitions(numel, workers + 1, workers, 4 * 1024 * 1024, "pipeline", per_shard, "interleaved")
+        parts = [(p.shard, float(p.nbytes)) for p in plan]
+        rounds[per_shard] = sharded_round_s(parts, workers, RATE_BPS, push_window_bytes=window_bytes)
+        bounds[per_shard] = sharded_link_s(shard_loads_bytes(plan, workers + 1), workers, RATE_BPS)
+    assert bounds[4] == pytest.approx(bounds[8], rel=0.01)  # about the same bytes on every link
+    assert rounds[4] > 1.08 * bounds[4]
+    assert rounds[8] == pytest.approx(bounds[8], rel=0.01)
+
+
 def test_round_at_eight_workers_with_the_old_pipeline_shares_waits_for_the_coordinator():
     """The first pipeline shares, (k + W - 3) / W, assumed the coordinator's partitions in after s_0 / R:
     at 8 workers its first partition is in only after a fair share of every worker's link, so the round
