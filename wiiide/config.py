@@ -322,7 +322,7 @@ class RunConfig(BaseSettings):
     partition_bytes: SizeBytes = _field(4 * _MIB, "4 bytes..1 GiB",
                                         "ps_shards > 1: largest parameter partition (BytePS's default 4 MiB); "
                                         "at least partitions_per_shard per shard", ge=4, le=1024 * _MIB)
-    partitions_per_shard: Int = _field(4, "1..256",
+    partitions_per_shard: Int = _field(8, "1..256",
                                        "ps_shards > 1: the fewest partitions per shard while they stay about 64 KiB "
                                        "or more, each still at most partition_bytes: a small model in pieces a shard "
                                        "answers one after the other", ge=1, le=256)
