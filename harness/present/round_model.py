@@ -282,8 +282,8 @@ def _lossy_codec_ratio(config: dict[str, Any], partition_nbytes: Sequence[float]
         return None
     raw = sent = 0
     rng = np.random.default_rng(0)
-    for numel in {int(nbytes) // FLOAT32_BYTES for nbytes in partition_nbytes}:
-        count = sum(1 for nbytes in partition_nbytes if int(nbytes) // FLOAT32_BYTES == numel)
+    for numel, count in Counter(int(nbytes) // FLOAT32_BYTES for nbytes in partition_nbytes).items():
+        # a fresh codec per size: top-k keeps a residual per tensor name
         parts, _ = codec_from_name(codec_name).encode_message([rng.standard_normal(numel).astype(np.float32)],
                                                               ["p"], "round-model")
         raw += count * numel * FLOAT32_BYTES
