@@ -197,7 +197,8 @@ def test_resolve_shards():
             resolve_shards(bad, 5)
 
 
-@pytest.mark.parametrize("codec", ["fixed:int8", "fixed:int4", "fixed:topk-0.05", "fixed:fp16", "fixed:bf16", "fixed:none",
+@pytest.mark.parametrize("codec", ["fixed:int8", "fixed:int4", "fixed:int2", "fixed:topk-0.05", "fixed:fp16", "fixed:bf16",
+                                   "fixed:none",
                                    "fixed:zstd-1"])
 def test_error_feedback_sent_plus_residual_is_the_sum_of_inputs(codec):
     rng = np.random.default_rng(1)

@@ -36,7 +36,7 @@ from wiiide.protocol import (
 )
 
 LOSSLESS = ["none", "zlib-1", "zstd-1", "zstd-9", "lz4", "shuffle-zstd", "shuffle-lz4", "shuffle-zstd-5"]
-LOSSY = ["fp16", "bf16", "int8", "int8-64", "int4", "int4-64", "topk-0.1", "topk-1"]
+LOSSY = ["fp16", "bf16", "int8", "int8-64", "int4", "int4-64", "int2", "int2-64", "topk-0.1", "topk-1"]
 
 
 def through_wire(tensors, codec, pool=None):
@@ -187,21 +187,24 @@ def test_bf16_rounds_to_nearest_even():
 
 
 @pytest.mark.parametrize("block", [16, 64, 256, 1000])
-def test_int4_blockwise_error_bound(block):
-    g = gradient(10_007)  # odd and not a multiple of the block: a short last block and a padding nibble
-    frame, header, msg = through_wire([WireTensor("grad", g)], codec_from_name(f"int4-{block}"))
+@pytest.mark.parametrize("codec,levels,per_byte", [("int4", 7, 2), ("int2", 1, 4)])
+def test_packed_blockwise_error_bound(codec, levels, per_byte, block):
+    g = gradient(10_007)  # not a multiple of the block or of a byte's codes: a short last block, padding codes
+    frame, header, msg = through_wire([WireTensor("grad", g)], codec_from_name(f"{codec}-{block}"))
     out = msg.tensor("grad")
     assert header["codec_params"] == {"block": block}
     nb = math.ceil(g.size / block)
-    assert frame.payload_nbytes == 4 * nb + (g.size + 1) // 2
+    assert frame.payload_nbytes == 4 * nb + math.ceil(g.size / per_byte)
     for i in range(nb):
         x, y = g[i * block:(i + 1) * block], out[i * block:(i + 1) * block]
-        scale = np.abs(x).max() / 7
+        scale = np.abs(x).max() / levels
         assert np.all(np.abs(y - x) <= scale / 2 * (1 + 1e-5) + 1e-12)
-        assert len(np.unique(y)) <= 15
+        assert len(np.unique(y)) <= 2 * levels + 1
+        biggest = np.argmax(np.abs(x))
+        assert y[biggest] == pytest.approx(x[biggest], rel=1e-6)  # the block's max is a level itself
 
 
-@pytest.mark.parametrize("codec", ["int4-16", "int8-16"])
+@pytest.mark.parametrize("codec", ["int4-16", "int8-16", "int2-16"])
 def test_blocks_of_tiny_values_quantize_without_nan(codec):
     """A block whose max is ~1e-38 has a subnormal scale whose float32 inverse overflows to inf (seen as
     a code of 0 from an 8-worker int4 run's error-feedback residuals): the codes stay valid, the values
@@ -211,7 +214,7 @@ def test_blocks_of_tiny_values_quantize_without_nan(codec):
     g[16] = 0.5
     frame, header, msg = through_wire([WireTensor("grad", g)], codec_from_name(codec))
     out = msg.tensor("grad")
-    levels = 7 if codec.startswith("int4") else 127
+    levels = {"int4": 7, "int8": 127, "int2": 1}[codec.split("-")[0]]
     assert np.isfinite(out).all() and np.all(out[32:] == 0)
     for i in range(2):
         x, y = g[i * 16:(i + 1) * 16], out[i * 16:(i + 1) * 16]
@@ -222,6 +225,15 @@ def test_blocks_of_tiny_values_quantize_without_nan(codec):
 def test_int4_refuses_a_zero_code():
     with pytest.raises(ProtocolError, match="code of 0"):
         decoder_for("int4").decode_message(memoryview(bytes(4 + 8)), 64, {"block": 16}, [("float32", 16)])
+
+
+def test_int2_refuses_a_zero_code():
+    codes = bytes([0b10101010] * 3 + [0b10101000])  # sixteen codes of 2 (value 0), the last one 0
+    with pytest.raises(ProtocolError, match="code of 0"):
+        decoder_for("int2").decode_message(memoryview(bytes(4) + codes), 64, {"block": 16}, [("float32", 16)])
+    ok = decoder_for("int2").decode_message(memoryview(np.float32(2).tobytes() + bytes([0b11011110] * 4)), 64,
+                                            {"block": 16}, [("float32", 16)])
+    assert np.frombuffer(ok, np.float32).tolist() == [0.0, 2.0, -2.0, 2.0] * 4  # lowest bits first
 
 
 @pytest.mark.parametrize("block", [16, 64, 256, 1000])
@@ -401,7 +413,8 @@ def test_bad_payload_controls_decode():
 # Registry and names
 # --------------------------------------------------------------------------------------------------
 def test_registry_holds_every_codec_with_its_flag():
-    assert set(REGISTRY) == {"none", "zlib", "zstd", "lz4", "blosc2", "fp16", "bf16", "int8", "int4", "topk", "rows"}
+    assert set(REGISTRY) == {"none", "zlib", "zstd", "lz4", "blosc2", "fp16", "bf16", "int8", "int4", "int2", "topk",
+                             "rows"}
     lossless = {wid for wid, cls in REGISTRY.items() if cls.lossless}
     assert lossless == {"none", "zlib", "zstd", "lz4", "blosc2", "rows"}
     for wid in REGISTRY:
@@ -414,8 +427,9 @@ def test_codec_names_round_trip(name):
 
 
 @pytest.mark.parametrize("name", ["zstd-0", "zstd-23", "zstd", "shuffle-gzip", "shuffle-zstd-10", "int8-8",
-                                  "int8-x", "int4-8", "int4-x", "topk-0", "topk-1.5", "topk-nan", "topk", "fp32", "lz4-1"])
+                                  "int8-x", "int4-8", "int4-x", "int2-8", "int2-70000", "topk-0", "topk-1.5", "topk-nan", "topk",
+                                  "fp32", "lz4-1"])
 def test_bad_codec_names(name):
     with pytest.raises(ValueError):
         codec_from_name(name)
-    assert len(CODEC_NAME_FORMS) == 12
+    assert len(CODEC_NAME_FORMS) == 13

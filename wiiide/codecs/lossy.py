@@ -1,4 +1,4 @@
-"""Lossy codecs for float32 gradients: fp16 and bf16 casts, 8- and 4-bit blockwise quantization, top-k.
+"""Lossy codecs for float32 gradients: fp16 and bf16 casts, 8-, 4- and 2-bit blockwise quantization, top-k.
 
 Each one refuses a message holding any tensor that is not float32 (`supports`), so it can only be
 chosen for float32 payloads; the policies use them for gradient messages only, after warm-up
@@ -12,6 +12,8 @@ Error bounds (tested in tests/unit/test_codecs.py), for finite inputs x:
 - bf16: round to nearest even of the top 16 bits: relative error <= 2**-8; nan stays nan.
 - int8: per block of `block` elements, scale = max|x| / 127; |error| <= scale / 2.
 - int4: per block of `block` elements, scale = max|x| / 7; |error| <= scale / 2 (two values a byte).
+- int2: per block of `block` elements, scale = max|x|, codes -1..1; |error| <= scale / 2 (four values a
+  byte).
 - topk: the k = ceil(fraction * n) largest |x + residual| per tensor travel exactly; the rest is kept
   in the sender's residual and added to that tensor next time (error feedback, as in Stich et al.
   2018, "Sparsified SGD with memory", and PyTorch's PowerSGD hook). So the sum of everything decoded
@@ -238,18 +240,17 @@ def _blockwise_scales(x: np.ndarray, block: int, levels: int) -> tuple[np.ndarra
     return scales, codes.reshape(-1)[:n]
 
 
-class Int4BlockCodec(_BlockwiseCodec):
-    """4-bit blockwise absmax quantization: per block of `block` values one float32 scale
-    (max|x| / 7) and one 4-bit code in -7..7 per value, two codes a byte (low nibble first, stored as
-    code + 8). About 7.8x smaller at block 256. Meant to run under error feedback (the sharded server's
-    `wiiide.ps.feedback`), as 1- to 4-bit gradient quantizers do (Seide et al. 2014, 1-bit SGD;
-    Karimireddy et al. 2019, EF-SGD); without it the rounding error is lost each step."""
+class _PackedBlockCodec(_BlockwiseCodec):
+    """Blockwise absmax quantization to `BITS`-bit codes in -`LEVELS`..`LEVELS`, stored as code +
+    `LEVELS` + 1 (so a code of 0 never occurs), 8 // `BITS` codes a byte, lowest bits first; per block
+    of `block` values one float32 scale (max|x| / `LEVELS`). The last byte is padded with zero-value
+    codes. Subclasses set `wire_id`, `BITS` and `LEVELS`."""
 
-    wire_id = "int4"
+    BITS = 4
     LEVELS = 7
 
     def encode_message(self, arrays, names, stream="", pool=None):
-        """float32 tensors -> (float32 scale per block, packed 4-bit codes: ceil(n / 2) bytes);
+        """float32 tensors -> (float32 scale per block, packed codes: ceil(n / (8 // BITS)) bytes);
         codec_params ``{"block": block}``.
 
         Raises:
@@ -257,42 +258,69 @@ class Int4BlockCodec(_BlockwiseCodec):
         """
         flats = _flat_float32(arrays, self.wire_id)
         x = flats[0] if len(flats) == 1 else np.concatenate(flats)
-        if x.size == 0:
+        n, per_byte = x.size, 8 // self.BITS
+        if n == 0:
             return [], {"block": self.block}
         scales, codes = _blockwise_scales(x, self.block, self.LEVELS)
-        nibbles = (codes + (self.LEVELS + 1)).astype(np.uint8)
-        if nibbles.size % 2:
-            nibbles = np.append(nibbles, np.uint8(self.LEVELS + 1))
-        packed = nibbles[0::2] | (nibbles[1::2] << 4)
-        return [memoryview(scales).cast("B"), memoryview(np.ascontiguousarray(packed)).cast("B")], {"block": self.block}
+        stored = np.full(-(-n // per_byte) * per_byte, self.LEVELS + 1, dtype=np.uint8)
+        np.add(codes, self.LEVELS + 1, out=stored[:n], casting="unsafe")
+        columns = stored.reshape(-1, per_byte)
+        packed = columns[:, 0].copy()
+        for i in range(1, per_byte):
+            packed |= columns[:, i] << (self.BITS * i)
+        return [memoryview(scales).cast("B"), memoryview(packed).cast("B")], {"block": self.block}
 
     def decode_message(self, wire, raw_nbytes, params, specs, pool=None):
-        """Scales and packed 4-bit codes -> the declared float32 tensors' bytes ((code - 8) x scale).
+        """Scales and packed codes -> the declared float32 tensors' bytes ((stored code - LEVELS - 1) x scale).
 
         Raises:
             ProtocolError: a bad block size in codec_params, a non-float32 spec, a payload size that does
-                not match the declared element count, or a code of 0 (outside -7..7).
+                not match the declared element count, or a stored code of 0 (outside -LEVELS..LEVELS).
         """
         b = self._header_block(params)
         n = _float32_count(self.wire_id, raw_nbytes, specs)
-        nb = -(-n // b)
-        _expect_size(self.wire_id, wire, 4 * nb + (n + 1) // 2)
+        nb, per_byte = -(-n // b), 8 // self.BITS
+        _expect_size(self.wire_id, wire, 4 * nb + -(-n // per_byte))
         if n == 0:
             return memoryview(b"")
         scales = np.frombuffer(wire, dtype=F32, count=nb)
-        packed = np.frombuffer(wire, dtype=np.uint8, count=(n + 1) // 2, offset=4 * nb)
-        pairs = np.empty((packed.size, 2), dtype=np.int8)  # low nibble, then high
-        np.bitwise_and(packed, 0x0F, out=pairs[:, 0])
-        np.right_shift(packed, 4, out=pairs[:, 1])
-        codes = pairs.reshape(-1)[:n]
+        packed = np.frombuffer(wire, dtype=np.uint8, count=-(-n // per_byte), offset=4 * nb)
+        columns = np.empty((packed.size, per_byte), dtype=np.int8)
+        mask = (1 << self.BITS) - 1
+        for i in range(per_byte):
+            np.bitwise_and(packed >> (self.BITS * i) if i else packed, mask, out=columns[:, i], casting="unsafe")
+        codes = columns.reshape(-1)[:n]
         if not codes.all():
-            raise ProtocolError("codec 'int4': a code of 0 (codes are 1..15 for -7..7)")
+            raise ProtocolError(f"codec {self.wire_id!r}: a code of 0 (codes are 1..{2 * self.LEVELS + 1} "
+                                f"for -{self.LEVELS}..{self.LEVELS})")
         codes -= self.LEVELS + 1
         out = np.empty(nb * b, dtype=F32)
         out[n:] = 0.0
         out[:n] = codes
         out.reshape(nb, b)[...] *= scales[:, None]
         return memoryview(out[:n]).cast("B")
+
+
+class Int4BlockCodec(_PackedBlockCodec):
+    """4-bit blockwise absmax quantization: per block of `block` values one float32 scale
+    (max|x| / 7) and one 4-bit code in -7..7 per value, two codes a byte (low nibble first, stored as
+    code + 8). About 7.8x smaller at block 256. Meant to run under error feedback (the sharded server's
+    `wiiide.ps.feedback`), as 1- to 4-bit gradient quantizers do (Seide et al. 2014, 1-bit SGD;
+    Karimireddy et al. 2019, EF-SGD); without it the rounding error is lost each step."""
+
+    wire_id = "int4"
+    BITS, LEVELS = 4, 7
+
+
+class Int2BlockCodec(_PackedBlockCodec):
+    """2-bit blockwise absmax quantization (ternary): per block of `block` values one float32 scale
+    (max|x|) and one code in -1..1 per value (rounded to nearest: |x| < scale / 2 becomes 0), four codes
+    a byte (lowest bits first, stored as code + 2). About 15x smaller at block 256. The ternary levels of
+    TernGrad (Wen et al. 2017) with deterministic rounding; meant to run under error feedback (the
+    sharded server's `wiiide.ps.feedback`), as `Int4BlockCodec` is."""
+
+    wire_id = "int2"
+    BITS, LEVELS = 2, 1
 
 
 class TopKCodec(_Float32Codec):

@@ -13,6 +13,7 @@ from wiiide.codecs.lossless import Blosc2Codec, Lz4Codec, ZlibCodec, ZstdCodec
 from wiiide.codecs.lossy import (
     Bf16Codec,
     Fp16Codec,
+    Int2BlockCodec,
     Int4BlockCodec,
     Int8BlockCodec,
     TopKCodec,
@@ -21,7 +22,8 @@ from wiiide.codecs.rows import RowsCodec
 from wiiide.errors import ProtocolError
 
 CODEC_CLASSES: tuple[type[Codec], ...] = (NoCodec, ZlibCodec, ZstdCodec, Lz4Codec, Blosc2Codec,
-                                          Fp16Codec, Bf16Codec, Int8BlockCodec, Int4BlockCodec, TopKCodec, RowsCodec)
+                                          Fp16Codec, Bf16Codec, Int8BlockCodec, Int4BlockCodec,
+                                          Int2BlockCodec, TopKCodec, RowsCodec)
 REGISTRY: dict[str, type[Codec]] = {cls.wire_id: cls for cls in CODEC_CLASSES}
 # One decoder per wire id: decoding needs no level or state (lossy parameters travel in the header).
 _DECODERS: dict[str, Codec] = {wid: cls() for wid, cls in REGISTRY.items()}
@@ -56,7 +58,8 @@ def decoder_for(wire_id: str) -> Codec:
 
 
 CODEC_NAME_FORMS = ("none", "zlib-1..9", "zstd-1..22", "lz4", "shuffle-zstd[-1..9]", "shuffle-lz4[-1..9]",
-                    "fp16", "bf16", "int8[-<block 16..65536>]", "int4[-<block 16..65536>]", "topk-<fraction 0..1>", "rows")
+                    "fp16", "bf16", "int8[-<block 16..65536>]", "int4[-<block 16..65536>]",
+                    "int2[-<block 16..65536>]", "topk-<fraction 0..1>", "rows")
 
 
 def codec_from_name(name: str) -> Codec:
@@ -89,6 +92,8 @@ def codec_from_name(name: str) -> Codec:
             return Int8BlockCodec(int(arg) if arg else Int8BlockCodec.DEFAULT_BLOCK)
         if head == "int4":
             return Int4BlockCodec(int(arg) if arg else Int4BlockCodec.DEFAULT_BLOCK)
+        if head == "int2":
+            return Int2BlockCodec(int(arg) if arg else Int2BlockCodec.DEFAULT_BLOCK)
         if head == "topk" and arg:
             return TopKCodec(float(arg))
     except ValueError as exc:
