@@ -203,6 +203,9 @@ class Frame:
     wire_id: str = "none"
     codec_params: dict[str, Any] = field(default_factory=dict)
     header: dict[str, Any] | None = None  # the JSON header the first buffer carries (see `with_meta`)
+    # What the receiver will decode (float32, flat), when encode_message was asked for it and the codec
+    # had it at hand (`Codec.encode_message_values`); else None. Not sent.
+    decoded: Any = None
 
     @property
     def wire_nbytes(self) -> int:
@@ -217,6 +220,7 @@ def encode_message(
     codec: Codec | None = None,
     pool: CodecPool | None = None,
     stream: str | None = None,
+    decoded_values: bool = False,
 ) -> Frame:
     """Build a frame. With the identity codec the tensors' own buffers are sent (no copy).
 
@@ -224,6 +228,8 @@ def encode_message(
         codec: the codec of the payload (default: none). A message without tensor bytes is sent as none.
         pool: a codec thread pool; large lossless payloads are then encoded in parallel chunks.
         stream: the key codecs with per-tensor state use (top-k's residual); default: `kind`.
+        decoded_values: keep in `Frame.decoded` what the receiver will decode, when the codec has it at
+            hand (`Codec.encode_message_values`; error feedback's use).
 
     Raises:
         ValueError: a header larger than MAX_HEADER_BYTES (too many tensors or too much metadata), or a
@@ -235,12 +241,14 @@ def encode_message(
     if raw_nbytes == 0 or type(codec) is NoCodec:
         # The identity codec, the nodes' default: the tensors' own buffers, no codec call and nothing to
         # time (see _TEMPLATES: Python between two sends costs throughput).
-        codec, codec_params, encode_s = _NO_CODEC, {}, 0.0
+        codec, codec_params, encode_s, decoded = _NO_CODEC, {}, 0.0, None
         payload_parts, payload_nbytes = [byte_view(a) for a in arrays if a.nbytes], raw_nbytes
     else:
         t0 = time.perf_counter()
-        payload_parts, codec_params = codec.encode_message(arrays, [t.name for t in tensors],
-                                                           kind if stream is None else stream, pool)
+        encode = codec.encode_message_values if decoded_values else codec.encode_message
+        payload_parts, codec_params, *rest = encode(arrays, [t.name for t in tensors],
+                                                    kind if stream is None else stream, pool)
+        decoded = rest[0] if rest else None
         encode_s = time.perf_counter() - t0
         sizes = [memoryview(p).nbytes for p in payload_parts]
         payload_parts = [p for p, n in zip(payload_parts, sizes) if n]
@@ -253,7 +261,7 @@ def encode_message(
         header["codec_params"] = codec_params
     return Frame(buffers=[template.frame_head(meta, codec_params, payload_nbytes), *payload_parts], kind=kind,
                  codec=codec.name, raw_nbytes=raw_nbytes, payload_nbytes=payload_nbytes, encode_s=encode_s,
-                 wire_id=wire_id, codec_params=codec_params, header=header)
+                 wire_id=wire_id, codec_params=codec_params, header=header, decoded=decoded)
 
 
 class _HeaderTemplate:

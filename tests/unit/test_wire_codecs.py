@@ -222,6 +222,26 @@ def test_blocks_of_tiny_values_quantize_without_nan(codec):
         assert np.all(np.abs(y - x) <= step / 2 * (1 + 1e-3) + 1.5e-45 * 16)  # subnormal steps: rounding of a few ulps
 
 
+@pytest.mark.parametrize("name", ["int8", "int8-16", "int4", "int4-64", "int2", "int2-1000", "fp16", "topk-0.1", "none"])
+def test_decoded_values_kept_at_encoding_are_what_the_receiver_decodes(name):
+    """Error feedback takes `Frame.decoded` for what the receiver gets: for the blockwise quantizers it is
+    computed from the codes while encoding, and must equal the payload decoded, value for value (short last
+    block, two tensors, zeros and tiny values included); the other codecs give None (decoded by the
+    sender, `wiiide.ps.feedback.decoded_values`). The payload is the same either way."""
+    g = gradient(10_007)
+    tensors = [WireTensor("a", g[:6_001].reshape(1, -1)), WireTensor("b", g[6_001:] * 3)]
+    frame = encode_message("gradients", {"step": 1}, tensors, codec_from_name(name), decoded_values=True)
+    plain, header, msg = through_wire(tensors, codec_from_name(name))
+    assert b"".join(bytes(memoryview(b)) for b in frame.buffers) == b"".join(bytes(memoryview(b)) for b in plain.buffers)
+    if name.startswith(("int8", "int4", "int2")):
+        received = np.concatenate([msg.tensor("a").reshape(-1), msg.tensor("b")])
+        assert frame.decoded.dtype == np.float32 and np.array_equal(frame.decoded, received)
+        assert not np.array_equal(received, g)  # lossy: the test would see a codec that returned its input
+    else:
+        assert frame.decoded is None
+    assert plain.decoded is None  # not asked for
+
+
 def test_int4_refuses_a_zero_code():
     with pytest.raises(ProtocolError, match="code of 0"):
         decoder_for("int4").decode_message(memoryview(bytes(4 + 8)), 64, {"block": 16}, [("float32", 16)])

@@ -73,6 +73,22 @@ class Codec:
         """
         raise NotImplementedError
 
+    def encode_message_values(self, arrays: Sequence[np.ndarray], names: Sequence[str], stream: str = "",
+                              pool: Any = None) -> tuple[list[Buffer], dict[str, Any], np.ndarray | None]:
+        """`encode_message`, and the values the receiver will decode when the codec has them at hand:
+        a new float32 array (flat, every tensor in order), equal element for element to what
+        `decode_message` gives (a zero may be -0.0 here), or None (here: a codec that would have to
+        decode its own payload to know them).
+
+        Error feedback needs them (`wiiide.ps.feedback`); the blockwise quantizers compute them from
+        their codes in one pass instead of unpacking the payload again.
+
+        Raises:
+            ValueError: as `encode_message`.
+        """
+        parts, params = self.encode_message(arrays, names, stream, pool)
+        return parts, params, None
+
     def decode_message(self, wire: memoryview, raw_nbytes: int, params: dict[str, Any], specs: TensorSpecs,
                        pool: Any = None) -> Buffer:
         """Payload -> exactly `raw_nbytes` raw bytes of the tensors `specs` declares.

@@ -177,27 +177,40 @@ class Int8BlockCodec(_BlockwiseCodec):
         Raises:
             ValueError: a tensor that is not float32.
         """
+        parts, params, _ = self._encode(arrays, values=False)
+        return parts, params
+
+    def encode_message_values(self, arrays, names, stream="", pool=None):
+        """`encode_message` and the decoded values: value x scale, as `decode_message` computes them."""
+        return self._encode(arrays, values=True)
+
+    def _encode(self, arrays, values: bool):
         flats = _flat_float32(arrays, self.wire_id)
         x = flats[0] if len(flats) == 1 else np.concatenate(flats)
         n, b = x.size, self.block
         if n == 0:
-            return [], {"block": b}
+            return [], {"block": b}, (np.empty(0, dtype=F32) if values else None)
         nb = -(-n // b)
         full = n // b
         scales = np.empty(nb, dtype=F32)
         q = np.empty(n, dtype=np.int8)
-        pieces = [(x[:full * b].reshape(full, b), scales[:full], q[:full * b].reshape(full, b))]
+        decoded = np.empty(n, dtype=F32) if values else None
+        pieces = [(x[:full * b].reshape(full, b), scales[:full], q[:full * b].reshape(full, b),
+                   decoded[:full * b].reshape(full, b) if values else None)]
         if full < nb:
-            pieces.append((x[full * b:].reshape(1, -1), scales[full:], q[full * b:].reshape(1, -1)))
+            pieces.append((x[full * b:].reshape(1, -1), scales[full:], q[full * b:].reshape(1, -1),
+                           decoded[full * b:].reshape(1, -1) if values else None))
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            for xs, sc, qs in pieces:
+            for xs, sc, qs, out in pieces:
                 np.max(np.abs(xs), axis=1, out=sc)
                 sc /= 127.0
                 scaled = xs / np.where(sc > 0, sc, np.float32(1.0))[:, None]  # not x * (1 / sc): see _blockwise_scales
                 np.rint(scaled, out=scaled)
                 np.clip(scaled, -127, 127, out=scaled)
                 qs[...] = scaled
-        return [memoryview(scales).cast("B"), memoryview(q).cast("B")], {"block": b}
+                if out is not None:
+                    np.multiply(scaled, sc[:, None], out=out)  # decode_message's (value x scale)
+        return [memoryview(scales).cast("B"), memoryview(q).cast("B")], {"block": b}, decoded
 
     def decode_message(self, wire, raw_nbytes, params, specs, pool=None):
         """Scales and int8 values -> the declared float32 tensors' bytes (value x scale).
@@ -223,7 +236,8 @@ class Int8BlockCodec(_BlockwiseCodec):
 def _blockwise_scales(x: np.ndarray, block: int, levels: int) -> tuple[np.ndarray, np.ndarray]:
     """Absmax quantization of flat float32 `x` in blocks of `block`: (scale per block, float32
     codes in -levels..levels, rounded to nearest). scale = max|x| / levels (0 for an all-zero block,
-    whose codes are 0). Shapes: (ceil(n / block),), (n,). Raises nothing."""
+    whose codes are 0). Shapes: (ceil(n / block),), (ceil(n / block), block): the last block padded
+    with zero codes. Raises nothing."""
     n = x.size
     nb = -(-n // block)
     pad = nb * block - n
@@ -237,7 +251,7 @@ def _blockwise_scales(x: np.ndarray, block: int, levels: int) -> tuple[np.ndarra
         codes = xs / np.where(scales > 0, scales, np.float32(1.0))[:, None]
         np.rint(codes, out=codes)
         np.clip(codes, -levels, levels, out=codes)
-    return scales, codes.reshape(-1)[:n]
+    return scales, codes
 
 
 class _PackedBlockCodec(_BlockwiseCodec):
@@ -256,19 +270,31 @@ class _PackedBlockCodec(_BlockwiseCodec):
         Raises:
             ValueError: a tensor that is not float32.
         """
+        parts, params, _ = self._encode(arrays, values=False)
+        return parts, params
+
+    def encode_message_values(self, arrays, names, stream="", pool=None):
+        """`encode_message` and the decoded values: codes x scale, as `decode_message` computes them."""
+        return self._encode(arrays, values=True)
+
+    def _encode(self, arrays, values: bool):
         flats = _flat_float32(arrays, self.wire_id)
         x = flats[0] if len(flats) == 1 else np.concatenate(flats)
         n, per_byte = x.size, 8 // self.BITS
         if n == 0:
-            return [], {"block": self.block}
+            return [], {"block": self.block}, (np.empty(0, dtype=F32) if values else None)
         scales, codes = _blockwise_scales(x, self.block, self.LEVELS)
         stored = np.full(-(-n // per_byte) * per_byte, self.LEVELS + 1, dtype=np.uint8)
-        np.add(codes, self.LEVELS + 1, out=stored[:n], casting="unsafe")
+        np.add(codes.reshape(-1)[:n], self.LEVELS + 1, out=stored[:n], casting="unsafe")
         columns = stored.reshape(-1, per_byte)
         packed = columns[:, 0].copy()
         for i in range(1, per_byte):
             packed |= columns[:, i] << (self.BITS * i)
-        return [memoryview(scales).cast("B"), memoryview(packed).cast("B")], {"block": self.block}
+        decoded = None
+        if values:
+            codes *= scales[:, None]  # the codes are done with: decode_message's (code x scale), in place
+            decoded = codes.reshape(-1)[:n]
+        return [memoryview(scales).cast("B"), memoryview(packed).cast("B")], {"block": self.block}, decoded
 
     def decode_message(self, wire, raw_nbytes, params, specs, pool=None):
         """Scales and packed codes -> the declared float32 tensors' bytes ((stored code - LEVELS - 1) x scale).

@@ -327,8 +327,10 @@ class CompressionPolicy:
 
     # ------------------------------------------------------------------------------------------
     def encode(self, kind: str, meta: dict[str, Any] | None, tensors: Sequence[WireTensor],
-               stream: str | None = None) -> Frame:
+               stream: str | None = None, decoded_values: bool = False) -> Frame:
         """Choose a codec, build the frame (`wiiide.protocol.encode_message`, chunks on `pool`) and learn from it.
+
+        `decoded_values`: ask the codec for `Frame.decoded` (error feedback's use).
 
         Raises:
             ValueError: a header above `wiiide.protocol.MAX_HEADER_BYTES`.
@@ -336,7 +338,7 @@ class CompressionPolicy:
         arrays = [t.array for t in tensors]
         raw_nbytes = sum(a.nbytes for a in arrays)
         codec, decision = self._choose(kind, raw_nbytes, arrays)
-        frame = encode_message(kind, meta, tensors, codec, self.pool, stream)
+        frame = encode_message(kind, meta, tensors, codec, self.pool, stream, decoded_values)
         self._account(kind, frame, decision, tensors)
         return frame
 

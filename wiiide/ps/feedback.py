@@ -39,11 +39,16 @@ def policy_may_be_lossy(cfg: Any) -> bool:
 
 
 def decoded_values(frame: Frame, name: str, numel: int) -> np.ndarray:
-    """The float32 values (flat, `numel`) the receiver of `frame` decodes for its one tensor `name`.
+    """The float32 values (flat, `numel`) the receiver of `frame` decodes for its one tensor `name`: the
+    codec's own (`Frame.decoded`, taken: the frame, which may wait in a queue, keeps no reference), else
+    the frame's payload decoded here.
 
     Raises:
         ProtocolError: from the codec, for a frame it cannot decode (a bug: the frame is this node's own).
     """
+    if frame.decoded is not None:
+        values, frame.decoded = frame.decoded, None
+        return values
     parts = frame.buffers[1:]
     payload = memoryview(parts[0] if len(parts) == 1 else b"".join(parts)) if parts else memoryview(b"")
     raw = decoder_for(frame.wire_id).decode_message(payload, frame.raw_nbytes, frame.codec_params,
@@ -80,7 +85,8 @@ class ErrorFeedback:
         """
         residual = self.residuals.pop(name, None)
         acc = values if residual is None else values + residual
-        frame = policy.encode(DENSE_KIND if dense else LOSSY_KIND, meta, [WireTensor(name, acc)], stream=self.stream)
+        frame = policy.encode(DENSE_KIND if dense else LOSSY_KIND, meta, [WireTensor(name, acc)], stream=self.stream,
+                              decoded_values=True)
         policy.drop_residuals(self.stream, name)  # top-k's own residual would count the error twice
         if decoder_for(frame.wire_id).lossless:
             return frame, acc
@@ -129,7 +135,8 @@ class PullReplica:
             self.replica = np.array(params, dtype=np.float32, copy=True)
             return policy.encode(DENSE_KIND, {**meta, "delta": False}, [WireTensor(name, self.replica.copy())])
         delta = params - self.replica
-        frame = policy.encode(LOSSY_KIND, {**meta, "delta": True}, [WireTensor(name, delta)], stream="pull")
+        frame = policy.encode(LOSSY_KIND, {**meta, "delta": True}, [WireTensor(name, delta)], stream="pull",
+                              decoded_values=True)
         policy.drop_residuals("pull", name)
         if decoder_for(frame.wire_id).lossless:
             self.replica += delta
