@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -364,6 +366,61 @@ def test_a_shard_averages_pushes_steps_its_optimizer_slice_and_answers_every_wor
             for flat in flats:
                 assert torch.equal(flat.params, ref_flat.params)
         assert server.updates == 3 * len(parts) and server.failure is None
+    finally:
+        for client in clients:
+            client.close()
+        server.close()
+
+
+def test_ordered_pushes_are_encoded_while_an_earlier_push_is_still_being_sent():
+    """push_schedule ordered: the encoder runs ahead of the sender, so the link does not wait for the next
+    push's error feedback and codec once a send returns. With the first push's send held, every later push
+    of the step is encoded and waiting; released, the step completes with the same parameters."""
+    import threading
+
+    import torch
+
+    from wiiide.ps.shard import ShardServer
+
+    cfg = RunConfig(num_workers=1, log_tier="silent", learning_rate=0.1, io_timeout_s=5, connect_timeout_s=5,
+                    push_schedule="ordered", compression="fixed:int8", lossy_warmup_steps=0)
+    metrics, log = _node(cfg, "coordinator", "shard0")
+    model = build_mlp(8, [16], 3, seed=0)
+    flat = FlatParams(model)
+    parts = partition_flat(flat.numel, 1, 64)
+    assert len(parts) > 3
+    server = ShardServer(cfg, SECRET, metrics, log, 0)
+    port = server.listen()
+    server.configure(parts, flat.params.numpy().copy(), lossy_pulls=True)
+    server.start()
+    clients = []
+    try:
+        _worker_clients(cfg, port, [model], [flat], parts, clients)
+        client = clients[0]
+        client._lossy = True
+        conn = client.links[0].conn
+        held, release, sent = threading.Event(), threading.Event(), []
+        real_send = conn.send
+
+        def held_send(frames):
+            if not sent:
+                held.set()
+                assert release.wait(10)
+            sent.append(frames[0].codec)
+            return real_send(frames)
+
+        conn.send = held_send
+        client.begin_step(0)
+        x, y = torch.randn(4, 8, generator=torch.Generator().manual_seed(1)), torch.tensor([0, 1, 2, 0])
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        assert held.wait(10)
+        deadline = time.monotonic() + 10
+        while client._encoded.qsize() < len(parts) - 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert client._encoded.qsize() == len(parts) - 1 and sent == []  # all encoded, none sent yet
+        release.set()
+        client.finish_step(0)
+        assert sent == ["int8"] * len(parts) and server.updates == len(parts) and server.failure is None
     finally:
         for client in clients:
             client.close()
