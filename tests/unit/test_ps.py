@@ -13,7 +13,7 @@ from wiiide.errors import ConfigError
 from wiiide.model import FlatParams, build_mlp
 from wiiide.protocol import WireTensor
 from wiiide.ps.digest import params_digest
-from wiiide.ps.feedback import ErrorFeedback, PullReplica, decoded_values, pulls_as_deltas
+from wiiide.ps.feedback import ErrorFeedback, PullReplica, decoded_values, pulls_as_deltas, received_values
 from wiiide.ps.partition import (
     egress_shard_weights,
     pipeline_shard_weights,
@@ -370,6 +370,25 @@ def test_a_shard_averages_pushes_steps_its_optimizer_slice_and_answers_every_wor
         for client in clients:
             client.close()
         server.close()
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd-1", "int8", "int2", "fp16", "topk-0.5"])
+def test_received_values_outlive_the_readers_buffer_and_lossy_ones_are_not_copied_again(codec):
+    from wiiide.codecs.registry import codec_from_name
+    from wiiide.protocol import decode_payload, encode_message, parse_header
+
+    g = np.linspace(-1, 1, 1000, dtype=np.float32)
+    frame = encode_message("gradients", {"step": 0}, [WireTensor("p0", g)], codec_from_name(codec))
+    wire = bytearray(b"".join(bytes(memoryview(b)) for b in frame.buffers))  # the reader's reused buffer
+    head = int.from_bytes(wire[4:8], "big")
+    msg = decode_payload(parse_header(bytes(wire[16:16 + head]), 1 << 20), memoryview(wire)[16 + head:])
+    values = received_values(msg)
+    assert values.shape == (1000,) and values.dtype == np.float32 and values.flags.writeable
+    before = values.copy()
+    wire[16 + head:] = bytes(len(wire) - 16 - head)  # the next frame lands in the same buffer
+    assert np.array_equal(values, before)
+    lossy = codec not in ("none", "zstd-1")
+    assert np.shares_memory(values, msg.tensors[0].array) == lossy
 
 
 def test_ordered_pushes_are_encoded_while_an_earlier_push_is_still_being_sent():

@@ -46,7 +46,7 @@ from wiiide.model import FlatParams
 from wiiide.node import Connection, Heartbeats, NodeFailure
 from wiiide.protocol import PROTOCOL_VERSION, encode_message
 from wiiide.ps.checkpoints import CHECKPOINT_AT
-from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback
+from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, received_values
 from wiiide.ps.partition import Partition
 from wiiide.ps.shard import drain_outbox
 from wiiide.sockets import congestion_of, configure_socket, shard_congestion, tcp_cwnd_bytes
@@ -357,7 +357,7 @@ class ShardClient:
                 if len(msg.tensors) != 1 or msg.tensors[0].dtype != "float32":
                     raise ProtocolError("a pull carries one float32 tensor")
                 link.policy.observe_received(msg)  # network-aware: this link's estimate (its pushes use link.policy)
-                self.inbox.put(("pulled", msg.meta, np.array(msg.tensors[0].array, copy=True).reshape(-1)))
+                self.inbox.put(("pulled", msg.meta, received_values(msg)))
         except Exception as exc:
             if not self._closing.is_set():
                 cause = exc if isinstance(exc, ShardFailed) else ShardFailed(

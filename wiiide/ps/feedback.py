@@ -56,6 +56,17 @@ def decoded_values(frame: Frame, name: str, numel: int) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.float32, count=numel).copy()
 
 
+def received_values(msg: Any) -> np.ndarray:
+    """The one tensor of a received push or pull `msg` (a `wiiide.protocol.Message`), flat, as an array
+    that outlives the connection's next read: a lossy codec's decoded array as it is (always new, see
+    `wiiide.codecs.lossy`), anything else copied (an uncompressed tensor views the reader's reused buffer).
+    Saves a copy of every lossy push and pull (26 MB a step per worker on the 26 MB model)."""
+    array = msg.tensors[0].array.reshape(-1)
+    if decoder_for(msg.codec).lossless:
+        return array.copy()
+    return array
+
+
 class ErrorFeedback:
     """Residuals of one sending direction (`stream`: ``push`` or ``pull``), one per tensor name.
 

@@ -50,7 +50,7 @@ from wiiide.model import MomentumSGD
 from wiiide.node import Connection, Heartbeats
 from wiiide.protocol import PROTOCOL_VERSION, Frame, WireTensor, encode_message, with_meta
 from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
-from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas
+from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas, received_values
 from wiiide.ps.partition import Partition
 from wiiide.recovery import momentum_from_flat
 from wiiide.sockets import configure_socket, shard_congestion
@@ -321,10 +321,10 @@ class ShardServer:
         if owned is None:
             raise ProtocolError(f"push for partition {index!r:.40}, which shard {self.shard_id} does not own")
         values = msg.tensor(f"p{index}")
-        if values.shape != (owned.part.numel,) or values.dtype != np.float32:
-            raise ProtocolError(f"push of partition {index}: {values.shape} {values.dtype}, expected "
-                                f"({owned.part.numel},) float32")
-        values = values.copy()  # the reader reuses its buffer for the next frame
+        if len(msg.tensors) != 1 or values.shape != (owned.part.numel,) or values.dtype != np.float32:
+            raise ProtocolError(f"push of partition {index}: {len(msg.tensors)} tensors, {values.shape} "
+                                f"{values.dtype}, expected one ({owned.part.numel},) float32")
+        values = received_values(msg)  # the reader reuses its buffer for the next frame
         with self._lock:
             if step != owned.step:
                 raise ProtocolError(f"push of partition {index} for step {step!r:.40}, the shard is at step {owned.step}")
