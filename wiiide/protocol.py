@@ -245,10 +245,11 @@ def encode_message(
         payload_parts, payload_nbytes = [byte_view(a) for a in arrays if a.nbytes], raw_nbytes
     else:
         t0 = time.perf_counter()
-        encode = codec.encode_message_values if decoded_values else codec.encode_message
-        payload_parts, codec_params, *rest = encode(arrays, [t.name for t in tensors],
-                                                    kind if stream is None else stream, pool)
-        decoded = rest[0] if rest else None
+        names, stream = [t.name for t in tensors], kind if stream is None else stream
+        if decoded_values:
+            payload_parts, codec_params, decoded = codec.encode_message_values(arrays, names, stream, pool)
+        else:
+            (payload_parts, codec_params), decoded = codec.encode_message(arrays, names, stream, pool), None
         encode_s = time.perf_counter() - t0
         sizes = [memoryview(p).nbytes for p in payload_parts]
         payload_parts = [p for p, n in zip(payload_parts, sizes) if n]

@@ -141,8 +141,8 @@ class Bf16Codec(_Float32Codec):
 
 class _BlockwiseCodec(_Float32Codec):
     """What the blockwise quantizers share: a block size (`MIN_BLOCK`..`MAX_BLOCK` values per float32
-    scale), their name (``<wire id>`` at the default block, else ``<wire id>-<block>``) and the check of
-    the block a header declares."""
+    scale), their name (``<wire id>`` at the default block, else ``<wire id>-<block>``), encoding with or
+    without the decoded values (`_encode`, per subclass) and the check of the block a header declares."""
 
     DEFAULT_BLOCK = 256
     MIN_BLOCK, MAX_BLOCK = 16, 65536
@@ -156,6 +156,27 @@ class _BlockwiseCodec(_Float32Codec):
     def name(self) -> str:
         """``<wire id>`` at the default block (256), else ``<wire id>-<block>``."""
         return self.wire_id if self.block == self.DEFAULT_BLOCK else f"{self.wire_id}-{self.block}"
+
+    def encode_message(self, arrays, names, stream="", pool=None):
+        """float32 tensors -> (payload parts, codec_params ``{"block": block}``), the layout of `_encode`.
+
+        Raises:
+            ValueError: a tensor that is not float32.
+        """
+        parts, params, _ = self._encode(arrays, values=False)
+        return parts, params
+
+    def encode_message_values(self, arrays, names, stream="", pool=None):
+        """`encode_message` and the decoded values, computed from the codes (no decoding).
+
+        Raises:
+            ValueError: a tensor that is not float32.
+        """
+        return self._encode(arrays, values=True)
+
+    def _encode(self, arrays, values: bool):
+        """(payload parts, codec_params, float32 decoded values when `values` else None). Subclasses."""
+        raise NotImplementedError
 
     def _header_block(self, params) -> int:
         """The block of a received header's codec_params; ProtocolError unless an integer in range."""
@@ -173,20 +194,9 @@ class Int8BlockCodec(_BlockwiseCodec):
 
     wire_id = "int8"
 
-    def encode_message(self, arrays, names, stream="", pool=None):
-        """float32 tensors -> (float32 scale per block, int8 per value); codec_params ``{"block": block}``.
-
-        Raises:
-            ValueError: a tensor that is not float32.
-        """
-        parts, params, _ = self._encode(arrays, values=False)
-        return parts, params
-
-    def encode_message_values(self, arrays, names, stream="", pool=None):
-        """`encode_message` and the decoded values: value x scale, as `decode_message` computes them."""
-        return self._encode(arrays, values=True)
-
     def _encode(self, arrays, values: bool):
+        """float32 tensors -> (float32 scale per block, int8 per value); codec_params ``{"block": block}``;
+        with `values`, value x scale as `decode_message` computes it."""
         flats = _flat_float32(arrays, self.wire_id)
         x = flats[0] if len(flats) == 1 else np.concatenate(flats)
         n, b = x.size, self.block
@@ -265,21 +275,9 @@ class _PackedBlockCodec(_BlockwiseCodec):
     BITS = 4
     LEVELS = 7
 
-    def encode_message(self, arrays, names, stream="", pool=None):
-        """float32 tensors -> (float32 scale per block, packed codes: ceil(n / (8 // BITS)) bytes);
-        codec_params ``{"block": block}``.
-
-        Raises:
-            ValueError: a tensor that is not float32.
-        """
-        parts, params, _ = self._encode(arrays, values=False)
-        return parts, params
-
-    def encode_message_values(self, arrays, names, stream="", pool=None):
-        """`encode_message` and the decoded values: codes x scale, as `decode_message` computes them."""
-        return self._encode(arrays, values=True)
-
     def _encode(self, arrays, values: bool):
+        """float32 tensors -> (float32 scale per block, packed codes: ceil(n / (8 // BITS)) bytes);
+        codec_params ``{"block": block}``; with `values`, code x scale as `decode_message` computes it."""
         flats = _flat_float32(arrays, self.wire_id)
         x = flats[0] if len(flats) == 1 else np.concatenate(flats)
         n, per_byte = x.size, 8 // self.BITS
