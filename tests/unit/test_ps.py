@@ -199,7 +199,7 @@ def test_resolve_shards():
             resolve_shards(bad, 5)
 
 
-@pytest.mark.parametrize("codec", ["fixed:int8", "fixed:int4", "fixed:int2", "fixed:topk-0.05", "fixed:fp16", "fixed:bf16",
+@pytest.mark.parametrize("codec", ["fixed:int8", "fixed:int4", "fixed:int2", "fixed:lloyd2", "fixed:topk-0.05", "fixed:fp16", "fixed:bf16",
                                    "fixed:none",
                                    "fixed:zstd-1"])
 def test_error_feedback_sent_plus_residual_is_the_sum_of_inputs(codec):
@@ -372,7 +372,7 @@ def test_a_shard_averages_pushes_steps_its_optimizer_slice_and_answers_every_wor
         server.close()
 
 
-@pytest.mark.parametrize("codec", ["none", "zstd-1", "int8", "int2", "fp16", "topk-0.5"])
+@pytest.mark.parametrize("codec", ["none", "zstd-1", "int8", "int2", "lloyd2", "fp16", "topk-0.5"])
 def test_received_values_outlive_the_readers_buffer_and_lossy_ones_are_not_copied_again(codec):
     from wiiide.codecs.registry import codec_from_name
     from wiiide.protocol import decode_payload, encode_message, parse_header

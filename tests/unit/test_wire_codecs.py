@@ -36,7 +36,8 @@ from wiiide.protocol import (
 )
 
 LOSSLESS = ["none", "zlib-1", "zstd-1", "zstd-9", "lz4", "shuffle-zstd", "shuffle-lz4", "shuffle-zstd-5"]
-LOSSY = ["fp16", "bf16", "int8", "int8-64", "int4", "int4-64", "int2", "int2-64", "topk-0.1", "topk-1"]
+LOSSY = ["fp16", "bf16", "int8", "int8-64", "int4", "int4-64", "int2", "int2-64", "lloyd2", "lloyd2-64", "topk-0.1",
+         "topk-1"]
 
 
 def through_wire(tensors, codec, pool=None):
@@ -222,7 +223,8 @@ def test_blocks_of_tiny_values_quantize_without_nan(codec):
         assert np.all(np.abs(y - x) <= step / 2 * (1 + 1e-3) + 1.5e-45 * 16)  # subnormal steps: rounding of a few ulps
 
 
-@pytest.mark.parametrize("name", ["int8", "int8-16", "int4", "int4-64", "int2", "int2-1000", "fp16", "topk-0.1", "none"])
+@pytest.mark.parametrize("name", ["int8", "int8-16", "int4", "int4-64", "int2", "int2-1000", "lloyd2", "lloyd2-16",
+                                  "lloyd2-1000", "fp16", "topk-0.1", "none"])
 def test_decoded_values_kept_at_encoding_are_what_the_receiver_decodes(name):
     """Error feedback takes `Frame.decoded` for what the receiver gets: for the blockwise quantizers it is
     computed from the codes while encoding, and must equal the payload decoded, value for value (short last
@@ -233,7 +235,7 @@ def test_decoded_values_kept_at_encoding_are_what_the_receiver_decodes(name):
     frame = encode_message("gradients", {"step": 1}, tensors, codec_from_name(name), decoded_values=True)
     plain, header, msg = through_wire(tensors, codec_from_name(name))
     assert b"".join(bytes(memoryview(b)) for b in frame.buffers) == b"".join(bytes(memoryview(b)) for b in plain.buffers)
-    if name.startswith(("int8", "int4", "int2")):
+    if name.startswith(("int8", "int4", "int2", "lloyd2")):
         received = np.concatenate([msg.tensor("a").reshape(-1), msg.tensor("b")])
         assert frame.decoded.dtype == np.float32 and np.array_equal(frame.decoded, received)
         assert not np.array_equal(received, g)  # lossy: the test would see a codec that returned its input
@@ -254,6 +256,54 @@ def test_int2_refuses_a_zero_code():
     ok = decoder_for("int2").decode_message(memoryview(np.float32(2).tobytes() + bytes([0b11011110] * 4)), 64,
                                             {"block": 16}, [("float32", 16)])
     assert np.frombuffer(ok, np.float32).tolist() == [0.0, 2.0, -2.0, 2.0] * 4  # lowest bits first
+
+
+def test_lloyd2_levels_are_max_1960s_in_units_of_the_blocks_mean_magnitude():
+    """Four levels per block: +-0.5675 m and +-1.8930 m, m = the block's mean |x|, |x| >= 1.2303 m taking the
+    outer one (Max 1960, Table I, N = 4: 0.4528, 1.510 and 0.9816 sigma, over E|x| = 0.7979 sigma)."""
+    x = np.array([4, -4, 1, -1, 3, -3, 0, -0.0] * 2, np.float32)  # mean |x| 2.0: threshold 2.46
+    frame, header, msg = through_wire([WireTensor("g", x)], codec_from_name("lloyd2-16"))
+    m = 2.0
+    outer, inner = 1.8930 * m, 0.5675 * m
+    assert msg.tensor("g") == pytest.approx([outer, -outer, inner, -inner, outer, -outer, inner, -inner] * 2,
+                                            rel=1e-4)
+    assert frame.payload_nbytes == 4 + 2 + 2  # one scale, sign bits, magnitude bits
+    payload = b"".join(bytes(memoryview(b)) for b in frame.buffers)[-frame.payload_nbytes:]
+    assert np.frombuffer(payload[:4], np.float32)[0] == m
+    assert payload[4:] == bytes([0b10101010, 0b10101010, 0b00110011, 0b00110011])  # signs, then magnitudes
+
+
+def test_lloyd2_bit_layout_and_short_last_block():
+    """Scales, then ceil(n / 8) sign bytes, then ceil(n / 8) magnitude bytes, lowest bit first; the last
+    block's scale is its own values' mean |x|, not diluted by padding."""
+    scales = np.array([1.0, 10.0], np.float32)
+    signs, magnitudes = bytes([0b00000001, 0b00000100, 0b1]), bytes([0b00000010, 0, 0b1])  # 17 values: 16 + 1
+    out = np.frombuffer(decoder_for("lloyd2").decode_message(memoryview(scales.tobytes() + signs + magnitudes),
+                                                             68, {"block": 16}, [("float32", 17)]), np.float32)
+    inner, outer = 0.5675, 1.8930
+    expect = [inner] * 16 + [-outer * 10]
+    expect[0], expect[1], expect[10] = -inner, outer, -inner
+    assert out == pytest.approx(expect, rel=1e-4)
+    x = np.concatenate([np.ones(16, np.float32), np.float32([5])])
+    _, _, msg = through_wire([WireTensor("g", x)], codec_from_name("lloyd2-16"))
+    assert msg.tensor("g")[-1] == pytest.approx(0.5675 * 5, rel=1e-5)  # m = 5: below 1.2303 m, the inner level
+    with pytest.raises(ProtocolError, match="payload is"):
+        decoder_for("lloyd2").decode_message(memoryview(scales.tobytes() + signs + magnitudes[:2]), 68,
+                                             {"block": 16}, [("float32", 17)])
+
+
+def test_lloyd2_squared_error_is_max_1960s_and_under_a_fifth_of_int2s():
+    """On Gaussian blocks the relative squared error is Max's 0.1175 for four levels (the scale being the
+    sample's mean |x|, not sigma, moves it a little); the ternary int2 of the same size loses 0.65."""
+    g = np.random.default_rng(3).standard_normal(200_000).astype(np.float32)
+
+    def relative_squared_error(name):
+        _, _, msg = through_wire([WireTensor("g", g)], codec_from_name(name))
+        return float(np.sum((msg.tensor("g") - g) ** 2) / np.sum(g.astype(np.float64) ** 2))
+
+    lloyd2, int2 = relative_squared_error("lloyd2"), relative_squared_error("int2")
+    assert 0.11 < lloyd2 < 0.125
+    assert lloyd2 < int2 / 5
 
 
 @pytest.mark.parametrize("block", [16, 64, 256, 1000])
@@ -433,8 +483,8 @@ def test_bad_payload_controls_decode():
 # Registry and names
 # --------------------------------------------------------------------------------------------------
 def test_registry_holds_every_codec_with_its_flag():
-    assert set(REGISTRY) == {"none", "zlib", "zstd", "lz4", "blosc2", "fp16", "bf16", "int8", "int4", "int2", "topk",
-                             "rows"}
+    assert set(REGISTRY) == {"none", "zlib", "zstd", "lz4", "blosc2", "fp16", "bf16", "int8", "int4", "int2", "lloyd2",
+                             "topk", "rows"}
     lossless = {wid for wid, cls in REGISTRY.items() if cls.lossless}
     assert lossless == {"none", "zlib", "zstd", "lz4", "blosc2", "rows"}
     for wid in REGISTRY:
@@ -447,9 +497,9 @@ def test_codec_names_round_trip(name):
 
 
 @pytest.mark.parametrize("name", ["zstd-0", "zstd-23", "zstd", "shuffle-gzip", "shuffle-zstd-10", "int8-8",
-                                  "int8-x", "int4-8", "int4-x", "int2-8", "int2-70000", "topk-0", "topk-1.5", "topk-nan", "topk",
+                                  "int8-x", "int4-8", "int4-x", "int2-8", "int2-70000", "lloyd2-8", "lloyd2-x", "topk-0", "topk-1.5", "topk-nan", "topk",
                                   "fp32", "lz4-1"])
 def test_bad_codec_names(name):
     with pytest.raises(ValueError):
         codec_from_name(name)
-    assert len(CODEC_NAME_FORMS) == 13
+    assert len(CODEC_NAME_FORMS) == 14

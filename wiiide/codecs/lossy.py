@@ -1,4 +1,5 @@
-"""Lossy codecs for float32 gradients: fp16 and bf16 casts, 8-, 4- and 2-bit blockwise quantization, top-k.
+"""Lossy codecs for float32 gradients: fp16 and bf16 casts, 8-, 4- and 2-bit blockwise quantization (linear, and
+2-bit Lloyd-Max), top-k.
 
 Each one refuses a message holding any tensor that is not float32 (`supports`), so it can only be
 chosen for float32 payloads; the policies use them for gradient messages only, after warm-up
@@ -16,6 +17,8 @@ Error bounds (tested in tests/unit/test_codecs.py), for finite inputs x:
 - int4: per block of `block` elements, scale = max|x| / 7; |error| <= scale / 2 (two values a byte).
 - int2: per block of `block` elements, scale = max|x|, codes -1..1; |error| <= scale / 2 (four values a
   byte).
+- lloyd2: no bound per value (four levels +-0.5675 m, +-1.8930 m, m = the block's mean |x|); relative squared
+  error about 0.12 on Gaussian blocks (Max 1960's 0.1175), under error feedback only.
 - topk: the k = ceil(fraction * n) largest |x + residual| per tensor travel exactly; the rest is kept
   in the sender's residual and added to that tensor next time (error feedback, as in Stich et al.
   2018, "Sparsified SGD with memory", and PyTorch's PowerSGD hook). So the sum of everything decoded
@@ -178,13 +181,15 @@ class _BlockwiseCodec(_Float32Codec):
         """(payload parts, codec_params, float32 decoded values when `values` else None). Subclasses."""
         raise NotImplementedError
 
-    def _header_block(self, params) -> int:
-        """The block of a received header's codec_params; ProtocolError unless an integer in range."""
+    def _header_counts(self, params, raw_nbytes: int, specs: TensorSpecs) -> tuple[int, int, int]:
+        """(block, float32 element count, block count) of a received header; ProtocolError unless the
+        block is an integer in range and every spec is float32 adding up to `raw_nbytes`."""
         check_params(self.wire_id, params, {"block"}, {"block"})
         b = params["block"]
         if not isinstance(b, int) or isinstance(b, bool) or not self.MIN_BLOCK <= b <= self.MAX_BLOCK:
             raise ProtocolError(f"codec {self.wire_id!r}: block must be an integer {self.MIN_BLOCK}..{self.MAX_BLOCK}")
-        return b
+        n = _float32_count(self.wire_id, raw_nbytes, specs)
+        return b, n, -(-n // b)
 
 
 class Int8BlockCodec(_BlockwiseCodec):
@@ -231,9 +236,7 @@ class Int8BlockCodec(_BlockwiseCodec):
             ProtocolError: a bad block size in codec_params, a non-float32 spec, or a payload size that does
                 not match the declared element count.
         """
-        b = self._header_block(params)
-        n = _float32_count(self.wire_id, raw_nbytes, specs)
-        nb = -(-n // b)
+        b, n, nb = self._header_counts(params, raw_nbytes, specs)
         _expect_size(self.wire_id, wire, 4 * nb + n)
         scales = np.frombuffer(wire, dtype=F32, count=nb)
         q = np.frombuffer(wire, dtype=np.int8, count=n, offset=4 * nb)
@@ -303,9 +306,8 @@ class _PackedBlockCodec(_BlockwiseCodec):
             ProtocolError: a bad block size in codec_params, a non-float32 spec, a payload size that does
                 not match the declared element count, or a stored code of 0 (outside -LEVELS..LEVELS).
         """
-        b = self._header_block(params)
-        n = _float32_count(self.wire_id, raw_nbytes, specs)
-        nb, per_byte = -(-n // b), 8 // self.BITS
+        b, n, nb = self._header_counts(params, raw_nbytes, specs)
+        per_byte = 8 // self.BITS
         _expect_size(self.wire_id, wire, 4 * nb + -(-n // per_byte))
         if n == 0:
             return memoryview(b"")
@@ -347,6 +349,93 @@ class Int2BlockCodec(_PackedBlockCodec):
 
     wire_id = "int2"
     BITS, LEVELS = 2, 1
+
+
+# Max (1960), "Quantizing for minimum distortion", IRE Trans. Inf. Theory 6(1), Table I, N = 4 for a
+# unit-variance Gaussian: decision threshold 0.9816, output levels 0.4528 and 1.510 (mean squared error
+# 0.1175). Here in units of the block's mean |x| (E|x| = sqrt(2 / pi) for the unit Gaussian).
+_MEAN_ABS_PER_SIGMA = math.sqrt(2.0 / math.pi)
+LLOYD2_THRESHOLD = np.float32(0.9816 / _MEAN_ABS_PER_SIGMA)  # 1.2303 x mean|x|
+LLOYD2_LEVELS = (np.float32(0.4528 / _MEAN_ABS_PER_SIGMA), np.float32(1.5104 / _MEAN_ABS_PER_SIGMA))  # 0.5675, 1.8930
+
+
+# The four values of a code 2 x outer + negative, in units of the block's scale.
+_LLOYD2_TABLE = np.array([LLOYD2_LEVELS[0], -LLOYD2_LEVELS[0], LLOYD2_LEVELS[1], -LLOYD2_LEVELS[1]], dtype=F32)
+
+
+def _lloyd2_values(negative: np.ndarray, outer: np.ndarray, scales: np.ndarray, block: int) -> np.ndarray:
+    """The float32 values of 2-bit Lloyd-Max codes: +-LLOYD2_LEVELS[outer] x the block's scale, negative
+    where `negative`. `negative`, `outer`: bool or 0/1 uint8, shape (n,); `scales`: float32, shape
+    (ceil(n / block),). The one computation both the encoder (error feedback's decoded values) and the
+    decoder run. Raises nothing."""
+    n = negative.size
+    nb, full = scales.size, n // block
+    code = outer.view(np.uint8) << 1
+    code |= negative.view(np.uint8)
+    out = _LLOYD2_TABLE.take(code)
+    out[:full * block].reshape(full, block)[...] *= scales[:full, None]
+    if full < nb:
+        out[full * block:] *= scales[full]
+    return out
+
+
+class Lloyd2BlockCodec(_BlockwiseCodec):
+    """2-bit blockwise Lloyd-Max quantization: per block of `block` values one float32 scale m (the block's
+    mean |x|) and two bits per value, a sign and a magnitude: |x| >= 1.2303 m decodes to +-1.8930 m, smaller
+    ones to +-0.5675 m (Max 1960's four levels for a Gaussian, in units of its mean |x|). Payload: the
+    scales, then the sign bits, then the magnitude bits, each ceil(n / 8) bytes, lowest bit first
+    (`numpy.packbits` little); all four codes are values, and the padding bits of the last byte are zero.
+    About 15x smaller at block 256, as `Int2BlockCodec`, with under a fifth of its squared error on a Gaussian
+    (relative error 0.34 against 0.81: every value but the block's top few is nonzero where the ternary code
+    rounds |x| < max/2 to 0). No bound on a value's error (the outer level is a level, not a clamp of the
+    max): meant to run under error feedback (`wiiide.ps.feedback`), which carries the difference."""
+
+    wire_id = "lloyd2"
+
+    def _encode(self, arrays, values: bool):
+        """float32 tensors -> (float32 mean |x| per block, sign bits, magnitude bits); codec_params
+        ``{"block": block}``; with `values`, `_lloyd2_values` of the codes, as `decode_message` computes it."""
+        flats = _flat_float32(arrays, self.wire_id)
+        x = flats[0] if len(flats) == 1 else np.concatenate(flats)
+        n, b = x.size, self.block
+        if n == 0:
+            return [], {"block": b}, (np.empty(0, dtype=F32) if values else None)
+        nb, full = -(-n // b), n // b
+        magnitude = np.abs(x)
+        scales = np.empty(nb, dtype=F32)
+        outer = np.empty(n, dtype=bool)
+        with np.errstate(invalid="ignore", over="ignore"):
+            np.mean(magnitude[:full * b].reshape(full, b), axis=1, out=scales[:full])
+            np.greater_equal(magnitude[:full * b].reshape(full, b), scales[:full, None] * LLOYD2_THRESHOLD,
+                             out=outer[:full * b].reshape(full, b))
+            if full < nb:
+                scales[full] = magnitude[full * b:].mean()
+                np.greater_equal(magnitude[full * b:], scales[full] * LLOYD2_THRESHOLD, out=outer[full * b:])
+            negative = np.signbit(x)
+            decoded = _lloyd2_values(negative, outer, scales, b) if values else None
+        signs = np.packbits(negative, bitorder="little")
+        magnitudes = np.packbits(outer, bitorder="little")
+        return ([memoryview(scales).cast("B"), memoryview(signs), memoryview(magnitudes)], {"block": b},
+                decoded)
+
+    def decode_message(self, wire, raw_nbytes, params, specs, pool=None):
+        """Scales, sign bits and magnitude bits -> the declared float32 tensors' bytes (`_lloyd2_values`).
+
+        Raises:
+            ProtocolError: a bad block size in codec_params, a non-float32 spec, or a payload size that does
+                not match the declared element count.
+        """
+        b, n, nb = self._header_counts(params, raw_nbytes, specs)
+        plane = -(-n // 8)
+        _expect_size(self.wire_id, wire, 4 * nb + 2 * plane)
+        if n == 0:
+            return memoryview(b"")
+        scales = np.frombuffer(wire, dtype=F32, count=nb)
+        bits = np.frombuffer(wire, dtype=np.uint8, count=2 * plane, offset=4 * nb)
+        negative = np.unpackbits(bits[:plane], count=n, bitorder="little")
+        outer = np.unpackbits(bits[plane:], count=n, bitorder="little")
+        with np.errstate(invalid="ignore", over="ignore"):
+            return memoryview(_lloyd2_values(negative, outer, scales, b)).cast("B")
 
 
 class TopKCodec(_Float32Codec):

@@ -16,6 +16,7 @@ from wiiide.codecs.lossy import (
     Int2BlockCodec,
     Int4BlockCodec,
     Int8BlockCodec,
+    Lloyd2BlockCodec,
     TopKCodec,
 )
 from wiiide.codecs.rows import RowsCodec
@@ -23,7 +24,7 @@ from wiiide.errors import ProtocolError
 
 CODEC_CLASSES: tuple[type[Codec], ...] = (NoCodec, ZlibCodec, ZstdCodec, Lz4Codec, Blosc2Codec,
                                           Fp16Codec, Bf16Codec, Int8BlockCodec, Int4BlockCodec,
-                                          Int2BlockCodec, TopKCodec, RowsCodec)
+                                          Int2BlockCodec, Lloyd2BlockCodec, TopKCodec, RowsCodec)
 REGISTRY: dict[str, type[Codec]] = {cls.wire_id: cls for cls in CODEC_CLASSES}
 # One decoder per wire id: decoding needs no level or state (lossy parameters travel in the header).
 _DECODERS: dict[str, Codec] = {wid: cls() for wid, cls in REGISTRY.items()}
@@ -59,7 +60,7 @@ def decoder_for(wire_id: str) -> Codec:
 
 CODEC_NAME_FORMS = ("none", "zlib-1..9", "zstd-1..22", "lz4", "shuffle-zstd[-1..9]", "shuffle-lz4[-1..9]",
                     "fp16", "bf16", "int8[-<block 16..65536>]", "int4[-<block 16..65536>]",
-                    "int2[-<block 16..65536>]", "topk-<fraction 0..1>", "rows")
+                    "int2[-<block 16..65536>]", "lloyd2[-<block 16..65536>]", "topk-<fraction 0..1>", "rows")
 
 
 def codec_from_name(name: str) -> Codec:
@@ -94,6 +95,8 @@ def codec_from_name(name: str) -> Codec:
             return Int4BlockCodec(int(arg) if arg else Int4BlockCodec.DEFAULT_BLOCK)
         if head == "int2":
             return Int2BlockCodec(int(arg) if arg else Int2BlockCodec.DEFAULT_BLOCK)
+        if head == "lloyd2":
+            return Lloyd2BlockCodec(int(arg) if arg else Lloyd2BlockCodec.DEFAULT_BLOCK)
         if head == "topk" and arg:
             return TopKCodec(float(arg))
     except ValueError as exc:
