@@ -267,19 +267,19 @@ def test_lloyd2_levels_are_max_1960s_in_units_of_the_blocks_mean_magnitude():
     outer, inner = 1.8930 * m, 0.5675 * m
     assert msg.tensor("g") == pytest.approx([outer, -outer, inner, -inner, outer, -outer, inner, -inner] * 2,
                                             rel=1e-4)
-    assert frame.payload_nbytes == 4 + 2 + 2  # one scale, sign bits, magnitude bits
+    assert frame.payload_nbytes == 4 + 4  # one scale, sixteen 2-bit codes
     payload = b"".join(bytes(memoryview(b)) for b in frame.buffers)[-frame.payload_nbytes:]
     assert np.frombuffer(payload[:4], np.float32)[0] == m
-    assert payload[4:] == bytes([0b10101010, 0b10101010, 0b00110011, 0b00110011])  # signs, then magnitudes
+    assert payload[4:] == bytes([0b01_00_11_10] * 4)  # codes 2 x outer + negative: 2, 3, 0, 1 a byte, lowest first
 
 
-def test_lloyd2_bit_layout_and_short_last_block():
-    """Scales, then ceil(n / 8) sign bytes, then ceil(n / 8) magnitude bytes, lowest bit first; the last
-    block's scale is its own values' mean |x|, not diluted by padding."""
+def test_lloyd2_byte_layout_and_short_last_block():
+    """Scales, then ceil(n / 4) bytes of codes, lowest bits first; the last block's scale is its own values'
+    mean |x|, not diluted by padding."""
     scales = np.array([1.0, 10.0], np.float32)
-    signs, magnitudes = bytes([0b00000001, 0b00000100, 0b1]), bytes([0b00000010, 0, 0b1])  # 17 values: 16 + 1
-    out = np.frombuffer(decoder_for("lloyd2").decode_message(memoryview(scales.tobytes() + signs + magnitudes),
-                                                             68, {"block": 16}, [("float32", 17)]), np.float32)
+    codes = bytes([1 | 2 << 2, 0, 1 << 4, 0, 3])  # 17 values: -inner, +outer, ..., value 10 -inner, value 16 -outer
+    out = np.frombuffer(decoder_for("lloyd2").decode_message(memoryview(scales.tobytes() + codes), 68,
+                                                             {"block": 16}, [("float32", 17)]), np.float32)
     inner, outer = 0.5675, 1.8930
     expect = [inner] * 16 + [-outer * 10]
     expect[0], expect[1], expect[10] = -inner, outer, -inner
@@ -288,8 +288,8 @@ def test_lloyd2_bit_layout_and_short_last_block():
     _, _, msg = through_wire([WireTensor("g", x)], codec_from_name("lloyd2-16"))
     assert msg.tensor("g")[-1] == pytest.approx(0.5675 * 5, rel=1e-5)  # m = 5: below 1.2303 m, the inner level
     with pytest.raises(ProtocolError, match="payload is"):
-        decoder_for("lloyd2").decode_message(memoryview(scales.tobytes() + signs + magnitudes[:2]), 68,
-                                             {"block": 16}, [("float32", 17)])
+        decoder_for("lloyd2").decode_message(memoryview(scales.tobytes() + codes[:4]), 68, {"block": 16},
+                                             [("float32", 17)])
 
 
 def test_lloyd2_squared_error_is_max_1960s_and_under_a_fifth_of_int2s():

@@ -359,20 +359,19 @@ LLOYD2_THRESHOLD = np.float32(0.9816 / _MEAN_ABS_PER_SIGMA)  # 1.2303 x mean|x|
 LLOYD2_LEVELS = (np.float32(0.4528 / _MEAN_ABS_PER_SIGMA), np.float32(1.5104 / _MEAN_ABS_PER_SIGMA))  # 0.5675, 1.8930
 
 
-# The four values of a code 2 x outer + negative, in units of the block's scale.
-_LLOYD2_TABLE = np.array([LLOYD2_LEVELS[0], -LLOYD2_LEVELS[0], LLOYD2_LEVELS[1], -LLOYD2_LEVELS[1]], dtype=F32)
+# The four values of a code 2 x outer + negative, in units of the block's scale, and of every byte of four
+# codes (lowest bits first): shape (256, 4), float32, so decoding is one gather of 4 KiB rows.
+_LLOYD2_CODE_VALUES = np.array([LLOYD2_LEVELS[0], -LLOYD2_LEVELS[0], LLOYD2_LEVELS[1], -LLOYD2_LEVELS[1]], dtype=F32)
+_LLOYD2_BYTE_VALUES = _LLOYD2_CODE_VALUES[(np.arange(256)[:, None] >> np.array([0, 2, 4, 6])) & 3]
 
 
-def _lloyd2_values(negative: np.ndarray, outer: np.ndarray, scales: np.ndarray, block: int) -> np.ndarray:
-    """The float32 values of 2-bit Lloyd-Max codes: +-LLOYD2_LEVELS[outer] x the block's scale, negative
-    where `negative`. `negative`, `outer`: bool or 0/1 uint8, shape (n,); `scales`: float32, shape
-    (ceil(n / block),). The one computation both the encoder (error feedback's decoded values) and the
-    decoder run. Raises nothing."""
-    n = negative.size
+def _lloyd2_values(packed: np.ndarray, scales: np.ndarray, block: int, n: int) -> np.ndarray:
+    """The float32 values, shape (n,), of `n` packed 2-bit Lloyd-Max codes (uint8, shape (ceil(n / 4),)):
+    each code's level (`_LLOYD2_CODE_VALUES`) x its block's scale (`scales`: float32, (ceil(n / block),)).
+    The one computation both the encoder (error feedback's decoded values) and the decoder run. Raises
+    nothing."""
     nb, full = scales.size, n // block
-    code = outer.view(np.uint8) << 1
-    code |= negative.view(np.uint8)
-    out = _LLOYD2_TABLE.take(code)
+    out = _LLOYD2_BYTE_VALUES.take(packed, axis=0).reshape(-1)[:n]
     out[:full * block].reshape(full, block)[...] *= scales[:full, None]
     if full < nb:
         out[full * block:] *= scales[full]
@@ -381,19 +380,19 @@ def _lloyd2_values(negative: np.ndarray, outer: np.ndarray, scales: np.ndarray, 
 
 class Lloyd2BlockCodec(_BlockwiseCodec):
     """2-bit blockwise Lloyd-Max quantization: per block of `block` values one float32 scale m (the block's
-    mean |x|) and two bits per value, a sign and a magnitude: |x| >= 1.2303 m decodes to +-1.8930 m, smaller
-    ones to +-0.5675 m (Max 1960's four levels for a Gaussian, in units of its mean |x|). Payload: the
-    scales, then the sign bits, then the magnitude bits, each ceil(n / 8) bytes, lowest bit first
-    (`numpy.packbits` little); all four codes are values, and the padding bits of the last byte are zero.
-    About 15x smaller at block 256, as `Int2BlockCodec`, with under a fifth of its squared error on a Gaussian
-    (relative error 0.34 against 0.81: every value but the block's top few is nonzero where the ternary code
-    rounds |x| < max/2 to 0). No bound on a value's error (the outer level is a level, not a clamp of the
-    max): meant to run under error feedback (`wiiide.ps.feedback`), which carries the difference."""
+    mean |x|) and a 2-bit code per value, 2 x outer + negative: |x| >= 1.2303 m (outer) decodes to
+    +-1.8930 m, smaller ones to +-0.5675 m (Max 1960's four levels for a Gaussian, in units of its mean
+    |x|). Payload: the scales, then the codes four a byte, lowest bits first (the last byte padded with
+    code 0); all four codes are values. About 15x smaller at block 256, as `Int2BlockCodec`, with under a
+    fifth of its squared error on a Gaussian (relative error 0.34 against 0.81: every value is sent as
+    nonzero, where the ternary code rounds |x| < max/2 to 0). No bound on a value's error (the outer
+    level is a level, not a clamp at the max): meant to run under error feedback (`wiiide.ps.feedback`),
+    which carries the difference to the next step."""
 
     wire_id = "lloyd2"
 
     def _encode(self, arrays, values: bool):
-        """float32 tensors -> (float32 mean |x| per block, sign bits, magnitude bits); codec_params
+        """float32 tensors -> (float32 mean |x| per block, 2-bit codes four a byte); codec_params
         ``{"block": block}``; with `values`, `_lloyd2_values` of the codes, as `decode_message` computes it."""
         flats = _flat_float32(arrays, self.wire_id)
         x = flats[0] if len(flats) == 1 else np.concatenate(flats)
@@ -403,7 +402,8 @@ class Lloyd2BlockCodec(_BlockwiseCodec):
         nb, full = -(-n // b), n // b
         magnitude = np.abs(x)
         scales = np.empty(nb, dtype=F32)
-        outer = np.empty(n, dtype=bool)
+        codes = np.zeros(-(-n // 4) * 4, dtype=np.uint8)  # padding: code 0
+        outer = codes[:n].view(bool)
         with np.errstate(invalid="ignore", over="ignore"):
             np.mean(magnitude[:full * b].reshape(full, b), axis=1, out=scales[:full])
             np.greater_equal(magnitude[:full * b].reshape(full, b), scales[:full, None] * LLOYD2_THRESHOLD,
@@ -411,31 +411,30 @@ class Lloyd2BlockCodec(_BlockwiseCodec):
             if full < nb:
                 scales[full] = magnitude[full * b:].mean()
                 np.greater_equal(magnitude[full * b:], scales[full] * LLOYD2_THRESHOLD, out=outer[full * b:])
-            negative = np.signbit(x)
-            decoded = _lloyd2_values(negative, outer, scales, b) if values else None
-        signs = np.packbits(negative, bitorder="little")
-        magnitudes = np.packbits(outer, bitorder="little")
-        return ([memoryview(scales).cast("B"), memoryview(signs), memoryview(magnitudes)], {"block": b},
-                decoded)
+        codes[:n] <<= 1
+        codes[:n] |= np.signbit(x).view(np.uint8)
+        columns = codes.reshape(-1, 4)
+        packed = columns[:, 0].copy()
+        for i in range(1, 4):
+            packed |= columns[:, i] << (2 * i)
+        decoded = _lloyd2_values(packed, scales, b, n) if values else None
+        return [memoryview(scales).cast("B"), memoryview(packed)], {"block": b}, decoded
 
     def decode_message(self, wire, raw_nbytes, params, specs, pool=None):
-        """Scales, sign bits and magnitude bits -> the declared float32 tensors' bytes (`_lloyd2_values`).
+        """Scales and 2-bit codes -> the declared float32 tensors' bytes (`_lloyd2_values`).
 
         Raises:
             ProtocolError: a bad block size in codec_params, a non-float32 spec, or a payload size that does
                 not match the declared element count.
         """
         b, n, nb = self._header_counts(params, raw_nbytes, specs)
-        plane = -(-n // 8)
-        _expect_size(self.wire_id, wire, 4 * nb + 2 * plane)
+        _expect_size(self.wire_id, wire, 4 * nb + -(-n // 4))
         if n == 0:
             return memoryview(b"")
         scales = np.frombuffer(wire, dtype=F32, count=nb)
-        bits = np.frombuffer(wire, dtype=np.uint8, count=2 * plane, offset=4 * nb)
-        negative = np.unpackbits(bits[:plane], count=n, bitorder="little")
-        outer = np.unpackbits(bits[plane:], count=n, bitorder="little")
+        packed = np.frombuffer(wire, dtype=np.uint8, count=-(-n // 4), offset=4 * nb)
         with np.errstate(invalid="ignore", over="ignore"):
-            return memoryview(_lloyd2_values(negative, outer, scales, b)).cast("B")
+            return memoryview(_lloyd2_values(packed, scales, b, n)).cast("B")
 
 
 class TopKCodec(_Float32Codec):
