@@ -244,7 +244,7 @@ def cmd_image(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     """`compare REPORT [REPORT]`: ratios against a baseline engine or report, with Welch's t-test p-values."""
     from harness.present.compare import compare
-    print(compare(args.reports, args.metric, args.baseline, args.alpha, args.json))
+    print(compare(args.reports, args.metric, args.baseline, args.alpha, args.json, args.pool))
     return 0
 
 
@@ -325,6 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", help="engine label the others are set against (default: ddp, else the first)")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level of the t-test (default 0.05)")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    p.add_argument("--pool", metavar="AXIS", help="one report: pool the points that differ only in AXIS (e.g. "
+                                                  "seed) into one sample per engine")
     p.set_defaults(func=cmd_compare)
     return parser
 

@@ -3,6 +3,8 @@
 One report with an ``engine`` axis: points are grouped by every other parameter (link, worker count,
 model...) and each engine is set against a baseline engine of the same group (``ddp`` by default).
 Two reports: points with the same parameters are set against each other (B over A).
+With ``--pool AXIS`` (one report), the points that differ only in that axis (seeds, say) count as one:
+their repeats are pooled into one sample, so an engine's five seeds are set against the baseline's five.
 
 A ratio is called significant only when Welch's t-test over the repeats (unequal variances,
 ``scipy.stats.ttest_ind(equal_var=False)``) gives p below ``alpha`` (0.05): a "1.3x faster" read from
@@ -113,6 +115,33 @@ def _row(group: dict[str, Any], label: str, point: Point, ref_label: str, ref: P
                None if p is None else p < alpha, {k: _mean_of(point, k) for k in EXTRA_KEYS}, target_cell(point))
 
 
+def pool_points(report: Report, axis: str) -> Report:
+    """`report` with the points that differ only in `axis` merged into one: its params without `axis`,
+    the repeats of every merged point in the report's order, and ``status`` ``ok`` only when every merged
+    point is ok (else ``partial``). The merged point's summary is left empty: the comparison reads the
+    repeats.
+
+    Raises HarnessError when `axis` is not one of the report's params.
+    """
+    if axis not in report.param_names:
+        raise HarnessError(f"report '{report.name}' has no '{axis}' axis to pool over "
+                           f"(params: {list(report.param_names)})")
+    merged: dict[str, Point] = {}
+    for point in report.points:
+        params = {k: v for k, v in point.params.items() if k != axis}
+        key = json.dumps(params, sort_keys=True, default=str)
+        if key not in merged:
+            merged[key] = point.model_copy(update={"params": params, "repeats": list(point.repeats),
+                                                   "summary": {}, "unstable": []})
+            continue
+        into = merged[key]
+        into.repeats = [*into.repeats, *point.repeats]
+        if point.status != "ok" or into.status != "ok":
+            into.status = "partial"
+    names = [n for n in report.param_names if n != axis]
+    return report.model_copy(update={"points": list(merged.values()), "param_names": names})
+
+
 def compare_engines(report: Report | Mapping[str, Any], metric: str = DEFAULT_METRIC, baseline: str | None = None,
                     alpha: float = ALPHA) -> list[Row]:
     """Each engine against the baseline engine of its group (all other params equal): `baseline`, else
@@ -126,12 +155,17 @@ def compare_engines(report: Report | Mapping[str, Any], metric: str = DEFAULT_ME
 
 
 def engine_rows(report: Report | Mapping[str, Any], metric: str = DEFAULT_METRIC, baseline: str | None = None,
-                alpha: float = ALPHA) -> tuple[list[Row], list[str]]:
-    """`compare_engines`'s rows, and a line for each group left out because its baseline did not run.
+                alpha: float = ALPHA, pool: str | None = None) -> tuple[list[Row], list[str]]:
+    """`compare_engines`'s rows, and a line for each group left out because its baseline did not run;
+    with `pool`, over `pool_points(report, pool)`.
 
-    Raises HarnessError when the report has no ``engine`` axis or the baseline is in no group.
+    Raises HarnessError when the report has no ``engine`` axis, no `pool` axis, or the baseline is in no group.
     """
     report = as_report(report)
+    if pool is not None:
+        if pool == ENGINE_PARAM:
+            raise HarnessError(f"cannot pool over '{ENGINE_PARAM}': the engines are what is compared")
+        report = pool_points(report, pool)
     params = list(report.param_names)
     if ENGINE_PARAM not in params:
         raise HarnessError(f"report '{report.name}' has no '{ENGINE_PARAM}' axis (params: {params}); "
@@ -223,20 +257,24 @@ def format_rows(rows: list[Row], metric: str, title: str, alpha: float = ALPHA, 
 
 
 def compare(paths: Sequence[str], metric: str = DEFAULT_METRIC, baseline: str | None = None,
-            alpha: float = ALPHA, json_path: str | None = None) -> str:
-    """The table for one report (engines against the baseline) or two (B against A); optionally as JSON
-    too, written atomically to `json_path` ({reports, metric, alpha, rows, unmatched}).
+            alpha: float = ALPHA, json_path: str | None = None, pool: str | None = None) -> str:
+    """The table for one report (engines against the baseline, with `pool` over `pool_points`) or two
+    (B against A); optionally as JSON too, written atomically to `json_path` ({reports, metric, alpha,
+    pool, rows, unmatched}).
 
-    Raises HarnessError (unreadable report, no engine axis, unknown baseline, no common point, no ok
-    repeat carrying `metric`).
+    Raises HarnessError (unreadable report, no engine axis, unknown baseline or pool axis, `pool` with two
+    reports, no common point, no ok repeat carrying `metric`).
     """
     if not 1 <= len(paths) <= 2:
         raise HarnessError(f"compare takes one or two reports, got {len(paths)}")
+    if pool is not None and len(paths) != 1:
+        raise HarnessError("--pool works on one report (its engines against the baseline)")
     reports = [load_report(p) for p in paths]
     unmatched: list[str] = []
     if len(reports) == 1:
-        rows, unmatched = engine_rows(reports[0], metric, baseline, alpha)
-        title = report_title(reports[0])
+        rows, unmatched = engine_rows(reports[0], metric, baseline, alpha, pool)
+        title = report_title(reports[0]) + (f"\npooled over {pool}: each engine's repeats of every {pool}"
+                                            if pool else "")
     else:
         rows, unmatched = compare_reports(reports[0], reports[1], metric, alpha)
         if not rows:
@@ -246,6 +284,6 @@ def compare(paths: Sequence[str], metric: str = DEFAULT_METRIC, baseline: str | 
         raise HarnessError(f"no ok repeat carries '{metric}'; is it a key of the repeats' totals?")
     if json_path:
         write_json_atomic(Path(json_path), {"reports": [str(p) for p in paths], "metric": metric, "alpha": alpha,
-                                             "rows": [r.to_dict() for r in rows], "unmatched": unmatched})
+                                             "pool": pool, "rows": [r.to_dict() for r in rows], "unmatched": unmatched})
     targets = any(has_targets(r) for r in reports)
     return "\n".join([format_rows(rows, metric, title, alpha, targets), *unmatched])

@@ -16,11 +16,13 @@ from harness.errors import HarnessError
 from harness.present.compare import (
     compare,
     compare_engines,
+    pool_points,
     engine_rows,
     compare_reports,
     verdict,
     welch_p_value,
 )
+from harness.results.report import as_report
 from harness.results.totals import repeat_totals
 from harness.spec.points import build_spec
 from wiiide.config import RunConfig
@@ -333,6 +335,35 @@ def test_compare_leaves_out_a_group_whose_baseline_did_not_run(tmp_path):
         compare_engines(report, baseline="horovod")
     with pytest.raises(HarnessError, match="'ddp' is not in group"):
         engine_rows(_report([_point(0, {"engine": "wiiide", "link": "rate-200m"}, [1.0])]), baseline="ddp")
+
+
+def test_compare_pooled_over_seeds_sets_each_engines_seeds_against_the_baselines(tmp_path):
+    """Seeds as the sample: one repeat per seed, pooled per engine (and per worker count); a single seed's
+    difference is no verdict, five seeds' are."""
+    acc = {"ddp": [0.70, 0.80, 0.75, 0.85, 0.78], "close": [0.71, 0.79, 0.76, 0.84, 0.79],
+           "worse": [0.60, 0.70, 0.64, 0.74, 0.68]}
+    points = [_point(i, {"engine": engine, "seed": seed, "workers": 4}, [1.0], acc=acc[engine][seed])
+              for i, (engine, seed) in enumerate((e, s) for e in acc for s in range(5))]
+    points[-1]["status"] = "partial"
+    report = _report(points)
+    plain = compare_engines(report, metric="test_accuracy")
+    assert len(plain) == 15 and all(r.p_value is None for r in plain)  # one value a point: no test
+    rows, skipped = engine_rows(report, metric="test_accuracy", pool="seed")
+    by = {r.label: r for r in rows}
+    assert not skipped and set(by) == set(acc) and all(r.group == {"workers": 4} and r.n == 5 for r in rows)
+    assert by["close"].mean == pytest.approx(0.778) and by["close"].ref_mean == pytest.approx(0.776)
+    assert by["close"].significant is False and by["worse"].significant is True
+    pooled = pool_points(as_report(report), "seed")
+    assert [p.status for p in pooled.points] == ["ok", "ok", "partial"] and pooled.param_names == ["engine", "workers"]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(report))
+    text = compare([str(path)], metric="test_accuracy", pool="seed")
+    assert "pooled over seed" in text and "~1.00x ns" in text and "0.87x (p=" in text
+    for bad, match in (("engine", "cannot pool"), ("lr", "no 'lr' axis")):
+        with pytest.raises(HarnessError, match=match):
+            engine_rows(report, metric="test_accuracy", pool=bad)
+    with pytest.raises(HarnessError, match="one report"):
+        compare([str(path), str(path)], pool="seed")
 
 
 def test_compare_two_reports_matches_points_by_params(tmp_path):
