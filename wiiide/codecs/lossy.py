@@ -9,7 +9,7 @@ array is built, so a lossy frame can never decode to more than its declared ``ra
 always builds a new array (never a view of the payload), so a receiver may keep it past the next read
 (`wiiide.ps.feedback.received_values`).
 
-Error bounds (tested in tests/unit/test_codecs.py), for finite inputs x:
+Error bounds (tested in tests/unit/test_wire_codecs.py), for finite inputs x:
 - fp16: |x| <= 65504 (larger values are clamped to +-65504): relative error <= 2**-11 for normal
   halves (|x| >= 2**-14), absolute error <= 2**-25 below; nan stays nan.
 - bf16: round to nearest even of the top 16 bits: relative error <= 2**-8; nan stays nan.
