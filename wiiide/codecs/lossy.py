@@ -145,7 +145,7 @@ class Bf16Codec(_Float32Codec):
 class _BlockwiseCodec(_Float32Codec):
     """What the blockwise quantizers share: a block size (`MIN_BLOCK`..`MAX_BLOCK` values per float32
     scale), their name (``<wire id>`` at the default block, else ``<wire id>-<block>``), encoding with or
-    without the decoded values (`_encode`, per subclass) and the check of the block a header declares."""
+    without the decoded values (`_encode`: flattening, then `_quantize` per subclass) and the check of the block a header declares."""
 
     DEFAULT_BLOCK = 256
     MIN_BLOCK, MAX_BLOCK = 16, 65536
@@ -178,7 +178,16 @@ class _BlockwiseCodec(_Float32Codec):
         return self._encode(arrays, values=True)
 
     def _encode(self, arrays, values: bool):
-        """(payload parts, codec_params, float32 decoded values when `values` else None). Subclasses."""
+        """(payload parts, codec_params, float32 decoded values when `values` else None): the tensors
+        flattened into one float32 vector for `_quantize` (an empty one has no payload)."""
+        flats = _flat_float32(arrays, self.wire_id)
+        x = flats[0] if len(flats) == 1 else np.concatenate(flats)
+        if x.size == 0:
+            return [], {"block": self.block}, (np.empty(0, dtype=F32) if values else None)
+        return self._quantize(x, values)
+
+    def _quantize(self, x: np.ndarray, values: bool):
+        """`_encode` of a non-empty flat float32 vector `x`. Subclasses."""
         raise NotImplementedError
 
     def _header_counts(self, params, raw_nbytes: int, specs: TensorSpecs) -> tuple[int, int, int]:
@@ -199,14 +208,10 @@ class Int8BlockCodec(_BlockwiseCodec):
 
     wire_id = "int8"
 
-    def _encode(self, arrays, values: bool):
-        """float32 tensors -> (float32 scale per block, int8 per value); codec_params ``{"block": block}``;
+    def _quantize(self, x: np.ndarray, values: bool):
+        """float32 values -> (float32 scale per block, int8 per value); codec_params ``{"block": block}``;
         with `values`, value x scale as `decode_message` computes it."""
-        flats = _flat_float32(arrays, self.wire_id)
-        x = flats[0] if len(flats) == 1 else np.concatenate(flats)
         n, b = x.size, self.block
-        if n == 0:
-            return [], {"block": b}, (np.empty(0, dtype=F32) if values else None)
         nb = -(-n // b)
         full = n // b
         scales = np.empty(nb, dtype=F32)
@@ -269,6 +274,16 @@ def _blockwise_scales(x: np.ndarray, block: int, levels: int) -> tuple[np.ndarra
     return scales, codes
 
 
+def _pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
+    """`bits`-bit codes (uint8, each < 2**bits, a multiple of 8 // bits of them) packed 8 // bits a byte,
+    lowest bits first: uint8, shape (codes.size * bits // 8,). Raises nothing."""
+    columns = codes.reshape(-1, 8 // bits)
+    packed = columns[:, 0].copy()
+    for i in range(1, columns.shape[1]):
+        packed |= columns[:, i] << (bits * i)
+    return packed
+
+
 class _PackedBlockCodec(_BlockwiseCodec):
     """Blockwise absmax quantization to `BITS`-bit codes in -`LEVELS`..`LEVELS`, stored as code +
     `LEVELS` + 1 (so a code of 0 never occurs), 8 // `BITS` codes a byte, lowest bits first; per block
@@ -278,21 +293,14 @@ class _PackedBlockCodec(_BlockwiseCodec):
     BITS = 4
     LEVELS = 7
 
-    def _encode(self, arrays, values: bool):
-        """float32 tensors -> (float32 scale per block, packed codes: ceil(n / (8 // BITS)) bytes);
+    def _quantize(self, x: np.ndarray, values: bool):
+        """float32 values -> (float32 scale per block, packed codes: ceil(n / (8 // BITS)) bytes);
         codec_params ``{"block": block}``; with `values`, code x scale as `decode_message` computes it."""
-        flats = _flat_float32(arrays, self.wire_id)
-        x = flats[0] if len(flats) == 1 else np.concatenate(flats)
         n, per_byte = x.size, 8 // self.BITS
-        if n == 0:
-            return [], {"block": self.block}, (np.empty(0, dtype=F32) if values else None)
         scales, codes = _blockwise_scales(x, self.block, self.LEVELS)
         stored = np.full(-(-n // per_byte) * per_byte, self.LEVELS + 1, dtype=np.uint8)
         np.add(codes.reshape(-1)[:n], self.LEVELS + 1, out=stored[:n], casting="unsafe")
-        columns = stored.reshape(-1, per_byte)
-        packed = columns[:, 0].copy()
-        for i in range(1, per_byte):
-            packed |= columns[:, i] << (self.BITS * i)
+        packed = _pack_codes(stored, self.BITS)
         decoded = None
         if values:
             codes *= scales[:, None]  # the codes are done with: decode_message's (code x scale), in place
@@ -391,14 +399,10 @@ class Lloyd2BlockCodec(_BlockwiseCodec):
 
     wire_id = "lloyd2"
 
-    def _encode(self, arrays, values: bool):
-        """float32 tensors -> (float32 mean |x| per block, 2-bit codes four a byte); codec_params
+    def _quantize(self, x: np.ndarray, values: bool):
+        """float32 values -> (float32 mean |x| per block, 2-bit codes four a byte); codec_params
         ``{"block": block}``; with `values`, `_lloyd2_values` of the codes, as `decode_message` computes it."""
-        flats = _flat_float32(arrays, self.wire_id)
-        x = flats[0] if len(flats) == 1 else np.concatenate(flats)
         n, b = x.size, self.block
-        if n == 0:
-            return [], {"block": b}, (np.empty(0, dtype=F32) if values else None)
         nb, full = -(-n // b), n // b
         magnitude = np.abs(x)
         scales = np.empty(nb, dtype=F32)
@@ -413,10 +417,7 @@ class Lloyd2BlockCodec(_BlockwiseCodec):
                 np.greater_equal(magnitude[full * b:], scales[full] * LLOYD2_THRESHOLD, out=outer[full * b:])
         codes[:n] <<= 1
         codes[:n] |= np.signbit(x).view(np.uint8)
-        columns = codes.reshape(-1, 4)
-        packed = columns[:, 0].copy()
-        for i in range(1, 4):
-            packed |= columns[:, i] << (2 * i)
+        packed = _pack_codes(codes, 2)
         decoded = _lloyd2_values(packed, scales, b, n) if values else None
         return [memoryview(scales).cast("B"), memoryview(packed)], {"block": b}, decoded
 
