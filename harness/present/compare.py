@@ -93,6 +93,11 @@ def welch_p_value(a: Sequence[float], b: Sequence[float]) -> float | None:
     return None if math.isnan(p) else p
 
 
+def _params_key(params: Mapping[str, Any]) -> str:
+    """A hashable, order-free key of a point's params (values that are not JSON as their str)."""
+    return json.dumps(params, sort_keys=True, default=str)
+
+
 def _values(point: Point, metric: str) -> list[float]:
     return [float(v) for v in point.values(metric)]
 
@@ -129,7 +134,7 @@ def pool_points(report: Report, axis: str) -> Report:
     merged: dict[str, Point] = {}
     for point in report.points:
         params = {k: v for k, v in point.params.items() if k != axis}
-        key = json.dumps(params, sort_keys=True, default=str)
+        key = _params_key(params)
         if key not in merged:
             merged[key] = point.model_copy(update={"params": params, "repeats": list(point.repeats),
                                                    "summary": {}, "unstable": []})
@@ -174,7 +179,7 @@ def engine_rows(report: Report | Mapping[str, Any], metric: str = DEFAULT_METRIC
     groups: dict[str, tuple[dict[str, Any], dict[str, Point]]] = {}
     for point in report.points:
         group = {k: point.params.get(k) for k in others}
-        key = json.dumps(group, sort_keys=True, default=str)
+        key = _params_key(group)
         groups.setdefault(key, (group, {}))[1][str(point.params[ENGINE_PARAM])] = point
     rows: list[Row] = []
     skipped: list[str] = []
@@ -197,13 +202,10 @@ def compare_reports(a: Report | Mapping[str, Any], b: Report | Mapping[str, Any]
                     alpha: float = ALPHA) -> tuple[list[Row], list[str]]:
     """Every point of B against the point of A with the same params (ratio B / A); also the params
     found in one report only (``only in A: {...}``). Raises HarnessError if either is not a report."""
-    def key(point: Point) -> str:
-        return json.dumps(point.params, sort_keys=True, default=str)
-
-    a_points = {key(p): p for p in as_report(a).points}
+    a_points = {_params_key(p.params): p for p in as_report(a).points}
     rows, unmatched = [], []
     for point in as_report(b).points:
-        ref = a_points.pop(key(point), None)
+        ref = a_points.pop(_params_key(point.params), None)
         if ref is None:
             unmatched.append(f"only in B: {point.params}")
             continue
