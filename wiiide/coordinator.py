@@ -527,7 +527,7 @@ class Coordinator:
             metrics.steps = step
             metrics.batches += contributors
             metrics.samples += contributors * sampler.batch_size
-            metrics.step_times_s.append(time.perf_counter() - t_step)
+            metrics.record_step_time(time.perf_counter() - t_step)
             metrics.losses.append(sum(losses) / len(losses))
             if step % 50 == 0:
                 metrics.sample_rss()

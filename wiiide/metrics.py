@@ -10,6 +10,11 @@ Field units are in their names. Sources:
   (``getrusage(RUSAGE_SELF).ru_maxrss``, KiB on Linux).
 - ``iface_bytes_sent/recv``: psutil.net_io_counters() of the node's network namespace, end minus
   start (in a container: its eth0 and lo).
+- ``cpu_time_s``: the process's CPU seconds, user + system of every thread (`time.process_time`), from
+  the node's start; ``step_cpu_s``: the CPU seconds of each step (from one recorded step to the next,
+  `NodeMetrics.record_step_time`) summarized over the timed steps (warm-up steps left out, as the
+  Training Summary does). Unlike the wall-time figures it does not grow while the process waits for
+  a core, so the CPU a step needs can be told from the CPU it had (the round model's CPU term).
 - ``events``: the first MAX_EVENTS_PER_KIND events of each kind; ``event_counts``: every event by
   kind; ``events_dropped``: those beyond the cap, by kind and ``reason`` (a refusal flood stays small).
 """
@@ -141,6 +146,8 @@ class NodeMetrics:
         self.train_time_s: float | None = None  # time in the training loop (set by the node), None: wall time
         self.codec_counts: dict[str, int] = {}
         self.step_times_s: list[float] = []
+        self.step_cpu_s: list[float] = []  # process CPU seconds of each step (record_step_time)
+        self._cpu_mark_s = time.process_time()
         self.losses: list[float] = []
         self.socket_options: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
@@ -164,9 +171,17 @@ class NodeMetrics:
         self.batches += batches
         self.samples += samples
         self.losses.append(loss)
-        self.step_times_s.append(seconds)
+        self.record_step_time(seconds)
         if self.steps % 50 == 0:
             self.sample_rss()
+
+    def record_step_time(self, seconds: float) -> None:
+        """Keep one step's wall `seconds` and the process's CPU seconds (all threads, `time.process_time`)
+        since the step recorded before it (or since this object was made)."""
+        self.step_times_s.append(seconds)
+        cpu_s = time.process_time()
+        self.step_cpu_s.append(cpu_s - self._cpu_mark_s)
+        self._cpu_mark_s = cpu_s
 
     def sample_rss(self) -> int:
         """The process's resident set size now, in bytes (psutil); kept for the peak and the summary."""
@@ -269,6 +284,8 @@ class NodeMetrics:
             "peak_rss_bytes": peak_rss,
             "socket_options": self.socket_options,
             "step_time_s": summarize(self.step_times_s),
+            "cpu_time_s": time.process_time(),
+            "step_cpu_s": summarize(self.step_cpu_s[self.warmup_steps:]),
             "loss_avg": (sum(self.losses) / len(self.losses)) if self.losses else None,
             "loss_final": self.losses[-1] if self.losses else None,
             "training_summary": training_summary(

@@ -29,6 +29,17 @@ DDP, with M the model's bytes, N workers and R the link's TCP payload rate (the 
 
 Compute of a step: the median over the workers of ``compute_time_s / steps`` (s, wall time of forward
 and backward, so CPU contention on a shared machine is in it).
+
+The machine's cores, a second resource beside the links: every node of a single-host run
+(docker or local backend) shares the harness machine's ``cpu_count_logical`` cores, so a step takes at
+least the CPU seconds all nodes spend on it over the cores. Each node's CPU of a step is the median over
+its timed steps of its process CPU seconds (``step_cpu_s``, `wiiide.metrics`: user + system of every
+thread, which unlike wall time does not grow while a process waits for a core), summed over the nodes,
+the median over the repeats. The model's step is the larger of the two bounds (a roofline: Williams,
+Waterman and Patterson 2009), compute + the links' round and the cores' step. Compressed engines on a
+two-core machine are CPU-bound (codecs, the shards' updates and a Python loop per frame in every
+process), which the links' simulation alone cannot see. Reports from before session 13 have no
+``step_cpu_s`` and multi-host (swarm) runs have no one machine: for them the links' bound stands alone.
 """
 
 from __future__ import annotations
@@ -59,6 +70,8 @@ class ModelRow:
     model_step_s: float
     measured_step_s: float
     bytes_model_step_s: float | None = None  # sharded: compute + the busiest node's bytes (`sharded_link_s`)
+    link_model_step_s: float | None = None  # compute + the links' round (the model without the cores' bound)
+    cpu_step_s: float | None = None  # the cores' bound (module docstring); None: not measured or not one machine
 
     @property
     def error(self) -> float:
@@ -200,13 +213,26 @@ def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, r
     return max(finish_s[1:])
 
 
+def _step_cpu_s(repeats: Sequence[dict[str, Any]]) -> float | None:
+    """The nodes' CPU seconds of a step: per repeat the sum over its nodes of each node's median
+    ``step_cpu_s``, then the median over the repeats; None when a node of a repeat has no figure."""
+    sums = []
+    for rep in repeats:
+        nodes = list((rep.get("nodes") or {}).values())
+        medians = [((node.get("step_cpu_s") or {}).get("median")) for node in nodes]
+        if nodes and all(isinstance(m, (int, float)) for m in medians):
+            sums.append(float(sum(medians)))
+    return _median(sums)
+
+
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def point_model(point: dict[str, Any]) -> ModelRow | None:
+def point_model(point: dict[str, Any], cores: int | None = None) -> ModelRow | None:
     """The model row of one point of a report (a report.json's ``points`` item), or None when it has no
-    rate-limited link, no measured step or an engine the model does not cover."""
+    rate-limited link, no measured step or an engine the model does not cover. `cores`: the cores all
+    nodes shared (one machine), for the cores' bound; None leaves it out."""
     profiles = ((point.get("cluster") or {}).get("link") or {}).get("profiles") or {}
     rates = [p.get("rate_bps") for p in profiles.values() if isinstance(p, dict)]
     if not rates or any(not r for r in rates):
@@ -225,11 +251,15 @@ def point_model(point: dict[str, Any]) -> ModelRow | None:
     first = ok[0]
     coord = first["nodes"].get("coordinator", {})
     engine = config.get("engine", "wiiide")
+    nodes_cpu_s = _step_cpu_s(ok) if cores else None
+    cpu_s = nodes_cpu_s / cores if nodes_cpu_s is not None and cores else None  # the cores' bound
+    params = dict(point.get("params") or {})
     if engine == "ddp":
         grad_bytes = next((n.get("gradient_bytes") for n in first["nodes"].values() if n.get("gradient_bytes")), None)
         if not grad_bytes or config.get("ddp_comm_hook", "none") != "none":
             return None
-        return ModelRow(dict(point.get("params") or {}), 2 * (workers - 1) / workers * grad_bytes * 8 / rate, measured)
+        ring_s = 2 * (workers - 1) / workers * grad_bytes * 8 / rate
+        return ModelRow(params, max(ring_s, cpu_s or 0.0), measured, link_model_step_s=ring_s, cpu_step_s=cpu_s)
     ps = coord.get("ps") or {}
     loads = ps.get("shard_loads_bytes")
     if engine != "wiiide" or not loads or config.get("staleness_bound", 0) not in (0, "0"):
@@ -249,7 +279,8 @@ def point_model(point: dict[str, Any]) -> ModelRow | None:
     link_s = sharded_link_s(loads, workers, rate, worker_ratio, coordinator_ratio)
     round_s = sharded_round_s(partitions, workers, rate, worker_ratio, coordinator_ratio,
                               _push_window_bytes(ok, config))
-    return ModelRow(dict(point.get("params") or {}), compute_s + round_s, measured, compute_s + link_s)
+    return ModelRow(params, max(compute_s + round_s, cpu_s or 0.0), measured, compute_s + link_s,
+                    compute_s + round_s, cpu_s)
 
 
 def _push_window_bytes(repeats: Sequence[dict[str, Any]], config: dict[str, Any]) -> float | None:
@@ -315,22 +346,39 @@ def _report_partitions(loads: Sequence[int], workers: int, partition_bytes: Any,
     return [(p.shard, float((p.stop - p.start) * FLOAT32_BYTES)) for p in parts]
 
 
+def report_cores(report: dict[str, Any]) -> int | None:
+    """The cores every node of a report's runs shared: the harness machine's ``cpu_count_logical`` for
+    the single-host backends (docker, local), None for swarm (nodes on several machines) or when unknown."""
+    if ((report.get("backend") or {}).get("name")) not in ("docker", "local"):
+        return None
+    cores = (report.get("machine_info") or {}).get("cpu_count_logical")
+    return int(cores) if isinstance(cores, int) and cores >= 1 else None
+
+
 def model_rows(report: dict[str, Any]) -> list[ModelRow]:
-    """`point_model` of every point of a report (report.json as parsed) that the model covers."""
-    return [row for row in (point_model(p) for p in report.get("points") or []) if row is not None]
+    """`point_model` of every point of a report (report.json as parsed) that the model covers, with the
+    cores' bound where the report names one machine's cores (`report_cores`)."""
+    cores = report_cores(report)
+    return [row for row in (point_model(p, cores) for p in report.get("points") or []) if row is not None]
 
 
 def render(rows: Sequence[ModelRow]) -> str:
     """Rows as text: the point's parameters (as wide as the longest, so engine labels stay whole), model
-    ms, measured ms, error %."""
+    ms, measured ms, error %, then the model's two bounds (links, cores; ``-`` where not known) and the
+    bytes-only model with its error."""
     labels = [", ".join(f"{k}={v}" for k, v in row.params.items()) for row in rows]
     width = max([60, *map(len, labels)])
-    lines = [f"{'point':{width}} {'model ms':>9} {'measured ms':>12} {'error':>7} {'bytes-only ms':>14} {'error':>7}"]
+    lines = [f"{'point':{width}} {'model ms':>9} {'measured ms':>12} {'error':>7} {'links ms':>9} {'cores ms':>9} "
+             f"{'bytes-only ms':>14} {'error':>7}"]
+
+    def ms(value: float | None) -> str:
+        return f"{value * 1e3:9.1f}" if value is not None else f"{'-':>9}"
+
     for row, label in zip(rows, labels):
         simple = (f" {row.bytes_model_step_s * 1e3:14.1f} {(row.bytes_model_step_s / row.measured_step_s - 1) * 100:+6.1f}%"
                   if row.bytes_model_step_s else "")
         lines.append(f"{label:{width}} {row.model_step_s * 1e3:9.1f} {row.measured_step_s * 1e3:12.1f} "
-                     f"{row.error * 100:+6.1f}%{simple}")
+                     f"{row.error * 100:+6.1f}% {ms(row.link_model_step_s)} {ms(row.cpu_step_s)}{simple}")
     return "\n".join(lines)
 
 

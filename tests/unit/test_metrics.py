@@ -200,3 +200,28 @@ def test_node_metrics_write_file_name(tmp_path, role, rank, node_id, expected):
     assert os.listdir(tmp_path / "nodes") == [expected]
     data = json.loads(path.read_text())
     assert data["role"] == role and data["status"] == "ok" and data["rank"] == rank
+
+
+def test_step_cpu_counts_the_process_cpu_of_each_step_not_its_wall_time():
+    """A step that sleeps takes wall time and almost no CPU; one that computes takes CPU. The summary
+    leaves the warm-up steps out, as the Training Summary does."""
+    import time
+
+    m = NodeMetrics("worker", "w1")
+    m.warmup_steps = 1
+    m.record_step_time(0.0)  # warm-up: everything since the object was made
+    t0 = time.perf_counter()
+    time.sleep(0.2)
+    m.record_step_time(time.perf_counter() - t0)
+    start_cpu_s = time.process_time()
+    while time.process_time() - start_cpu_s < 0.05:  # burn at least 50 ms of CPU
+        sum(range(1000))
+    m.record_step_time(0.0)
+    slept_cpu_s, busy_cpu_s = m.step_cpu_s[1], m.step_cpu_s[2]
+    assert busy_cpu_s >= 0.05
+    assert slept_cpu_s < busy_cpu_s
+    assert slept_cpu_s < 0.2 / 4  # the 0.2 s of sleep is not CPU
+    d = m.to_dict("ok")
+    assert d["step_cpu_s"]["count"] == 2 and d["step_cpu_s"]["max"] == busy_cpu_s
+    assert d["cpu_time_s"] >= sum(m.step_cpu_s)
+    assert m.step_times_s[1] >= 0.2

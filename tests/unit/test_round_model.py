@@ -8,6 +8,7 @@ from harness.present.round_model import (
     ModelRow,
     _report_partitions,
     model_rows,
+    report_cores,
     point_model,
     render,
     sharded_link_s,
@@ -242,3 +243,35 @@ def test_a_reports_partitions_are_rebuilt_with_their_placement(balance, placemen
     other = "contiguous" if placement == "interleaved" else "interleaved"
     assert _report_partitions(shard_loads_bytes(parts, workers + 1), workers, 4 * 1024 * 1024, balance, 4,
                               other) != rebuilt
+
+
+def _with_step_cpu(point: dict, per_node_s: list[float] | None) -> dict:
+    """`point` with each node of every repeat given a median CPU per step (None: the figure left out of worker-2)."""
+    for rep in point["repeats"]:
+        nodes = rep["nodes"] = {name: dict(node) for name, node in rep["nodes"].items()}
+        for name, cpu_s in zip(nodes, per_node_s or [0.1, 0.1, None]):
+            if cpu_s is not None:
+                nodes[name]["step_cpu_s"] = {"median": cpu_s, "count": 10}
+    return point
+
+
+def test_the_cores_bound_is_the_nodes_cpu_per_step_over_the_machines_cores():
+    links_only = point_model(_point())
+    assert links_only.cpu_step_s is None and links_only.link_model_step_s == links_only.model_step_s
+    # 3 nodes needing 0.25 + 0.25 + 0.2 s of CPU a step on 2 cores: at least 0.35 s a step, above the links' round
+    row = point_model(_with_step_cpu(_point(), [0.25, 0.25, 0.2]), cores=2)
+    assert row.cpu_step_s == pytest.approx(0.35)
+    assert row.model_step_s == pytest.approx(0.35) and row.link_model_step_s == links_only.model_step_s
+    assert row.error == pytest.approx(0.35 / 0.2 - 1)
+    # little CPU: the links' round stands; no cores given, or a node without the figure: no cores' bound
+    assert point_model(_with_step_cpu(_point(), [0.001] * 3), cores=2).model_step_s == links_only.model_step_s
+    assert point_model(_with_step_cpu(_point(), [0.25, 0.25, 0.2])).cpu_step_s is None
+    assert point_model(_with_step_cpu(_point(), None), cores=2).cpu_step_s is None
+    # the cores come from a single-host report's machine; a swarm's nodes ran on several machines
+    report = {"backend": {"name": "docker"}, "machine_info": {"cpu_count_logical": 2},
+              "points": [_with_step_cpu(_point(), [0.25, 0.25, 0.2])]}
+    assert report_cores(report) == 2 and model_rows(report)[0].cpu_step_s == pytest.approx(0.35)
+    assert report_cores({**report, "backend": {"name": "swarm"}}) is None
+    assert model_rows({**report, "backend": {"name": "swarm"}})[0].cpu_step_s is None
+    text = render([row, links_only])
+    assert "cores ms" in text and "350.0" in text

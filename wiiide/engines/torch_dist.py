@@ -528,7 +528,7 @@ class TorchNode:
                     (loss * scale).backward()
                 loss_sum += loss.item()
             optimizer.step()
-            m.step_times_s.append(time.perf_counter() - t0)
+            m.record_step_time(time.perf_counter() - t0)
             comm_s.append(self.timer.take_step())
             loss_sums.append(loss_sum)
             step += 1

@@ -432,7 +432,7 @@ class PaceServer:
         metrics.steps = self.version
         metrics.batches += len(parts) * self.local_steps
         metrics.samples += samples
-        metrics.step_times_s.append(now - self._last_apply)
+        metrics.record_step_time(now - self._last_apply)
         metrics.losses.append(sum(p.samples * p.loss for p in parts) / samples if samples else float("nan"))
         self._last_apply = now
         if self._evaluator:  # a copy of the parameters between updates, evaluated on another thread

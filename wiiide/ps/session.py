@@ -264,7 +264,7 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
         metrics.batches += len(workers)
         metrics.samples += len(workers) * sampler.batch_size
         now = time.perf_counter()
-        metrics.step_times_s.append(now - t_step)  # from one step's barrier to the next
+        metrics.record_step_time(now - t_step)  # from one step's barrier to the next
         t_step = now
         metrics.losses.append(sum(losses) / len(losses))
         if step % 50 == 0:
