@@ -73,8 +73,9 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
     `progress`: where the sweep says what it does: a `harness.present.progress.SweepProgress`, or a
     function of one line (plain lines, as `PlainProgress`); None: `choose_progress()` (a live rich
     display when stdout is a terminal, else plain lines on stderr).
-    `resume_dir`: the folder of an interrupted run of the same spec; its finished points are kept and
-    skipped, the others run again into the same report.
+    `resume_dir`: the folder of an interrupted run of the same spec; its finished points (every repeat
+    ok) are kept and skipped; a point interrupted between its repeats keeps the repeats it has and runs
+    the rest when its config is unchanged; the others run again into the same report.
     `reuse`: on docker, keep warm node containers between the runs of a cluster (`ComposeBackend`'s
     `reuse`; removed at the end, also after a failure or Ctrl-C); False: fresh containers per run.
 
@@ -130,12 +131,14 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
         point = None
         try:
             for p in spec.points:
-                if writer.finished_point(p.index, p.params) is not None:
+                if writer.finished_point(p.index, p.params, spec.repeats) is not None:
                     display.skip_point(p.index + 1, p.params)
                     done += spec.repeats
                     continue
-                point = writer.start_point(p.index, p.params, p.config.to_dict(), cluster=p.cluster.to_dict())
-                for repeat in range(spec.repeats):
+                point = writer.start_point(p.index, p.params, p.config.to_dict(), cluster=p.cluster.to_dict(),
+                                           keep_repeats=resume_dir is not None)
+                done += len(point.repeats)  # an interrupted point's finished repeats, kept (resume)
+                for repeat in range(len(point.repeats), spec.repeats):
                     run = RunInfo(done + 1, p.index + 1, repeat + 1, p.params, p.config.duration_s)
                     display.start_point(run)
                     out_dir = run_dir / f"point-{p.index:03d}" / f"repeat-{repeat}"
@@ -173,7 +176,7 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
             note(f"interrupted ({exc}): tearing the cluster down; the report keeps every finished run")
             backend.teardown()
             if point is not None:
-                writer.finish_point(point)
+                writer.finish_point(point, spec.repeats)
             writer.finish(complete=False, note=f"interrupted by {exc} after {done} of {total_runs} runs")
             raise KeyboardInterrupt from None
         finally:

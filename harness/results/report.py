@@ -145,18 +145,30 @@ class ReportWriter:
         writer.report.resumed_at_utc.append(utc_now())
         return writer
 
-    def finished_point(self, index: int, params: dict[str, Any]) -> Point | None:
-        """The point with this index and params if it finished ok (a resumed sweep skips it), else None."""
+    def finished_point(self, index: int, params: dict[str, Any], repeats: int | None = None) -> Point | None:
+        """The point with this index and params if it finished ok with at least `repeats` repeats (None:
+        any number), so a resumed sweep skips it; else None."""
         for point in self.report.points:
-            if point.index == index and point.params == params and point.status == "ok":
+            if (point.index == index and point.params == params and point.status == "ok"
+                    and (repeats is None or len(point.repeats) >= repeats)):
                 return point
         return None
 
     def start_point(self, index: int, params: dict[str, Any], config: dict[str, Any],
-                    cluster: dict[str, Any] | None = None) -> Point:
-        """A new, running point, replacing an unfinished one of the same index (points kept in index
-        order). `config`: the full run config; `cluster`: link profiles, cpus, mem_limit as asked."""
-        point = Point(index=index, params=params, config=config, cluster=cluster, status="running")
+                    cluster: dict[str, Any] | None = None, keep_repeats: bool = False) -> Point:
+        """A running point, replacing an unfinished one of the same index (points kept in index order).
+        `config`: the full run config; `cluster`: link profiles, cpus, mem_limit as asked.
+
+        `keep_repeats` (a resumed sweep): when the point there has the same params and config and every
+        repeat it has is ok (a sweep interrupted between its repeats), those repeats are kept and the
+        caller runs only the rest; otherwise (a failed repeat, another config) it starts empty."""
+        old = next((p for p in self.report.points if p.index == index), None)
+        same_config = old is not None and _as_json(old.config) == _as_json(config)
+        kept = (list(old.repeats) if keep_repeats and same_config and old.params == params
+                and all(r.ok for r in old.repeats) else [])
+        point = Point(index=index, params=params, config=config, cluster=cluster, status="running", repeats=kept)
+        if kept:
+            point.summary, point.unstable = point_summary(kept)
         self.report.points = sorted([p for p in self.report.points if p.index != index] + [point],
                                     key=lambda p: p.index)
         return point
@@ -174,10 +186,16 @@ class ReportWriter:
         self.save()
         return record
 
-    def finish_point(self, point: Point) -> None:
-        """Set the point's status from its repeats (ok / partial / failed, with their errors) and save."""
+    def finish_point(self, point: Point, repeats: int | None = None) -> None:
+        """Set the point's status from its repeats (ok / partial / failed, with their errors) and save.
+        With fewer than `repeats` repeats (an interrupted point) it is ``partial`` at best, so a resumed
+        sweep runs the rest (`finished_point`)."""
         ok = [r for r in point.repeats if r.ok]
-        if point.repeats and len(ok) == len(point.repeats):
+        if repeats is not None and ok and len(point.repeats) < repeats:
+            point.status = "partial"
+            point.error = _joined_errors([r for r in point.repeats if not r.ok]) or (
+                f"interrupted after {len(point.repeats)} of {repeats} repeats")
+        elif point.repeats and len(ok) == len(point.repeats):
             point.status, point.error = "ok", None
         elif ok:
             point.status, point.error = "partial", _joined_errors([r for r in point.repeats if not r.ok])
@@ -204,3 +222,9 @@ def newest_report(results_dir: Path) -> Path:
     if not reports:
         raise HarnessError(f"no report.json under {results_dir}; run a sweep first (make demo)")
     return reports[-1]
+
+
+def _as_json(value: Any) -> Any:
+    """`value` as JSON would give it back (tuples as lists), so a config read from a report compares
+    equal to the same config built by the spec."""
+    return json.loads(json.dumps(value, default=str))

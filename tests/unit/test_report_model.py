@@ -117,6 +117,39 @@ def test_writer_saves_a_complete_report_after_every_repeat(tmp_path):
     assert resumed.finished_point(0, {"compression": "none"}) is again and len(resumed.report.points) == 1
 
 
+def test_a_point_interrupted_between_its_repeats_is_resumed_with_the_repeats_it_has(tmp_path):
+    """An interrupt after 1 of 3 ok repeats leaves the point partial (not skipped on resume); the resumed
+    sweep keeps that repeat when the point's params and config are the same, and starts it empty when
+    the config changed or a repeat had failed."""
+    path = tmp_path / "tiny-1" / "report.json"
+    writer = ReportWriter(path, HEADER)
+    config = {"num_workers": 2, "hidden_sizes": (512, 512)}  # a tuple, as the spec builds it
+    point = writer.start_point(0, {"compression": "none"}, config)
+    writer.add_repeat(point, {"repeat": 0, "status": "ok", "totals": repeat_totals(_nodes(200), {})})
+    writer.finish_point(point, repeats=3)
+    assert point.status == "partial" and point.error == "interrupted after 1 of 3 repeats"
+    writer.finish(complete=False, note="interrupted")
+
+    resumed = ReportWriter.resume(path)
+    assert resumed.finished_point(0, {"compression": "none"}, 3) is None
+    again = resumed.start_point(0, {"compression": "none"}, config, keep_repeats=True)
+    assert [r.repeat for r in again.repeats] == [0] and again.summary["batches_per_s"].count == 1
+    for repeat in (1, 2):
+        resumed.add_repeat(again, {"repeat": repeat, "status": "ok", "totals": repeat_totals(_nodes(100), {})})
+    resumed.finish_point(again, repeats=3)
+    assert again.status == "ok" and resumed.finished_point(0, {"compression": "none"}, 3) is again
+    assert load_report(path).points[0].summary["batches_per_s"].count == 3
+
+    # another config (the spec changed), no keep_repeats, or a failed repeat: the point starts empty
+    assert resumed.start_point(0, {"compression": "none"}, {**config, "num_workers": 3}, keep_repeats=True).repeats == []
+    kept = resumed.start_point(0, {"compression": "none"}, config, keep_repeats=True)
+    assert kept.repeats == [] and resumed.finished_point(0, {"compression": "none"}) is None  # the last start emptied it
+    resumed.add_repeat(kept, {"repeat": 0, "status": "failed", "error": "timed out"})
+    resumed.finish_point(kept, repeats=3)
+    assert kept.status == "failed"
+    assert resumed.start_point(0, {"compression": "none"}, config, keep_repeats=True).repeats == []
+
+
 def test_version_1_reports_load_as_version_2(tmp_path):
     v1 = buffers_report()
     assert v1["schema_version"] == 1 and v1["points"][3]["repeats"][0]["totals"] == {}
