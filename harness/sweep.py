@@ -103,7 +103,7 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
         raise HarnessError(f"{spec.source}: host_sysctls {spec.host_sysctls} need root; run as root or drop them")
     if resume_dir is not None:
         run_dir = Path(resume_dir).resolve()
-        writer = ReportWriter.resume(run_dir / "report.json")
+        writer = ReportWriter.resume(run_dir / "report.json", commit_info())
         if writer.report.name != spec.name or writer.report.param_names != spec.param_names:
             raise HarnessError(f"{run_dir}: its report is of sweep {writer.report.name!r} "
                                f"{writer.report.param_names}, not {spec.name!r} {spec.param_names}")

@@ -6,7 +6,7 @@ Layout (after pyperf / pytest-benchmark: metadata first, raw values kept, statis
 them; README "Reading a report")::
 
     Report: schema_version, name, created_at_utc, updated_at_utc, complete, note, resumed_at_utc,
-            machine_info, commit_info, backend, spec, param_names, host_sysctls,
+            resumed_commit_info, machine_info, commit_info, backend, spec, param_names, host_sysctls,
             points: [Point: index, params, config, cluster, status, error,
                      repeats: [Repeat: repeat, status, error, started_at_utc, elapsed_s,
                                totals: Totals, nodes, containers, links, limits, faults, exit_codes,
@@ -327,6 +327,8 @@ class Report(_Model):
     complete: bool = False
     note: str | None = None
     resumed_at_utc: list[str] = Field(default_factory=list)
+    # the commit each resume ran (one per resumed_at_utc entry; reports from before session 13 have none)
+    resumed_commit_info: list[CommitInfo] = Field(default_factory=list)
     machine_info: MachineInfo = Field(default_factory=MachineInfo)
     commit_info: CommitInfo = Field(default_factory=CommitInfo)
     backend: BackendInfo = Field(default_factory=BackendInfo)

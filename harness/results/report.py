@@ -23,7 +23,7 @@ from typing import Any, Mapping
 from pydantic import ValidationError
 
 from harness.errors import HarnessError
-from harness.results.models import Point, Repeat, Report
+from harness.results.models import CommitInfo, Point, Repeat, Report
 from harness.results.totals import point_summary
 from wiiide.metrics import write_json_atomic
 
@@ -137,12 +137,16 @@ class ReportWriter:
                                     "complete": False, "points": []}, str(path))
 
     @classmethod
-    def resume(cls, path: Path) -> "ReportWriter":
-        """Continue an existing report (``sweep --resume``). Raises HarnessError if it cannot be read."""
+    def resume(cls, path: Path, commit: Mapping[str, Any] | None = None) -> "ReportWriter":
+        """Continue an existing report (``sweep --resume``), noting when and, given `commit` (the
+        `commit_info` of the code that resumes it), at which commit: the runs after a resume may be of
+        another commit than ``commit_info``'s. Raises HarnessError if it cannot be read."""
         writer = cls.__new__(cls)
         writer.path = Path(path)
         writer.report = load_report(path)
         writer.report.resumed_at_utc.append(utc_now())
+        if commit is not None:
+            writer.report.resumed_commit_info.append(CommitInfo.model_validate(dict(commit)))
         return writer
 
     def finished_point(self, index: int, params: dict[str, Any], repeats: int | None = None) -> Point | None:

@@ -130,7 +130,8 @@ def test_a_point_interrupted_between_its_repeats_is_resumed_with_the_repeats_it_
     assert point.status == "partial" and point.error == "interrupted after 1 of 3 repeats"
     writer.finish(complete=False, note="interrupted")
 
-    resumed = ReportWriter.resume(path)
+    resumed = ReportWriter.resume(path, {"id": "abc123", "branch": "main", "time": None, "dirty": False})
+    assert [c.id for c in resumed.report.resumed_commit_info] == ["abc123"]  # the runs after it are of that commit
     assert resumed.finished_point(0, {"compression": "none"}, 3) is None
     again = resumed.start_point(0, {"compression": "none"}, config, keep_repeats=True)
     assert [r.repeat for r in again.repeats] == [0] and again.summary["batches_per_s"].count == 1
