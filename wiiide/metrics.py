@@ -10,8 +10,8 @@ Field units are in their names. Sources:
   (``getrusage(RUSAGE_SELF).ru_maxrss``, KiB on Linux).
 - ``iface_bytes_sent/recv``: psutil.net_io_counters() of the node's network namespace, end minus
   start (in a container: its eth0 and lo).
-- ``cpu_time_s``: the process's CPU seconds, user + system of every thread (`time.process_time`), from
-  the node's start; ``step_cpu_s``: the CPU seconds of each step (from one recorded step to the next,
+- ``cpu_time_s``: the process's CPU seconds, user + system of every thread (`time.process_time`), since
+  the process started (a node forked from a zygote counts from its fork); ``step_cpu_s``: the CPU seconds of each step (from one recorded step to the next,
   `NodeMetrics.record_step_time`) summarized over the timed steps (warm-up steps left out, as the
   Training Summary does). Unlike the wall-time figures it does not grow while the process waits for
   a core, so the CPU a step needs can be told from the CPU it had (the round model's CPU term).
