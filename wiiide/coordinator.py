@@ -388,13 +388,26 @@ class Coordinator:
                           len(self.workers), cfg.num_workers)
 
     def _admit_waiting(self) -> None:
-        """Admit every worker that finished its handshake since the last call (rejoins mid-run)."""
+        """Admit every worker that finished its handshake since the last call (rejoins mid-run).
+
+        Of several connections from one node id only the newest is admitted; the older ones are refused
+        (``superseded``). A worker that waited for its welcome longer than its handshake timeout (the
+        coordinator busy with a long step) gave up on that connection and opened another: admitting the
+        first would give its rank to a dead socket and refuse the live one ("all worker slots are
+        taken"), so the worker could not get back in."""
+        waiting: list[_Joining] = []
         while True:
             try:
-                joining = self._joining.get_nowait()
+                waiting.append(self._joining.get_nowait())
             except queue.Empty:
-                return
-            self._admit(joining)
+                break
+        newest = {joining.node_id: joining for joining in waiting}  # the last of each node id
+        for joining in waiting:
+            if newest[joining.node_id] is joining:
+                self._admit(joining)
+            else:
+                self._refuse(joining.conn.sock, joining.peer, f"superseded by a newer connection of node "
+                             f"{joining.node_id[:64]!r}", "superseded")
 
     def _accept_workers(self, spec: dict, restarted: bool = False) -> None:
         """Wait for all `num_workers` within connect_timeout_s (NodeFailure, exit 3, if they do not come);

@@ -28,7 +28,7 @@ from wiiide.admission import (
 from wiiide.auth import hello_frame, hello_mac, verify, welcome_mac
 from wiiide.config import RunConfig
 from wiiide.coordinator import Coordinator
-from wiiide.errors import ProtocolError
+from wiiide.errors import PeerClosed, ProtocolError
 from wiiide.metrics import MAX_EVENTS_PER_KIND, NodeMetrics
 from wiiide.protocol import (
     MAGIC,
@@ -384,3 +384,32 @@ def test_an_unforeseen_exception_in_a_handshake_is_a_logged_refusal(acceptor, mo
     [refusal] = refusals(node)
     assert refusal["reason"] == "unexpected" and "RuntimeError: boom" in refusal["cause"]
     assert any("unexpected RuntimeError: boom" in r for r in records)
+
+
+def test_of_two_waiting_connections_of_one_node_only_the_newest_is_admitted(tmp_path, free_port):
+    """A worker that gave up waiting for its welcome (the coordinator busy with a long step) and came
+    again has two authenticated connections queued: the older is refused as superseded, the newer gets
+    the rank, and the queue is empty after."""
+    cfg = RunConfig(port=free_port, metrics_dir=str(tmp_path / "metrics"), **{**ACCEPTOR_FIELDS, "num_workers": 2})
+    for node in running_acceptor(cfg):
+        socks = []
+        for _ in range(2):  # the same node id twice: the hello of each, nobody admitted yet
+            sock = connect(free_port)
+            reader = FrameReader(sock, 1 << 20)
+            hello, _ = hello_frame(SECRET, reader.read_message().meta["nonce"], "comes-again")
+            send_frames(sock, [hello])
+            socks.append((sock, reader))
+        deadline = time.monotonic() + 30
+        while node._joining.qsize() < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        node._admit_waiting()
+        (older, older_reader), (newer, newer_reader) = socks
+        answer = newer_reader.read_message()
+        assert answer.kind == "welcome" and answer.meta["rank"] == 1
+        with pytest.raises((PeerClosed, ConnectionError)):
+            older_reader.read_message()  # closed without a welcome
+        assert [w.node_id for w in node.workers] == ["comes-again"] and node._joining.empty()
+        refused = [e for e in node.metrics.events if e["event"] == "connection_refused"]
+        assert [e["reason"] for e in refused] == ["superseded"]
+        older.close()
+        newer.close()
