@@ -37,6 +37,7 @@ import socket
 import threading
 import time
 import traceback
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -390,24 +391,31 @@ class Coordinator:
     def _admit_waiting(self) -> None:
         """Admit every worker that finished its handshake since the last call (rejoins mid-run).
 
-        Of several connections from one node id only the newest is admitted; the older ones are refused
-        (``superseded``). A worker that waited for its welcome longer than its handshake timeout (the
-        coordinator busy with a long step) gave up on that connection and opened another: admitting the
-        first would give its rank to a dead socket and refuse the live one ("all worker slots are
-        taken"), so the worker could not get back in."""
+        Of the connections of a lost worker's node id, only as many of the newest as there are lost
+        workers of that id are admitted; the older ones are refused (``superseded``). A worker that waited
+        for its welcome longer than its handshake timeout (the coordinator busy with a long step) gave up
+        on that connection and opened another: admitting the first would give its rank to a dead socket
+        and refuse the live one ("all worker slots are taken"), so the worker could not get back in.
+        Connections of other node ids (new workers) are admitted as they come."""
         waiting: list[_Joining] = []
         while True:
             try:
                 waiting.append(self._joining.get_nowait())
             except queue.Empty:
                 break
-        newest = {joining.node_id: joining for joining in waiting}  # the last of each node id
+        lost = Counter(w.node_id for w in self.workers if not w.alive)
+        later = Counter()  # per node id, its connections queued after the one at hand
+        superseded = set()
+        for joining in reversed(waiting):
+            if lost[joining.node_id] and later[joining.node_id] >= lost[joining.node_id]:
+                superseded.add(id(joining))
+            later[joining.node_id] += 1
         for joining in waiting:
-            if newest[joining.node_id] is joining:
-                self._admit(joining)
-            else:
+            if id(joining) in superseded:
                 self._refuse(joining.conn.sock, joining.peer, f"superseded by a newer connection of node "
                              f"{joining.node_id[:64]!r}", "superseded")
+            else:
+                self._admit(joining)
 
     def _accept_workers(self, spec: dict, restarted: bool = False) -> None:
         """Wait for all `num_workers` within connect_timeout_s (NodeFailure, exit 3, if they do not come);

@@ -386,30 +386,45 @@ def test_an_unforeseen_exception_in_a_handshake_is_a_logged_refusal(acceptor, mo
     assert any("unexpected RuntimeError: boom" in r for r in records)
 
 
-def test_of_two_waiting_connections_of_one_node_only_the_newest_is_admitted(tmp_path, free_port):
-    """A worker that gave up waiting for its welcome (the coordinator busy with a long step) and came
-    again has two authenticated connections queued: the older is refused as superseded, the newer gets
-    the rank, and the queue is empty after."""
+def test_of_two_waiting_connections_of_a_lost_worker_only_the_newest_is_admitted(tmp_path, free_port):
+    """A lost worker that gave up waiting for its welcome (the coordinator busy with a long step) and
+    came again has two authenticated connections queued: the older is refused as superseded, the newer
+    gets the worker's old rank, and the queue is empty after. Two new workers of one node id (e.g. one
+    host name) are both admitted, as before."""
     cfg = RunConfig(port=free_port, metrics_dir=str(tmp_path / "metrics"), **{**ACCEPTOR_FIELDS, "num_workers": 2})
-    for node in running_acceptor(cfg):
-        socks = []
-        for _ in range(2):  # the same node id twice: the hello of each, nobody admitted yet
+
+    def queue_hellos(node_id: str, count: int) -> list:
+        readers = []
+        for _ in range(count):  # each connection's hello, nobody admitted yet
             sock = connect(free_port)
             reader = FrameReader(sock, 1 << 20)
-            hello, _ = hello_frame(SECRET, reader.read_message().meta["nonce"], "comes-again")
+            hello, _ = hello_frame(SECRET, reader.read_message().meta["nonce"], node_id)
             send_frames(sock, [hello])
-            socks.append((sock, reader))
+            readers.append(reader)
         deadline = time.monotonic() + 30
-        while node._joining.qsize() < 2 and time.monotonic() < deadline:
+        while node._joining.qsize() < count and time.monotonic() < deadline:
             time.sleep(0.01)
+        return readers
+
+    for node in running_acceptor(cfg):
+        assert worker_handshake(node, free_port, "comes-again") == "welcome"  # rank 1
+        node.workers[0].alive = False  # lost
+        older, newer = queue_hellos("comes-again", 2)
         node._admit_waiting()
-        (older, older_reader), (newer, newer_reader) = socks
-        answer = newer_reader.read_message()
+        answer = newer.read_message()
         assert answer.kind == "welcome" and answer.meta["rank"] == 1
         with pytest.raises((PeerClosed, ConnectionError)):
-            older_reader.read_message()  # closed without a welcome
-        assert [w.node_id for w in node.workers] == ["comes-again"] and node._joining.empty()
+            older.read_message()  # closed without a welcome
+        assert [(w.rank, w.node_id, w.alive) for w in node.workers] == [(1, "comes-again", True)]
+        assert node._joining.empty()
         refused = [e for e in node.metrics.events if e["event"] == "connection_refused"]
         assert [e["reason"] for e in refused] == ["superseded"]
-        older.close()
-        newer.close()
+        older.sock.close()
+        newer.sock.close()
+    for node in running_acceptor(RunConfig(port=free_port, metrics_dir=str(tmp_path / "m2"),
+                                           **{**ACCEPTOR_FIELDS, "num_workers": 2})):
+        first, second = queue_hellos("one-host", 2)  # two new workers, one node id
+        node._admit_waiting()
+        assert sorted(r.read_message().meta["rank"] for r in (first, second)) == [1, 2]
+        first.sock.close()
+        second.sock.close()
