@@ -405,13 +405,13 @@ class Coordinator:
                 break
         lost = Counter(w.node_id for w in self.workers if not w.alive)
         later = Counter()  # per node id, its connections queued after the one at hand
-        superseded = set()
-        for joining in reversed(waiting):
-            if lost[joining.node_id] and later[joining.node_id] >= lost[joining.node_id]:
-                superseded.add(id(joining))
-            later[joining.node_id] += 1
-        for joining in waiting:
-            if id(joining) in superseded:
+        superseded = [False] * len(waiting)
+        for i in reversed(range(len(waiting))):
+            node_id = waiting[i].node_id
+            superseded[i] = 0 < lost[node_id] <= later[node_id]
+            later[node_id] += 1
+        for joining, old in zip(waiting, superseded):
+            if old:
                 self._refuse(joining.conn.sock, joining.peer, f"superseded by a newer connection of node "
                              f"{joining.node_id[:64]!r}", "superseded")
             else:

@@ -252,7 +252,7 @@ def point_model(point: dict[str, Any], cores: int | None = None) -> ModelRow | N
     coord = first["nodes"].get("coordinator", {})
     engine = config.get("engine", "wiiide")
     nodes_cpu_s = _step_cpu_s(ok) if cores else None
-    cpu_s = nodes_cpu_s / cores if nodes_cpu_s is not None and cores else None  # the cores' bound
+    cpu_s = nodes_cpu_s / cores if nodes_cpu_s is not None else None  # the cores' bound
     params = dict(point.get("params") or {})
     if engine == "ddp":
         grad_bytes = next((n.get("gradient_bytes") for n in first["nodes"].values() if n.get("gradient_bytes")), None)

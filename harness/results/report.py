@@ -195,14 +195,13 @@ class ReportWriter:
         With fewer than `repeats` repeats (an interrupted point) it is ``partial`` at best, so a resumed
         sweep runs the rest (`finished_point`)."""
         ok = [r for r in point.repeats if r.ok]
-        if repeats is not None and ok and len(point.repeats) < repeats:
-            point.status = "partial"
-            point.error = _joined_errors([r for r in point.repeats if not r.ok]) or (
-                f"interrupted after {len(point.repeats)} of {repeats} repeats")
-        elif point.repeats and len(ok) == len(point.repeats):
+        failed = [r for r in point.repeats if not r.ok]
+        short = repeats is not None and len(point.repeats) < repeats
+        if ok and not failed and not short:
             point.status, point.error = "ok", None
         elif ok:
-            point.status, point.error = "partial", _joined_errors([r for r in point.repeats if not r.ok])
+            point.status = "partial"
+            point.error = _joined_errors(failed) or f"interrupted after {len(point.repeats)} of {repeats} repeats"
         else:
             point.status, point.error = "failed", _joined_errors(point.repeats) or "not run"
         self.save()

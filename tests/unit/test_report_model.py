@@ -123,7 +123,7 @@ def test_a_point_interrupted_between_its_repeats_is_resumed_with_the_repeats_it_
     the config changed or a repeat had failed."""
     path = tmp_path / "tiny-1" / "report.json"
     writer = ReportWriter(path, HEADER)
-    config = {"num_workers": 2, "hidden_sizes": (512, 512)}  # a tuple, as the spec builds it
+    config = {"num_workers": 2, "hidden_sizes": (512, 512)}  # a tuple: compared as JSON gives it back
     point = writer.start_point(0, {"compression": "none"}, config)
     writer.add_repeat(point, {"repeat": 0, "status": "ok", "totals": repeat_totals(_nodes(200), {})})
     writer.finish_point(point, repeats=3)
