@@ -324,7 +324,8 @@ class RunConfig(BaseSettings):
                                         "at least partitions_per_shard per shard", ge=4, le=1024 * _MIB)
     partitions_per_shard: Int = _field(8, "1..256",
                                        "ps_shards > 1: the fewest partitions per shard while they stay about 64 KiB "
-                                       "or more, each still at most partition_bytes: a small model in pieces a shard "
+                                       "or more on the wire (64 KiB x the codec's ratio under a fixed lossy codec), "
+                                       "each still at most partition_bytes: a small model in pieces a shard "
                                        "answers one after the other", ge=1, le=256)
     partition_balance: Literal["pipeline", "egress", "bytes"] = _field(
         "pipeline", "pipeline | egress | bytes",

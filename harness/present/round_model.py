@@ -53,11 +53,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 
-from wiiide.codecs.policy import parse_policy_name
-from wiiide.codecs.registry import codec_from_name
-from wiiide.ps.partition import FLOAT32_BYTES, partition_by_weights, plan_partitions, shard_loads_bytes
+from wiiide.codecs.policy import fixed_lossy_ratio
+from wiiide.ps.partition import (
+    FLOAT32_BYTES,
+    PER_SHARD_FINEST_BYTES,
+    partition_by_weights,
+    plan_partitions,
+    shard_loads_bytes,
+)
 
 TCP_PAYLOAD_SHARE = 0.956  # TCP payload per bit of an htb rate with 1500-byte frames (README, "Link conditions")
 
@@ -266,7 +270,8 @@ def point_model(point: dict[str, Any], cores: int | None = None) -> ModelRow | N
         return None
     partitions = _report_partitions(loads, workers, ps.get("partition_bytes") or config.get("partition_bytes"),
                                     ps.get("partition_balance") or "bytes", int(ps.get("partitions_per_shard") or 1),
-                                    ps.get("partition_placement") or "contiguous")
+                                    ps.get("partition_placement") or "contiguous",
+                                    ps.get("partition_finest_bytes") or PER_SHARD_FINEST_BYTES)
     if partitions is None:
         return None
     lossy_ratio = _lossy_codec_ratio(config, [nbytes for _, nbytes in partitions])
@@ -304,31 +309,27 @@ def _lossy_codec_ratio(config: dict[str, Any], partition_nbytes: Sequence[float]
     counts the dense warm-up steps and the dense traffic outside the steps (the plan's initial
     parameters, the final pull), which in a short run of a large model outweigh the steps (the 26 MB
     model's 12 steps at 4 workers with int4: 3.6 for the workers, against 7.76 per step)."""
-    try:
-        mode, codec_name = parse_policy_name(str(config.get("compression") or "none"))
-        codec = codec_from_name(codec_name)
-    except ValueError:
-        return None
-    if mode != "fixed" or codec.lossless or not partition_nbytes:
-        return None
-    raw = sent = 0
-    rng = np.random.default_rng(0)
+    policy = str(config.get("compression") or "none")
+    raw = sent = 0.0
     for numel, count in Counter(int(nbytes) // FLOAT32_BYTES for nbytes in partition_nbytes).items():
-        # a fresh codec per size: top-k keeps a residual per tensor name
-        parts, _ = codec_from_name(codec_name).encode_message([rng.standard_normal(numel).astype(np.float32)],
-                                                              ["p"], "round-model")
+        ratio = fixed_lossy_ratio(policy, numel)
+        if ratio is None:
+            return None
         raw += count * numel * FLOAT32_BYTES
-        sent += count * sum(memoryview(part).nbytes for part in parts)
+        sent += count * numel * FLOAT32_BYTES / ratio
     return raw / sent if sent else None
 
 
 def _report_partitions(loads: Sequence[int], workers: int, partition_bytes: Any, balance: str, per_shard: int = 1,
-                       placement: str = "contiguous") -> list[tuple[int, float]] | None:
+                       placement: str = "contiguous",
+                       finest_bytes: float = PER_SHARD_FINEST_BYTES) -> list[tuple[int, float]] | None:
     """(shard, bytes) of every partition of a sharded run, rebuilt as the run cut them: with ``pipeline``
     or ``egress`` shares one contiguous range per shard of exactly its reported load (the coordinator's
     at the tail or at the head), cut into partitions of at most `partition_bytes`, at least `per_shard`
-    per shard, dealt in turns with `placement` ``interleaved`` (`wiiide.ps.partition.partition_by_weights`);
-    with ``bytes``, `plan_partitions`. None when that does not give the loads the run reported."""
+    per shard while they stay `finest_bytes` or more (the run's ``ps.partition_finest_bytes``; reports
+    from before session 14: 64 KiB), dealt in turns with `placement` ``interleaved``
+    (`wiiide.ps.partition.partition_by_weights`); with ``bytes``, `plan_partitions`. None when that does
+    not give the loads the run reported."""
     if not isinstance(partition_bytes, int) or any(load % FLOAT32_BYTES or load <= 0 for load in loads):
         return None
     numel, k = sum(loads) // FLOAT32_BYTES, len(loads)
@@ -336,9 +337,9 @@ def _report_partitions(loads: Sequence[int], workers: int, partition_bytes: Any,
         if balance in ("pipeline", "egress"):
             order = [*range(1, k), 0] if balance == "pipeline" else None
             parts = partition_by_weights(numel, [load // FLOAT32_BYTES for load in loads], partition_bytes, order,
-                                         per_shard, placement == "interleaved")
+                                         per_shard, placement == "interleaved", finest_bytes)
         else:
-            parts = plan_partitions(numel, k, workers, partition_bytes, balance, per_shard, placement)
+            parts = plan_partitions(numel, k, workers, partition_bytes, balance, per_shard, placement, finest_bytes)
     except ValueError:
         return None
     if shard_loads_bytes(parts, k) != list(loads):

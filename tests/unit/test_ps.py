@@ -16,6 +16,7 @@ from wiiide.ps.digest import params_digest
 from wiiide.ps.feedback import ErrorFeedback, PullReplica, decoded_values, pulls_as_deltas, received_values
 from wiiide.ps.partition import (
     egress_shard_weights,
+    finest_raw_bytes,
     pipeline_shard_weights,
     partition_flat,
     PER_SHARD_FINEST_BYTES,
@@ -23,7 +24,7 @@ from wiiide.ps.partition import (
     resolve_shards,
     shard_loads_bytes,
 )
-from wiiide.ps.session import policy_may_be_lossy
+from wiiide.ps.session import partition_finest_bytes, policy_may_be_lossy
 from wiiide.units import MIB
 
 DIGITS_MLP_NUMEL = 64 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10  # 301,066: 1.2 MB
@@ -144,17 +145,19 @@ def test_interleaved_placement_deals_the_same_pieces_to_the_shards_in_turns(nume
         plan_partitions(numel, shards, workers, partition_bytes, balance, per_shard, "striped")
 
 
+@pytest.mark.parametrize("finest", [PER_SHARD_FINEST_BYTES, 15 * PER_SHARD_FINEST_BYTES])
 @pytest.mark.parametrize("balance", ["pipeline", "egress", "bytes"])
 @pytest.mark.parametrize("numel, workers, partition_bytes, per_shard", [
     (DIGITS_MLP_NUMEL, 4, 4 * MIB, 4), (DIGITS_MLP_NUMEL, 8, 4 * MIB, 4), (DIGITS_MLP_NUMEL, 8, 64 * 1024, 3),
     (6_500_000, 4, 4 * MIB, 4), (6_500_000, 8, 1 * MIB, 2), (40, 3, 4 * MIB, 8), (4_000_000, 3, 4 * MIB, 64)])
 def test_partitions_per_shard_cuts_every_shards_range_into_that_many(numel, workers, partition_bytes, per_shard,
-                                                                     balance):
+                                                                     balance, finest):
     """``partitions_per_shard``: every shard owns at least that many partitions while they stay about
-    64 KiB or more, none larger than `partition_bytes`, every element in exactly one, the shards' loads
-    as with one partition per shard (pipeline, egress: the same shares; bytes: within one partition)."""
+    `finest` bytes or more (64 KiB; 15x that under lloyd2), none larger than `partition_bytes`, every
+    element in exactly one, the shards' loads as with one partition per shard (pipeline, egress: the same
+    shares; bytes: within one partition)."""
     shards = workers + 1
-    parts = plan_partitions(numel, shards, workers, partition_bytes, balance, per_shard)
+    parts = plan_partitions(numel, shards, workers, partition_bytes, balance, per_shard, finest_bytes=finest)
     covered = np.zeros(numel, dtype=np.int64)
     for p in parts:
         covered[p.start:p.stop] += 1
@@ -163,10 +166,11 @@ def test_partitions_per_shard_cuts_every_shards_range_into_that_many(numel, work
     loads = shard_loads_bytes(parts, shards)
     for shard in range(shards):
         owned = sum(1 for p in parts if p.shard == shard)
-        assert owned >= min(per_shard, -(-loads[shard] // PER_SHARD_FINEST_BYTES), loads[shard] // 4)
+        assert owned >= min(per_shard, -(-loads[shard] // finest), loads[shard] // 4)
         if balance != "bytes" and owned > -(-loads[shard] // partition_bytes):  # cut finer for per_shard only
-            assert owned <= -(-loads[shard] // PER_SHARD_FINEST_BYTES)
-    one = shard_loads_bytes(plan_partitions(numel, shards, workers, partition_bytes, balance), shards)
+            assert owned <= -(-loads[shard] // finest)
+    one = shard_loads_bytes(plan_partitions(numel, shards, workers, partition_bytes, balance,
+                                            finest_bytes=finest), shards)
     if balance == "egress":
         assert loads == one
     elif balance == "bytes":
@@ -175,6 +179,34 @@ def test_partitions_per_shard_cuts_every_shards_range_into_that_many(numel, work
         assert loads[0] >= one[0] - 4 * shards
     with pytest.raises(ValueError, match="per_shard"):
         plan_partitions(numel, shards, workers, partition_bytes, balance, 0)
+
+
+def test_finest_piece_is_64_kib_on_the_wire():
+    """`finest_raw_bytes`: 64 KiB x a lossy codec's ratio, never below 64 KiB (no codec, or one that grows)."""
+    assert finest_raw_bytes(None) == finest_raw_bytes(1.0) == finest_raw_bytes(0.5) == PER_SHARD_FINEST_BYTES
+    assert finest_raw_bytes(15.0) == 15 * PER_SHARD_FINEST_BYTES
+
+
+@pytest.mark.parametrize("workers", [4, 8])
+def test_a_fixed_lossy_codec_cuts_the_shards_ranges_into_fewer_pieces(workers):
+    """The coordinator's plan (`partition_finest_bytes` of the run's config): uncompressed, the digits
+    model's 0.13-0.35 MB ranges are cut into 64 KiB pieces (2-8 per shard); under fixed:lloyd2 (about 15x,
+    so a 16-23 KB piece on the wire) and fixed:int8 (3.9x) each shard keeps its range whole; the 26 MB
+    model under lloyd2 still gets several pieces per shard (its ranges are 2.9-6.4 MB, 0.2-0.4 MB sent),
+    fewer than uncompressed. network-aware may or may not compress: 64 KiB, as uncompressed."""
+    shards = workers + 1
+
+    def plan(numel, compression):
+        cfg = RunConfig(num_workers=workers, ps_shards="all", compression=compression)
+        return plan_partitions(numel, shards, workers, cfg.partition_bytes, cfg.partition_balance,
+                               cfg.partitions_per_shard, cfg.partition_placement, partition_finest_bytes(cfg))
+
+    dense = plan(DIGITS_MLP_NUMEL, "none")
+    assert len(plan(DIGITS_MLP_NUMEL, "network-aware")) == len(dense) >= 2 * shards
+    for compression in ("fixed:lloyd2", "fixed:int8", "fixed:topk-0.01"):
+        assert sorted(p.shard for p in plan(DIGITS_MLP_NUMEL, compression)) == list(range(shards)), compression
+    big_dense, big_lloyd2 = plan(6_500_000, "none"), plan(6_500_000, "fixed:lloyd2")
+    assert 2 * shards <= len(big_lloyd2) < len(big_dense)
 
 
 def test_egress_weights_edge_cases():

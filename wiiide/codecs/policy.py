@@ -90,6 +90,25 @@ def parse_policy_name(name: str) -> tuple[str, str | None]:
     raise ValueError(f"unknown compression policy {name!r}; forms: {', '.join(POLICY_NAME_FORMS)}")
 
 
+def fixed_lossy_ratio(name: str, numel: int) -> float | None:
+    """Raw / payload bytes of `numel` float32 values (one tensor) under policy `name`'s codec, when it is a
+    fixed lossy one (``fixed:int8``, ``fixed:lloyd2``, ``fixed:topk-0.01``, ...); None for a lossless codec,
+    the ``seed`` and ``network-aware`` policies, a bad name or `numel` < 1. Measured by encoding standard
+    normal values with a fresh codec (top-k keeps a residual per stream): a lossy codec's payload size
+    depends on the element count only. About 2-3 ms at 65,536 values."""
+    try:
+        mode, codec_name = parse_policy_name(name)
+        codec = codec_from_name(codec_name) if mode == "fixed" else None
+    except ValueError:
+        return None
+    if codec is None or codec.lossless or numel < 1:
+        return None
+    values = np.random.default_rng(0).standard_normal(numel).astype(np.float32)
+    parts, _ = codec.encode_message([values], ["p"], "ratio")
+    sent = sum(memoryview(part).nbytes for part in parts)
+    return numel * 4 / sent if sent else None
+
+
 def check_policy_name(name: str) -> str | None:
     """None when `name` is a valid policy, else why not (for config validation)."""
     try:

@@ -42,11 +42,27 @@ FLOAT32_BYTES = 4
 PER_SHARD_FINEST_BYTES = 64 * 1024
 
 
-def range_partition_count(nbytes: float, partition_bytes: float, per_shard: int = 1) -> int:
+def range_partition_count(nbytes: float, partition_bytes: float, per_shard: int = 1,
+                          finest_bytes: float = PER_SHARD_FINEST_BYTES) -> int:
     """Partitions a shard's range of `nbytes` is cut into: enough that none exceeds `partition_bytes`, and
-    at least `per_shard` while each piece stays about `PER_SHARD_FINEST_BYTES` or more (at least one).
-    The caller caps it at the range's elements."""
-    return max(1, math.ceil(nbytes / partition_bytes), min(per_shard, math.ceil(nbytes / PER_SHARD_FINEST_BYTES)))
+    at least `per_shard` while each piece stays about `finest_bytes` or more (at least one; default
+    `PER_SHARD_FINEST_BYTES`; under a lossy codec `finest_raw_bytes`). The caller caps it at the range's
+    elements."""
+    return max(1, math.ceil(nbytes / partition_bytes), min(per_shard, math.ceil(nbytes / finest_bytes)))
+
+
+def finest_raw_bytes(wire_ratio: float | None) -> int:
+    """The finest piece `partitions_per_shard` cuts a range into, in raw float32 bytes, for pieces of about
+    `PER_SHARD_FINEST_BYTES` on the wire: that size x `wire_ratio` (raw / sent bytes of the run's fixed
+    lossy codec, `wiiide.codecs.policy.fixed_lossy_ratio`; None or below 1: 1, the pieces' raw bytes).
+
+    Why on the wire: a piece pays a frame each way on every node it passes through (a codec call, a
+    header, a hand-off between threads; on this machine the sum over the nodes came to about 0.3 ms of
+    CPU a piece, README "Partitions for the compressed engines"), and what it buys, a shard answering
+    one piece while the next is still on its way, scales with the piece's time on the link, i.e. its
+    bytes on the wire. lloyd2 (15x) on the digits model makes a shard's 0.24 MB range one piece.
+    """
+    return max(PER_SHARD_FINEST_BYTES, round(PER_SHARD_FINEST_BYTES * (wire_ratio or 1.0)))
 
 
 @dataclass(frozen=True)
@@ -91,10 +107,11 @@ def resolve_shards(ps_shards: str | int, num_nodes: int) -> int:
 
 def partition_flat(numel: int, num_shards: int, partition_bytes: int,
                    weights: Sequence[float] | None = None, order: Sequence[int] | None = None,
-                   per_shard: int = 1, interleaved: bool = False) -> list[Partition]:
+                   per_shard: int = 1, interleaved: bool = False,
+                   finest_bytes: float = PER_SHARD_FINEST_BYTES) -> list[Partition]:
     """Cut ``[0, numel)`` into partitions of at most `partition_bytes` (float32) and at least `num_shards`
     of them (so a small model spreads over every shard too), `per_shard` x `num_shards` while they stay
-    about `PER_SHARD_FINEST_BYTES` or more (pieces a shard can answer one after the other), near-equal in
+    about `finest_bytes` or more (pieces a shard can answer one after the other), near-equal in
     size, and assign them to shards.
 
     Args:
@@ -109,6 +126,7 @@ def partition_flat(numel: int, num_shards: int, partition_bytes: int,
         interleaved: deal the partitions to the shards in turns (``partition_placement: interleaved``):
             with `weights` as `partition_by_weights` does; with equal bytes partition i goes to shard
             i mod `num_shards` instead of by LPT.
+        finest_bytes: the smallest piece `per_shard` cuts down to (raw bytes; `finest_raw_bytes`).
 
     Returns:
         Partitions in vector order (``index`` 0..P-1), covering every element exactly once; P =
@@ -124,9 +142,9 @@ def partition_flat(numel: int, num_shards: int, partition_bytes: int,
     if weights is not None and numel >= num_shards:
         if len(weights) != num_shards:
             raise ValueError(f"{len(weights)} weights for {num_shards} shards")
-        return partition_by_weights(numel, weights, partition_bytes, order, per_shard, interleaved)
+        return partition_by_weights(numel, weights, partition_bytes, order, per_shard, interleaved, finest_bytes)
     count = min(numel, max(num_shards, range_partition_count(numel * FLOAT32_BYTES, partition_bytes,
-                                                             num_shards * per_shard)))
+                                                             num_shards * per_shard, finest_bytes)))
     bounds = [numel * i // count for i in range(count + 1)]
     shards = ([i % num_shards for i in range(count)] if interleaved else
               assign_by_bytes([(bounds[i + 1] - bounds[i]) * FLOAT32_BYTES for i in range(count)], num_shards))
@@ -157,7 +175,8 @@ def egress_shard_weights(num_shards: int, num_workers: int) -> list[float]:
 
 
 def pipeline_shard_weights(num_shards: int, num_workers: int, model_bytes: float = 0.0,
-                           partition_bytes: float = 0.0, per_shard: int = 1) -> list[float]:
+                           partition_bytes: float = 0.0, per_shard: int = 1,
+                           finest_bytes: float = PER_SHARD_FINEST_BYTES) -> list[float]:
     """Shares like `egress_shard_weights`, for the layout that puts the coordinator's range at the tail
     of the vector (``partition_balance: pipeline``), with the one dependency that model leaves out: a
     shard pulls a partition only once every push for it is in.
@@ -182,7 +201,7 @@ def pipeline_shard_weights(num_shards: int, num_workers: int, model_bytes: float
     Args:
         num_shards: k >= 1; num_workers: W >= 1.
         model_bytes: M, the flat vector's bytes; partition_bytes: the largest partition (bytes; 0: m -> 0).
-        per_shard: the fewest partitions per shard (`partition_flat`).
+        per_shard: the fewest partitions per shard (`partition_flat`); finest_bytes: their smallest size.
     Returns:
         `num_shards` weights (float > 0): shard 0's first, then 1.0 for each worker's shard.
     Raises:
@@ -202,7 +221,7 @@ def pipeline_shard_weights(num_shards: int, num_workers: int, model_bytes: float
         a = w + (k - 1) / count
         s_w = (a - 1) * m_bytes / (a * (k - 1) + w - 2)
         s_0 = m_bytes - (k - 1) * s_w
-        wanted = range_partition_count(s_0, partition_bytes, per_shard) if s_0 > 0 else count
+        wanted = range_partition_count(s_0, partition_bytes, per_shard, finest_bytes) if s_0 > 0 else count
         if wanted <= count:
             break
         count = wanted
@@ -211,11 +230,11 @@ def pipeline_shard_weights(num_shards: int, num_workers: int, model_bytes: float
 
 def partition_by_weights(numel: int, weights: Sequence[float], partition_bytes: int,
                          order: Sequence[int] | None = None, per_shard: int = 1,
-                         interleaved: bool = False) -> list[Partition]:
+                         interleaved: bool = False, finest_bytes: float = PER_SHARD_FINEST_BYTES) -> list[Partition]:
     """One contiguous range of ``[0, numel)`` per shard, of ``numel x weight / sum`` elements (rounded;
     every shard at least one element), each range cut into the fewest near-equal partitions of at most
     `partition_bytes` (float32), and at least `per_shard` while the pieces stay about
-    `PER_SHARD_FINEST_BYTES` or more (`range_partition_count`; never more than the range's elements).
+    `finest_bytes` or more (`range_partition_count`; never more than the range's elements).
     `order`: the shards in vector order (a permutation of their ids; None: 0, 1, ...), e.g.
     ``[1, .., k - 1, 0]`` puts shard 0's range at the tail.
 
@@ -251,7 +270,7 @@ def partition_by_weights(numel: int, weights: Sequence[float], partition_bytes: 
     start = 0
     for stop in ends:
         n = stop - start
-        count = min(n, range_partition_count(n * FLOAT32_BYTES, partition_bytes, per_shard))
+        count = min(n, range_partition_count(n * FLOAT32_BYTES, partition_bytes, per_shard, finest_bytes))
         pieces.append([n * (j + 1) // count - n * j // count for j in range(count)])
         start = stop
     if interleaved:
@@ -268,12 +287,14 @@ def partition_by_weights(numel: int, weights: Sequence[float], partition_bytes: 
 
 
 def plan_partitions(numel: int, num_shards: int, num_workers: int, partition_bytes: int,
-                    balance: str = "pipeline", per_shard: int = 1, placement: str = "contiguous") -> list[Partition]:
+                    balance: str = "pipeline", per_shard: int = 1, placement: str = "contiguous",
+                    finest_bytes: float = PER_SHARD_FINEST_BYTES) -> list[Partition]:
     """The partitions a sharded run uses (`partition_flat`) for the config's ``partition_balance``:
     ``pipeline`` (`pipeline_shard_weights`, the coordinator's range at the tail), ``egress``
     (`egress_shard_weights`) or ``bytes`` (equal bytes, LPT), at least `per_shard` per shard
     (``partitions_per_shard``), and ``partition_placement``: ``contiguous`` (one range per shard) or
-    ``interleaved`` (dealt in turns, `partition_by_weights`).
+    ``interleaved`` (dealt in turns, `partition_by_weights`), pieces no finer than `finest_bytes`
+    (`finest_raw_bytes`).
 
     Raises:
         ValueError: an unknown `balance` or `placement`, or a count or size `partition_flat` refuses.
@@ -282,14 +303,16 @@ def plan_partitions(numel: int, num_shards: int, num_workers: int, partition_byt
         raise ValueError(f"partition_placement {placement!r}: one of contiguous, interleaved")
     interleaved = placement == "interleaved"
     if balance == "pipeline":
-        weights = pipeline_shard_weights(num_shards, num_workers, numel * FLOAT32_BYTES, partition_bytes, per_shard)
+        weights = pipeline_shard_weights(num_shards, num_workers, numel * FLOAT32_BYTES, partition_bytes, per_shard,
+                                         finest_bytes)
         return partition_flat(numel, num_shards, partition_bytes, weights, [*range(1, num_shards), 0], per_shard,
-                              interleaved)
+                              interleaved, finest_bytes)
     if balance == "egress":
         return partition_flat(numel, num_shards, partition_bytes, egress_shard_weights(num_shards, num_workers),
-                              per_shard=per_shard, interleaved=interleaved)
+                              per_shard=per_shard, interleaved=interleaved, finest_bytes=finest_bytes)
     if balance == "bytes":
-        return partition_flat(numel, num_shards, partition_bytes, per_shard=per_shard, interleaved=interleaved)
+        return partition_flat(numel, num_shards, partition_bytes, per_shard=per_shard, interleaved=interleaved,
+                              finest_bytes=finest_bytes)
     raise ValueError(f"partition_balance {balance!r}: one of pipeline, egress, bytes")
 
 

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from wiiide.checkpoint import CheckpointSchedule
+from wiiide.codecs.policy import fixed_lossy_ratio
 from wiiide.config import RunConfig
 from wiiide.data import BatchSampler, Dataset, load_dataset
 from wiiide.errors import ProtocolError, WiiideError
@@ -49,6 +50,7 @@ from wiiide.ps.digest import params_digest
 from wiiide.ps.feedback import policy_may_be_lossy
 from wiiide.ps.partition import (
     Partition,
+    finest_raw_bytes,
     plan_partitions,
     resolve_shards,
     shard_loads_bytes,
@@ -70,6 +72,16 @@ def data_fingerprint(data: Dataset) -> str:
     return digest.hexdigest()[:32]
 
 
+def partition_finest_bytes(cfg: RunConfig) -> int:
+    """The smallest piece `cfg.partitions_per_shard` cuts a shard's range into (raw bytes): about 64 KiB
+    on the wire, i.e. 64 KiB x the fixed lossy codec's ratio under ``fixed:<lossy codec>`` (both
+    directions use it after the warm-up), 64 KiB otherwise (`wiiide.ps.partition.finest_raw_bytes`)."""
+    return finest_raw_bytes(fixed_lossy_ratio(cfg.compression, RATIO_SAMPLE_NUMEL))
+
+
+RATIO_SAMPLE_NUMEL = 65536  # values encoded to learn a fixed lossy codec's ratio (fixed_lossy_ratio)
+
+
 def num_shards(cfg: RunConfig) -> int:
     """The shard count `cfg.ps_shards` means for this run's nodes (coordinator + workers). Raises ConfigError."""
     return resolve_shards(cfg.ps_shards, cfg.num_workers + 1)
@@ -86,8 +98,9 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
     """
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
     k = num_shards(cfg)
+    finest_bytes = partition_finest_bytes(cfg)
     partitions = plan_partitions(flat.numel, k, cfg.num_workers, cfg.partition_bytes, cfg.partition_balance,
-                                 cfg.partitions_per_shard, cfg.partition_placement)
+                                 cfg.partitions_per_shard, cfg.partition_placement, finest_bytes)
     if len(coord.workers) < cfg.num_workers:  # a restarted coordinator some workers did not come back to
         raise NodeFailure(f"sharded run (ps_shards={cfg.ps_shards}) needs all {cfg.num_workers} workers; "
                           f"{len(coord.workers)} came back within rejoin_timeout_s", EXIT_PEER_LOST)
@@ -130,7 +143,8 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
         client = ShardClient(cfg, coord.secret, metrics, log, own, ROLE_COORDINATOR, 0, coord.metrics.node_id)
         metrics.extra["ps"].update({
             "ps_shards": k, "partitions": len(partitions), "partition_bytes": cfg.partition_bytes,
-            "partitions_per_shard": cfg.partitions_per_shard, "partition_balance": cfg.partition_balance,
+            "partitions_per_shard": cfg.partitions_per_shard, "partition_finest_bytes": finest_bytes,
+            "partition_balance": cfg.partition_balance,
             "partition_placement": cfg.partition_placement,
             "shard_loads_bytes": shard_loads_bytes(partitions, k),
             "shard_hosts": [f"{h or 'coordinator'}:{p}" for h, p in addresses],
