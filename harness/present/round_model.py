@@ -53,7 +53,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-
 from wiiide.codecs.policy import fixed_lossy_ratio
 from wiiide.ps.partition import (
     FLOAT32_BYTES,

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from wiiide.codecs.policy import CompressionPolicy
+from wiiide.codecs.policy import CompressionPolicy, fixed_lossy_ratio
 from wiiide.config import RunConfig
 from wiiide.errors import ConfigError
 from wiiide.model import FlatParams, build_mlp
@@ -179,6 +179,18 @@ def test_partitions_per_shard_cuts_every_shards_range_into_that_many(numel, work
         assert loads[0] >= one[0] - 4 * shards
     with pytest.raises(ValueError, match="per_shard"):
         plan_partitions(numel, shards, workers, partition_bytes, balance, 0)
+
+
+def test_fixed_lossy_ratio_is_the_codecs_own_size_and_none_without_a_fixed_lossy_codec():
+    """`fixed_lossy_ratio`: what the codec's payload takes (lloyd2 2 bits a value + a float32 scale per
+    256: about 15x; int8 about 3.9x; top-k 1 % an index and a value per kept entry: about 50x); None where
+    the bytes on the wire are not known ahead (lossless, seed, network-aware) or the name is bad."""
+    assert 14.5 < fixed_lossy_ratio("fixed:lloyd2", 65536) < 15.5
+    assert 3.8 < fixed_lossy_ratio("fixed:int8", 65536) < 4.0
+    assert 45 < fixed_lossy_ratio("fixed:topk-0.01", 65536) < 55
+    for name in ("none", "fixed:zstd-1", "seed", "network-aware", "fixed:nope"):
+        assert fixed_lossy_ratio(name, 65536) is None, name
+    assert fixed_lossy_ratio("fixed:lloyd2", 0) is None
 
 
 def test_finest_piece_is_64_kib_on_the_wire():
