@@ -14,9 +14,11 @@ from wiiide.codecs.lossy import (
     Bf16Codec,
     Fp16Codec,
     Int2BlockCodec,
+    Int3BlockCodec,
     Int4BlockCodec,
     Int8BlockCodec,
     Lloyd2BlockCodec,
+    Lloyd3BlockCodec,
     TopKCodec,
 )
 from wiiide.codecs.rows import RowsCodec
@@ -24,7 +26,8 @@ from wiiide.errors import ProtocolError
 
 CODEC_CLASSES: tuple[type[Codec], ...] = (NoCodec, ZlibCodec, ZstdCodec, Lz4Codec, Blosc2Codec,
                                           Fp16Codec, Bf16Codec, Int8BlockCodec, Int4BlockCodec,
-                                          Int2BlockCodec, Lloyd2BlockCodec, TopKCodec, RowsCodec)
+                                          Int3BlockCodec, Int2BlockCodec, Lloyd2BlockCodec, Lloyd3BlockCodec, TopKCodec,
+                                          RowsCodec)
 REGISTRY: dict[str, type[Codec]] = {cls.wire_id: cls for cls in CODEC_CLASSES}
 # One decoder per wire id: decoding needs no level or state (lossy parameters travel in the header).
 _DECODERS: dict[str, Codec] = {wid: cls() for wid, cls in REGISTRY.items()}
@@ -60,7 +63,8 @@ def decoder_for(wire_id: str) -> Codec:
 
 CODEC_NAME_FORMS = ("none", "zlib-1..9", "zstd-1..22", "lz4", "shuffle-zstd[-1..9]", "shuffle-lz4[-1..9]",
                     "fp16", "bf16", "int8[-<block 16..65536>]", "int4[-<block 16..65536>]",
-                    "int2[-<block 16..65536>]", "lloyd2[-<block 16..65536>]", "topk-<fraction 0..1>", "rows")
+                    "int3[-<block 16..65536>]", "int2[-<block 16..65536>]", "lloyd2[-<block 16..65536>]",
+                    "lloyd3[-<block 16..65536>]", "topk-<fraction 0..1>", "rows")
 
 
 def codec_from_name(name: str) -> Codec:
@@ -93,10 +97,14 @@ def codec_from_name(name: str) -> Codec:
             return Int8BlockCodec(int(arg) if arg else Int8BlockCodec.DEFAULT_BLOCK)
         if head == "int4":
             return Int4BlockCodec(int(arg) if arg else Int4BlockCodec.DEFAULT_BLOCK)
+        if head == "int3":
+            return Int3BlockCodec(int(arg) if arg else Int3BlockCodec.DEFAULT_BLOCK)
         if head == "int2":
             return Int2BlockCodec(int(arg) if arg else Int2BlockCodec.DEFAULT_BLOCK)
         if head == "lloyd2":
             return Lloyd2BlockCodec(int(arg) if arg else Lloyd2BlockCodec.DEFAULT_BLOCK)
+        if head == "lloyd3":
+            return Lloyd3BlockCodec(int(arg) if arg else Lloyd3BlockCodec.DEFAULT_BLOCK)
         if head == "topk" and arg:
             return TopKCodec(float(arg))
     except ValueError as exc:
