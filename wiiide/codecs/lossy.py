@@ -438,15 +438,63 @@ def _lloyd2_values(packed: np.ndarray, scales: np.ndarray, block: int, n: int) -
     each code's level (`_LLOYD2_CODE_VALUES`) x its block's scale (`scales`: float32, (ceil(n / block),)).
     The one computation both the encoder (error feedback's decoded values) and the decoder run. Raises
     nothing."""
+    return _scaled_by_block(_LLOYD2_BYTE_VALUES.take(packed, axis=0).reshape(-1)[:n], scales, block)
+
+
+def _scaled_by_block(out: np.ndarray, scales: np.ndarray, block: int) -> np.ndarray:
+    """`out` (float32, (n,), levels in units of their block's scale) multiplied in place by `scales` (float32,
+    (ceil(n / block),)), block by block; returns `out`. Raises nothing."""
+    n = out.size
     nb, full = scales.size, n // block
-    out = _LLOYD2_BYTE_VALUES.take(packed, axis=0).reshape(-1)[:n]
     out[:full * block].reshape(full, block)[...] *= scales[:full, None]
     if full < nb:
         out[full * block:] *= scales[full]
     return out
 
 
-class Lloyd2BlockCodec(_BlockwiseCodec):
+class _LloydBlockCodec(_BlockwiseCodec):
+    """What the Lloyd-Max codes share: scales (the block's mean |x|), then `BITS`-bit codes 2 x level index +
+    negative, packed by `_pack` and turned into values by `_values` (the one computation of encoder and
+    decoder). Subclasses set `wire_id`, `_pack`, `_values` and `_codes_nbytes`."""
+
+    @staticmethod
+    def _codes_nbytes(n: int) -> int:
+        raise NotImplementedError
+
+    def _pack(self, codes: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _values(self, packed: np.ndarray, scales: np.ndarray, block: int, n: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _finish(self, x: np.ndarray, scales: np.ndarray, codes: np.ndarray, values: bool):
+        """`_quantize`'s end, from the level index of each value (`codes[:n]`, uint8, padded with 0): the
+        sign bit added, the codes packed, the decoded values when asked for."""
+        n = x.size
+        codes[:n] <<= 1
+        codes[:n] |= np.signbit(x).view(np.uint8)
+        packed = self._pack(codes)
+        decoded = self._values(packed, scales, self.block, n) if values else None
+        return [memoryview(scales).cast("B"), memoryview(packed)], {"block": self.block}, decoded
+
+    def decode_message(self, wire, raw_nbytes, params, specs, pool=None):
+        """Scales and packed codes -> the declared float32 tensors' bytes (`_values`).
+
+        Raises:
+            ProtocolError: a bad block size in codec_params, a non-float32 spec, or a payload size that does
+                not match the declared element count.
+        """
+        b, n, nb = self._header_counts(params, raw_nbytes, specs)
+        _expect_size(self.wire_id, wire, 4 * nb + self._codes_nbytes(n))
+        if n == 0:
+            return memoryview(b"")
+        scales = np.frombuffer(wire, dtype=F32, count=nb)
+        packed = np.frombuffer(wire, dtype=np.uint8, count=self._codes_nbytes(n), offset=4 * nb)
+        with np.errstate(invalid="ignore", over="ignore"):
+            return memoryview(self._values(packed, scales, b, n)).cast("B")
+
+
+class Lloyd2BlockCodec(_LloydBlockCodec):
     """2-bit blockwise Lloyd-Max quantization: per block of `block` values one float32 scale m (the block's
     mean |x|) and a 2-bit code per value, 2 x outer + negative: |x| >= 1.2303 m (outer) decodes to
     +-1.8930 m, smaller ones to +-0.5675 m (Max 1960's four levels for a Gaussian, in units of its mean
@@ -475,27 +523,17 @@ class Lloyd2BlockCodec(_BlockwiseCodec):
             if full < nb:
                 scales[full] = magnitude[full * b:].mean()
                 np.greater_equal(magnitude[full * b:], scales[full] * LLOYD2_THRESHOLD, out=outer[full * b:])
-        codes[:n] <<= 1
-        codes[:n] |= np.signbit(x).view(np.uint8)
-        packed = _pack_codes(codes, 2)
-        decoded = _lloyd2_values(packed, scales, b, n) if values else None
-        return [memoryview(scales).cast("B"), memoryview(packed)], {"block": b}, decoded
+        return self._finish(x, scales, codes, values)
 
-    def decode_message(self, wire, raw_nbytes, params, specs, pool=None):
-        """Scales and 2-bit codes -> the declared float32 tensors' bytes (`_lloyd2_values`).
+    @staticmethod
+    def _codes_nbytes(n: int) -> int:
+        return -(-n // 4)
 
-        Raises:
-            ProtocolError: a bad block size in codec_params, a non-float32 spec, or a payload size that does
-                not match the declared element count.
-        """
-        b, n, nb = self._header_counts(params, raw_nbytes, specs)
-        _expect_size(self.wire_id, wire, 4 * nb + -(-n // 4))
-        if n == 0:
-            return memoryview(b"")
-        scales = np.frombuffer(wire, dtype=F32, count=nb)
-        packed = np.frombuffer(wire, dtype=np.uint8, count=-(-n // 4), offset=4 * nb)
-        with np.errstate(invalid="ignore", over="ignore"):
-            return memoryview(_lloyd2_values(packed, scales, b, n)).cast("B")
+    def _pack(self, codes: np.ndarray) -> np.ndarray:
+        return _pack_codes(codes, 2)
+
+    def _values(self, packed: np.ndarray, scales: np.ndarray, block: int, n: int) -> np.ndarray:
+        return _lloyd2_values(packed, scales, block, n)
 
 
 class TopKCodec(_Float32Codec):
@@ -602,15 +640,11 @@ def _lloyd3_values(packed: np.ndarray, scales: np.ndarray, block: int, n: int) -
     """The float32 values, shape (n,), of `n` packed 3-bit Lloyd-Max codes (uint8, shape (3 ceil(n / 8),)): each
     code's level (`_LLOYD3_CODE_VALUES`) x its block's scale (`scales`: float32, (ceil(n / block),)). The one
     computation both the encoder (error feedback's decoded values) and the decoder run. Raises nothing."""
-    nb, full = scales.size, n // block
-    out = _LLOYD3_GROUP_VALUES.take(_groups12(packed).reshape(-1), axis=0).reshape(-1)[:n]
-    out[:full * block].reshape(full, block)[...] *= scales[:full, None]
-    if full < nb:
-        out[full * block:] *= scales[full]
-    return out
+    return _scaled_by_block(_LLOYD3_GROUP_VALUES.take(_groups12(packed).reshape(-1), axis=0).reshape(-1)[:n],
+                            scales, block)
 
 
-class Lloyd3BlockCodec(_BlockwiseCodec):
+class Lloyd3BlockCodec(_LloydBlockCodec):
     """3-bit blockwise Lloyd-Max quantization: per block of `block` values one float32 scale m (the block's
     mean |x|) and a 3-bit code per value, 2 x i + negative, i the number of thresholds 0.6274 m, 1.3160 m,
     2.1908 m that |x| reaches, decoding to +-0.3072, +-0.9475, +-1.6845 or +-2.6971 m (Max 1960's eight levels
@@ -638,24 +672,14 @@ class Lloyd3BlockCodec(_BlockwiseCodec):
                 np.mean(mags, axis=1, out=sc)
                 for threshold in LLOYD3_THRESHOLDS:
                     cs += mags >= sc[:, None] * threshold
-        codes[:n] <<= 1
-        codes[:n] |= np.signbit(x).view(np.uint8)
-        packed = _pack_codes3(codes)
-        decoded = _lloyd3_values(packed, scales, b, n) if values else None
-        return [memoryview(scales).cast("B"), memoryview(packed)], {"block": b}, decoded
+        return self._finish(x, scales, codes, values)
 
-    def decode_message(self, wire, raw_nbytes, params, specs, pool=None):
-        """Scales and 3-bit codes -> the declared float32 tensors' bytes (`_lloyd3_values`).
+    @staticmethod
+    def _codes_nbytes(n: int) -> int:
+        return 3 * -(-n // 8)
 
-        Raises:
-            ProtocolError: a bad block size in codec_params, a non-float32 spec, or a payload size that does
-                not match the declared element count.
-        """
-        b, n, nb = self._header_counts(params, raw_nbytes, specs)
-        _expect_size(self.wire_id, wire, 4 * nb + 3 * -(-n // 8))
-        if n == 0:
-            return memoryview(b"")
-        scales = np.frombuffer(wire, dtype=F32, count=nb)
-        packed = np.frombuffer(wire, dtype=np.uint8, count=3 * -(-n // 8), offset=4 * nb)
-        with np.errstate(invalid="ignore", over="ignore"):
-            return memoryview(_lloyd3_values(packed, scales, b, n)).cast("B")
+    def _pack(self, codes: np.ndarray) -> np.ndarray:
+        return _pack_codes3(codes)
+
+    def _values(self, packed: np.ndarray, scales: np.ndarray, block: int, n: int) -> np.ndarray:
+        return _lloyd3_values(packed, scales, block, n)
