@@ -36,8 +36,8 @@ from wiiide.protocol import (
 )
 
 LOSSLESS = ["none", "zlib-1", "zstd-1", "zstd-9", "lz4", "shuffle-zstd", "shuffle-lz4", "shuffle-zstd-5"]
-LOSSY = ["fp16", "bf16", "int8", "int8-64", "int4", "int4-64", "int3", "int3-64", "int2", "int2-64", "lloyd2", "lloyd2-64",
-         "lloyd3", "lloyd3-64", "topk-0.1",
+LOSSY = ["fp16", "bf16", "int8", "int8-64", "int4", "int4-64", "int3", "int3-64", "int2", "int2-64", "lloyd2",
+         "lloyd2-64", "lloyd3", "lloyd3-64", "topk-0.1",
          "topk-1"]
 
 
@@ -227,8 +227,8 @@ def test_blocks_of_tiny_values_quantize_without_nan(codec):
 
 
 @pytest.mark.parametrize("name", ["int8", "int8-16", "int4", "int4-64", "int3", "int3-16", "int3-1000", "int2",
-                                  "int2-1000", "lloyd2", "lloyd2-16", "lloyd2-1000", "lloyd3", "lloyd3-16", "lloyd3-1000",
-                                  "fp16", "topk-0.1", "none"])
+                                  "int2-1000", "lloyd2", "lloyd2-16", "lloyd2-1000", "lloyd3", "lloyd3-16",
+                                  "lloyd3-1000", "fp16", "topk-0.1", "none"])
 def test_decoded_values_kept_at_encoding_are_what_the_receiver_decodes(name):
     """Error feedback takes `Frame.decoded` for what the receiver gets: for the blockwise quantizers it is
     computed from the codes while encoding, and must equal the payload decoded, value for value (short last
@@ -557,8 +557,8 @@ def test_codec_names_round_trip(name):
 
 
 @pytest.mark.parametrize("name", ["zstd-0", "zstd-23", "zstd", "shuffle-gzip", "shuffle-zstd-10", "int8-8",
-                                  "int8-x", "int4-8", "int4-x", "int2-8", "int2-70000", "int3-8", "int3-x", "lloyd2-8", "lloyd2-x", "lloyd3-8", "topk-0", "topk-1.5", "topk-nan", "topk",
-                                  "fp32", "lz4-1"])
+                                  "int8-x", "int4-8", "int4-x", "int2-8", "int2-70000", "int3-8", "int3-x", "lloyd2-8",
+                                  "lloyd2-x", "lloyd3-8", "topk-0", "topk-1.5", "topk-nan", "topk", "fp32", "lz4-1"])
 def test_bad_codec_names(name):
     with pytest.raises(ValueError):
         codec_from_name(name)

@@ -287,6 +287,13 @@ def _pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
     return packed
 
 
+def _codes_nbytes(n: int, bits: int) -> int:
+    """Bytes of `n` packed `bits`-bit codes (2 or 4: 8 // bits a byte; 3: eight to three bytes), the last byte
+    or group padded. Raises nothing."""
+    group = 8 if bits == 3 else 8 // bits
+    return -(-n // group) * group * bits // 8
+
+
 def _pack_codes3(codes: np.ndarray) -> np.ndarray:
     """3-bit codes (uint8, each < 8, a multiple of 8 of them) packed eight to three bytes, lowest bits first
     (code i of a group at bits 3i..3i+2 of a little-endian 24-bit word): uint8, shape (codes.size * 3 // 8,).
@@ -330,17 +337,12 @@ class _PackedBlockCodec(_BlockwiseCodec):
     BITS = 4
     LEVELS = 7
 
-    @property
-    def _codes_per_group(self) -> int:
-        """Codes per whole number of bytes: 8 // BITS, or 8 (three bytes) for 3 bits."""
-        return 8 if self.BITS == 3 else 8 // self.BITS
-
     def _quantize(self, x: np.ndarray, values: bool):
-        """float32 values -> (float32 scale per block, packed codes: ceil(n / (8 // BITS)) bytes);
+        """float32 values -> (float32 scale per block, packed codes: `_codes_nbytes` (n, BITS) bytes);
         codec_params ``{"block": block}``; with `values`, code x scale as `decode_message` computes it."""
-        n, group = x.size, self._codes_per_group
+        n = x.size
         scales, codes = _blockwise_scales(x, self.block, self.LEVELS)
-        stored = np.full(-(-n // group) * group, self.LEVELS + 1, dtype=np.uint8)
+        stored = np.full(_codes_nbytes(n, self.BITS) * 8 // self.BITS, self.LEVELS + 1, dtype=np.uint8)
         np.add(codes.reshape(-1)[:n], self.LEVELS + 1, out=stored[:n], casting="unsafe")
         packed = _pack_codes3(stored) if self.BITS == 3 else _pack_codes(stored, self.BITS)
         decoded = None
@@ -357,7 +359,7 @@ class _PackedBlockCodec(_BlockwiseCodec):
                 not match the declared element count, or a stored code of 0 (outside -LEVELS..LEVELS).
         """
         b, n, nb = self._header_counts(params, raw_nbytes, specs)
-        packed_nbytes = -(-n // self._codes_per_group) * self._codes_per_group * self.BITS // 8
+        packed_nbytes = _codes_nbytes(n, self.BITS)
         _expect_size(self.wire_id, wire, 4 * nb + packed_nbytes)
         if n == 0:
             return memoryview(b"")
@@ -398,10 +400,9 @@ class Int3BlockCodec(_PackedBlockCodec):
     """3-bit blockwise absmax quantization: per block of `block` values one float32 scale (max|x| / 3) and one
     code in -3..3 per value, eight codes to three bytes (lowest bits first, stored as code + 4). About 10x
     smaller at block 256. Its squared error on a Gaussian (about 0.09) is more than `Lloyd3BlockCodec`'s
-    (0.035) at the same size, but its error is bounded per value (<= scale / 2) and a block's largest values
-    travel nearly exact, where a Lloyd-Max code scaled by the mean |x| cuts them to its outer level; under
-    two-way error feedback on the 26 MB model the int3 runs followed fp32's held-out accuracy seed by seed
-    and the lloyd3 runs did not (README, "Sharded parameter servers"). Meant to run under error feedback, as
+    (0.035) at the same size, but its error is bounded per value (<= scale / 2). Under two-way error feedback
+    on the 26 MB model the int3 runs followed fp32's held-out accuracy seed by seed and the lloyd3 runs did
+    not (README, "Sharded parameter servers"; why is not measured). Meant to run under error feedback, as
     `Int4BlockCodec` is."""
 
     wire_id = "int3"
@@ -454,12 +455,10 @@ def _scaled_by_block(out: np.ndarray, scales: np.ndarray, block: int) -> np.ndar
 
 class _LloydBlockCodec(_BlockwiseCodec):
     """What the Lloyd-Max codes share: scales (the block's mean |x|), then `BITS`-bit codes 2 x level index +
-    negative, packed by `_pack` and turned into values by `_values` (the one computation of encoder and
-    decoder). Subclasses set `wire_id`, `_pack`, `_values` and `_codes_nbytes`."""
+    negative (`_codes_nbytes` of them), packed by `_pack` and turned into values by `_values` (the one
+    computation of encoder and decoder). Subclasses set `wire_id`, `BITS`, `_pack` and `_values`."""
 
-    @staticmethod
-    def _codes_nbytes(n: int) -> int:
-        raise NotImplementedError
+    BITS = 2
 
     def _pack(self, codes: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -485,11 +484,12 @@ class _LloydBlockCodec(_BlockwiseCodec):
                 not match the declared element count.
         """
         b, n, nb = self._header_counts(params, raw_nbytes, specs)
-        _expect_size(self.wire_id, wire, 4 * nb + self._codes_nbytes(n))
+        packed_nbytes = _codes_nbytes(n, self.BITS)
+        _expect_size(self.wire_id, wire, 4 * nb + packed_nbytes)
         if n == 0:
             return memoryview(b"")
         scales = np.frombuffer(wire, dtype=F32, count=nb)
-        packed = np.frombuffer(wire, dtype=np.uint8, count=self._codes_nbytes(n), offset=4 * nb)
+        packed = np.frombuffer(wire, dtype=np.uint8, count=packed_nbytes, offset=4 * nb)
         with np.errstate(invalid="ignore", over="ignore"):
             return memoryview(self._values(packed, scales, b, n)).cast("B")
 
@@ -525,15 +525,68 @@ class Lloyd2BlockCodec(_LloydBlockCodec):
                 np.greater_equal(magnitude[full * b:], scales[full] * LLOYD2_THRESHOLD, out=outer[full * b:])
         return self._finish(x, scales, codes, values)
 
-    @staticmethod
-    def _codes_nbytes(n: int) -> int:
-        return -(-n // 4)
-
     def _pack(self, codes: np.ndarray) -> np.ndarray:
         return _pack_codes(codes, 2)
 
     def _values(self, packed: np.ndarray, scales: np.ndarray, block: int, n: int) -> np.ndarray:
         return _lloyd2_values(packed, scales, block, n)
+
+
+# Max (1960), Table I, N = 8 for a unit-variance Gaussian: decision thresholds 0.5006, 1.050, 1.748 (and 0), output
+# levels 0.2451, 0.7560, 1.344, 2.152 (mean squared error 0.03454); here in units of the block's mean |x|.
+LLOYD3_THRESHOLDS = tuple(np.float32(t / _MEAN_ABS_PER_SIGMA) for t in (0.5006, 1.050, 1.748))  # 0.6274, 1.3160, 2.1908
+LLOYD3_LEVELS = tuple(np.float32(v / _MEAN_ABS_PER_SIGMA) for v in (0.2451, 0.7560, 1.344, 2.152))  # 0.3072 .. 2.6971
+
+# The eight values of a code 2 x magnitude index + negative, in units of the block's scale, and of every 12-bit group
+# of four codes (lowest bits first): shape (4096, 4), float32 (64 KiB), so decoding is two gathers per 3 bytes.
+_LLOYD3_CODE_VALUES = np.array([sign * level for level in LLOYD3_LEVELS for sign in (1, -1)], dtype=F32)
+_LLOYD3_GROUP_VALUES = _LLOYD3_CODE_VALUES[(np.arange(4096)[:, None] >> np.array([0, 3, 6, 9])) & 7]
+
+
+def _lloyd3_values(packed: np.ndarray, scales: np.ndarray, block: int, n: int) -> np.ndarray:
+    """The float32 values, shape (n,), of `n` packed 3-bit Lloyd-Max codes (uint8, shape (3 ceil(n / 8),)): each
+    code's level (`_LLOYD3_CODE_VALUES`) x its block's scale (`scales`: float32, (ceil(n / block),)). The one
+    computation both the encoder (error feedback's decoded values) and the decoder run. Raises nothing."""
+    return _scaled_by_block(_LLOYD3_GROUP_VALUES.take(_groups12(packed).reshape(-1), axis=0).reshape(-1)[:n],
+                            scales, block)
+
+
+class Lloyd3BlockCodec(_LloydBlockCodec):
+    """3-bit blockwise Lloyd-Max quantization: per block of `block` values one float32 scale m (the block's
+    mean |x|) and a 3-bit code per value, 2 x i + negative, i the number of thresholds 0.6274 m, 1.3160 m,
+    2.1908 m that |x| reaches, decoding to +-0.3072, +-0.9475, +-1.6845 or +-2.6971 m (Max 1960's eight levels
+    for a Gaussian, in units of its mean |x|). Payload: the scales, then the codes eight to three bytes, lowest
+    bits first (the last group padded with code 0); all eight codes are values. About 10x smaller at block
+    256, with under a third of `Lloyd2BlockCodec`'s squared error on a Gaussian (0.035 against 0.12;
+    `Int4BlockCodec`, 7.8x, has about 0.014). No bound on a value's error: meant to run under error
+    feedback (`wiiide.ps.feedback`), which carries the difference to the next step."""
+
+    wire_id = "lloyd3"
+    BITS = 3
+
+    def _quantize(self, x: np.ndarray, values: bool):
+        """float32 values -> (float32 mean |x| per block, 3-bit codes eight to three bytes); codec_params
+        ``{"block": block}``; with `values`, `_lloyd3_values` of the codes, as `decode_message` computes it."""
+        n, b = x.size, self.block
+        nb, full = -(-n // b), n // b
+        magnitude = np.abs(x)
+        scales = np.empty(nb, dtype=F32)
+        codes = np.zeros(-(-n // 8) * 8, dtype=np.uint8)  # padding: code 0
+        pieces = [(magnitude[:full * b].reshape(full, b), scales[:full], codes[:full * b].reshape(full, b))]
+        if full < nb:
+            pieces.append((magnitude[full * b:].reshape(1, -1), scales[full:], codes[full * b:n].reshape(1, -1)))
+        with np.errstate(invalid="ignore", over="ignore"):
+            for mags, sc, cs in pieces:
+                np.mean(mags, axis=1, out=sc)
+                for threshold in LLOYD3_THRESHOLDS:
+                    cs += mags >= sc[:, None] * threshold
+        return self._finish(x, scales, codes, values)
+
+    def _pack(self, codes: np.ndarray) -> np.ndarray:
+        return _pack_codes3(codes)
+
+    def _values(self, packed: np.ndarray, scales: np.ndarray, block: int, n: int) -> np.ndarray:
+        return _lloyd3_values(packed, scales, block, n)
 
 
 class TopKCodec(_Float32Codec):
@@ -622,64 +675,3 @@ class TopKCodec(_Float32Codec):
             at_wire += 8 * k
             at_out += n
         return memoryview(out).cast("B")
-
-
-
-# Max (1960), Table I, N = 8 for a unit-variance Gaussian: decision thresholds 0.5006, 1.050, 1.748 (and 0), output
-# levels 0.2451, 0.7560, 1.344, 2.152 (mean squared error 0.03454); here in units of the block's mean |x|.
-LLOYD3_THRESHOLDS = tuple(np.float32(t / _MEAN_ABS_PER_SIGMA) for t in (0.5006, 1.050, 1.748))  # 0.6274, 1.3160, 2.1908
-LLOYD3_LEVELS = tuple(np.float32(v / _MEAN_ABS_PER_SIGMA) for v in (0.2451, 0.7560, 1.344, 2.152))  # 0.3072 .. 2.6971
-
-# The eight values of a code 2 x magnitude index + negative, in units of the block's scale, and of every 12-bit group
-# of four codes (lowest bits first): shape (4096, 4), float32 (64 KiB), so decoding is two gathers per 3 bytes.
-_LLOYD3_CODE_VALUES = np.array([sign * level for level in LLOYD3_LEVELS for sign in (1, -1)], dtype=F32)
-_LLOYD3_GROUP_VALUES = _LLOYD3_CODE_VALUES[(np.arange(4096)[:, None] >> np.array([0, 3, 6, 9])) & 7]
-
-
-def _lloyd3_values(packed: np.ndarray, scales: np.ndarray, block: int, n: int) -> np.ndarray:
-    """The float32 values, shape (n,), of `n` packed 3-bit Lloyd-Max codes (uint8, shape (3 ceil(n / 8),)): each
-    code's level (`_LLOYD3_CODE_VALUES`) x its block's scale (`scales`: float32, (ceil(n / block),)). The one
-    computation both the encoder (error feedback's decoded values) and the decoder run. Raises nothing."""
-    return _scaled_by_block(_LLOYD3_GROUP_VALUES.take(_groups12(packed).reshape(-1), axis=0).reshape(-1)[:n],
-                            scales, block)
-
-
-class Lloyd3BlockCodec(_LloydBlockCodec):
-    """3-bit blockwise Lloyd-Max quantization: per block of `block` values one float32 scale m (the block's
-    mean |x|) and a 3-bit code per value, 2 x i + negative, i the number of thresholds 0.6274 m, 1.3160 m,
-    2.1908 m that |x| reaches, decoding to +-0.3072, +-0.9475, +-1.6845 or +-2.6971 m (Max 1960's eight levels
-    for a Gaussian, in units of its mean |x|). Payload: the scales, then the codes eight to three bytes, lowest
-    bits first (the last group padded with code 0); all eight codes are values. About 10x smaller at block
-    256, with under a third of `Lloyd2BlockCodec`'s squared error on a Gaussian (0.035 against 0.12;
-    `Int4BlockCodec`, 7.8x, has about 0.014). No bound on a value's error: meant to run under error
-    feedback (`wiiide.ps.feedback`), which carries the difference to the next step."""
-
-    wire_id = "lloyd3"
-
-    def _quantize(self, x: np.ndarray, values: bool):
-        """float32 values -> (float32 mean |x| per block, 3-bit codes eight to three bytes); codec_params
-        ``{"block": block}``; with `values`, `_lloyd3_values` of the codes, as `decode_message` computes it."""
-        n, b = x.size, self.block
-        nb, full = -(-n // b), n // b
-        magnitude = np.abs(x)
-        scales = np.empty(nb, dtype=F32)
-        codes = np.zeros(-(-n // 8) * 8, dtype=np.uint8)  # padding: code 0
-        pieces = [(magnitude[:full * b].reshape(full, b), scales[:full], codes[:full * b].reshape(full, b))]
-        if full < nb:
-            pieces.append((magnitude[full * b:].reshape(1, -1), scales[full:], codes[full * b:n].reshape(1, -1)))
-        with np.errstate(invalid="ignore", over="ignore"):
-            for mags, sc, cs in pieces:
-                np.mean(mags, axis=1, out=sc)
-                for threshold in LLOYD3_THRESHOLDS:
-                    cs += mags >= sc[:, None] * threshold
-        return self._finish(x, scales, codes, values)
-
-    @staticmethod
-    def _codes_nbytes(n: int) -> int:
-        return 3 * -(-n // 8)
-
-    def _pack(self, codes: np.ndarray) -> np.ndarray:
-        return _pack_codes3(codes)
-
-    def _values(self, packed: np.ndarray, scales: np.ndarray, block: int, n: int) -> np.ndarray:
-        return _lloyd3_values(packed, scales, block, n)
