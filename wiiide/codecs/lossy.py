@@ -466,6 +466,23 @@ class _LloydBlockCodec(_BlockwiseCodec):
     def _values(self, packed: np.ndarray, scales: np.ndarray, block: int, n: int) -> np.ndarray:
         raise NotImplementedError
 
+    def _mean_magnitude_blocks(self, x: np.ndarray, group: int):
+        """`_quantize`'s start: (scales: float32 (ceil(n / block),), each block's mean |x|; codes: uint8 zeros
+        padded to a multiple of `group`; the blocks: (|x|, scale, codes) views shaped (blocks, block), the
+        full blocks, then a short last one)."""
+        n, b = x.size, self.block
+        nb, full = -(-n // b), n // b
+        magnitude = np.abs(x)
+        scales = np.empty(nb, dtype=F32)
+        codes = np.zeros(-(-n // group) * group, dtype=np.uint8)  # padding: code 0
+        blocks = [(magnitude[:full * b].reshape(full, b), scales[:full], codes[:full * b].reshape(full, b))]
+        if full < nb:
+            blocks.append((magnitude[full * b:].reshape(1, -1), scales[full:], codes[full * b:n].reshape(1, -1)))
+        with np.errstate(invalid="ignore", over="ignore"):
+            for mags, scale, _ in blocks:
+                np.mean(mags, axis=1, out=scale)
+        return scales, codes, blocks
+
     def _finish(self, x: np.ndarray, scales: np.ndarray, codes: np.ndarray, values: bool):
         """`_quantize`'s end, from the level index of each value (`codes[:n]`, uint8, padded with 0): the
         sign bit added, the codes packed, the decoded values when asked for."""
@@ -510,19 +527,10 @@ class Lloyd2BlockCodec(_LloydBlockCodec):
     def _quantize(self, x: np.ndarray, values: bool):
         """float32 values -> (float32 mean |x| per block, 2-bit codes four a byte); codec_params
         ``{"block": block}``; with `values`, `_lloyd2_values` of the codes, as `decode_message` computes it."""
-        n, b = x.size, self.block
-        nb, full = -(-n // b), n // b
-        magnitude = np.abs(x)
-        scales = np.empty(nb, dtype=F32)
-        codes = np.zeros(-(-n // 4) * 4, dtype=np.uint8)  # padding: code 0
-        outer = codes[:n].view(bool)
+        scales, codes, blocks = self._mean_magnitude_blocks(x, 4)
         with np.errstate(invalid="ignore", over="ignore"):
-            np.mean(magnitude[:full * b].reshape(full, b), axis=1, out=scales[:full])
-            np.greater_equal(magnitude[:full * b].reshape(full, b), scales[:full, None] * LLOYD2_THRESHOLD,
-                             out=outer[:full * b].reshape(full, b))
-            if full < nb:
-                scales[full] = magnitude[full * b:].mean()
-                np.greater_equal(magnitude[full * b:], scales[full] * LLOYD2_THRESHOLD, out=outer[full * b:])
+            for magnitude, scale, code in blocks:
+                np.greater_equal(magnitude, scale[:, None] * LLOYD2_THRESHOLD, out=code.view(bool))
         return self._finish(x, scales, codes, values)
 
     def _pack(self, codes: np.ndarray) -> np.ndarray:
@@ -567,19 +575,11 @@ class Lloyd3BlockCodec(_LloydBlockCodec):
     def _quantize(self, x: np.ndarray, values: bool):
         """float32 values -> (float32 mean |x| per block, 3-bit codes eight to three bytes); codec_params
         ``{"block": block}``; with `values`, `_lloyd3_values` of the codes, as `decode_message` computes it."""
-        n, b = x.size, self.block
-        nb, full = -(-n // b), n // b
-        magnitude = np.abs(x)
-        scales = np.empty(nb, dtype=F32)
-        codes = np.zeros(-(-n // 8) * 8, dtype=np.uint8)  # padding: code 0
-        pieces = [(magnitude[:full * b].reshape(full, b), scales[:full], codes[:full * b].reshape(full, b))]
-        if full < nb:
-            pieces.append((magnitude[full * b:].reshape(1, -1), scales[full:], codes[full * b:n].reshape(1, -1)))
+        scales, codes, blocks = self._mean_magnitude_blocks(x, 8)
         with np.errstate(invalid="ignore", over="ignore"):
-            for mags, sc, cs in pieces:
-                np.mean(mags, axis=1, out=sc)
+            for magnitude, scale, code in blocks:
                 for threshold in LLOYD3_THRESHOLDS:
-                    cs += mags >= sc[:, None] * threshold
+                    code += magnitude >= scale[:, None] * threshold
         return self._finish(x, scales, codes, values)
 
     def _pack(self, codes: np.ndarray) -> np.ndarray:
