@@ -278,8 +278,11 @@ def _blockwise_scales(x: np.ndarray, block: int, levels: int) -> tuple[np.ndarra
 
 
 def _pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
-    """`bits`-bit codes (uint8, each < 2**bits, a multiple of 8 // bits of them) packed 8 // bits a byte,
-    lowest bits first: uint8, shape (codes.size * bits // 8,). Raises nothing."""
+    """`bits`-bit codes (uint8, each < 2**bits, a multiple of 8 // bits of them; 8 for 3 bits) packed 8 // bits
+    a byte (3 bits: `_pack_codes3`), lowest bits first: uint8, shape (codes.size * bits // 8,). Raises
+    nothing."""
+    if bits == 3:
+        return _pack_codes3(codes)
     columns = codes.reshape(-1, 8 // bits)
     packed = columns[:, 0].copy()
     for i in range(1, columns.shape[1]):
@@ -303,6 +306,19 @@ def _pack_codes3(codes: np.ndarray) -> np.ndarray:
     for i in range(8):
         word |= columns[:, i].astype("<u4") << (3 * i)
     return np.ascontiguousarray(word.view(np.uint8).reshape(-1, 4)[:, :3]).reshape(-1)
+
+
+def _unpack_codes(packed: np.ndarray, bits: int) -> np.ndarray:
+    """The inverse of `_pack_codes`: uint8 packed codes -> every code, int8, shape (packed.size * 8 // bits,).
+    Raises nothing."""
+    if bits == 3:
+        return _unpack_codes3(packed)
+    per_byte = 8 // bits
+    columns = np.empty((packed.size, per_byte), dtype=np.int8)
+    mask = (1 << bits) - 1
+    for i in range(per_byte):
+        np.bitwise_and(packed >> (bits * i) if i else packed, mask, out=columns[:, i], casting="unsafe")
+    return columns.reshape(-1)
 
 
 def _unpack_codes3(packed: np.ndarray) -> np.ndarray:
@@ -330,7 +346,7 @@ _CODES3_OF_GROUP = ((np.arange(4096)[:, None] >> np.array([0, 3, 6, 9])) & 7).as
 class _PackedBlockCodec(_BlockwiseCodec):
     """Blockwise absmax quantization to `BITS`-bit codes in -`LEVELS`..`LEVELS`, stored as code +
     `LEVELS` + 1 (so a code of 0 never occurs), 8 // `BITS` codes a byte (2 or 4 bits) or eight to three
-    bytes (3 bits, `_pack_codes3`), lowest bits first; per block of `block` values one float32 scale
+    bytes (3 bits), lowest bits first (`_pack_codes`); per block of `block` values one float32 scale
     (max|x| / `LEVELS`). The last byte (group) is padded with zero-value codes. Subclasses set `wire_id`,
     `BITS` and `LEVELS`."""
 
@@ -344,7 +360,7 @@ class _PackedBlockCodec(_BlockwiseCodec):
         scales, codes = _blockwise_scales(x, self.block, self.LEVELS)
         stored = np.full(_codes_nbytes(n, self.BITS) * 8 // self.BITS, self.LEVELS + 1, dtype=np.uint8)
         np.add(codes.reshape(-1)[:n], self.LEVELS + 1, out=stored[:n], casting="unsafe")
-        packed = _pack_codes3(stored) if self.BITS == 3 else _pack_codes(stored, self.BITS)
+        packed = _pack_codes(stored, self.BITS)
         decoded = None
         if values:
             codes *= scales[:, None]  # the codes are done with: decode_message's (code x scale), in place
@@ -365,15 +381,7 @@ class _PackedBlockCodec(_BlockwiseCodec):
             return memoryview(b"")
         scales = np.frombuffer(wire, dtype=F32, count=nb)
         packed = np.frombuffer(wire, dtype=np.uint8, count=packed_nbytes, offset=4 * nb)
-        if self.BITS == 3:
-            codes = _unpack_codes3(packed)[:n]
-        else:
-            per_byte = 8 // self.BITS
-            columns = np.empty((packed.size, per_byte), dtype=np.int8)
-            mask = (1 << self.BITS) - 1
-            for i in range(per_byte):
-                np.bitwise_and(packed >> (self.BITS * i) if i else packed, mask, out=columns[:, i], casting="unsafe")
-            codes = columns.reshape(-1)[:n]
+        codes = _unpack_codes(packed, self.BITS)[:n]
         if not codes.all():
             raise ProtocolError(f"codec {self.wire_id!r}: a code of 0 (codes are 1..{2 * self.LEVELS + 1} "
                                 f"for -{self.LEVELS}..{self.LEVELS})")
@@ -455,26 +463,23 @@ def _scaled_by_block(out: np.ndarray, scales: np.ndarray, block: int) -> np.ndar
 
 class _LloydBlockCodec(_BlockwiseCodec):
     """What the Lloyd-Max codes share: scales (the block's mean |x|), then `BITS`-bit codes 2 x level index +
-    negative (`_codes_nbytes` of them), packed by `_pack` and turned into values by `_values` (the one
-    computation of encoder and decoder). Subclasses set `wire_id`, `BITS`, `_pack` and `_values`."""
+    negative, packed by `_pack_codes` and turned into values by `_values` (the one computation of encoder and
+    decoder). Subclasses set `wire_id`, `BITS` and `_values`."""
 
     BITS = 2
-
-    def _pack(self, codes: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
 
     def _values(self, packed: np.ndarray, scales: np.ndarray, block: int, n: int) -> np.ndarray:
         raise NotImplementedError
 
-    def _mean_magnitude_blocks(self, x: np.ndarray, group: int):
+    def _mean_magnitude_blocks(self, x: np.ndarray):
         """`_quantize`'s start: (scales: float32 (ceil(n / block),), each block's mean |x|; codes: uint8 zeros
-        padded to a multiple of `group`; the blocks: (|x|, scale, codes) views shaped (blocks, block), the
+        padded to whole bytes of `BITS`-bit codes; the blocks: (|x|, scale, codes) views shaped (blocks, block), the
         full blocks, then a short last one)."""
         n, b = x.size, self.block
         nb, full = -(-n // b), n // b
         magnitude = np.abs(x)
         scales = np.empty(nb, dtype=F32)
-        codes = np.zeros(-(-n // group) * group, dtype=np.uint8)  # padding: code 0
+        codes = np.zeros(_codes_nbytes(n, self.BITS) * 8 // self.BITS, dtype=np.uint8)  # padding: code 0
         blocks = [(magnitude[:full * b].reshape(full, b), scales[:full], codes[:full * b].reshape(full, b))]
         if full < nb:
             blocks.append((magnitude[full * b:].reshape(1, -1), scales[full:], codes[full * b:n].reshape(1, -1)))
@@ -489,7 +494,7 @@ class _LloydBlockCodec(_BlockwiseCodec):
         n = x.size
         codes[:n] <<= 1
         codes[:n] |= np.signbit(x).view(np.uint8)
-        packed = self._pack(codes)
+        packed = _pack_codes(codes, self.BITS)
         decoded = self._values(packed, scales, self.block, n) if values else None
         return [memoryview(scales).cast("B"), memoryview(packed)], {"block": self.block}, decoded
 
@@ -527,14 +532,11 @@ class Lloyd2BlockCodec(_LloydBlockCodec):
     def _quantize(self, x: np.ndarray, values: bool):
         """float32 values -> (float32 mean |x| per block, 2-bit codes four a byte); codec_params
         ``{"block": block}``; with `values`, `_lloyd2_values` of the codes, as `decode_message` computes it."""
-        scales, codes, blocks = self._mean_magnitude_blocks(x, 4)
+        scales, codes, blocks = self._mean_magnitude_blocks(x)
         with np.errstate(invalid="ignore", over="ignore"):
             for magnitude, scale, code in blocks:
                 np.greater_equal(magnitude, scale[:, None] * LLOYD2_THRESHOLD, out=code.view(bool))
         return self._finish(x, scales, codes, values)
-
-    def _pack(self, codes: np.ndarray) -> np.ndarray:
-        return _pack_codes(codes, 2)
 
     def _values(self, packed: np.ndarray, scales: np.ndarray, block: int, n: int) -> np.ndarray:
         return _lloyd2_values(packed, scales, block, n)
@@ -575,15 +577,12 @@ class Lloyd3BlockCodec(_LloydBlockCodec):
     def _quantize(self, x: np.ndarray, values: bool):
         """float32 values -> (float32 mean |x| per block, 3-bit codes eight to three bytes); codec_params
         ``{"block": block}``; with `values`, `_lloyd3_values` of the codes, as `decode_message` computes it."""
-        scales, codes, blocks = self._mean_magnitude_blocks(x, 8)
+        scales, codes, blocks = self._mean_magnitude_blocks(x)
         with np.errstate(invalid="ignore", over="ignore"):
             for magnitude, scale, code in blocks:
                 for threshold in LLOYD3_THRESHOLDS:
                     code += magnitude >= scale[:, None] * threshold
         return self._finish(x, scales, codes, values)
-
-    def _pack(self, codes: np.ndarray) -> np.ndarray:
-        return _pack_codes3(codes)
 
     def _values(self, packed: np.ndarray, scales: np.ndarray, block: int, n: int) -> np.ndarray:
         return _lloyd3_values(packed, scales, block, n)
