@@ -101,12 +101,17 @@ class FaultInjector:
         for at_s, action, fault in plan:
             if self._stop.wait(max(0.0, t0 + at_s - self._clock())):
                 return
+            # marked before the action: a killed node can be seen exited (by the run's poll, on another
+            # thread) before the action returns, and its exit must already read as the fault's
+            hit_before = fault.target in self.affected
+            self.affected.add(fault.target)
             try:
                 getattr(self.controller, action)(fault.target)
             except Exception as exc:  # a failed injection is recorded, never fatal to the run
+                if not hit_before:
+                    self.affected.discard(fault.target)
                 self._record(self._clock() - t0, action, fault.target, f"{type(exc).__name__}: {exc}")
                 continue
-            self.affected.add(fault.target)
             try:
                 self.affected_node_ids.add(self.controller.node_id(fault.target))
             except Exception:  # the node id only serves judging; a target without one is judged by name
