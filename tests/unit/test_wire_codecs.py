@@ -36,9 +36,8 @@ from wiiide.protocol import (
 )
 
 LOSSLESS = ["none", "zlib-1", "zstd-1", "zstd-9", "lz4", "shuffle-zstd", "shuffle-lz4", "shuffle-zstd-5"]
-LOSSY = ["fp16", "bf16", "int8", "int8-64", "int4", "int4-64", "int3", "int3-64", "int2", "int2-64", "lloyd2",
-         "lloyd2-64", "lloyd3", "lloyd3-64", "topk-0.1",
-         "topk-1"]
+LOSSY = ["fp16", "bf16", "int8", "int8-64", "int4", "int4-64", "int3", "int3-64", "int3z", "int3z-64", "int2",
+         "int2-64", "lloyd2", "lloyd2-64", "lloyd3", "lloyd3-64", "topk-0.1", "topk-1"]
 
 
 def through_wire(tensors, codec, pool=None):
@@ -208,7 +207,7 @@ def test_packed_blockwise_error_bound(codec, levels, codes_nbytes, block):
         assert y[biggest] == pytest.approx(x[biggest], rel=1e-6)  # the block's max is a level itself
 
 
-@pytest.mark.parametrize("codec", ["int4-16", "int8-16", "int3-16", "int2-16"])
+@pytest.mark.parametrize("codec", ["int4-16", "int8-16", "int3-16", "int3z-16", "int2-16"])
 def test_blocks_of_tiny_values_quantize_without_nan(codec):
     """A block whose max is ~1e-38 has a subnormal scale whose float32 inverse overflows to inf (seen as
     a code of 0 from an 8-worker int4 run's error-feedback residuals): the codes stay valid, the values
@@ -218,7 +217,7 @@ def test_blocks_of_tiny_values_quantize_without_nan(codec):
     g[16] = 0.5
     frame, header, msg = through_wire([WireTensor("grad", g)], codec_from_name(codec))
     out = msg.tensor("grad")
-    levels = {"int4": 7, "int8": 127, "int3": 3, "int2": 1}[codec.split("-")[0]]
+    levels = {"int4": 7, "int8": 127, "int3": 3, "int3z": 3, "int2": 1}[codec.split("-")[0]]
     assert np.isfinite(out).all() and np.all(out[32:] == 0)
     for i in range(2):
         x, y = g[i * 16:(i + 1) * 16], out[i * 16:(i + 1) * 16]
@@ -226,9 +225,9 @@ def test_blocks_of_tiny_values_quantize_without_nan(codec):
         assert np.all(np.abs(y - x) <= step / 2 * (1 + 1e-3) + 1.5e-45 * 16)  # subnormal steps: rounding of a few ulps
 
 
-@pytest.mark.parametrize("name", ["int8", "int8-16", "int4", "int4-64", "int3", "int3-16", "int3-1000", "int2",
-                                  "int2-1000", "lloyd2", "lloyd2-16", "lloyd2-1000", "lloyd3", "lloyd3-16",
-                                  "lloyd3-1000", "fp16", "topk-0.1", "none"])
+@pytest.mark.parametrize("name", ["int8", "int8-16", "int4", "int4-64", "int3", "int3-16", "int3-1000", "int3z",
+                                  "int3z-16", "int3z-1000", "int2", "int2-1000", "lloyd2", "lloyd2-16", "lloyd2-1000",
+                                  "lloyd3", "lloyd3-16", "lloyd3-1000", "fp16", "topk-0.1", "none"])
 def test_decoded_values_kept_at_encoding_are_what_the_receiver_decodes(name):
     """Error feedback takes `Frame.decoded` for what the receiver gets: for the blockwise quantizers it is
     computed from the codes while encoding, and must equal the payload decoded, value for value (short last
@@ -278,6 +277,67 @@ def test_int3_layout_eight_codes_to_three_bytes_and_refuses_a_zero_code():
         decoder_for("int3").decode_message(memoryview(bad), 36, {"block": 16}, [("float32", 9)])
     with pytest.raises(ProtocolError, match="payload is"):
         decoder_for("int3").decode_message(memoryview(payload[:9]), 36, {"block": 16}, [("float32", 9)])
+
+
+@pytest.mark.parametrize("block", [16, 256, 1000])
+def test_int3z_decodes_to_int3s_values_in_fewer_bytes(block):
+    """int3z is int3 entropy-coded: the same values, value for value (short last block, two tensors, zeros
+    and tiny values), and on a heavy-tailed gradient (Laplace: a third of the codes are 0) in blocks of 256
+    and more, fewer bytes than int3's three bits a value, and fewer than lloyd2's two. (In blocks of 16 the
+    scales alone take two bits a value and a block's max is near its typical value: int3z gains little.)"""
+    g = np.random.default_rng(3).laplace(size=100_003).astype(np.float32)
+    g[:5] = [0.0, -0.0, 1e-30, -3.5e4, 6e4]
+    tensors = [WireTensor("a", g[:60_001].reshape(1, -1)), WireTensor("b", g[60_001:])]
+    sizes, decoded = {}, {}
+    for name in (f"int3-{block}", f"int3z-{block}", f"lloyd2-{block}"):
+        frame, header, msg = through_wire(tensors, codec_from_name(name))
+        assert header["codec_params"] == {"block": block}
+        sizes[name] = frame.payload_nbytes
+        decoded[name] = np.concatenate([msg.tensor("a").reshape(-1), msg.tensor("b")])
+    assert np.array_equal(decoded[f"int3z-{block}"], decoded[f"int3-{block}"])
+    assert not np.array_equal(decoded[f"int3z-{block}"], g)
+    assert sizes[f"int3z-{block}"] < sizes[f"int3-{block}"]
+    if block >= 256:
+        assert sizes[f"int3z-{block}"] < min(0.8 * sizes[f"int3-{block}"], sizes[f"lloyd2-{block}"])
+
+
+def int3z_payload(nibbles: list[int], scale: float = 1.0, frame_nbytes: int | None = None) -> bytes:
+    """An int3z payload of one block's scale and these stored codes (two a byte, low nibble first), its zstd
+    frame declaring `frame_nbytes` (default: the true size)."""
+    packed = bytes(lo | hi << 4 for lo, hi in zip(nibbles[0::2], nibbles[1::2]))
+    frame = zstandard.ZstdCompressor(level=1).compress(packed)
+    if frame_nbytes is not None:
+        frame = zstandard.ZstdCompressor(level=1).compress(packed + bytes(frame_nbytes - len(packed)))
+    return np.float32(scale).tobytes() + frame
+
+
+def test_int3z_layout_and_refusals():
+    """After the scales, one zstd frame of the codes two a byte (stored as code + 4, low nibble first, the last
+    byte padded with a value-0 code). Refused: a stored 0 or a code above 7 (a nibble holds 15), a frame
+    declaring another size, a corrupt frame, a payload that stops at the scales."""
+    x = np.array([3, -3, 2, -2, 1, -1, 0, 3, 1.5], np.float32)  # scale 1
+    frame, _, msg = through_wire([WireTensor("g", x)], codec_from_name("int3z-16"))
+    assert msg.tensor("g").tolist() == [3, -3, 2, -2, 1, -1, 0, 3, 2]
+    payload = b"".join(bytes(memoryview(b)) for b in frame.buffers)[-frame.payload_nbytes:]
+    assert np.frombuffer(payload[:4], np.float32)[0] == 1.0
+    assert zstandard.ZstdDecompressor().decompress(payload[4:]) == bytes([7 | 1 << 4, 6 | 2 << 4, 5 | 3 << 4,
+                                                                          4 | 7 << 4, 6 | 4 << 4])
+
+    def decode(p: bytes):
+        return decoder_for("int3z").decode_message(memoryview(p), 36, {"block": 16}, [("float32", 9)])
+
+    assert np.frombuffer(decode(int3z_payload([7, 1, 6, 2, 5, 3, 4, 7, 6, 4])), np.float32).tolist() == \
+        [3, -3, 2, -2, 1, -1, 0, 3, 2]
+    with pytest.raises(ProtocolError, match="code of 0"):
+        decode(int3z_payload([7, 1, 6, 2, 5, 3, 4, 7, 0, 4]))
+    with pytest.raises(ProtocolError, match="code above 7"):
+        decode(int3z_payload([7, 1, 6, 2, 5, 3, 4, 15, 6, 4]))
+    with pytest.raises(ProtocolError, match="declares 6 bytes"):
+        decode(int3z_payload([7, 1, 6, 2, 5, 3, 4, 7, 6, 4], frame_nbytes=6))
+    with pytest.raises(ProtocolError, match="corrupt"):
+        decode(payload[:4] + bytes(len(payload) - 4))
+    with pytest.raises(ProtocolError, match="the scales alone take 4"):
+        decode(payload[:4])
 
 
 def test_lloyd3_levels_are_max_1960s_in_units_of_the_blocks_mean_magnitude():
@@ -543,8 +603,8 @@ def test_bad_payload_controls_decode():
 # Registry and names
 # --------------------------------------------------------------------------------------------------
 def test_registry_holds_every_codec_with_its_flag():
-    assert set(REGISTRY) == {"none", "zlib", "zstd", "lz4", "blosc2", "fp16", "bf16", "int8", "int4", "int3", "int2",
-                             "lloyd2", "lloyd3", "topk", "rows"}
+    assert set(REGISTRY) == {"none", "zlib", "zstd", "lz4", "blosc2", "fp16", "bf16", "int8", "int4", "int3", "int3z",
+                             "int2", "lloyd2", "lloyd3", "topk", "rows"}
     lossless = {wid for wid, cls in REGISTRY.items() if cls.lossless}
     assert lossless == {"none", "zlib", "zstd", "lz4", "blosc2", "rows"}
     for wid in REGISTRY:
@@ -558,8 +618,9 @@ def test_codec_names_round_trip(name):
 
 @pytest.mark.parametrize("name", ["zstd-0", "zstd-23", "zstd", "shuffle-gzip", "shuffle-zstd-10", "int8-8",
                                   "int8-x", "int4-8", "int4-x", "int2-8", "int2-70000", "int3-8", "int3-x", "lloyd2-8",
-                                  "lloyd2-x", "lloyd3-8", "topk-0", "topk-1.5", "topk-nan", "topk", "fp32", "lz4-1"])
+                                  "int3z-8", "int3z-70000", "lloyd2-x", "lloyd3-8", "topk-0", "topk-1.5", "topk-nan",
+                                  "topk", "fp32", "lz4-1"])
 def test_bad_codec_names(name):
     with pytest.raises(ValueError):
         codec_from_name(name)
-    assert len(CODEC_NAME_FORMS) == 16
+    assert len(CODEC_NAME_FORMS) == 17

@@ -15,6 +15,7 @@ from wiiide.codecs.lossy import (
     Fp16Codec,
     Int2BlockCodec,
     Int3BlockCodec,
+    Int3ZstdBlockCodec,
     Int4BlockCodec,
     Int8BlockCodec,
     Lloyd2BlockCodec,
@@ -26,8 +27,8 @@ from wiiide.errors import ProtocolError
 
 CODEC_CLASSES: tuple[type[Codec], ...] = (NoCodec, ZlibCodec, ZstdCodec, Lz4Codec, Blosc2Codec,
                                           Fp16Codec, Bf16Codec, Int8BlockCodec, Int4BlockCodec,
-                                          Int3BlockCodec, Int2BlockCodec, Lloyd2BlockCodec, Lloyd3BlockCodec, TopKCodec,
-                                          RowsCodec)
+                                          Int3BlockCodec, Int3ZstdBlockCodec, Int2BlockCodec, Lloyd2BlockCodec,
+                                          Lloyd3BlockCodec, TopKCodec, RowsCodec)
 REGISTRY: dict[str, type[Codec]] = {cls.wire_id: cls for cls in CODEC_CLASSES}
 # One decoder per wire id: decoding needs no level or state (lossy parameters travel in the header).
 _DECODERS: dict[str, Codec] = {wid: cls() for wid, cls in REGISTRY.items()}
@@ -63,8 +64,8 @@ def decoder_for(wire_id: str) -> Codec:
 
 CODEC_NAME_FORMS = ("none", "zlib-1..9", "zstd-1..22", "lz4", "shuffle-zstd[-1..9]", "shuffle-lz4[-1..9]",
                     "fp16", "bf16", "int8[-<block 16..65536>]", "int4[-<block 16..65536>]",
-                    "int3[-<block 16..65536>]", "int2[-<block 16..65536>]", "lloyd2[-<block 16..65536>]",
-                    "lloyd3[-<block 16..65536>]", "topk-<fraction 0..1>", "rows")
+                    "int3[-<block 16..65536>]", "int3z[-<block 16..65536>]", "int2[-<block 16..65536>]",
+                    "lloyd2[-<block 16..65536>]", "lloyd3[-<block 16..65536>]", "topk-<fraction 0..1>", "rows")
 
 
 def codec_from_name(name: str) -> Codec:
@@ -99,6 +100,8 @@ def codec_from_name(name: str) -> Codec:
             return Int4BlockCodec(int(arg) if arg else Int4BlockCodec.DEFAULT_BLOCK)
         if head == "int3":
             return Int3BlockCodec(int(arg) if arg else Int3BlockCodec.DEFAULT_BLOCK)
+        if head == "int3z":
+            return Int3ZstdBlockCodec(int(arg) if arg else Int3ZstdBlockCodec.DEFAULT_BLOCK)
         if head == "int2":
             return Int2BlockCodec(int(arg) if arg else Int2BlockCodec.DEFAULT_BLOCK)
         if head == "lloyd2":
