@@ -15,7 +15,7 @@ from wiiide.units import KIB, MIB
 DEFAULT_SIZES_BYTES = (64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB)
 DEFAULT_FRAME_CODECS = ("none", "lz4", "zstd-1", "shuffle-lz4", "shuffle-zstd", "fp16", "int8")
 DEFAULT_TABLE_CODECS = ("none", "zlib-1", "zlib-9", "zstd-1", "zstd-3", "lz4", "shuffle-lz4", "shuffle-zstd",
-                        "fp16", "bf16", "int8", "topk-0.01")
+                        "fp16", "bf16", "int8", "int3", "int3z", "lloyd2", "topk-0.01")
 DEFAULT_LINK_POLICIES = ("fixed:none", "fixed:lz4", "fixed:zstd-1", "fixed:shuffle-lz4", "fixed:shuffle-zstd",
                          "seed", "network-aware")
 DEFAULT_LINK_RATES_BPS = (100e6, 200e6, 500e6, 1e9, 2.5e9, 0.0)  # bit/s; 0 = unpaced
