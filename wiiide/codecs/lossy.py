@@ -439,14 +439,16 @@ class Int3BlockCodec(_PackedBlockCodec):
 class Int3ZstdBlockCodec(Int3BlockCodec):
     """`Int3BlockCodec`'s values, entropy-coded: the same scales and codes in -3..3, but the codes packed two
     a byte (as int4's nibbles, stored as code + 4) and that byte stream compressed with Zstandard at level 1
-    (whose Huffman coding of the 49 byte values does the work); the float32 scales travel as they are. The
-    decoded values are exactly int3's, so its accuracy is int3's; only the size changes, and with the data.
+    (whose Huffman coding of the 49 byte values does the work); the float32 scales travel as they are. A
+    message decodes to exactly int3's values for the same input; only the size changes, and with the data.
+    (A sharded run still differs from int3's: its partitions follow its ratio, `wiiide.ps.partition`.)
 
     The size depends on the values: the heavier their tails, the more codes are 0 and the fewer bits a value.
-    In blocks of 256, scales included, about 2.2 bits a value for Gaussian values and 1.8 for Laplace ones,
-    against int3's 3.125 and lloyd2's 2.125 (tests/unit/test_wire_codecs.py checks the Laplace case against
-    both). The README's "Sharded parameter servers" has what the runs carried. zstd runs in C and releases
-    the GIL."""
+    In blocks of 256, scales included: about 2.2 bits a value for Gaussian values and 1.8 for Laplace ones
+    (tests/unit/test_wire_codecs.py checks the Laplace case against int3 and lloyd2), 14.6-15.6x on one
+    gradient of the project's MLPs (``python -m harness bench-wire --sections codecs``), against int3's
+    10.24x and lloyd2's 15.06x; its encoding and decoding take 1.3-2.6x lloyd2's time there (README,
+    "Sharded parameter servers", session 16)."""
 
     wire_id = "int3z"
     BITS, LEVELS = 4, 3
