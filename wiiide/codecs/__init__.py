@@ -16,6 +16,12 @@ blosc2     yes       byte-shuffle (typesize = the tensors' itemsize) + per-byte-
 fp16       no        float32 -> float16, clamped to +-65504 (float32 tensors only)
 bf16       no        float32 -> bfloat16, round to nearest even (float32 tensors only)
 int8       no        8-bit blockwise absmax quantization: one float32 scale per block
+int4       no        4-bit blockwise absmax (codes -7..7, two a byte) + one float32 scale per block
+int3       no        3-bit blockwise absmax (codes -3..3, eight to three bytes) + one scale per block
+int3z      no        int3's scales and codes, the codes two a byte compressed as one zstd frame
+int2       no        ternary blockwise absmax (codes -1..1, four a byte) + one scale per block
+lloyd2     no        2-bit Lloyd-Max levels for a Gaussian, scaled by the block's mean |x|
+lloyd3     no        3-bit Lloyd-Max levels, scaled by the block's mean |x|
 topk       no        the k largest magnitudes per tensor (int32 index + float32 value), with
                      error feedback: what is not sent is kept per tensor and added back next time
 rows       yes       the non-zero rows of each float32 tensor: row ids (int32/int64) + rows
