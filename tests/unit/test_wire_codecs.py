@@ -305,10 +305,9 @@ def int3z_payload(nibbles: list[int], scale: float = 1.0, frame_nbytes: int | No
     """An int3z payload of one block's scale and these stored codes (two a byte, low nibble first), its zstd
     frame declaring `frame_nbytes` (default: the true size)."""
     packed = bytes(lo | hi << 4 for lo, hi in zip(nibbles[0::2], nibbles[1::2]))
-    frame = zstandard.ZstdCompressor(level=1).compress(packed)
     if frame_nbytes is not None:
-        frame = zstandard.ZstdCompressor(level=1).compress(packed + bytes(frame_nbytes - len(packed)))
-    return np.float32(scale).tobytes() + frame
+        packed += bytes(frame_nbytes - len(packed))
+    return np.float32(scale).tobytes() + zstandard.ZstdCompressor(level=1).compress(packed)
 
 
 def test_int3z_layout_and_refusals():
