@@ -163,8 +163,18 @@ def _to_staleness_bound(value: Any) -> int | str:
     return bound
 
 
+def _to_pieces_per_shard(value: Any) -> int | str:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    pieces = _to_int(value)
+    if not 1 <= pieces <= 256:
+        raise ValueError("expected auto or an integer 1..256")
+    return pieces
+
+
 Bool = Annotated[bool, BeforeValidator(_to_bool)]
 StalenessBound = Annotated[int | Literal["async"], BeforeValidator(_to_staleness_bound)]
+PiecesPerShard = Annotated[int | Literal["auto"], BeforeValidator(_to_pieces_per_shard)]
 Int = Annotated[int, BeforeValidator(_to_int)]
 SizeBytes = Annotated[int, BeforeValidator(_to_size_bytes)]
 RateBps = Annotated[int, BeforeValidator(_to_rate_bps)]
@@ -322,11 +332,16 @@ class RunConfig(BaseSettings):
     partition_bytes: SizeBytes = _field(4 * _MIB, "4 bytes..1 GiB",
                                         "ps_shards > 1: largest parameter partition (BytePS's default 4 MiB); "
                                         "at least partitions_per_shard per shard", ge=4, le=1024 * _MIB)
-    partitions_per_shard: Int = _field(8, "1..256",
-                                       "ps_shards > 1: the fewest partitions per shard while they stay about 64 KiB "
-                                       "or more on the wire (64 KiB x the codec's ratio under a fixed lossy codec), "
-                                       "each still at most partition_bytes: a small model in pieces a shard "
-                                       "answers one after the other", ge=1, le=256)
+    partitions_per_shard: PiecesPerShard = _field(
+        "auto", "auto | an integer 1..256",
+        "ps_shards > 1: the fewest partitions per shard while they stay about 64 KiB or more on the wire (64 KiB x "
+        "the codec's ratio under a fixed lossy codec), each still at most partition_bytes: a small model in pieces "
+        "a shard answers one after the other; auto: 8 on a link probed below fast_link_bps, 2 at or above it "
+        "(wiiide.ps.link_probe)")
+    fast_link_bps: RateBps = _field(1_000_000_000, "1 Mbit/s..1 Tbit/s",
+                                    "partitions_per_shard auto: a link the coordinator's probe measures at this "
+                                    "rate or faster is cut into 2 pieces per shard, a slower one into 8",
+                                    ge=1_000_000, le=10**12)
     partition_balance: Literal["pipeline", "egress", "bytes"] = _field(
         "pipeline", "pipeline | egress | bytes",
         "ps_shards > 1: pipeline: the coordinator's range at the tail of the vector, pushed first, with shares "

@@ -104,3 +104,21 @@ def test_a_lost_shard_fails_the_run_with_its_cause(tmp_path, node_env, node_proc
     assert f"lost worker {rank}" in c["error"], c["error"]  # names the worker that died (and what followed)
     for w in (workers[0], workers[2]):
         assert node_procs.wait(w, 60) != 0  # the survivors end too, with an error, not a hang
+
+
+@pytest.mark.parametrize("fast_link_bps, pieces", [("1mbit", 2), ("1tbit", 8)])
+def test_auto_pieces_per_shard_follow_the_probed_link(tmp_path, node_env, node_procs, fast_link_bps,  # noqa: F811
+                                                      pieces):
+    """``partitions_per_shard: auto`` (the default): the coordinator probes its link to each worker before
+    the plan. Loopback is faster than 1 Mbit/s and slower than 1 Tbit/s, so those thresholds cut the
+    digits 512-512 model (1.2 MB, 0.2-0.4 MB a shard) into 2 pieces per shard, and into 8 as far as
+    pieces of 64 KiB or more allow (4-6 a shard)."""
+    run = _run(node_env, node_procs, tmp_path / "auto", ps_shards="all", hidden_sizes="512,512",
+               partition_bytes="4MiB", max_steps=3, fast_link_bps=fast_link_bps)
+    ps = run["coordinator"]["ps"]
+    assert ps["partitions_per_shard_setting"] == "auto" and ps["partitions_per_shard"] == pieces
+    probe = ps["link_probe"]
+    assert sorted(probe["workers"]) == ["1", "2", "3"] and probe["probe_bytes"] == 1 << 20
+    assert all(w["rate_bps"] > 0 and w["transfer_s"] > 0 for w in probe["workers"].values())
+    assert ps["partitions"] == 2 * 4 if pieces == 2 else ps["partitions"] > 3 * 4  # 64 KiB pieces stop 8
+    assert run["coordinator"]["steps"] == run["worker-1"]["steps"] == 3

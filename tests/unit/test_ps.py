@@ -213,7 +213,7 @@ def test_a_fixed_lossy_codec_cuts_the_shards_ranges_into_fewer_pieces(workers):
     shards = workers + 1
 
     def plan(numel, compression):
-        cfg = RunConfig(num_workers=workers, ps_shards="all", compression=compression)
+        cfg = RunConfig(num_workers=workers, ps_shards="all", compression=compression, partitions_per_shard=8)
         return plan_partitions(numel, shards, workers, cfg.partition_bytes, cfg.partition_balance,
                                cfg.partitions_per_shard, cfg.partition_placement, partition_finest_bytes(cfg))
 

@@ -4,6 +4,8 @@ After the usual join (`wiiide.coordinator`, `wiiide.worker`, whose welcome carri
 
 1. each worker that hosts a shard (ranks 1..k-1; shard 0 is the coordinator's) starts listening and
    every worker sends ``ps_join`` (its shard port, the fingerprint of the data set it holds);
+   under ``partitions_per_shard: auto`` the coordinator then probes its link to each worker
+   (``ps_probe`` / ``ps_probe_ack``, `wiiide.ps.link_probe`) to choose the pieces per shard;
 2. the coordinator sends ``ps_plan``: the shards' addresses (the host it saw each worker connect from,
    ``""`` for its own: the workers' ``coordinator_host``), the partitions (`wiiide.ps.partition`), the
    batch handout (``indices`` to workers whose data set has the coordinator's fingerprint, else
@@ -48,6 +50,15 @@ from wiiide.ps.checkpoints import ShardsRestored, announce_step, restore_shards
 from wiiide.ps.client import ShardClient, ShardFailed
 from wiiide.ps.digest import params_digest
 from wiiide.ps.feedback import policy_may_be_lossy
+from wiiide.ps.link_probe import (
+    AUTO_PIECES_FAST_LINK,
+    AUTO_PIECES_SLOW_LINK,
+    PROBE_BYTES,
+    link_rate_bps,
+    pieces_per_shard,
+    probe_link,
+    receive_answering_probes,
+)
 from wiiide.ps.partition import (
     Partition,
     finest_raw_bytes,
@@ -99,14 +110,9 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
     k = num_shards(cfg)
     finest_bytes = partition_finest_bytes(cfg)
-    partitions = plan_partitions(flat.numel, k, cfg.num_workers, cfg.partition_bytes, cfg.partition_balance,
-                                 cfg.partitions_per_shard, cfg.partition_placement, finest_bytes)
     if len(coord.workers) < cfg.num_workers:  # a restarted coordinator some workers did not come back to
         raise NodeFailure(f"sharded run (ps_shards={cfg.ps_shards}) needs all {cfg.num_workers} workers; "
                           f"{len(coord.workers)} came back within rejoin_timeout_s", EXIT_PEER_LOST)
-    restored = _restore(coord, partitions, k, flat)
-    start_step = restored.step if restored is not None else 0
-    momentum = restored.momentum if restored is not None else None
     shard = ShardServer(cfg, coord.secret, metrics, log, 0)
     port = shard.listen()
     fingerprint = data_fingerprint(data)
@@ -125,17 +131,29 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
             wanted = cfg.batch_handout
             handout[w.rank] = ("indices" if wanted == "indices" or (wanted == "auto" and join.meta.get("data") == fingerprint)
                                else "samples")
+        per_shard, probe = _pieces_per_shard(coord, workers)
+
+        def plan(pieces: int) -> tuple[int, list[Partition]]:
+            return pieces, plan_partitions(flat.numel, k, cfg.num_workers, cfg.partition_bytes,
+                                           cfg.partition_balance, pieces, cfg.partition_placement, finest_bytes)
+
+        # A restarted run keeps the pieces its checkpoints were cut into, whatever the probe says now.
+        others = [p for p in (AUTO_PIECES_SLOW_LINK, AUTO_PIECES_FAST_LINK) if p != per_shard] if probe else []
+        restored, per_shard, partitions = _restore(coord, [plan(per_shard)] + [plan(p) for p in others], k, flat)
+        start_step = restored.step if restored is not None else 0
+        momentum = restored.momentum if restored is not None else None
         shard.configure(partitions, flat.params.numpy(), policy_may_be_lossy(cfg), momentum, start_step)
         if shard.checkpointer is not None and shard.checkpointer.enabled:  # the report's checkpoints_written
             metrics.extra["checkpoints"] = shard.checkpointer.record
         shard.start()
-        plan = {"shards": [list(a) for a in addresses], "partitions": [[p.start, p.stop, p.shard] for p in partitions],
-                "data": fingerprint, "start_step": start_step}
+        plan_meta = {"shards": [list(a) for a in addresses],
+                     "partitions": [[p.start, p.stop, p.shard] for p in partitions],
+                     "data": fingerprint, "start_step": start_step}
         state = [to_wire("params", flat.params)]
         if momentum is not None:  # a restored checkpoint's: the shards' optimizer state
             state.append(WireTensor("momentum", momentum))
         for w in workers:
-            w.conn.send([encode_message("ps_plan", {**plan, "batch_handout": handout[w.rank]}, state)])
+            w.conn.send([encode_message("ps_plan", {**plan_meta, "batch_handout": handout[w.rank]}, state)])
         for w in workers:
             _receive(coord, w, "ps_ready")
         own = [(cfg.coordinator_host if not h else h, p) for h, p in addresses]
@@ -143,7 +161,8 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
         client = ShardClient(cfg, coord.secret, metrics, log, own, ROLE_COORDINATOR, 0, coord.metrics.node_id)
         metrics.extra["ps"].update({
             "ps_shards": k, "partitions": len(partitions), "partition_bytes": cfg.partition_bytes,
-            "partitions_per_shard": cfg.partitions_per_shard, "partition_finest_bytes": finest_bytes,
+            "partitions_per_shard": per_shard, "partition_finest_bytes": finest_bytes,
+            "partitions_per_shard_setting": cfg.partitions_per_shard, "link_probe": probe,
             "partition_balance": cfg.partition_balance,
             "partition_placement": cfg.partition_placement,
             "shard_loads_bytes": shard_loads_bytes(partitions, k),
@@ -178,23 +197,59 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
         shard.close()
 
 
-def _restore(coord, partitions: list[Partition], k: int, flat: FlatParams) -> ShardsRestored | None:
+def _pieces_per_shard(coord, workers) -> tuple[int, dict | None]:
+    """The pieces per shard this run cuts (`wiiide.ps.link_probe.pieces_per_shard`) and, under
+    ``partitions_per_shard: auto``, the link probe's record for the report (None otherwise).
+    Raises NodeFailure when a worker is lost or misbehaves during the probe."""
+    cfg = coord.cfg
+    if cfg.partitions_per_shard != "auto":
+        return pieces_per_shard(cfg.partitions_per_shard, None, cfg.fast_link_bps), None
+    probes = []
+    for w in workers:
+        try:
+            probes.append(probe_link(w.conn))
+        except Exception as exc:
+            coord._drop(w, exc)
+            raise NodeFailure(f"lost worker {w.rank} ({w.node_id}) during the link probe: {type(exc).__name__}: "
+                              f"{exc}", EXIT_PEER_LOST) from None
+    rate_bps = link_rate_bps(probes)
+    pieces = pieces_per_shard("auto", rate_bps, cfg.fast_link_bps)
+    coord.log.info("link probe: %.0f Mbit/s (median of %d workers; fast at %.0f Mbit/s and up): %d pieces per shard",
+                   rate_bps / 1e6, len(probes), cfg.fast_link_bps / 1e6, pieces)
+    return pieces, {"rate_bps": round(rate_bps), "fast_link_bps": cfg.fast_link_bps, "probe_bytes": PROBE_BYTES,
+                    "workers": {str(w.rank): p.record() for w, p in zip(workers, probes)}}
+
+
+def _restore(coord, plans: list[tuple[int, list[Partition]]], k: int,
+             flat: FlatParams) -> tuple[ShardsRestored | None, int, list[Partition]]:
     """With checkpoints on: the newest step complete and verified on every shard
-    (`wiiide.ps.checkpoints.restore_shards`) into `flat`, recorded in the coordinator's ``recovery``."""
+    (`wiiide.ps.checkpoints.restore_shards`) into `flat`, recorded in the coordinator's ``recovery``.
+
+    `plans` are (pieces per shard, partitions): the run's own first, then the others ``auto`` may pick,
+    tried in turn when the first's checkpoints do not restore. Returns the restored state (None: a
+    fresh start) and the plan to run with: the one that restored, else the first. Files refused are
+    those of the plan that restored, else of the first."""
     cfg, recovery = coord.cfg, coord.recovery
+    pieces, partitions = plans[0]
     if recovery is None or not recovery.enabled:
-        return None
+        return None, pieces, partitions
     restored, refused = restore_shards(cfg, partitions, k, flat.numel, coord.log)
+    for other_pieces, other in plans[1:] if restored is None else []:
+        found, other_refused = restore_shards(cfg, other, k, flat.numel, coord.log)
+        if found is not None:
+            restored, refused, pieces, partitions = found, other_refused, other_pieces, other
+            coord.log.info("restored with the plan its checkpoints were written with: %d pieces per shard", pieces)
+            break
     recovery.store.refused.extend(refused)  # the coordinator's ``recovery.refused``
     if restored is None:
         if refused:
             coord.log.error("no sharded checkpoint is complete and verified on all %d shards (%d files refused); "
                             "starting from step 0", k, len(refused))
-        return None
+        return None, pieces, partitions
     flat.load(torch.from_numpy(restored.params))
     recovery.mark_restored(restored.step, restored.paths[0], restored_files=restored.paths, restored_shards=k,
                            restored_params_sha256=params_digest(restored.params)["sha256"])
-    return restored
+    return restored, pieces, partitions
 
 
 def _peer_host(conn: Connection) -> str:
@@ -312,7 +367,7 @@ def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, s
     client = None
     try:
         conn.send([encode_message("ps_join", {"shard_port": shard.listen() if shard else 0, "data": fingerprint})])
-        plan = conn.receive(["ps_plan"])
+        plan = receive_answering_probes(conn, "ps_plan")
         flat = FlatParams(model)
         partitions = _plan_partitions(plan.meta, flat.numel, k)
         params = plan.tensor("params")

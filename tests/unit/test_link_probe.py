@@ -1,0 +1,140 @@
+"""The link probe of ``partitions_per_shard: auto`` (`wiiide.ps.link_probe`) over a loopback TCP connection."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from wiiide.config import RunConfig
+from wiiide.errors import ProtocolError
+from wiiide.log import TieredLog
+from wiiide.metrics import NodeMetrics
+from wiiide.node import Connection
+from wiiide.protocol import WireTensor, encode_message
+from wiiide.ps.link_probe import (
+    AUTO_PIECES_FAST_LINK,
+    AUTO_PIECES_SLOW_LINK,
+    MAX_PROBES,
+    PROBE,
+    PROBE_ACK,
+    LinkProbe,
+    link_rate_bps,
+    pieces_per_shard,
+    probe_link,
+    receive_answering_probes,
+)
+
+CFG = RunConfig(log_tier="silent")
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[Connection, Connection]]:
+    with socket.create_server(("127.0.0.1", 0)) as server:  # TCP: the knobs (TCP_QUICKACK) need it
+        b = socket.create_connection(server.getsockname())
+        a, _ = server.accept()
+    a.settimeout(10)
+    b.settimeout(10)
+    coord = Connection(a, CFG, NodeMetrics("coordinator", "c"), TieredLog(CFG, "coordinator"), "worker 1")
+    worker = Connection(b, CFG, NodeMetrics("worker", "w"), TieredLog(CFG, "worker"), "coordinator")
+    yield coord, worker
+    a.close()
+    b.close()
+
+
+def _in_thread(fn, *args) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn(*args)
+        except Exception as exc:  # handed to the test's thread
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_a_worker_answers_every_probe_and_returns_the_plan_after_them(pair):
+    coord, worker = pair
+    thread, out = _in_thread(receive_answering_probes, worker, "ps_plan")
+    probe = probe_link(coord, rounds=3, probe_bytes=200_000)
+    coord.send([encode_message("ps_plan", {"partitions": [[0, 5, 0]]})])
+    thread.join(10)
+    assert out["value"].kind == "ps_plan" and out["value"].meta == {"partitions": [[0, 5, 0]]}
+    assert probe.probe_bytes == 200_000 and probe.rtt_s > 0 and probe.transfer_s > 0
+    assert set(probe.record()) == {"rtt_s", "transfer_s", "rate_bps"}
+
+
+def test_a_worker_slow_to_take_the_probe_makes_the_link_slow(pair):
+    """A worker that holds each full probe 0.3 s before its ack: the probe's rate is at most
+    8 MiB / 0.3 s less the empty round trip's noise (< 28 Mbit/s + a bit), far below the 1 Gbit/s default,
+    so auto cuts 8 pieces."""
+    coord, worker = pair
+
+    def slow_worker() -> None:
+        while True:
+            msg = worker.receive([PROBE, "ps_plan"])
+            if msg.kind == "ps_plan":
+                return
+            if msg.tensors:
+                time.sleep(0.3)
+            worker.send([encode_message(PROBE_ACK, {"bytes": msg.tensor("fill").size if msg.tensors else 0})])
+
+    thread, _ = _in_thread(slow_worker)
+    probe = probe_link(coord, rounds=2)
+    coord.send([encode_message("ps_plan")])
+    thread.join(10)
+    assert probe.transfer_s >= 0.3 - probe.rtt_s
+    assert pieces_per_shard("auto", link_rate_bps([probe]), CFG.fast_link_bps) == AUTO_PIECES_SLOW_LINK
+
+
+def test_an_acknowledgement_of_another_size_is_refused(pair):
+    coord, worker = pair
+
+    def lying_worker() -> None:
+        for _ in range(2):
+            worker.receive([PROBE])
+            worker.send([encode_message(PROBE_ACK, {"bytes": 7})])
+
+    _in_thread(lying_worker)
+    with pytest.raises(ProtocolError, match="ps_probe_ack: 7 bytes acknowledged, 0 sent"):
+        probe_link(coord, rounds=1, probe_bytes=1000)
+
+
+def test_a_worker_refuses_endless_probes_and_odd_fills(pair):
+    coord, worker = pair
+    thread, out = _in_thread(receive_answering_probes, worker, "ps_plan")
+    for r in range(MAX_PROBES + 1):
+        coord.send([encode_message(PROBE, {"round": r})])
+    thread.join(10)
+    assert isinstance(out["error"], ProtocolError) and f"more than {MAX_PROBES} ps_probe" in str(out["error"])
+
+    thread, out = _in_thread(receive_answering_probes, worker, "ps_plan")
+    coord.send([encode_message(PROBE, {"round": 0}, [WireTensor("fill", np.zeros(4, np.float32))])])
+    thread.join(10)
+    assert isinstance(out["error"], ProtocolError) and "a uint8 vector" in str(out["error"])
+
+
+def test_auto_picks_few_pieces_on_a_fast_link_and_many_on_a_slow_one():
+    fast = 1e9
+    assert pieces_per_shard("auto", 5e9, fast) == pieces_per_shard("auto", 1e9, fast) == AUTO_PIECES_FAST_LINK
+    assert pieces_per_shard("auto", 2e8, fast) == pieces_per_shard("auto", 999e6, fast) == AUTO_PIECES_SLOW_LINK
+    assert AUTO_PIECES_FAST_LINK < AUTO_PIECES_SLOW_LINK
+    assert pieces_per_shard(3, None, fast) == 3  # an integer setting is kept, probe or not
+    with pytest.raises(ValueError, match="needs the probed link rate"):
+        pieces_per_shard("auto", None, fast)
+    with pytest.raises(ValueError, match="auto or an integer"):
+        pieces_per_shard(0, None, fast)
+
+
+def test_the_runs_rate_is_the_median_of_the_workers():
+    probes = [LinkProbe(1e-4, t, 1_000_000) for t in (0.08, 0.004, 0.005)]  # one worker's probe was held up
+    assert link_rate_bps(probes) == 8 * 1_000_000 / 0.005
+    with pytest.raises(ValueError):
+        link_rate_bps([])
