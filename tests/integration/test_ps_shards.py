@@ -119,6 +119,7 @@ def test_auto_pieces_per_shard_follow_the_probed_link(tmp_path, node_env, node_p
     assert ps["partitions_per_shard_setting"] == "auto" and ps["partitions_per_shard"] == pieces
     probe = ps["link_probe"]
     assert sorted(probe["workers"]) == ["1", "2", "3"] and probe["probe_bytes"] == 1 << 20
-    assert all(w["rate_bps"] > 0 and w["transfer_s"] > 0 for w in probe["workers"].values())
+    assert all(w["rate_bps"] == min(w["down_bps"], w["up_bps"]) > 0 for w in probe["workers"].values())
+    assert probe["rate_bps"] == min(w["rate_bps"] for w in probe["workers"].values())
     assert ps["partitions"] == 2 * 4 if pieces == 2 else ps["partitions"] > 3 * 4  # 64 KiB pieces stop 8
     assert run["coordinator"]["steps"] == run["worker-1"]["steps"] == 3

@@ -20,6 +20,7 @@ from wiiide.ps.link_probe import (
     AUTO_PIECES_FAST_LINK,
     AUTO_PIECES_SLOW_LINK,
     MAX_PROBES,
+    MAX_REPLY_BYTES,
     PROBE,
     PROBE_ACK,
     LinkProbe,
@@ -67,43 +68,53 @@ def test_a_worker_answers_every_probe_and_returns_the_plan_after_them(pair):
     coord.send([encode_message("ps_plan", {"partitions": [[0, 5, 0]]})])
     thread.join(10)
     assert out["value"].kind == "ps_plan" and out["value"].meta == {"partitions": [[0, 5, 0]]}
-    assert probe.probe_bytes == 200_000 and probe.rtt_s > 0 and probe.transfer_s > 0
-    assert set(probe.record()) == {"rtt_s", "transfer_s", "rate_bps"}
+    assert probe.probe_bytes == 200_000 and probe.rtt_s > 0 and probe.down_s > 0 and probe.up_s > 0
+    assert probe.rate_bps == min(probe.down_bps, probe.up_bps)
+    assert set(probe.record()) == {"rtt_s", "down_bps", "up_bps", "rate_bps"}
 
 
-def test_a_worker_slow_to_take_the_probe_makes_the_link_slow(pair):
-    """A worker that holds each full probe 0.3 s before its ack: the probe's rate is at most
-    8 MiB / 0.3 s less the empty round trip's noise (< 28 Mbit/s + a bit), far below the 1 Gbit/s default,
-    so auto cuts 8 pieces."""
+def _slow_worker(worker: Connection, hold_s: float, hold_up: bool) -> None:
+    """A worker that holds each full probe of one direction `hold_s` before its ack."""
+    while True:
+        msg = worker.receive([PROBE, "ps_plan"])
+        if msg.kind == "ps_plan":
+            return
+        reply = msg.meta["reply_bytes"]
+        if (reply if hold_up else msg.tensors):
+            time.sleep(hold_s)
+        fill = [WireTensor("fill", np.zeros(reply, np.uint8))] if reply else []
+        worker.send([encode_message(PROBE_ACK, {"bytes": msg.tensor("fill").size if msg.tensors else 0}, fill)])
+
+
+@pytest.mark.parametrize("hold_up", [False, True])
+def test_a_link_slow_one_way_makes_the_link_slow(pair, hold_up):
+    """A worker that holds each full probe of one direction 0.3 s: that direction's transfer takes at
+    least 0.3 s less the empty round trip, its rate is at most 1 MiB / 0.3 s (28 Mbit/s and the
+    round trip's noise), far below the 1 Gbit/s default, and the link is that slow direction: auto cuts 8."""
     coord, worker = pair
-
-    def slow_worker() -> None:
-        while True:
-            msg = worker.receive([PROBE, "ps_plan"])
-            if msg.kind == "ps_plan":
-                return
-            if msg.tensors:
-                time.sleep(0.3)
-            worker.send([encode_message(PROBE_ACK, {"bytes": msg.tensor("fill").size if msg.tensors else 0})])
-
-    thread, _ = _in_thread(slow_worker)
+    thread, _ = _in_thread(_slow_worker, worker, 0.3, hold_up)
     probe = probe_link(coord, rounds=2)
     coord.send([encode_message("ps_plan")])
     thread.join(10)
-    assert probe.transfer_s >= 0.3 - probe.rtt_s
+    slow_s, fast_s = (probe.up_s, probe.down_s) if hold_up else (probe.down_s, probe.up_s)
+    assert slow_s >= 0.3 - probe.rtt_s and fast_s < slow_s
+    assert probe.rate_bps == (probe.up_bps if hold_up else probe.down_bps)
     assert pieces_per_shard("auto", link_rate_bps([probe]), CFG.fast_link_bps) == AUTO_PIECES_SLOW_LINK
 
 
-def test_an_acknowledgement_of_another_size_is_refused(pair):
+def test_an_acknowledgement_or_a_reply_of_another_size_is_refused(pair):
     coord, worker = pair
 
-    def lying_worker() -> None:
-        for _ in range(2):
-            worker.receive([PROBE])
-            worker.send([encode_message(PROBE_ACK, {"bytes": 7})])
+    def lying_worker(ack_bytes: int, reply_bytes: int) -> None:
+        worker.receive([PROBE])
+        fill = [WireTensor("fill", np.zeros(reply_bytes, np.uint8))] if reply_bytes else []
+        worker.send([encode_message(PROBE_ACK, {"bytes": ack_bytes}, fill)])
 
-    _in_thread(lying_worker)
+    _in_thread(lying_worker, 7, 0)
     with pytest.raises(ProtocolError, match="ps_probe_ack: 7 bytes acknowledged, 0 sent"):
+        probe_link(coord, rounds=1, probe_bytes=1000)
+    _in_thread(lying_worker, 0, 10)
+    with pytest.raises(ProtocolError, match="ps_probe_ack: a reply of 10 bytes, 0 asked for"):
         probe_link(coord, rounds=1, probe_bytes=1000)
 
 
@@ -120,6 +131,11 @@ def test_a_worker_refuses_endless_probes_and_odd_fills(pair):
     thread.join(10)
     assert isinstance(out["error"], ProtocolError) and "a uint8 vector" in str(out["error"])
 
+    thread, out = _in_thread(receive_answering_probes, worker, "ps_plan")
+    coord.send([encode_message(PROBE, {"round": 0, "reply_bytes": MAX_REPLY_BYTES + 1})])
+    thread.join(10)
+    assert isinstance(out["error"], ProtocolError) and "reply_bytes must be an integer" in str(out["error"])
+
 
 def test_auto_picks_few_pieces_on_a_fast_link_and_many_on_a_slow_one():
     fast = 1e9
@@ -133,8 +149,9 @@ def test_auto_picks_few_pieces_on_a_fast_link_and_many_on_a_slow_one():
         pieces_per_shard(0, None, fast)
 
 
-def test_the_runs_rate_is_the_median_of_the_workers():
-    probes = [LinkProbe(1e-4, t, 1_000_000) for t in (0.08, 0.004, 0.005)]  # one worker's probe was held up
-    assert link_rate_bps(probes) == 8 * 1_000_000 / 0.005
+def test_the_runs_rate_is_the_slowest_workers_slower_direction():
+    probes = [LinkProbe(1e-4, 0.005, 0.004, 1_000_000), LinkProbe(1e-4, 0.002, 0.08, 1_000_000),
+              LinkProbe(1e-4, 0.003, 0.003, 1_000_000)]  # worker 2's own uplink is slow
+    assert link_rate_bps(probes) == probes[1].up_bps < probes[0].down_bps < probes[2].rate_bps
     with pytest.raises(ValueError):
         link_rate_bps([])

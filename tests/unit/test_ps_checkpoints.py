@@ -5,6 +5,8 @@ back to the previous complete step with the reason logged."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +18,8 @@ from wiiide.metrics import NodeMetrics
 from wiiide.model import MomentumSGD
 from wiiide.ps.checkpoints import ShardCheckpointer, restore_shards, shard_prefix
 from wiiide.ps.partition import partition_flat
+from wiiide.ps.session import _restore
+from wiiide.recovery import ServerRecovery
 
 NUMEL = 1000
 SHARDS = 3
@@ -244,3 +248,26 @@ def test_a_step_the_coordinator_announces_is_written_and_one_a_partition_passed_
     with pytest.raises(ProtocolError, match="integer"):
         writer.announce("7", reached=5)
     assert restore_shards(cfg, partitions, 1, NUMEL, log)[0].step == 3
+
+
+def test_a_restarted_run_restores_with_the_plan_its_checkpoints_were_written_with(tmp_path):
+    """``partitions_per_shard: auto`` may pick other pieces after a restart than before it (the link
+    probe): the coordinator tries the other plan ``auto`` can pick when its own finds no checkpoint,
+    and runs with the plan that restored; files refused under the plan not used are not reported."""
+    cfg = _cfg(tmp_path)
+    log = _Log(cfg)
+    partitions, history, _ = _train_shards(cfg, 10, log)
+    probed = partition_flat(NUMEL, SHARDS, 800)  # what the probe's piece count would cut now
+    loaded: list[np.ndarray] = []
+    flat = SimpleNamespace(numel=NUMEL, load=lambda t: loaded.append(t.numpy().copy()))
+    coord = SimpleNamespace(cfg=cfg, log=log, recovery=ServerRecovery(cfg, NodeMetrics("coordinator", "c"), log))
+
+    restored, pieces, plan = _restore(coord, [(2, probed), (8, partitions)], SHARDS, flat)
+    assert restored.step == 10 and pieces == 8 and plan == partitions
+    np.testing.assert_array_equal(loaded[0], history[10][0])
+    assert coord.recovery.recovery["restored_step"] == 10 and coord.recovery.recovery["refused"] == []
+
+    alone = SimpleNamespace(cfg=cfg, log=log, recovery=ServerRecovery(cfg, NodeMetrics("coordinator", "c"), log))
+    restored, pieces, plan = _restore(alone, [(2, probed)], SHARDS, flat)  # an integer setting: one plan
+    assert restored is None and pieces == 2 and plan == probed
+    assert "another run configuration (partitions" in alone.recovery.recovery["refused"][0]["cause"]

@@ -1,4 +1,4 @@
-"""The link probe behind ``partitions_per_shard: auto``: how fast the coordinator's link is, before the plan.
+"""The link probe behind ``partitions_per_shard: auto``: how fast the links are, before the plan.
 
 Why pieces follow the link. A shard cuts its range into pieces so that it can answer one while the
 next is still arriving (pipelining over the link); every piece costs each node a frame's CPU (encode,
@@ -16,18 +16,18 @@ So ``auto`` cuts `AUTO_PIECES_SLOW_LINK` (8) pieces per shard on a link slower t
 on one at least that fast.
 
 How the rate is measured. After every worker's ``ps_join`` and before the plan, the coordinator
-probes each worker in turn (`probe_link`): `PROBE_ROUNDS` rounds of an empty ``ps_probe`` and one
-carrying `PROBE_BYTES`, each answered with ``ps_probe_ack`` as soon as the worker holds it whole
-(`receive_answering_probes`). The transfer time is the best full round trip less the best empty one;
-the rate is 8 x `PROBE_BYTES` over it. The run's rate is the median over the workers (`link_rate_bps`).
-The probe measures the coordinator's egress and the workers' receive path, CPU included: the harness
-shapes every node's egress alike (`harness/links/tc.py`), and a loaded machine can only make a link
-look slower (more pieces), never faster.
+probes each worker in turn (`probe_link`), `PROBE_ROUNDS` rounds of three ``ps_probe`` messages, each
+answered with ``ps_probe_ack`` as soon as the worker holds it whole (`receive_answering_probes`): an
+empty one (the round trip), one carrying `PROBE_BYTES` (the coordinator's egress to the worker), and
+an empty one asking for `PROBE_BYTES` back (the worker's egress). A direction's transfer time is its
+best round trip less the best empty one, its rate 8 x `PROBE_BYTES` over that; a worker's link is the
+slower direction, and the run's rate the slowest worker's (`link_rate_bps`): a synchronous round goes
+at its slowest link. The rates include the receive path's CPU, so a loaded machine can only make a
+link look slower (more pieces), never faster.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 
@@ -37,9 +37,10 @@ from wiiide.errors import ProtocolError
 from wiiide.node import Connection
 from wiiide.protocol import Message, WireTensor, encode_message
 
-PROBE = "ps_probe"  # coordinator -> worker, before the plan: {"round"}, an optional uint8 fill
-PROBE_ACK = "ps_probe_ack"  # worker -> coordinator: {"bytes": the fill's length}
+PROBE = "ps_probe"  # coordinator -> worker, before the plan: {"round", "reply_bytes"}, an optional uint8 fill
+PROBE_ACK = "ps_probe_ack"  # worker -> coordinator: {"bytes": the fill's length}, a fill of reply_bytes
 PROBE_BYTES = 1 << 20  # 1 MiB: 84 ms at 100 Mbit/s, 8.4 ms at the 1 Gbit/s default threshold
+MAX_REPLY_BYTES = 16 << 20  # the most a worker sends back for one probe
 PROBE_ROUNDS = 2  # rounds per worker; the best of them counts
 MAX_PROBES = 64  # probes a worker answers before its plan; more is a protocol error
 MIN_TRANSFER_S = 1e-6  # a transfer measured shorter (or below zero: the empty round trip's noise) counts as this
@@ -49,35 +50,48 @@ AUTO_PIECES_FAST_LINK = 2
 
 @dataclass(frozen=True)
 class LinkProbe:
-    """One worker's probe: the best empty round trip (`rtt_s`), the best round trip of `probe_bytes`
-    less it (`transfer_s`, at least `MIN_TRANSFER_S`), and the rate that gives (bit/s)."""
+    """One worker's probe: the best empty round trip (`rtt_s`), and the best round trips that carried
+    `probe_bytes` to the worker (`down_s`) and back from it (`up_s`), each less `rtt_s` and at least
+    `MIN_TRANSFER_S`."""
 
     rtt_s: float
-    transfer_s: float
+    down_s: float
+    up_s: float
     probe_bytes: int
 
     @property
+    def down_bps(self) -> float:
+        """The coordinator's egress to the worker, bit/s."""
+        return 8 * self.probe_bytes / self.down_s
+
+    @property
+    def up_bps(self) -> float:
+        """The worker's egress to the coordinator, bit/s."""
+        return 8 * self.probe_bytes / self.up_s
+
+    @property
     def rate_bps(self) -> float:
-        return 8 * self.probe_bytes / self.transfer_s
+        """The slower direction, bit/s."""
+        return min(self.down_bps, self.up_bps)
 
     def record(self) -> dict:
-        return {"rtt_s": round(self.rtt_s, 6), "transfer_s": round(self.transfer_s, 6),
+        return {"rtt_s": round(self.rtt_s, 6), "down_bps": round(self.down_bps), "up_bps": round(self.up_bps),
                 "rate_bps": round(self.rate_bps)}
 
 
 def probe_link(conn: Connection, rounds: int = PROBE_ROUNDS, probe_bytes: int = PROBE_BYTES) -> LinkProbe:
-    """Probe the link to the worker behind `conn` (module docstring); the worker answers with
-    `receive_answering_probes`.
+    """Probe the link to the worker behind `conn` both ways (module docstring); the worker answers with
+    `receive_answering_probes`. `probe_bytes`: 1..`MAX_REPLY_BYTES`.
 
     Raises:
         OSError / WiiideError: from the connection (a lost or misbehaving worker); ProtocolError: an
-        acknowledgement of another size than the probe's.
+        acknowledgement of another size than the probe's, or a reply of another size than asked for.
     """
     fill = WireTensor("fill", np.zeros(probe_bytes, dtype=np.uint8))
-    empty_s, full_s = float("inf"), float("inf")
+    best = {"empty": float("inf"), "down": float("inf"), "up": float("inf")}
     for r in range(rounds):
-        for tensors in ((), (fill,)):
-            frame = encode_message(PROBE, {"round": r}, tensors)  # built before the clock starts
+        for way, tensors, reply in (("empty", (), 0), ("down", (fill,), 0), ("up", (), probe_bytes)):
+            frame = encode_message(PROBE, {"round": r, "reply_bytes": reply}, tensors)  # before the clock starts
             t0 = time.perf_counter()
             conn.send([frame])
             ack = conn.receive([PROBE_ACK])
@@ -85,41 +99,54 @@ def probe_link(conn: Connection, rounds: int = PROBE_ROUNDS, probe_bytes: int = 
             sent = probe_bytes if tensors else 0
             if ack.meta.get("bytes") != sent:
                 raise ProtocolError(f"{PROBE_ACK}: {ack.meta.get('bytes')!r:.40} bytes acknowledged, {sent} sent")
-            if tensors:
-                full_s = min(full_s, took_s)
-            else:
-                empty_s = min(empty_s, took_s)
-    return LinkProbe(empty_s, max(MIN_TRANSFER_S, full_s - empty_s), probe_bytes)
+            got = _fill_bytes(ack)
+            if got != reply:
+                raise ProtocolError(f"{PROBE_ACK}: a reply of {got} bytes, {reply} asked for")
+            best[way] = min(best[way], took_s)
+    rtt_s = best["empty"]
+    return LinkProbe(rtt_s, max(MIN_TRANSFER_S, best["down"] - rtt_s), max(MIN_TRANSFER_S, best["up"] - rtt_s),
+                     probe_bytes)
+
+
+def _fill_bytes(msg: Message) -> int:
+    """The length of `msg`'s fill (0 without one). Raises ProtocolError: more than one tensor, or a fill
+    that is not one uint8 vector."""
+    if len(msg.tensors) > 1:
+        raise ProtocolError(f"{msg.kind}: {len(msg.tensors)} tensors, expected at most one fill")
+    if not msg.tensors:
+        return 0
+    fill = msg.tensor("fill")
+    if fill.dtype != np.uint8 or fill.ndim != 1:
+        raise ProtocolError(f"{msg.kind}: a fill of {fill.dtype} {fill.shape}, expected a uint8 vector")
+    return int(fill.size)
 
 
 def receive_answering_probes(conn: Connection, kind: str) -> Message:
-    """A worker's receive of the next `kind` message, answering each ``ps_probe`` before it.
+    """A worker's receive of the next `kind` message, answering each ``ps_probe`` before it (with a
+    fill of the ``reply_bytes`` it asks for).
 
     Raises:
-        ProtocolError: more than `MAX_PROBES` probes, or a probe whose fill is not one uint8 vector;
-        and whatever `Connection.receive` raises.
+        ProtocolError: more than `MAX_PROBES` probes, a probe whose fill is not one uint8 vector, or one
+        asking for more than `MAX_REPLY_BYTES` back; and whatever `Connection.receive` raises.
     """
     for _ in range(MAX_PROBES + 1):
         msg = conn.receive([PROBE, kind])
         if msg.kind == kind:
             return msg
-        if len(msg.tensors) > 1:
-            raise ProtocolError(f"{PROBE}: {len(msg.tensors)} tensors, expected at most one fill")
-        size = 0
-        if msg.tensors:
-            fill = msg.tensor("fill")
-            if fill.dtype != np.uint8 or fill.ndim != 1:
-                raise ProtocolError(f"{PROBE}: a fill of {fill.dtype} {fill.shape}, expected a uint8 vector")
-            size = int(fill.size)
-        conn.send([encode_message(PROBE_ACK, {"bytes": size})])
+        size = _fill_bytes(msg)
+        reply = msg.meta.get("reply_bytes", 0)
+        if type(reply) is not int or not 0 <= reply <= MAX_REPLY_BYTES:  # noqa: E721
+            raise ProtocolError(f"{PROBE}: reply_bytes must be an integer 0..{MAX_REPLY_BYTES}, got {reply!r:.40}")
+        fill = [WireTensor("fill", np.zeros(reply, dtype=np.uint8))] if reply else []
+        conn.send([encode_message(PROBE_ACK, {"bytes": size}, fill)])
     raise ProtocolError(f"more than {MAX_PROBES} {PROBE} messages before {kind}")
 
 
 def link_rate_bps(probes: list[LinkProbe]) -> float:
-    """The run's link rate (bit/s): the median of the workers' probes. Raises ValueError on none."""
+    """The run's link rate (bit/s): the slowest worker's (`LinkProbe.rate_bps`). Raises ValueError on none."""
     if not probes:
         raise ValueError("no link probes")
-    return float(statistics.median(p.rate_bps for p in probes))
+    return min(p.rate_bps for p in probes)
 
 
 def pieces_per_shard(setting: int | str, rate_bps: float | None, fast_link_bps: float) -> int:

@@ -214,7 +214,8 @@ def _pieces_per_shard(coord, workers) -> tuple[int, dict | None]:
                               f"{exc}", EXIT_PEER_LOST) from None
     rate_bps = link_rate_bps(probes)
     pieces = pieces_per_shard("auto", rate_bps, cfg.fast_link_bps)
-    coord.log.info("link probe: %.0f Mbit/s (median of %d workers; fast at %.0f Mbit/s and up): %d pieces per shard",
+    coord.log.info("link probe: %.0f Mbit/s (the slowest of %d workers' links; fast at %.0f Mbit/s and up): "
+                   "%d pieces per shard",
                    rate_bps / 1e6, len(probes), cfg.fast_link_bps / 1e6, pieces)
     return pieces, {"rate_bps": round(rate_bps), "fast_link_bps": cfg.fast_link_bps, "probe_bytes": PROBE_BYTES,
                     "workers": {str(w.rank): p.record() for w, p in zip(workers, probes)}}
