@@ -12,8 +12,10 @@ parameter servers", session 16; digits 4 / 8 workers, 26 MB 4 / 8 workers):
   1.13 / ~1.02x, and at 26 MB / 8 workers 2 pieces ran 0.80x 8's.
 
 So ``auto`` cuts `AUTO_PIECES_SLOW_LINK` (8) pieces per shard on a link slower than ``fast_link_bps``
-(default 1 Gbit/s: 5x the fastest shaped link measured, 200 Mbit/s) and `AUTO_PIECES_FAST_LINK` (2)
-on one at least that fast.
+(default 1 Gbit/s: 5x the fastest shaped link measured, 200 Mbit/s, and 6x below the slowest reading of
+the unshaped bridge, 6.0 Gbit/s in 24 runs, session 17) and `AUTO_PIECES_FAST_LINK` (2) on one at least
+that fast. With it, sharded fp32 runs 1.28-1.59x DDP fp32 unshaped and 1.11-1.25x at 100 and 200 Mbit/s
+(README, "Pieces that follow the link").
 
 How the rate is measured. After every worker's ``ps_join`` and before the plan, the coordinator
 probes each worker in turn (`probe_link`), `PROBE_ROUNDS` rounds of three ``ps_probe`` messages, each
