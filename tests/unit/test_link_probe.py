@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from types import SimpleNamespace
 from typing import Iterator
 
 import numpy as np
@@ -14,7 +15,7 @@ from wiiide.config import RunConfig
 from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.node import Connection
+from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure
 from wiiide.protocol import WireTensor, encode_message
 from wiiide.ps.link_probe import (
     AUTO_PIECES_FAST_LINK,
@@ -29,6 +30,7 @@ from wiiide.ps.link_probe import (
     probe_link,
     receive_answering_probes,
 )
+from wiiide.ps.session import _pieces_per_shard
 
 CFG = RunConfig(log_tier="silent")
 
@@ -155,3 +157,19 @@ def test_the_runs_rate_is_the_slowest_workers_slower_direction():
     assert link_rate_bps(probes) == probes[1].up_bps < probes[0].down_bps < probes[2].rate_bps
     with pytest.raises(ValueError):
         link_rate_bps([])
+
+
+def test_a_worker_lost_during_the_probe_fails_the_run_naming_it(pair):
+    """The coordinator's side (`wiiide.ps.session._pieces_per_shard`): a worker that closes its
+    connection instead of answering is dropped, and the run fails with exit 4 and the worker named."""
+    coord_conn, worker = pair
+    dropped = []
+    slot = SimpleNamespace(rank=2, node_id="w2", conn=coord_conn, alive=True)
+    coord = SimpleNamespace(cfg=RunConfig(log_tier="silent", num_workers=1), log=TieredLog(CFG, "coordinator"),
+                            _drop=lambda w, exc: dropped.append((w.rank, type(exc).__name__)))
+    worker.sock.close()
+    with pytest.raises(NodeFailure, match="lost worker 2 \\(w2\\) during the link probe") as info:
+        _pieces_per_shard(coord, [slot])
+    assert info.value.exit_code == EXIT_PEER_LOST and dropped and dropped[0][0] == 2
+    fixed = SimpleNamespace(cfg=RunConfig(log_tier="silent", partitions_per_shard=4), log=coord.log)
+    assert _pieces_per_shard(fixed, [slot]) == (4, None)  # an integer setting probes nothing
