@@ -167,7 +167,9 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
                             poller.stop()
                     rep = writer.add_repeat(point, record)
                     done += 1
-                    display.end_point(run, rep.model_dump(include={"status", "error", "totals"}))
+                    shown = rep.model_dump(include={"status", "error", "totals"})
+                    shown["nodes"] = {"coordinator": {"ps": (rep.nodes.get("coordinator") or {}).get("ps") or {}}}
+                    display.end_point(run, shown)  # the totals, and the pieces a link probe chose
                 writer.finish_point(point)
                 point = None
             writer.finish(complete=True)

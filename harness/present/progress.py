@@ -157,14 +157,24 @@ class RunClock:
 def result_line(record: dict[str, Any]) -> str:
     """The one line a finished run gets: ``    ok: <batches/s>, <goodput MB/s>, <accuracy %>`` (a language
     model: ``validation loss <nats>``) or ``    FAILED: <error>`` (goodput in MB/s = 1e6 bytes/s; accuracy
-    of the held-out split, %)."""
+    of the held-out split, %). A sharded run whose coordinator probed its links (``partitions_per_shard:
+    auto``, `wiiide.ps.link_probe`) adds ``; <n> pieces per shard (links probed at <Mbit/s>)``."""
     totals = record.get("totals") or {}
     if record.get("status") == "ok":
         return (f"    ok: {totals.get('batches_per_s') or 0:.0f} batches/s, "
                 f"{(totals.get('goodput_bytes_per_s') or 0) / 1e6:.2f} MB/s goodput, "
                 + (f"validation loss {totals['validation_loss']:.3f}" if totals.get("validation_loss") is not None
-                 else f"held-out accuracy {100 * (totals.get('test_accuracy') or 0):.1f} %"))
+                 else f"held-out accuracy {100 * (totals.get('test_accuracy') or 0):.1f} %") + _pieces_note(record))
     return f"    FAILED: {record.get('error')}"
+
+
+def _pieces_note(record: dict[str, Any]) -> str:
+    ps = (((record.get("nodes") or {}).get("coordinator") or {}).get("ps")) or {}
+    probe = ps.get("link_probe")
+    if not isinstance(probe, dict) or not isinstance(probe.get("rate_bps"), (int, float)):
+        return ""
+    rate_mbps = probe["rate_bps"] / 1e6
+    return f"; {ps.get('partitions_per_shard')} pieces per shard (links probed at {rate_mbps:,.0f} Mbit/s)"
 
 
 def sweep_line(info: SweepInfo) -> str:

@@ -17,6 +17,7 @@ from harness.present.progress import (
     RunInfo,
     SweepInfo,
     choose_progress,
+    result_line,
 )
 from harness.run.backend import RunResult
 from harness.run.status import Training
@@ -66,6 +67,17 @@ def test_plain_lines_exact():
         "    running: 10 s of about 30 s, 3 containers up",
     ]
     assert p.clock.runs_done == 4 and p.clock.left_s() == 0.0
+
+
+def test_a_sharded_run_names_the_pieces_its_link_probe_chose():
+    ok = {"status": "ok", "totals": {"batches_per_s": 233, "goodput_bytes_per_s": 1.5e8, "test_accuracy": 0.922}}
+    probed = {**ok, "nodes": {"coordinator": {"ps": {"partitions_per_shard": 2, "link_probe": {"rate_bps": 11_240e6}}},
+                              "worker-1": {}}}
+    assert result_line(probed) == ("    ok: 233 batches/s, 150.00 MB/s goodput, held-out accuracy 92.2 %; "
+                                   "2 pieces per shard (links probed at 11,240 Mbit/s)")
+    fixed = {**ok, "nodes": {"coordinator": {"ps": {"partitions_per_shard": 8, "link_probe": None}}}}
+    plain = "    ok: 233 batches/s, 150.00 MB/s goodput, held-out accuracy 92.2 %"
+    assert result_line(fixed) == result_line(ok) == plain
 
 
 def test_time_left_from_finished_runs_only():
