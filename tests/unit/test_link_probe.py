@@ -18,19 +18,20 @@ from wiiide.metrics import NodeMetrics
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure
 from wiiide.protocol import WireTensor, encode_message
 from wiiide.ps.link_probe import (
-    AUTO_PIECES_FAST_LINK,
-    AUTO_PIECES_SLOW_LINK,
+    FAST_LINK_RULE,
     MAX_PROBES,
     MAX_REPLY_BYTES,
     PROBE,
     PROBE_ACK,
     LinkProbe,
+    SLOW_LINK_RULE,
+    PieceRule,
     link_rate_bps,
-    pieces_per_shard,
+    piece_rule,
     probe_link,
     receive_answering_probes,
 )
-from wiiide.ps.session import _pieces_per_shard
+from wiiide.ps.session import _piece_rule
 
 CFG = RunConfig(log_tier="silent")
 
@@ -101,7 +102,7 @@ def test_a_link_slow_one_way_makes_the_link_slow(pair, hold_up):
     slow_s, fast_s = (probe.up_s, probe.down_s) if hold_up else (probe.down_s, probe.up_s)
     assert slow_s >= 0.3 - probe.rtt_s and fast_s < slow_s
     assert probe.rate_bps == (probe.up_bps if hold_up else probe.down_bps)
-    assert pieces_per_shard("auto", link_rate_bps([probe]), CFG.fast_link_bps) == AUTO_PIECES_SLOW_LINK
+    assert piece_rule("auto", link_rate_bps([probe]), CFG.fast_link_bps) == SLOW_LINK_RULE
 
 
 def test_an_acknowledgement_or_a_reply_of_another_size_is_refused(pair):
@@ -139,16 +140,15 @@ def test_a_worker_refuses_endless_probes_and_odd_fills(pair):
     assert isinstance(out["error"], ProtocolError) and "reply_bytes must be an integer" in str(out["error"])
 
 
-def test_auto_picks_few_pieces_on_a_fast_link_and_many_on_a_slow_one():
+def test_auto_cuts_few_big_pieces_on_a_fast_link_and_many_small_ones_on_a_slow_one():
     fast = 1e9
-    assert pieces_per_shard("auto", 5e9, fast) == pieces_per_shard("auto", 1e9, fast) == AUTO_PIECES_FAST_LINK
-    assert pieces_per_shard("auto", 2e8, fast) == pieces_per_shard("auto", 999e6, fast) == AUTO_PIECES_SLOW_LINK
-    assert AUTO_PIECES_FAST_LINK < AUTO_PIECES_SLOW_LINK
-    assert pieces_per_shard(3, None, fast) == 3  # an integer setting is kept, probe or not
+    assert piece_rule("auto", 5e9, fast) == piece_rule("auto", 1e9, fast) == FAST_LINK_RULE == (2, 1 << 20)
+    assert piece_rule("auto", 2e8, fast) == piece_rule("auto", 999e6, fast) == SLOW_LINK_RULE == (8, 64 * 1024)
+    assert piece_rule(3, None, fast) == PieceRule(3, 64 * 1024)  # an integer setting is kept, probe or not
     with pytest.raises(ValueError, match="needs the probed link rate"):
-        pieces_per_shard("auto", None, fast)
+        piece_rule("auto", None, fast)
     with pytest.raises(ValueError, match="auto or an integer"):
-        pieces_per_shard(0, None, fast)
+        piece_rule(0, None, fast)
 
 
 def test_the_runs_rate_is_the_slowest_workers_slower_direction():
@@ -169,7 +169,7 @@ def test_a_worker_lost_during_the_probe_fails_the_run_naming_it(pair):
                             _drop=lambda w, exc: dropped.append((w.rank, type(exc).__name__)))
     worker.sock.close()
     with pytest.raises(NodeFailure, match="lost worker 2 \\(w2\\) during the link probe") as info:
-        _pieces_per_shard(coord, [slot])
+        _piece_rule(coord, [slot])
     assert info.value.exit_code == EXIT_PEER_LOST and dropped and dropped[0][0] == 2
     fixed = SimpleNamespace(cfg=RunConfig(log_tier="silent", partitions_per_shard=4), log=coord.log)
-    assert _pieces_per_shard(fixed, [slot]) == (4, None)  # an integer setting probes nothing
+    assert _piece_rule(fixed, [slot]) == (PieceRule(4, 64 * 1024), None)  # an integer setting probes nothing

@@ -11,11 +11,15 @@ parameter servers", session 16; digits 4 / 8 workers, 26 MB 4 / 8 workers):
 - 100 Mbit/s (`results/shaped-pieces-20261125T082614Z`): 8 pieces 1.22 / 1.17 / 1.25x, 2 pieces 1.20 /
   1.13 / ~1.02x, and at 26 MB / 8 workers 2 pieces ran 0.80x 8's.
 
-So ``auto`` cuts `AUTO_PIECES_SLOW_LINK` (8) pieces per shard on a link slower than ``fast_link_bps``
-(default 1 Gbit/s: 5x the fastest shaped link measured, 200 Mbit/s, and 6x below the slowest reading of
-the unshaped bridge, 6.0 Gbit/s in 24 runs, session 17) and `AUTO_PIECES_FAST_LINK` (2) on one at least
-that fast. With it, sharded fp32 runs 1.28-1.59x DDP fp32 unshaped and 1.11-1.25x at 100 and 200 Mbit/s
-(README, "Pieces that follow the link").
+So ``auto`` cuts `AUTO_PIECES_SLOW_LINK` (8) pieces per shard of about 64 KiB and up on the wire on a
+link slower than ``fast_link_bps`` (default 1 Gbit/s: 5x the fastest shaped link measured, 200 Mbit/s,
+and 6x below the slowest reading of the unshaped bridge, 6.0 Gbit/s in 24 runs, session 17), and on one
+at least that fast `AUTO_PIECES_FAST_LINK` (2) pieces of about `FAST_LINK_FINEST_BYTES` (1 MiB) and up on
+the wire (`PieceRule`): a piece then takes about a millisecond or more on a 10 Gbit/s link. That is what
+the unshaped runs measured best at each point: one piece a shard for the digits model (its 0.2-0.4 MB
+ranges; 1.85x / 1.82x DDP against 1.61x / 1.39x with 2 pieces, `results/unshaped-pieces-20261125T092939Z`)
+and two for the 26 MB model (1.41x / 1.35x against 1.46x / 1.30x with one; at 4 workers `partition_bytes`
+makes two of either). README, "Pieces that follow the link".
 
 How the rate is measured. After every worker's ``ps_join`` and before the plan, the coordinator
 probes each worker in turn (`probe_link`), `PROBE_ROUNDS` rounds of three ``ps_probe`` messages, each
@@ -32,12 +36,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from wiiide.errors import ProtocolError
 from wiiide.node import Connection
 from wiiide.protocol import Message, WireTensor, encode_message
+from wiiide.ps.partition import PER_SHARD_FINEST_BYTES
 
 PROBE = "ps_probe"  # coordinator -> worker, before the plan: {"round", "reply_bytes"}, an optional uint8 fill
 PROBE_ACK = "ps_probe_ack"  # worker -> coordinator: {"bytes": the fill's length}, a fill of reply_bytes
@@ -48,6 +54,19 @@ MAX_PROBES = 64  # probes a worker answers before its plan; more is a protocol e
 MIN_TRANSFER_S = 1e-6  # a transfer measured shorter (or below zero: the empty round trip's noise) counts as this
 AUTO_PIECES_SLOW_LINK = 8
 AUTO_PIECES_FAST_LINK = 2
+FAST_LINK_FINEST_BYTES = 1 << 20  # on a fast link, pieces of about 1 MiB and up on the wire
+
+
+class PieceRule(NamedTuple):
+    """How a run cuts each shard's range: at least `per_shard` pieces while they stay about
+    `finest_wire_bytes` or more on the wire (`wiiide.ps.partition.range_partition_count`)."""
+
+    per_shard: int
+    finest_wire_bytes: int
+
+
+SLOW_LINK_RULE = PieceRule(AUTO_PIECES_SLOW_LINK, PER_SHARD_FINEST_BYTES)
+FAST_LINK_RULE = PieceRule(AUTO_PIECES_FAST_LINK, FAST_LINK_FINEST_BYTES)
 
 
 @dataclass(frozen=True)
@@ -151,10 +170,10 @@ def link_rate_bps(probes: list[LinkProbe]) -> float:
     return min(p.rate_bps for p in probes)
 
 
-def pieces_per_shard(setting: int | str, rate_bps: float | None, fast_link_bps: float) -> int:
-    """The pieces per shard a run cuts: `setting` itself when it is an integer, else (``auto``)
-    `AUTO_PIECES_FAST_LINK` when `rate_bps` >= `fast_link_bps`, `AUTO_PIECES_SLOW_LINK` when it is
-    lower (module docstring for the measurements behind both).
+def piece_rule(setting: int | str, rate_bps: float | None, fast_link_bps: float) -> PieceRule:
+    """How a run cuts its shards' ranges: `setting` pieces of 64 KiB and up when it is an integer, else
+    (``auto``) `FAST_LINK_RULE` when `rate_bps` >= `fast_link_bps` and `SLOW_LINK_RULE` when it is lower
+    (module docstring for the measurements behind both).
 
     Raises:
         ValueError: ``auto`` without a rate, or a setting that is neither ``auto`` nor an integer >= 1.
@@ -162,7 +181,7 @@ def pieces_per_shard(setting: int | str, rate_bps: float | None, fast_link_bps: 
     if setting == "auto":
         if rate_bps is None:
             raise ValueError("partitions_per_shard auto needs the probed link rate")
-        return AUTO_PIECES_FAST_LINK if rate_bps >= fast_link_bps else AUTO_PIECES_SLOW_LINK
+        return FAST_LINK_RULE if rate_bps >= fast_link_bps else SLOW_LINK_RULE
     if type(setting) is not int or setting < 1:  # noqa: E721
         raise ValueError(f"partitions_per_shard must be auto or an integer >= 1, got {setting!r:.40}")
-    return setting
+    return PieceRule(setting, PER_SHARD_FINEST_BYTES)

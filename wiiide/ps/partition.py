@@ -51,10 +51,11 @@ def range_partition_count(nbytes: float, partition_bytes: float, per_shard: int 
     return max(1, math.ceil(nbytes / partition_bytes), min(per_shard, math.ceil(nbytes / finest_bytes)))
 
 
-def finest_raw_bytes(wire_ratio: float | None) -> int:
+def finest_raw_bytes(wire_ratio: float | None, wire_bytes: int = PER_SHARD_FINEST_BYTES) -> int:
     """The finest piece `partitions_per_shard` cuts a range into, in raw float32 bytes, for pieces of about
-    `PER_SHARD_FINEST_BYTES` on the wire: that size x `wire_ratio` (raw / sent bytes of the run's fixed
-    lossy codec, `wiiide.codecs.policy.fixed_lossy_ratio`; None or below 1: 1, the pieces' raw bytes).
+    `wire_bytes` on the wire (default `PER_SHARD_FINEST_BYTES`; 1 MiB on a fast link,
+    `wiiide.ps.link_probe`): that size x `wire_ratio` (raw / sent bytes of the run's fixed lossy codec,
+    `wiiide.codecs.policy.fixed_lossy_ratio`; None or below 1: 1, the pieces' raw bytes).
 
     Why on the wire: a piece pays a frame each way on every node it passes through (a codec call, a
     header, a hand-off between threads; on this machine the sum over the nodes came to about 0.3 ms of
@@ -62,7 +63,7 @@ def finest_raw_bytes(wire_ratio: float | None) -> int:
     one piece while the next is still on its way, scales with the piece's time on the link, i.e. its
     bytes on the wire. lloyd2 (15x) on the digits model makes a shard's 0.24 MB range one piece.
     """
-    return max(PER_SHARD_FINEST_BYTES, round(PER_SHARD_FINEST_BYTES * (wire_ratio or 1.0)))
+    return max(wire_bytes, round(wire_bytes * (wire_ratio or 1.0)))
 
 
 @dataclass(frozen=True)

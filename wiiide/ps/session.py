@@ -51,15 +51,17 @@ from wiiide.ps.client import ShardClient, ShardFailed
 from wiiide.ps.digest import params_digest
 from wiiide.ps.feedback import policy_may_be_lossy
 from wiiide.ps.link_probe import (
-    AUTO_PIECES_FAST_LINK,
-    AUTO_PIECES_SLOW_LINK,
+    FAST_LINK_RULE,
     PROBE_BYTES,
+    SLOW_LINK_RULE,
+    PieceRule,
     link_rate_bps,
-    pieces_per_shard,
+    piece_rule,
     probe_link,
     receive_answering_probes,
 )
 from wiiide.ps.partition import (
+    PER_SHARD_FINEST_BYTES,
     Partition,
     finest_raw_bytes,
     plan_partitions,
@@ -83,11 +85,12 @@ def data_fingerprint(data: Dataset) -> str:
     return digest.hexdigest()[:32]
 
 
-def partition_finest_bytes(cfg: RunConfig) -> int:
-    """The smallest piece `cfg.partitions_per_shard` cuts a shard's range into (raw bytes): about 64 KiB
-    on the wire, i.e. 64 KiB x the fixed lossy codec's ratio under ``fixed:<lossy codec>`` (both
-    directions use it after the warm-up), 64 KiB otherwise (`wiiide.ps.partition.finest_raw_bytes`)."""
-    return finest_raw_bytes(fixed_lossy_ratio(cfg.compression, RATIO_SAMPLE_NUMEL))
+def partition_finest_bytes(cfg: RunConfig, wire_bytes: int = PER_SHARD_FINEST_BYTES) -> int:
+    """The smallest piece `cfg.partitions_per_shard` cuts a shard's range into (raw bytes): about
+    `wire_bytes` (64 KiB; 1 MiB on a fast link, `wiiide.ps.link_probe.PieceRule`) on the wire, i.e. that
+    x the fixed lossy codec's ratio under ``fixed:<lossy codec>`` (both directions use it after the
+    warm-up), `wire_bytes` otherwise (`wiiide.ps.partition.finest_raw_bytes`)."""
+    return finest_raw_bytes(fixed_lossy_ratio(cfg.compression, RATIO_SAMPLE_NUMEL), wire_bytes)
 
 
 RATIO_SAMPLE_NUMEL = 65536  # values encoded to learn a fixed lossy codec's ratio (fixed_lossy_ratio)
@@ -109,7 +112,6 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
     """
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
     k = num_shards(cfg)
-    finest_bytes = partition_finest_bytes(cfg)
     if len(coord.workers) < cfg.num_workers:  # a restarted coordinator some workers did not come back to
         raise NodeFailure(f"sharded run (ps_shards={cfg.ps_shards}) needs all {cfg.num_workers} workers; "
                           f"{len(coord.workers)} came back within rejoin_timeout_s", EXIT_PEER_LOST)
@@ -131,15 +133,16 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
             wanted = cfg.batch_handout
             handout[w.rank] = ("indices" if wanted == "indices" or (wanted == "auto" and join.meta.get("data") == fingerprint)
                                else "samples")
-        per_shard, probe = _pieces_per_shard(coord, workers)
+        rule, probe = _piece_rule(coord, workers)
 
-        def plan(pieces: int) -> tuple[int, list[Partition]]:
-            return pieces, plan_partitions(flat.numel, k, cfg.num_workers, cfg.partition_bytes,
-                                           cfg.partition_balance, pieces, cfg.partition_placement, finest_bytes)
+        def plan(rule: PieceRule) -> tuple[PieceRule, list[Partition]]:
+            return rule, plan_partitions(flat.numel, k, cfg.num_workers, cfg.partition_bytes, cfg.partition_balance,
+                                         rule.per_shard, cfg.partition_placement,
+                                         partition_finest_bytes(cfg, rule.finest_wire_bytes))
 
         # A restarted run keeps the pieces its checkpoints were cut into, whatever the probe says now.
-        others = [p for p in (AUTO_PIECES_SLOW_LINK, AUTO_PIECES_FAST_LINK) if p != per_shard] if probe else []
-        restored, per_shard, partitions = _restore(coord, [plan(per_shard)] + [plan(p) for p in others], k, flat)
+        others = [r for r in (SLOW_LINK_RULE, FAST_LINK_RULE) if r != rule] if probe else []
+        restored, rule, partitions = _restore(coord, [plan(rule)] + [plan(r) for r in others], k, flat)
         start_step = restored.step if restored is not None else 0
         momentum = restored.momentum if restored is not None else None
         shard.configure(partitions, flat.params.numpy(), policy_may_be_lossy(cfg), momentum, start_step)
@@ -161,7 +164,8 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
         client = ShardClient(cfg, coord.secret, metrics, log, own, ROLE_COORDINATOR, 0, coord.metrics.node_id)
         metrics.extra["ps"].update({
             "ps_shards": k, "partitions": len(partitions), "partition_bytes": cfg.partition_bytes,
-            "partitions_per_shard": per_shard, "partition_finest_bytes": finest_bytes,
+            "partitions_per_shard": rule.per_shard,
+            "partition_finest_bytes": partition_finest_bytes(cfg, rule.finest_wire_bytes),
             "partitions_per_shard_setting": cfg.partitions_per_shard, "link_probe": probe,
             "partition_balance": cfg.partition_balance,
             "partition_placement": cfg.partition_placement,
@@ -197,13 +201,13 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
         shard.close()
 
 
-def _pieces_per_shard(coord, workers) -> tuple[int, dict | None]:
-    """The pieces per shard this run cuts (`wiiide.ps.link_probe.pieces_per_shard`) and, under
+def _piece_rule(coord, workers) -> tuple[PieceRule, dict | None]:
+    """How this run cuts its shards' ranges (`wiiide.ps.link_probe.piece_rule`) and, under
     ``partitions_per_shard: auto``, the link probe's record for the report (None otherwise).
     Raises NodeFailure when a worker is lost or misbehaves during the probe."""
     cfg = coord.cfg
     if cfg.partitions_per_shard != "auto":
-        return pieces_per_shard(cfg.partitions_per_shard, None, cfg.fast_link_bps), None
+        return piece_rule(cfg.partitions_per_shard, None, cfg.fast_link_bps), None
     probes = []
     for w in workers:
         try:
@@ -213,44 +217,45 @@ def _pieces_per_shard(coord, workers) -> tuple[int, dict | None]:
             raise NodeFailure(f"lost worker {w.rank} ({w.node_id}) during the link probe: {type(exc).__name__}: "
                               f"{exc}", EXIT_PEER_LOST) from None
     rate_bps = link_rate_bps(probes)
-    pieces = pieces_per_shard("auto", rate_bps, cfg.fast_link_bps)
+    rule = piece_rule("auto", rate_bps, cfg.fast_link_bps)
     coord.log.info("link probe: %.0f Mbit/s (the slowest of %d workers' links; fast at %.0f Mbit/s and up): "
-                   "%d pieces per shard",
-                   rate_bps / 1e6, len(probes), cfg.fast_link_bps / 1e6, pieces)
-    return pieces, {"rate_bps": round(rate_bps), "fast_link_bps": cfg.fast_link_bps, "probe_bytes": PROBE_BYTES,
-                    "workers": {str(w.rank): p.record() for w, p in zip(workers, probes)}}
+                   "%d pieces per shard of %d KiB and up on the wire", rate_bps / 1e6, len(probes),
+                   cfg.fast_link_bps / 1e6, rule.per_shard, rule.finest_wire_bytes // 1024)
+    return rule, {"rate_bps": round(rate_bps), "fast_link_bps": cfg.fast_link_bps, "probe_bytes": PROBE_BYTES,
+                  "workers": {str(w.rank): p.record() for w, p in zip(workers, probes)}}
 
 
-def _restore(coord, plans: list[tuple[int, list[Partition]]], k: int,
-             flat: FlatParams) -> tuple[ShardsRestored | None, int, list[Partition]]:
+def _restore(coord, plans: list[tuple[PieceRule, list[Partition]]], k: int,
+             flat: FlatParams) -> tuple[ShardsRestored | None, PieceRule, list[Partition]]:
     """With checkpoints on: the newest step complete and verified on every shard
     (`wiiide.ps.checkpoints.restore_shards`) into `flat`, recorded in the coordinator's ``recovery``.
 
-    `plans` are (pieces per shard, partitions): the run's own first, then the others ``auto`` may pick,
-    tried in turn when the first's checkpoints do not restore. Returns the restored state (None: a
-    fresh start) and the plan to run with: the one that restored, else the first. Files refused are
-    those of the plan that restored, else of the first."""
+    `plans` are (piece rule, partitions): the run's own first, then the others ``auto`` may pick, tried
+    in turn when the first's checkpoints do not restore. Returns the restored state (None: a fresh
+    start) and the plan to run with: the one that restored, else the first. Files refused are those of
+    the plan that restored, else of the first."""
     cfg, recovery = coord.cfg, coord.recovery
-    pieces, partitions = plans[0]
+    rule, partitions = plans[0]
     if recovery is None or not recovery.enabled:
-        return None, pieces, partitions
+        return None, rule, partitions
     restored, refused = restore_shards(cfg, partitions, k, flat.numel, coord.log)
-    for other_pieces, other in plans[1:] if restored is None else []:
+    for other_rule, other in plans[1:] if restored is None else []:
         found, other_refused = restore_shards(cfg, other, k, flat.numel, coord.log)
         if found is not None:
-            restored, refused, pieces, partitions = found, other_refused, other_pieces, other
-            coord.log.info("restored with the plan its checkpoints were written with: %d pieces per shard", pieces)
+            restored, refused, rule, partitions = found, other_refused, other_rule, other
+            coord.log.info("restored with the plan its checkpoints were written with: %d pieces per shard",
+                           rule.per_shard)
             break
     recovery.store.refused.extend(refused)  # the coordinator's ``recovery.refused``
     if restored is None:
         if refused:
             coord.log.error("no sharded checkpoint is complete and verified on all %d shards (%d files refused); "
                             "starting from step 0", k, len(refused))
-        return None, pieces, partitions
+        return None, rule, partitions
     flat.load(torch.from_numpy(restored.params))
     recovery.mark_restored(restored.step, restored.paths[0], restored_files=restored.paths, restored_shards=k,
                            restored_params_sha256=params_digest(restored.params)["sha256"])
-    return restored, pieces, partitions
+    return restored, rule, partitions
 
 
 def _peer_host(conn: Connection) -> str:
