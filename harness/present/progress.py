@@ -158,7 +158,7 @@ def result_line(record: dict[str, Any]) -> str:
     """The one line a finished run gets: ``    ok: <batches/s>, <goodput MB/s>, <accuracy %>`` (a language
     model: ``validation loss <nats>``) or ``    FAILED: <error>`` (goodput in MB/s = 1e6 bytes/s; accuracy
     of the held-out split, %). A sharded run whose coordinator probed its links (``partitions_per_shard:
-    auto``, `wiiide.ps.link_probe`) adds ``; <n> pieces per shard (links probed at <Mbit/s>)``."""
+    auto``, `wiiide.ps.link_probe`) adds ``; <n> partitions over <k> shards (links probed at <Mbit/s>)``."""
     totals = record.get("totals") or {}
     if record.get("status") == "ok":
         return (f"    ok: {totals.get('batches_per_s') or 0:.0f} batches/s, "
@@ -173,8 +173,8 @@ def _pieces_note(record: dict[str, Any]) -> str:
     probe = ps.get("link_probe")
     if not isinstance(probe, dict) or not isinstance(probe.get("rate_bps"), (int, float)):
         return ""
-    rate_mbps = probe["rate_bps"] / 1e6
-    return f"; {ps.get('partitions_per_shard')} pieces per shard (links probed at {rate_mbps:,.0f} Mbit/s)"
+    rate_mbps, shards = probe["rate_bps"] / 1e6, ps.get("ps_shards")
+    return f"; {ps.get('partitions')} partitions over {shards} shards (links probed at {rate_mbps:,.0f} Mbit/s)"
 
 
 def sweep_line(info: SweepInfo) -> str:

@@ -69,12 +69,12 @@ def test_plain_lines_exact():
     assert p.clock.runs_done == 4 and p.clock.left_s() == 0.0
 
 
-def test_a_sharded_run_names_the_pieces_its_link_probe_chose():
+def test_a_sharded_run_names_the_partitions_its_link_probe_chose():
     ok = {"status": "ok", "totals": {"batches_per_s": 233, "goodput_bytes_per_s": 1.5e8, "test_accuracy": 0.922}}
-    probed = {**ok, "nodes": {"coordinator": {"ps": {"partitions_per_shard": 2, "link_probe": {"rate_bps": 11_240e6}}},
-                              "worker-1": {}}}
+    probed = {**ok, "nodes": {"coordinator": {"ps": {"partitions": 5, "ps_shards": 5,
+                                                     "link_probe": {"rate_bps": 11_240e6}}}, "worker-1": {}}}
     assert result_line(probed) == ("    ok: 233 batches/s, 150.00 MB/s goodput, held-out accuracy 92.2 %; "
-                                   "2 pieces per shard (links probed at 11,240 Mbit/s)")
+                                   "5 partitions over 5 shards (links probed at 11,240 Mbit/s)")
     fixed = {**ok, "nodes": {"coordinator": {"ps": {"partitions_per_shard": 8, "link_probe": None}}}}
     plain = "    ok: 233 batches/s, 150.00 MB/s goodput, held-out accuracy 92.2 %"
     assert result_line(fixed) == result_line(ok) == plain

@@ -13,7 +13,7 @@ parameter servers", session 16; digits 4 / 8 workers, 26 MB 4 / 8 workers):
 
 So ``auto`` cuts `AUTO_PIECES_SLOW_LINK` (8) pieces per shard of about 64 KiB and up on the wire on a
 link slower than ``fast_link_bps`` (default 1 Gbit/s: 5x the fastest shaped link measured, 200 Mbit/s,
-and 6x below the slowest reading of the unshaped bridge, 6.0 Gbit/s in 24 runs, session 17), and on one
+and 6x below the slowest reading of the unshaped bridge, 6.0 Gbit/s in 44 runs, session 17), and on one
 at least that fast `AUTO_PIECES_FAST_LINK` (2) pieces of about `FAST_LINK_FINEST_BYTES` (1 MiB) and up on
 the wire (`PieceRule`): a piece then takes about a millisecond or more on a 10 Gbit/s link. That is what
 the unshaped runs measured best at each point: one piece a shard for the digits model (its 0.2-0.4 MB
