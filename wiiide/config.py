@@ -336,11 +336,12 @@ class RunConfig(BaseSettings):
         "auto", "auto | an integer 1..256",
         "ps_shards > 1: the fewest partitions per shard while they stay about 64 KiB or more on the wire (64 KiB x "
         "the codec's ratio under a fixed lossy codec), each still at most partition_bytes: a small model in pieces "
-        "a shard answers one after the other; auto: 8 on a link probed below fast_link_bps, 2 at or above it "
-        "(wiiide.ps.link_probe)")
+        "a shard answers one after the other; auto: 8 on a link probed below fast_link_bps, 2 of 1 MiB and up "
+        "on the wire at or above it (wiiide.ps.link_probe)")
     fast_link_bps: RateBps = _field(1_000_000_000, "1 Mbit/s..1 Tbit/s",
                                     "partitions_per_shard auto: a link the coordinator's probe measures at this "
-                                    "rate or faster is cut into 2 pieces per shard, a slower one into 8",
+                                    "rate or faster is cut into 2 pieces per shard of 1 MiB and up, a slower one into 8 of "
+                                    "64 KiB and up",
                                     ge=1_000_000, le=10**12)
     partition_balance: Literal["pipeline", "egress", "bytes"] = _field(
         "pipeline", "pipeline | egress | bytes",
