@@ -50,16 +50,8 @@ from wiiide.ps.checkpoints import ShardsRestored, announce_step, restore_shards
 from wiiide.ps.client import ShardClient, ShardFailed
 from wiiide.ps.digest import params_digest
 from wiiide.ps.feedback import policy_may_be_lossy
-from wiiide.ps.link_probe import (
-    FAST_LINK_RULE,
-    PROBE_BYTES,
-    SLOW_LINK_RULE,
-    PieceRule,
-    link_rate_bps,
-    piece_rule,
-    probe_link,
-    receive_answering_probes,
-)
+from wiiide.ps import link_probe
+from wiiide.ps.link_probe import PieceRule
 from wiiide.ps.partition import (
     PER_SHARD_FINEST_BYTES,
     Partition,
@@ -141,7 +133,7 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
                                          partition_finest_bytes(cfg, rule.finest_wire_bytes))
 
         # A restarted run keeps the pieces its checkpoints were cut into, whatever the probe says now.
-        others = [r for r in (SLOW_LINK_RULE, FAST_LINK_RULE) if r != rule] if probe else []
+        others = [r for r in (link_probe.SLOW_LINK_RULE, link_probe.FAST_LINK_RULE) if r != rule] if probe else []
         restored, rule, partitions = _restore(coord, [plan(rule)] + [plan(r) for r in others], k, flat)
         start_step = restored.step if restored is not None else 0
         momentum = restored.momentum if restored is not None else None
@@ -207,21 +199,22 @@ def _piece_rule(coord, workers) -> tuple[PieceRule, dict | None]:
     Raises NodeFailure when a worker is lost or misbehaves during the probe."""
     cfg = coord.cfg
     if cfg.partitions_per_shard != "auto":
-        return piece_rule(cfg.partitions_per_shard, None, cfg.fast_link_bps), None
+        return link_probe.piece_rule(cfg.partitions_per_shard, None, cfg.fast_link_bps), None
     probes = []
     for w in workers:
         try:
-            probes.append(probe_link(w.conn))
+            probes.append(link_probe.probe_link(w.conn))
         except Exception as exc:
             coord._drop(w, exc)
             raise NodeFailure(f"lost worker {w.rank} ({w.node_id}) during the link probe: {type(exc).__name__}: "
                               f"{exc}", EXIT_PEER_LOST) from None
-    rate_bps = link_rate_bps(probes)
-    rule = piece_rule("auto", rate_bps, cfg.fast_link_bps)
+    rate_bps = link_probe.link_rate_bps(probes)
+    rule = link_probe.piece_rule("auto", rate_bps, cfg.fast_link_bps)
     coord.log.info("link probe: %.0f Mbit/s (the slowest of %d workers' links; fast at %.0f Mbit/s and up): "
                    "%d pieces per shard of %d KiB and up on the wire", rate_bps / 1e6, len(probes),
                    cfg.fast_link_bps / 1e6, rule.per_shard, rule.finest_wire_bytes // 1024)
-    return rule, {"rate_bps": round(rate_bps), "fast_link_bps": cfg.fast_link_bps, "probe_bytes": PROBE_BYTES,
+    return rule, {"rate_bps": round(rate_bps), "fast_link_bps": cfg.fast_link_bps,
+                  "probe_bytes": link_probe.PROBE_BYTES,
                   "workers": {str(w.rank): p.record() for w, p in zip(workers, probes)}}
 
 
@@ -373,7 +366,7 @@ def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, s
     client = None
     try:
         conn.send([encode_message("ps_join", {"shard_port": shard.listen() if shard else 0, "data": fingerprint})])
-        plan = receive_answering_probes(conn, "ps_plan")
+        plan = link_probe.receive_answering_probes(conn, "ps_plan")
         flat = FlatParams(model)
         partitions = _plan_partitions(plan.meta, flat.numel, k)
         params = plan.tensor("params")
