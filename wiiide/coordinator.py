@@ -70,6 +70,8 @@ from wiiide.node import (
     Connection,
     Heartbeats,
     NodeFailure,
+    Terminated,
+    close_after_delivery,
     run_node,
     touch,
     wait_for_start_gate,
@@ -154,6 +156,7 @@ class Coordinator:
 
     def _main(self) -> None:
         cfg = self.cfg
+        terminated = False
         self.secret = load_secret()  # ConfigError (exit 2) before anything listens when there is none
         if cfg.tls:
             server_context(cfg)  # ConfigError (exit 2) before anything listens when a TLS file is bad
@@ -199,14 +202,23 @@ class Coordinator:
             result = evaluate(model, data.x_test, data.y_test, data.task)
             self.metrics.extra.update({**result.to_metrics(), "params_digest": params_digest(flat.params.numpy())})
             self.log.info("held-out %s after %d steps", result.log_text(), self.metrics.steps)
+        except Terminated:
+            terminated = True
+            raise
         finally:
             self.metrics.extra["batches_per_worker"] = {str(w.rank): w.batches for w in self.workers}
             self.metrics.extra["workers_connected"] = len(self.workers)
             self._closing.set()
             if self._heartbeats is not None:
                 self._heartbeats.stop()
+            # the stop frames (a sharded run's carry the parameters) may still be on their way
+            alive = [w.conn for w in self.workers if w.alive and not terminated]
             for w in self.workers:
-                w.conn.close()
+                if w.conn not in alive:
+                    w.conn.close()
+            for name in close_after_delivery(alive, cfg.io_timeout_s):
+                self.log.warning("%s did not take its last frames within %g s (io_timeout_s); closed", name,
+                                 cfg.io_timeout_s)
             if self.listener is not None:
                 self.listener.close()
 

@@ -8,8 +8,12 @@ errors into one clear line and an exit code.
 
 from __future__ import annotations
 
+import fcntl
+import select
 import signal
 import socket
+import struct
+import termios
 import threading
 import time
 import traceback
@@ -156,6 +160,73 @@ class Connection:
             self.sock.close()
         except OSError:
             pass
+
+
+def unsent_nbytes(sock: Any) -> int | None:
+    """Bytes in the socket's send queue the peer has not acknowledged yet (Linux ``SIOCOUTQ``, i.e.
+    ``TIOCOUTQ``: tcp(7)); None where the kernel does not say."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+    except (OSError, ValueError):
+        return None
+
+
+def close_after_delivery(conns: Sequence[Connection], idle_timeout_s: float) -> list[str]:
+    """Close connections whose last frames must reach their peers (the coordinator's ``stop``), once
+    they have: half-close each (``SHUT_WR``: the kernel sends what is queued, then a FIN), read and
+    discard whatever the peers still send, and close each one when its peer closes its side.
+
+    A plain close does not wait for that. With received bytes unread (a worker's heartbeats), Linux
+    answers a close with a RST and drops what it had not sent yet (RFC 2525 section 2.17; ``tcp_close``
+    in net/ipv4/tcp.c). A sharded run's ``stop`` carries the model's parameters to every worker. At
+    50 Mbit/s, with 8 workers on the digits model, that is 9.6 MB behind the coordinator's link, about
+    1.5 s. The coordinator's held-out evaluation takes less, and the workers then failed with "Connection
+    reset by peer" after a finished run.
+
+    A peer counts as gone, and its connection is closed anyway, once nothing it was sent moved for
+    `idle_timeout_s` (s): the queue `unsent_nbytes` reports did not shrink. That wait starts again
+    whenever the queue shrinks, so a slow link costs time, not the delivery.
+
+    Returns the names of the connections closed that way, in `conns` order; never raises.
+    """
+    scratch = bytearray(64 * 1024)
+    waiting: dict[int, Connection] = {}
+    progress: dict[int, tuple[int | None, float]] = {}
+    now = time.monotonic()
+    for conn in conns:
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+            conn.sock.settimeout(0.05)  # a TLS stream may hold half a record: never block on it
+            fd = conn.sock.fileno()
+        except OSError:
+            conn.close()
+            continue
+        waiting[fd], progress[fd] = conn, (unsent_nbytes(conn.sock), now)
+    stale: list[Connection] = []
+    while waiting:
+        try:
+            readable, _, _ = select.select(list(waiting), [], [], 0.1)
+        except (OSError, ValueError):
+            readable = list(waiting)
+        for fd in readable:
+            try:
+                closed = waiting[fd].sock.recv_into(scratch) == 0
+            except TimeoutError:
+                closed = False
+            except OSError:
+                closed = True  # reset or broken: nothing more to deliver
+            if closed:
+                waiting.pop(fd).close()
+        now = time.monotonic()
+        for fd, conn in list(waiting.items()):
+            queued, since = progress[fd]
+            current = unsent_nbytes(conn.sock)
+            if current is not None and queued is not None and current < queued:
+                progress[fd] = (current, now)
+            elif now - since >= idle_timeout_s:
+                stale.append(waiting.pop(fd))
+                conn.close()
+    return [conn.name for conn in conns if conn in stale]
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
