@@ -145,6 +145,7 @@ class NodeMetrics:
         self.compute_time_s = 0.0
         self.train_time_s: float | None = None  # time in the training loop (set by the node), None: wall time
         self.codec_counts: dict[str, int] = {}
+        self.codec_bytes_sent: dict[str, list[int]] = {}  # codec name -> [raw bytes, payload bytes]
         self.step_times_s: list[float] = []
         self.step_cpu_s: list[float] = []  # process CPU seconds of each step (record_step_time)
         self._cpu_mark_s = time.process_time()
@@ -199,6 +200,12 @@ class NodeMetrics:
         self.compression_time_s += frame.encode_s
         self.send_time_s += seconds
         self.codec_counts[frame.codec] = self.codec_counts.get(frame.codec, 0) + 1
+        sent = self.codec_bytes_sent.get(frame.codec)
+        if sent is None:
+            self.codec_bytes_sent[frame.codec] = [frame.raw_nbytes, frame.payload_nbytes]
+        else:
+            sent[0] += frame.raw_nbytes
+            sent[1] += frame.payload_nbytes
 
     def record_received(self, msg: Any, seconds: float) -> None:
         """Account one received `wiiide.protocol.Message` and the seconds its receive took."""
@@ -281,6 +288,8 @@ class NodeMetrics:
             "decompression_time_s": self.decompression_time_s,
             "compression_ratio": compression_ratio,
             "codec_counts": dict(self.codec_counts),
+            "codec_bytes_sent": {codec: {"raw_bytes": raw, "payload_bytes": payload}
+                                 for codec, (raw, payload) in self.codec_bytes_sent.items()},
             "peak_rss_bytes": peak_rss,
             "socket_options": self.socket_options,
             "step_time_s": summarize(self.step_times_s),

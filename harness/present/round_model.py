@@ -22,8 +22,10 @@ DDP, with M the model's bytes, N workers and R the link's TCP payload rate (the 
   shard's pulls wait for their pushes; the coordinator, which pushes nothing, is idle until its first
   partition is in, after a fair share of every worker's link (`wiiide.ps.partition.pipeline_shard_weights`
   sizes its range for that).
-  Each node's bytes are divided by its compression ratio (for a fixed lossy codec, the codec's own
-  ratio on the run's partitions, `_lossy_codec_ratio`; otherwise the nodes' measured one).
+  Each node's bytes are divided by its compression ratio: for a fixed lossy codec, the ratio of what
+  the nodes sent with it (``codec_bytes_sent``, `_measured_codec_ratio`: int3z's entropy coder does
+  better on real gradients than on the Gaussian values of `_lossy_codec_ratio`, the fallback for reports
+  before session 18); otherwise the nodes' measured ``compression_ratio``.
 - ddp: ring all-reduce, 2 (W - 1) / W x M / R (gloo; Patarasuk and Yuan 2009), compute overlapped
   with it (buckets) and not added.
 
@@ -53,7 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from wiiide.codecs.policy import fixed_lossy_ratio
+from wiiide.codecs import codec_from_name
+from wiiide.codecs.policy import fixed_lossy_ratio, parse_policy_name
 from wiiide.ps.partition import (
     FLOAT32_BYTES,
     PER_SHARD_FINEST_BYTES,
@@ -275,6 +278,7 @@ def point_model(point: dict[str, Any], cores: int | None = None) -> ModelRow | N
         return None
     lossy_ratio = _lossy_codec_ratio(config, [nbytes for _, nbytes in partitions])
     if lossy_ratio is not None:
+        lossy_ratio = _measured_codec_ratio(ok, config) or lossy_ratio
         worker_ratio = coordinator_ratio = lossy_ratio
     else:
         worker_ratios = [float(n.get("compression_ratio") or 1.0) for k, n in first["nodes"].items()
@@ -317,6 +321,25 @@ def _lossy_codec_ratio(config: dict[str, Any], partition_nbytes: Sequence[float]
         raw += count * numel * FLOAT32_BYTES
         sent += count * numel * FLOAT32_BYTES / ratio
     return raw / sent if sent else None
+
+
+def _measured_codec_ratio(repeats: Sequence[dict[str, Any]], config: dict[str, Any]) -> float | None:
+    """raw / payload bytes of every frame the nodes of `repeats` sent with the fixed policy's codec (their
+    ``codec_bytes_sent``, `wiiide.metrics`): the ratio a data-dependent codec (int3z's entropy coder)
+    reached on the run's own gradients, where `_lossy_codec_ratio` encodes Gaussian values. None when the
+    policy is not a fixed codec or the nodes did not record it (reports before session 18)."""
+    try:
+        mode, codec_name = parse_policy_name(str(config.get("compression") or "none"))
+        name = codec_from_name(codec_name).name if mode == "fixed" else None
+    except ValueError:
+        return None
+    raw = payload = 0
+    for rep in repeats:
+        for node in (rep.get("nodes") or {}).values():
+            sent = (node.get("codec_bytes_sent") or {}).get(name) or {}
+            raw += int(sent.get("raw_bytes") or 0)
+            payload += int(sent.get("payload_bytes") or 0)
+    return raw / payload if raw and payload else None
 
 
 def _report_partitions(loads: Sequence[int], workers: int, partition_bytes: Any, balance: str, per_shard: int = 1,

@@ -98,6 +98,10 @@ def test_node_metrics_sent_counters_and_compression_ratio():
     assert d["compression_ratio"] == pytest.approx(payload / encoded)
     assert d["compression_ratio"] > 10  # zeros compress well
     assert d["codec_counts"] == {"zlib-9": 2, "none": 2}
+    zlib = [f for f in frames if f.codec == "zlib-9"]
+    assert d["codec_bytes_sent"] == {
+        "zlib-9": {"raw_bytes": 80_000, "payload_bytes": sum(f.payload_nbytes for f in zlib)},
+        "none": {"raw_bytes": 400, "payload_bytes": 400}}  # the batch; the stop carries no tensor
     assert d["send_time_s"] == pytest.approx(1.0)
     assert d["compression_time_s"] == pytest.approx(sum(f.encode_s for f in frames))
 
