@@ -135,6 +135,12 @@ class WireTensor:
     dtype: str = ""
 
     def __post_init__(self) -> None:
+        array = self.array
+        if not self.dtype and type(array) is np.ndarray:
+            wire = _NUMPY_TO_WIRE.get(array.dtype)
+            if wire is not None and array.flags.c_contiguous:
+                self.dtype = wire  # a plain C-contiguous array of a wire dtype: nothing to check or convert
+                return
         if not self.dtype:
             dt = self.array.dtype.newbyteorder("<") if self.array.dtype.byteorder == ">" else self.array.dtype
             try:
@@ -235,25 +241,20 @@ def encode_message(
         ValueError: a header larger than MAX_HEADER_BYTES (too many tensors or too much metadata), or a
             lossy codec given a tensor it cannot encode (not float32).
     """
-    codec = codec or _NO_CODEC
     arrays = [t.array for t in tensors]
+    if codec is None or type(codec) is NoCodec or not any(a.nbytes for a in arrays):
+        return _identity_frame(kind, meta or {}, tensors)  # a message without tensor bytes is sent as none
     raw_nbytes = sum(a.nbytes for a in arrays)
-    if raw_nbytes == 0 or type(codec) is NoCodec:
-        # The identity codec, the nodes' default: the tensors' own buffers, no codec call and nothing to
-        # time (see _TEMPLATES: Python between two sends costs throughput).
-        codec, codec_params, encode_s, decoded = _NO_CODEC, {}, 0.0, None
-        payload_parts, payload_nbytes = [byte_view(a) for a in arrays if a.nbytes], raw_nbytes
+    t0 = time.perf_counter()
+    names, stream = [t.name for t in tensors], kind if stream is None else stream
+    if decoded_values:
+        payload_parts, codec_params, decoded = codec.encode_message_values(arrays, names, stream, pool)
     else:
-        t0 = time.perf_counter()
-        names, stream = [t.name for t in tensors], kind if stream is None else stream
-        if decoded_values:
-            payload_parts, codec_params, decoded = codec.encode_message_values(arrays, names, stream, pool)
-        else:
-            (payload_parts, codec_params), decoded = codec.encode_message(arrays, names, stream, pool), None
-        encode_s = time.perf_counter() - t0
-        sizes = [memoryview(p).nbytes for p in payload_parts]
-        payload_parts = [p for p, n in zip(payload_parts, sizes) if n]
-        payload_nbytes = sum(sizes)
+        (payload_parts, codec_params), decoded = codec.encode_message(arrays, names, stream, pool), None
+    encode_s = time.perf_counter() - t0
+    sizes = [memoryview(p).nbytes for p in payload_parts]
+    payload_parts = [p for p, n in zip(payload_parts, sizes) if n]
+    payload_nbytes = sum(sizes)
     wire_id = codec.wire_id
     template = _header_template(kind, wire_id, raw_nbytes, tensors)
     meta = meta or {}
@@ -265,6 +266,23 @@ def encode_message(
                  wire_id=wire_id, codec_params=codec_params, header=header, decoded=decoded)
 
 
+def _identity_frame(kind: str, meta: dict[str, Any], tensors: Sequence[WireTensor]) -> Frame:
+    """`encode_message` with the identity codec, the nodes' default: the tensors' own buffers, no codec
+    call and nothing to time. Kept apart and short: the sender's Python between two sends costs a stream
+    of 1 MiB frames several times its own microseconds (see _TEMPLATES)."""
+    if len(tensors) == 1:
+        array = tensors[0].array
+        raw_nbytes = array.nbytes
+        payload_parts = [byte_view(array)] if raw_nbytes else []
+    else:
+        raw_nbytes = sum(t.array.nbytes for t in tensors)
+        payload_parts = [byte_view(t.array) for t in tensors if t.array.nbytes]
+    template = _header_template(kind, "none", raw_nbytes, tensors)
+    header = {"kind": kind, "meta": meta, "codec": "none", "raw_nbytes": raw_nbytes, "tensors": template.specs}
+    return Frame([template.frame_head(meta, None, raw_nbytes), *payload_parts], kind, "none", raw_nbytes,
+                 raw_nbytes, 0.0, "none", {}, header)
+
+
 class _HeaderTemplate:
     """The JSON header of every frame of one kind, codec and tensor list, but for its ``meta`` and
     ``codec_params``: the text before the meta and after it, encoded once (`_header_template`).
@@ -272,7 +290,7 @@ class _HeaderTemplate:
     `specs` is the header's ``tensors`` list, shared by the frames built from this template: read-only.
     """
 
-    __slots__ = ("specs", "before_meta", "after_meta")
+    __slots__ = ("specs", "before_meta", "after_meta", "after_meta_closed")
 
     def __init__(self, kind: str, wire_id: str, raw_nbytes: int, tensors: Sequence[WireTensor]) -> None:
         self.specs = [{"name": t.name, "dtype": t.dtype, "shape": list(t.array.shape)} for t in tensors]
@@ -280,6 +298,7 @@ class _HeaderTemplate:
         # The keys in encode_message's order; _HEADER_JSON.encode of the whole header gives the same text.
         self.before_meta = f'{{"kind":{enc(kind)},"meta":'.encode()
         self.after_meta = f',"codec":{enc(wire_id)},"raw_nbytes":{raw_nbytes},"tensors":{enc(self.specs)}'.encode()
+        self.after_meta_closed = self.after_meta + b"}"  # the header's end when it has no codec_params
 
     def frame_head(self, meta: dict[str, Any], codec_params: dict[str, Any] | None, payload_nbytes: int) -> bytes:
         """The frame's prefix and header (see `_frame_head`) with `meta` and `codec_params` filled in.
@@ -287,9 +306,11 @@ class _HeaderTemplate:
         Raises:
             ValueError: a header larger than MAX_HEADER_BYTES.
         """
-        tail = f',"codec_params":{_value_json(codec_params)}}}'.encode() if codec_params else b"}"
-        return _pack_head(self.before_meta + _value_json(meta).encode() + self.after_meta + tail,
-                          payload_nbytes)
+        if codec_params:
+            tail = f',"codec_params":{_value_json(codec_params)}}}'.encode()
+            return _pack_head(self.before_meta + _value_json(meta).encode() + self.after_meta + tail,
+                              payload_nbytes)
+        return _pack_head(self.before_meta + _value_json(meta).encode() + self.after_meta_closed, payload_nbytes)
 
 
 # Recent header templates, keyed by kind, codec and (name, dtype, shape) of every tensor: a node sends the
@@ -304,7 +325,11 @@ _TEMPLATES_MAX = 512
 def _header_template(kind: str, wire_id: str, raw_nbytes: int, tensors: Sequence[WireTensor]) -> _HeaderTemplate:
     """The `_HeaderTemplate` of a frame of `kind`, codec `wire_id` and `tensors` (from `_TEMPLATES` when
     seen before; `raw_nbytes` follows from the tensors' dtypes and shapes)."""
-    key = (kind, wire_id, *[(t.name, t.dtype, t.array.shape) for t in tensors])
+    if len(tensors) == 1:  # the common case, without a list: (kind, codec, name, dtype, shape)
+        tensor = tensors[0]
+        key: tuple[Any, ...] = (kind, wire_id, tensor.name, tensor.dtype, tensor.array.shape)
+    else:  # each tensor as one tuple, so no list of them is mistaken for a single tensor's key
+        key = (kind, wire_id, *[(t.name, t.dtype, t.array.shape) for t in tensors])
     template = _TEMPLATES.get(key)
     if template is None:
         template = _HeaderTemplate(kind, wire_id, raw_nbytes, tensors)
