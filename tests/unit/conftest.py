@@ -15,6 +15,28 @@ TEST_SECRET = "unit-tests-shared-secret-0123456789"  # test_nodes.SECRET, for in
 
 
 @pytest.fixture
+def conn_pair():
+    """Two `wiiide.node.Connection` ends of one loopback TCP connection, (coordinator's, worker's), named
+    "worker 1" and "coordinator"; TCP, as the socket knobs (TCP_QUICKACK) and ``SIOCOUTQ`` need. Each end
+    times out after 10 s."""
+    from wiiide.config import RunConfig
+    from wiiide.log import TieredLog
+    from wiiide.metrics import NodeMetrics
+    from wiiide.node import Connection
+
+    cfg = RunConfig(log_tier="silent")
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        b = socket.create_connection(server.getsockname())
+        a, _ = server.accept()
+    a.settimeout(10)
+    b.settimeout(10)
+    yield (Connection(a, cfg, NodeMetrics("coordinator", "c"), TieredLog(cfg, "coordinator"), "worker 1"),
+           Connection(b, cfg, NodeMetrics("worker", "w"), TieredLog(cfg, "worker"), "coordinator"))
+    a.close()
+    b.close()
+
+
+@pytest.fixture
 def sock_pair():
     """A connected AF_UNIX stream socket pair (writer, reader); the reader times out after 10 s.
 

@@ -7,33 +7,14 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Iterator
 
 import numpy as np
 import pytest
 
-from wiiide.config import RunConfig
-from wiiide.log import TieredLog
-from wiiide.metrics import NodeMetrics
-from wiiide.node import HEARTBEAT, Connection, close_after_delivery, unsent_nbytes
+from wiiide.node import HEARTBEAT, close_after_delivery, unsent_nbytes
 from wiiide.protocol import WireTensor, encode_message
 
-CFG = RunConfig(log_tier="silent")
 PARAMS_BYTES = 8 << 20  # more than the kernel's default buffers of a loopback pair hold
-
-
-@pytest.fixture
-def pair() -> Iterator[tuple[Connection, Connection]]:
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        b = socket.create_connection(server.getsockname())
-        a, _ = server.accept()
-    a.settimeout(10)
-    b.settimeout(10)
-    coord = Connection(a, CFG, NodeMetrics("coordinator", "c"), TieredLog(CFG, "coordinator"), "worker 1")
-    worker = Connection(b, CFG, NodeMetrics("worker", "w"), TieredLog(CFG, "worker"), "coordinator")
-    yield coord, worker
-    a.close()
-    b.close()
 
 
 def _stop_with_params() -> tuple:
@@ -41,8 +22,8 @@ def _stop_with_params() -> tuple:
     return encode_message("stop", {"reason": "finished"}, [WireTensor("params", params)]), params
 
 
-def test_a_slow_reader_gets_the_whole_stop_although_its_heartbeats_were_never_read(pair):
-    coord, worker = pair
+def test_a_slow_reader_gets_the_whole_stop_although_its_heartbeats_were_never_read(conn_pair):
+    coord, worker = conn_pair
     for _ in range(20):
         worker.send([HEARTBEAT])  # bytes the coordinator never reads: a plain close would reset
     stop, params = _stop_with_params()
@@ -63,8 +44,8 @@ def test_a_slow_reader_gets_the_whole_stop_although_its_heartbeats_were_never_re
     assert coord.sock.fileno() == -1  # closed
 
 
-def test_a_peer_that_never_takes_its_frames_is_closed_after_the_idle_timeout_and_named(pair):
-    coord, worker = pair
+def test_a_peer_that_never_takes_its_frames_is_closed_after_the_idle_timeout_and_named(conn_pair):
+    coord, worker = conn_pair
     stop, _ = _stop_with_params()
     def send_stop() -> None:
         try:
@@ -84,8 +65,8 @@ def test_a_peer_that_never_takes_its_frames_is_closed_after_the_idle_timeout_and
     assert coord.sock.fileno() == -1
 
 
-def test_a_peer_that_is_already_gone_is_closed_without_waiting_and_not_named(pair):
-    coord, worker = pair
+def test_a_peer_that_is_already_gone_is_closed_without_waiting_and_not_named(conn_pair):
+    coord, worker = conn_pair
     worker.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
     worker.close()  # linger 0: a reset
     time.sleep(0.05)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from types import SimpleNamespace
-from typing import Iterator
 
 import numpy as np
 import pytest
@@ -14,7 +12,6 @@ import pytest
 from wiiide.config import RunConfig
 from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
-from wiiide.metrics import NodeMetrics
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure
 from wiiide.protocol import WireTensor, encode_message
 from wiiide.ps.link_probe import (
@@ -36,20 +33,6 @@ from wiiide.ps.session import _piece_rule
 CFG = RunConfig(log_tier="silent")
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[Connection, Connection]]:
-    with socket.create_server(("127.0.0.1", 0)) as server:  # TCP: the knobs (TCP_QUICKACK) need it
-        b = socket.create_connection(server.getsockname())
-        a, _ = server.accept()
-    a.settimeout(10)
-    b.settimeout(10)
-    coord = Connection(a, CFG, NodeMetrics("coordinator", "c"), TieredLog(CFG, "coordinator"), "worker 1")
-    worker = Connection(b, CFG, NodeMetrics("worker", "w"), TieredLog(CFG, "worker"), "coordinator")
-    yield coord, worker
-    a.close()
-    b.close()
-
-
 def _in_thread(fn, *args) -> tuple[threading.Thread, dict]:
     out: dict = {}
 
@@ -64,8 +47,8 @@ def _in_thread(fn, *args) -> tuple[threading.Thread, dict]:
     return thread, out
 
 
-def test_a_worker_answers_every_probe_and_returns_the_plan_after_them(pair):
-    coord, worker = pair
+def test_a_worker_answers_every_probe_and_returns_the_plan_after_them(conn_pair):
+    coord, worker = conn_pair
     thread, out = _in_thread(receive_answering_probes, worker, "ps_plan")
     probe = probe_link(coord, rounds=3, probe_bytes=200_000)
     coord.send([encode_message("ps_plan", {"partitions": [[0, 5, 0]]})])
@@ -90,11 +73,11 @@ def _slow_worker(worker: Connection, hold_s: float, hold_up: bool) -> None:
 
 
 @pytest.mark.parametrize("hold_up", [False, True])
-def test_a_link_slow_one_way_makes_the_link_slow(pair, hold_up):
+def test_a_link_slow_one_way_makes_the_link_slow(conn_pair, hold_up):
     """A worker that holds each full probe of one direction 0.3 s: that direction's transfer takes at
     least 0.3 s less the empty round trip, its rate is at most 1 MiB / 0.3 s (28 Mbit/s and the
     round trip's noise), far below the 1 Gbit/s default, and the link is that slow direction: auto cuts 8."""
-    coord, worker = pair
+    coord, worker = conn_pair
     thread, _ = _in_thread(_slow_worker, worker, 0.3, hold_up)
     probe = probe_link(coord, rounds=2)
     coord.send([encode_message("ps_plan")])
@@ -105,8 +88,8 @@ def test_a_link_slow_one_way_makes_the_link_slow(pair, hold_up):
     assert piece_rule("auto", link_rate_bps([probe]), CFG.fast_link_bps) == SLOW_LINK_RULE
 
 
-def test_an_acknowledgement_or_a_reply_of_another_size_is_refused(pair):
-    coord, worker = pair
+def test_an_acknowledgement_or_a_reply_of_another_size_is_refused(conn_pair):
+    coord, worker = conn_pair
 
     def lying_worker(ack_bytes: int, reply_bytes: int) -> None:
         worker.receive([PROBE])
@@ -121,8 +104,8 @@ def test_an_acknowledgement_or_a_reply_of_another_size_is_refused(pair):
         probe_link(coord, rounds=1, probe_bytes=1000)
 
 
-def test_a_worker_refuses_endless_probes_and_odd_fills(pair):
-    coord, worker = pair
+def test_a_worker_refuses_endless_probes_and_odd_fills(conn_pair):
+    coord, worker = conn_pair
     thread, out = _in_thread(receive_answering_probes, worker, "ps_plan")
     for r in range(MAX_PROBES + 1):
         coord.send([encode_message(PROBE, {"round": r})])
@@ -159,10 +142,10 @@ def test_the_runs_rate_is_the_slowest_workers_slower_direction():
         link_rate_bps([])
 
 
-def test_a_worker_lost_during_the_probe_fails_the_run_naming_it(pair):
+def test_a_worker_lost_during_the_probe_fails_the_run_naming_it(conn_pair):
     """The coordinator's side (`wiiide.ps.session._pieces_per_shard`): a worker that closes its
     connection instead of answering is dropped, and the run fails with exit 4 and the worker named."""
-    coord_conn, worker = pair
+    coord_conn, worker = conn_pair
     dropped = []
     slot = SimpleNamespace(rank=2, node_id="w2", conn=coord_conn, alive=True)
     coord = SimpleNamespace(cfg=RunConfig(log_tier="silent", num_workers=1), log=TieredLog(CFG, "coordinator"),
