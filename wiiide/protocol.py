@@ -115,7 +115,6 @@ def _make_value_json() -> Any:
 
 
 _value_json = _make_value_json()
-_NO_CODEC = NoCodec()  # stateless
 
 
 class DeadlineExceeded(TimeoutError):
