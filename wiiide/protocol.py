@@ -240,9 +240,9 @@ def encode_message(
         ValueError: a header larger than MAX_HEADER_BYTES (too many tensors or too much metadata), or a
             lossy codec given a tensor it cannot encode (not float32).
     """
-    arrays = [t.array for t in tensors]
-    if codec is None or type(codec) is NoCodec or not any(a.nbytes for a in arrays):
+    if codec is None or type(codec) is NoCodec or not any(t.array.nbytes for t in tensors):
         return _identity_frame(kind, meta or {}, tensors)  # a message without tensor bytes is sent as none
+    arrays = [t.array for t in tensors]
     raw_nbytes = sum(a.nbytes for a in arrays)
     t0 = time.perf_counter()
     names, stream = [t.name for t in tensors], kind if stream is None else stream
@@ -305,11 +305,9 @@ class _HeaderTemplate:
         Raises:
             ValueError: a header larger than MAX_HEADER_BYTES.
         """
-        if codec_params:
-            tail = f',"codec_params":{_value_json(codec_params)}}}'.encode()
-            return _pack_head(self.before_meta + _value_json(meta).encode() + self.after_meta + tail,
-                              payload_nbytes)
-        return _pack_head(self.before_meta + _value_json(meta).encode() + self.after_meta_closed, payload_nbytes)
+        tail = (self.after_meta + f',"codec_params":{_value_json(codec_params)}}}'.encode() if codec_params
+                else self.after_meta_closed)
+        return _pack_head(self.before_meta + _value_json(meta).encode() + tail, payload_nbytes)
 
 
 # Recent header templates, keyed by kind, codec and (name, dtype, shape) of every tensor: a node sends the
