@@ -74,13 +74,19 @@ def test_bench_wire_tiny_local_run_writes_the_report(tmp_path):
                 f / i for f, i in zip(r["frames"]["none"]["bytes_per_s"], r["iperf3"]["bytes_per_s"])))
         else:
             assert "iperf3 is not installed" in r["iperf3"]["unavailable"]
-        assert set(r["frames"]) == {"none", "zstd-1", "int8"}
+        # the codecs asked for, and the uncompressed frame encoded once and sent again (none/prebuilt)
+        assert set(r["frames"]) == {"none", "zstd-1", "int8", "none/prebuilt"}
         for entry in r["frames"].values():
             assert len(entry["bytes_per_s"]) == len(entry["vs_raw_per_repeat"]) == len(entry["sink_decode_s"]) == 2
             assert min(entry["vs_raw_per_repeat"]) <= entry["vs_raw"] <= max(entry["vs_raw_per_repeat"])
             assert min(entry["bytes_per_s"]) <= entry["bytes_per_s_median"] <= max(entry["bytes_per_s"])
+        # each process's CPU seconds per second of every trial: both ends did work in each one
+        for entry in [*r["frames"].values(), *r["raw_variants"].values()]:
+            assert len(entry["source_cpu_per_s"]) == len(entry["sink_cpu_per_s"]) == 2
+            assert min(entry["source_cpu_per_s"]) > 0 and min(entry["sink_cpu_per_s"]) > 0
         # an uncompressed frame is the payload plus a 16-byte prefix and a JSON header of a few hundred bytes
         assert size < r["frames"]["none"]["wire_nbytes"] < size + 4 * KIB
+        assert r["frames"]["none/prebuilt"]["wire_nbytes"] == r["frames"]["none"]["wire_nbytes"]
         # int8: one byte per float32 element plus per-block scales, and the same header
         assert size // 4 < r["frames"]["int8"]["wire_nbytes"] < size // 4 * INT8_BLOCK_OVERHEAD + 4 * KIB
         # zstd-1 is lossless on float32 gradients: ratio about 1.09 (README), never below raw by much
@@ -114,6 +120,7 @@ def test_bench_wire_tiny_local_run_writes_the_report(tmp_path):
     assert summary["links"]["unpaced"]["best_fixed"] in {"fixed:none", "fixed:zstd-1"}
     table = format_report(report)
     assert "frames:" in table and "links:" in table and "target:" in table and "64KiB" in table
+    assert "CPU seconds per second" in table and "none/prebuilt" in table
 
 
 def test_codec_table_on_known_payloads():

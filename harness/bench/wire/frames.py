@@ -8,6 +8,11 @@ acknowledgement of the last frame (iperf3: its receiver's bytes over its data ph
 
 The raw reference of a size is the raw variant with the highest median there (`raw.py` says what each
 variant does); the frames' ``vs_raw`` compares each repeat with that variant's figure of the same repeat.
+
+Two figures tell where frames lose time against the raw loops. Every trial records the CPU seconds the
+source and the sink processes spent on it (user + system, `time.process_time`) per second of the trial: the
+side near 1.0 binds. And ``none/prebuilt`` sends one uncompressed frame, encoded once before the trial,
+`count` times: the frames' bytes, send path and reader without the sender's per-frame encode.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import socket
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -36,9 +41,21 @@ MIN_COUNT, MAX_COUNT = 2, 4096  # messages per trial
 WARMUP_FRACTION = 1 / 8
 
 
+class Trial(NamedTuple):
+    """One timed trial: `seconds` from the first byte sent to the sink's ack; the CPU seconds (user +
+    system) the source process (`source_cpu_s`) and the sink process (`sink_cpu_s`, from its ack) spent
+    meanwhile; the sink's decode seconds and the wire bytes of one frame (frames trials; 0 for raw ones)."""
+
+    seconds: float
+    source_cpu_s: float
+    sink_cpu_s: float
+    sink_decode_s: float = 0.0
+    wire_nbytes: int = 0
+
+
 def raw_trial(sock: socket.socket, reader: FrameReader, buf: memoryview, count: int,
-              variant: RawVariant = RAW_VARIANTS[0], chunk_bytes: int = RAW_CHUNK_BYTES) -> float:
-    """Seconds to move `count` x `buf` (bytes) the `variant` way and get the sink's ack.
+              variant: RawVariant = RAW_VARIANTS[0], chunk_bytes: int = RAW_CHUNK_BYTES) -> Trial:
+    """Move `count` x `buf` (bytes) the `variant` way and get the sink's ack.
 
     `chunk_bytes`: the sink's recv size of the ``chunk`` and ``scratch`` receivers (bytes).
 
@@ -47,32 +64,33 @@ def raw_trial(sock: socket.socket, reader: FrameReader, buf: memoryview, count: 
     """
     send_control(sock, "trial", mode="raw", count=count, size=buf.nbytes, recv=variant.recv,
                  chunk_bytes=chunk_bytes)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     send_raw(sock, buf, count, variant.send)
-    read_ack(reader)
-    return time.perf_counter() - t0
+    meta = read_ack(reader)
+    return Trial(time.perf_counter() - t0, time.process_time() - cpu0, float(meta.get("cpu_s", 0.0)))
 
 
 def frame_trial(sock: socket.socket, reader: FrameReader, payload: np.ndarray, count: int, codec_name: str,
-                pool: CodecPool, frame_reader: str = "whole") -> tuple[float, float, int]:
+                pool: CodecPool, frame_reader: str = "whole", prebuilt: bool = False) -> Trial:
     """`count` gradient frames of `payload` (float32), each encoded with `codec_name` as it is sent, read
     by the sink's `frame_reader` (``whole`` or ``exact``, `harness.bench.wire.plan.FRAME_READERS`).
-
-    Returns:
-        (seconds from the first byte to the sink's ack, the sink's decode seconds, wire bytes of one frame).
+    `prebuilt`: one frame encoded before the clock starts, sent `count` times (no encode in the trial).
 
     Raises:
         ValueError: unknown codec name. OSError, ConnectionError: as `raw_trial`.
     """
     codec = codec_from_name(codec_name)
     send_control(sock, "trial", mode="frames", count=count, size=payload.nbytes, reader=frame_reader)
-    t0 = time.perf_counter()
+    frame = encode_message("gradients", {"step": 0}, [WireTensor("grad", payload)], codec, pool) if prebuilt else None
+    t0, cpu0 = time.perf_counter(), time.process_time()
     wire_bytes = 0
     for _ in range(count):
-        frame = encode_message("gradients", {"step": 0}, [WireTensor("grad", payload)], codec, pool)
+        if not prebuilt:
+            frame = encode_message("gradients", {"step": 0}, [WireTensor("grad", payload)], codec, pool)
         wire_bytes = send_frames(sock, [frame])
     meta = read_ack(reader)
-    return time.perf_counter() - t0, float(meta.get("decode_s", 0.0)), wire_bytes
+    return Trial(time.perf_counter() - t0, time.process_time() - cpu0, float(meta.get("cpu_s", 0.0)),
+                 float(meta.get("decode_s", 0.0)), wire_bytes)
 
 
 def warmup_count(count: int) -> int:
@@ -90,6 +108,12 @@ def _stats(values: list[float]) -> dict[str, Any]:
     return {"bytes_per_s": values, "bytes_per_s_median": statistics.median(values)}
 
 
+def _add_cpu(entry: dict[str, Any], trial: Trial) -> None:
+    """Append `trial`'s CPU seconds per second of the trial, source and sink, to `entry`'s lists."""
+    entry.setdefault("source_cpu_per_s", []).append(trial.source_cpu_s / trial.seconds)
+    entry.setdefault("sink_cpu_per_s", []).append(trial.sink_cpu_s / trial.seconds)
+
+
 def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, sizes_bytes: Sequence[int],
                    codecs: Sequence[str], repeats: int, bytes_per_trial: int, pool: CodecPool,
                    progress: Callable[[str], None], chunk_bytes: int = RAW_CHUNK_BYTES,
@@ -105,12 +129,15 @@ def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, s
     ``frames[codec]`` with ``bytes_per_s`` (list), ``bytes_per_s_median``, ``wire_nbytes`` (one frame
     on the wire), ``sink_decode_s`` (list), ``vs_raw_per_repeat`` (frame / raw of the same repeat),
     ``vs_raw`` (their median: robust to load that comes and goes between repeats), and, with iperf3,
-    ``vs_iperf3_per_repeat`` and ``vs_iperf3``. Compressed codecs move a quarter of the uncompressed
-    trial's messages (at least 2). `chunk_bytes` is the sink's recv size of the chunked raw receivers
-    (`RAW_CHUNK_BYTES`);
+    ``vs_iperf3_per_repeat`` and ``vs_iperf3``. Every raw variant and frames entry also has
+    ``source_cpu_per_s`` and ``sink_cpu_per_s`` (lists: each process's CPU seconds per second of the
+    trial). Compressed codecs move a quarter of the uncompressed trial's messages (at least 2).
+    `chunk_bytes` is the sink's recv size of the chunked raw receivers (`RAW_CHUNK_BYTES`);
     iperf3 runs against ``iperf3_host``:``iperf3_port`` (None: not measured). The sink reads with
     `frame_readers`[0] (``whole`` or ``exact``); each further reader also reads the uncompressed frames,
-    in the same repeats, reported as ``frames["none/<reader>"]``.
+    in the same repeats, reported as ``frames["none/<reader>"]``. With ``none`` among `codecs`,
+    ``frames["none/prebuilt"]`` is the uncompressed frame encoded once and sent `count` times (see the
+    module's docstring).
 
     Raises:
         OSError, ConnectionError: the connection failed.
@@ -123,18 +150,22 @@ def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, s
         raw = memoryview(payload).cast("B")
         count = trial_count(size, bytes_per_trial)
         variants: dict[str, list[float]] = {v.name: [] for v in RAW_VARIANTS}
+        variants_cpu: dict[str, dict[str, list[float]]] = {v.name: {} for v in RAW_VARIANTS}
         iperf3: dict[str, Any] = ({"bytes_per_s": [], "retransmits": [], "figure": []} if iperf3_host
                                   else {"unavailable": "not asked for"})
-        trials = [(c, c, frame_readers[0]) for c in codecs]  # (report key, codec, sink reader)
-        trials += [(f"none/{r}", "none", r) for r in frame_readers[1:] if "none" in codecs]
+        trials = [(c, c, frame_readers[0], False) for c in codecs]  # (report key, codec, sink reader, prebuilt)
+        trials += [(f"none/{r}", "none", r, False) for r in frame_readers[1:] if "none" in codecs]
+        trials += [("none/prebuilt", "none", frame_readers[0], True)] if "none" in codecs else []
         row: dict[str, Any] = {"size_bytes": size, "count_per_trial": count,
                                "frames": {key: {"bytes_per_s": [], "wire_nbytes": None, "sink_decode_s": []}
-                                          for key, _, _ in trials}}
+                                          for key, _, _, _ in trials}}
         warmup = warmup_count(count)
         for _ in range(repeats):
             for variant in RAW_VARIANTS:
                 raw_trial(sock, reader, raw, warmup, variant, chunk_bytes)  # untimed: see WARMUP_FRACTION
-                variants[variant.name].append(count * size / raw_trial(sock, reader, raw, count, variant, chunk_bytes))
+                trial = raw_trial(sock, reader, raw, count, variant, chunk_bytes)
+                variants[variant.name].append(count * size / trial.seconds)
+                _add_cpu(variants_cpu[variant.name], trial)
             if "unavailable" not in iperf3:
                 try:
                     result = run_client(iperf3_host, count * size, iperf3_port or IPERF3_PORT)
@@ -144,15 +175,16 @@ def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, s
                     iperf3["version"] = result["version"]
                 except Iperf3Error as exc:
                     iperf3 = {"unavailable": str(exc)}
-            for key, c, frame_reader in trials:
+            for key, c, frame_reader, prebuilt in trials:
                 n = count if c == "none" else max(MIN_COUNT, count // 4)
-                frame_trial(sock, reader, payload, warmup_count(n), c, pool, frame_reader)  # untimed
-                seconds, decode_s, wire_bytes = frame_trial(sock, reader, payload, n, c, pool, frame_reader)
+                frame_trial(sock, reader, payload, warmup_count(n), c, pool, frame_reader, prebuilt)  # untimed
+                trial = frame_trial(sock, reader, payload, n, c, pool, frame_reader, prebuilt)
                 entry = row["frames"][key]
-                entry["bytes_per_s"].append(n * size / seconds)
-                entry["sink_decode_s"].append(decode_s)
-                entry["wire_nbytes"] = wire_bytes
-        row["raw_variants"] = {name: _stats(values) for name, values in variants.items()}
+                entry["bytes_per_s"].append(n * size / trial.seconds)
+                entry["sink_decode_s"].append(trial.sink_decode_s)
+                entry["wire_nbytes"] = trial.wire_nbytes
+                _add_cpu(entry, trial)
+        row["raw_variants"] = {name: {**_stats(values), **variants_cpu[name]} for name, values in variants.items()}
         best = max(row["raw_variants"], key=lambda name: row["raw_variants"][name]["bytes_per_s_median"])
         row["raw_variant"] = best
         row["raw_bytes_per_s"] = variants[best]

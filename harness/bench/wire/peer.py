@@ -39,7 +39,9 @@ def sink(sock: socket.socket, recv_chunk_bytes: int = 64 * MIB, read_ahead_bytes
     `whole_frames`, the default; ``exact``: every frame part read exactly), with `recv_chunk_bytes` (bytes;
     the nodes' default 64 MiB unless told otherwise) and `read_ahead_bytes` (bytes; 0: none; ``exact``
     only), reusing its receive buffer. A raw trial receives the way its
-    ``recv`` names (`harness.bench.wire.raw.recv_raw`) into one reused buffer. Each trial ends with an ``ack`` carrying ``recv_s`` and the frames' ``decode_s`` (s);
+    ``recv`` names (`harness.bench.wire.raw.recv_raw`) into one reused buffer. Each trial ends with an
+    ``ack`` carrying ``recv_s``, the frames' ``decode_s`` and this process's CPU seconds ``cpu_s`` (user +
+    system, `time.process_time`) over the trial;
     a ``roundtrip`` trial also acks every message.
 
     Raises:
@@ -59,7 +61,7 @@ def sink(sock: socket.socket, recv_chunk_bytes: int = 64 * MIB, read_ahead_bytes
         if control.kind == "done":
             return
         count, size_bytes = int(meta["count"]), int(meta["size"])
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         decode_s = 0.0
         if meta["mode"] == "raw":
             chunk_bytes = int(meta.get("chunk_bytes", RAW_CHUNK_BYTES))
@@ -73,7 +75,8 @@ def sink(sock: socket.socket, recv_chunk_bytes: int = 64 * MIB, read_ahead_bytes
                 decode_s += msg.decode_s
                 if meta["mode"] == "roundtrip":
                     send_control(sock, "ack")
-        send_control(sock, "ack", recv_s=time.perf_counter() - t0, decode_s=decode_s)
+        send_control(sock, "ack", recv_s=time.perf_counter() - t0, decode_s=decode_s,
+                     cpu_s=time.process_time() - cpu0)
 
 
 def source(sock: socket.socket, plan: WirePlan, progress: Callable[[str], None],

@@ -4,6 +4,7 @@ with the harness's one table printer, `harness.present.table.render_table` (rich
 
 from __future__ import annotations
 
+import statistics
 from typing import Any, Sequence
 
 from harness.bench.wire.summary import rate_key
@@ -65,6 +66,27 @@ def raw_variants_table(report: dict[str, Any]) -> str | None:
     return _table("raw socket loops: MB/s (median of repeats), sender/receiver", ["size", *names], rows)
 
 
+def cpu_table(report: dict[str, Any]) -> str | None:
+    """CPU: per size, the source's and the sink's CPU seconds per second (median of repeats) in the raw
+    reference's trials and the uncompressed frames' (``none`` and ``none/prebuilt``); None without the
+    figures (reports before they were recorded)."""
+    frames = [r for r in report.get("frames", []) if "source_cpu_per_s" in r["frames"].get("none", {})]
+    if not frames:
+        return None
+
+    def cell(entry: dict[str, Any] | None) -> str:
+        if not entry or "source_cpu_per_s" not in entry:
+            return "-"
+        return (f"{statistics.median(entry['source_cpu_per_s']):.2f} / "
+                f"{statistics.median(entry['sink_cpu_per_s']):.2f}")
+
+    keys = [k for k in ("none", "none/prebuilt") if k in frames[0]["frames"]]
+    rows = [[format_size(r["size_bytes"]), cell(r["raw_variants"].get(r["raw_variant"])),
+             *(cell(r["frames"].get(k)) for k in keys)] for r in frames]
+    return _table("CPU seconds per second of a trial, source / sink (median of repeats): the side near 1.00 "
+                  "binds", ["size", "raw socket", *keys], rows)
+
+
 def codecs_table(report: dict[str, Any]) -> str | None:
     """Codecs: ratio and median encode / decode MB/s (raw bytes) per gradient, codec and threads; None without rows."""
     codecs = report.get("codecs", [])
@@ -123,7 +145,7 @@ def format_report(report: dict[str, Any]) -> str:
     commit = (report.get("commit_info", {}).get("id") or "?")[:10]
     parts = [f"bench-wire | backend {report['backend']['name']} | {m.get('cpu_count_logical')} CPUs | "
              f"commit {commit}"]
-    parts += [table for table in (frames_table(report), raw_variants_table(report), codecs_table(report),
-                                   links_table(report)) if table]
+    parts += [table for table in (frames_table(report), raw_variants_table(report), cpu_table(report),
+                                   codecs_table(report), links_table(report)) if table]
     parts += target_lines(report.get("summary", {}))
     return "\n\n".join(parts) + "\n"
