@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from harness.bench.wire.cli import parse_link_rates, parse_sizes, plan_from_args
+from harness.bench.wire.frames import trial_orders
 from harness.bench.wire.paced import PacedSocket
 from harness.bench.wire.payloads import payload_of
 from harness.bench.wire.plan import PlanError, WirePlan
@@ -266,3 +267,14 @@ def test_a_bench_killed_with_sigterm_unwinds_as_on_ctrl_c(monkeypatch):
     finally:
         signal.signal(signal.SIGTERM, original)
     assert cleaned == [True]
+
+
+def test_trial_orders_put_every_kind_in_every_slot():
+    """Each repeat runs every kind once; over as many repeats as kinds, each kind takes each slot once,
+    and the first repeat keeps the listed order (raw variants, iperf3, frames)."""
+    orders = trial_orders(5, 7)
+    assert len(orders) == 7 and orders[0] == [0, 1, 2, 3, 4]
+    assert all(sorted(order) == [0, 1, 2, 3, 4] for order in orders)
+    for slot in range(5):
+        assert sorted(order[slot] for order in orders[:5]) == [0, 1, 2, 3, 4]
+    assert trial_orders(3, 0) == [] and trial_orders(1, 2) == [[0], [0]]

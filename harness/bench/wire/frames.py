@@ -1,10 +1,11 @@
 """Section ``frames``: raw socket throughput against WIIIIIDE frame throughput, per frame size and codec.
 
 For each size, trials are interleaved (every raw variant of `RAW_VARIANTS`, iperf3 when it is there,
-then each codec, `repeats` times) so each ratio compares figures taken side by side; each timed raw or
-frames trial follows an untimed warm-up trial of the same kind (`WARMUP_FRACTION`). Throughput is
-payload (raw tensor) bytes delivered per second, counted from the first byte sent to the sink's
-acknowledgement of the last frame (iperf3: its receiver's bytes over its data phase's seconds).
+then each codec, `repeats` times, each repeat starting one trial further on: `trial_orders`) so each
+ratio compares figures taken side by side; each timed raw or frames trial follows an untimed warm-up
+trial of the same kind (`WARMUP_FRACTION`). Throughput is payload (raw tensor) bytes delivered per
+second, counted from the first byte sent to the sink's acknowledgement of the last frame (iperf3: its
+receiver's bytes over its data phase's seconds).
 
 The raw reference of a size is the raw variant with the highest median there (`raw.py` says what each
 variant does); the frames' ``vs_raw`` compares each repeat with that variant's figure of the same repeat.
@@ -93,6 +94,15 @@ def frame_trial(sock: socket.socket, reader: FrameReader, payload: np.ndarray, c
                  float(meta.get("decode_s", 0.0)), wire_bytes)
 
 
+def trial_orders(kinds: int, repeats: int) -> list[list[int]]:
+    """The order of the `kinds` trials (indices 0..kinds-1) in each of `repeats` repeats: repeat r starts at
+    kind r mod `kinds` and goes round (0 1 2, 1 2 0, 2 0 1, ...), so that over `kinds` repeats every kind
+    runs once in every slot. With one fixed order, whatever a slot does to its trial (the one right after
+    iperf3, say) fell on the same kind in every repeat and could not be told from the kind's own speed:
+    until session 19 the uncompressed frames always ran right after iperf3."""
+    return [[(r + k) % kinds for k in range(kinds)] for r in range(repeats)]
+
+
 def warmup_count(count: int) -> int:
     """Messages of the untimed trial that precedes each timed one: `count` x `WARMUP_FRACTION`, at least
     `MIN_COUNT`."""
@@ -160,30 +170,35 @@ def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, s
                                "frames": {key: {"bytes_per_s": [], "wire_nbytes": None, "sink_decode_s": []}
                                           for key, _, _, _ in trials}}
         warmup = warmup_count(count)
-        for _ in range(repeats):
-            for variant in RAW_VARIANTS:
-                raw_trial(sock, reader, raw, warmup, variant, chunk_bytes)  # untimed: see WARMUP_FRACTION
-                trial = raw_trial(sock, reader, raw, count, variant, chunk_bytes)
-                variants[variant.name].append(count * size / trial.seconds)
-                _add_cpu(variants_cpu[variant.name], trial)
-            if "unavailable" not in iperf3:
-                try:
-                    result = run_client(iperf3_host, count * size, iperf3_port or IPERF3_PORT)
-                    iperf3["bytes_per_s"].append(result["bytes_per_s"])
-                    iperf3["retransmits"].append(result["retransmits"])
-                    iperf3["figure"].append(result["figure"])
-                    iperf3["version"] = result["version"]
-                except Iperf3Error as exc:
-                    iperf3 = {"unavailable": str(exc)}
-            for key, c, frame_reader, prebuilt in trials:
-                n = count if c == "none" else max(MIN_COUNT, count // 4)
-                frame_trial(sock, reader, payload, warmup_count(n), c, pool, frame_reader, prebuilt)  # untimed
-                trial = frame_trial(sock, reader, payload, n, c, pool, frame_reader, prebuilt)
-                entry = row["frames"][key]
-                entry["bytes_per_s"].append(n * size / trial.seconds)
-                entry["sink_decode_s"].append(trial.sink_decode_s)
-                entry["wire_nbytes"] = trial.wire_nbytes
-                _add_cpu(entry, trial)
+        for order in trial_orders(len(RAW_VARIANTS) + 1 + len(trials), repeats):
+            for i in order:  # the raw variants, then iperf3, then the frames trials, each repeat from another start
+                if i < len(RAW_VARIANTS):
+                    variant = RAW_VARIANTS[i]
+                    raw_trial(sock, reader, raw, warmup, variant, chunk_bytes)  # untimed: see WARMUP_FRACTION
+                    trial = raw_trial(sock, reader, raw, count, variant, chunk_bytes)
+                    variants[variant.name].append(count * size / trial.seconds)
+                    _add_cpu(variants_cpu[variant.name], trial)
+                elif i == len(RAW_VARIANTS):
+                    if "unavailable" in iperf3:
+                        continue
+                    try:
+                        result = run_client(iperf3_host, count * size, iperf3_port or IPERF3_PORT)
+                        iperf3["bytes_per_s"].append(result["bytes_per_s"])
+                        iperf3["retransmits"].append(result["retransmits"])
+                        iperf3["figure"].append(result["figure"])
+                        iperf3["version"] = result["version"]
+                    except Iperf3Error as exc:
+                        iperf3 = {"unavailable": str(exc)}
+                else:
+                    key, c, frame_reader, prebuilt = trials[i - len(RAW_VARIANTS) - 1]
+                    n = count if c == "none" else max(MIN_COUNT, count // 4)
+                    frame_trial(sock, reader, payload, warmup_count(n), c, pool, frame_reader, prebuilt)  # untimed
+                    trial = frame_trial(sock, reader, payload, n, c, pool, frame_reader, prebuilt)
+                    entry = row["frames"][key]
+                    entry["bytes_per_s"].append(n * size / trial.seconds)
+                    entry["sink_decode_s"].append(trial.sink_decode_s)
+                    entry["wire_nbytes"] = trial.wire_nbytes
+                    _add_cpu(entry, trial)
         row["raw_variants"] = {name: {**_stats(values), **variants_cpu[name]} for name, values in variants.items()}
         best = max(row["raw_variants"], key=lambda name: row["raw_variants"][name]["bytes_per_s_median"])
         row["raw_variant"] = best
