@@ -338,10 +338,10 @@ class RunConfig(BaseSettings):
         "the codec's ratio under a fixed lossy codec), each still at most partition_bytes: a small model in pieces "
         "a shard answers one after the other; auto: 8 on a link probed below fast_link_bps, 2 of 1 MiB and up "
         "on the wire at or above it (wiiide.ps.link_probe)")
-    fast_link_bps: RateBps = _field(1_000_000_000, "1 Mbit/s..1 Tbit/s",
+    fast_link_bps: RateBps = _field(700_000_000, "1 Mbit/s..1 Tbit/s",
                                     "partitions_per_shard auto: a link the coordinator's probe measures at this "
                                     "rate or faster is cut into 2 pieces per shard of 1 MiB and up, a slower one into 8 of "
-                                    "64 KiB and up",
+                                    "64 KiB and up (700 Mbit/s: where the two rules crossed, wiiide.ps.link_probe)",
                                     ge=1_000_000, le=10**12)
     partition_balance: Literal["pipeline", "egress", "bytes"] = _field(
         "pipeline", "pipeline | egress | bytes",

@@ -56,7 +56,9 @@ def test_a_worker_answers_every_probe_and_returns_the_plan_after_them(conn_pair)
     assert out["value"].kind == "ps_plan" and out["value"].meta == {"partitions": [[0, 5, 0]]}
     assert probe.probe_bytes == 200_000 and probe.rtt_s > 0 and probe.down_s > 0 and probe.up_s > 0
     assert probe.rate_bps == min(probe.down_bps, probe.up_bps)
-    assert set(probe.record()) == {"rtt_s", "down_bps", "up_bps", "rate_bps"}
+    # 200 kB crosses loopback far faster than SLOPE_BELOW_S: both ways were probed again with 4x the bytes
+    assert probe.down_bytes == probe.up_bytes == 600_000
+    assert set(probe.record()) == {"rtt_s", "down_bps", "up_bps", "rate_bps", "down_bytes", "up_bytes"}
 
 
 def _slow_worker(worker: Connection, hold_s: float, hold_up: bool) -> None:
@@ -76,7 +78,7 @@ def _slow_worker(worker: Connection, hold_s: float, hold_up: bool) -> None:
 def test_a_link_slow_one_way_makes_the_link_slow(conn_pair, hold_up):
     """A worker that holds each full probe of one direction 0.3 s: that direction's transfer takes at
     least 0.3 s less the empty round trip, its rate is at most 1 MiB / 0.3 s (28 Mbit/s and the
-    round trip's noise), far below the 1 Gbit/s default, and the link is that slow direction: auto cuts 8."""
+    round trip's noise), far below the 700 Mbit/s default, and the link is that slow direction: auto cuts 8."""
     coord, worker = conn_pair
     thread, _ = _in_thread(_slow_worker, worker, 0.3, hold_up)
     probe = probe_link(coord, rounds=2)
@@ -86,6 +88,36 @@ def test_a_link_slow_one_way_makes_the_link_slow(conn_pair, hold_up):
     assert slow_s >= 0.3 - probe.rtt_s and fast_s < slow_s
     assert probe.rate_bps == (probe.up_bps if hold_up else probe.down_bps)
     assert piece_rule("auto", link_rate_bps([probe]), CFG.fast_link_bps) == SLOW_LINK_RULE
+
+
+def _bursty_worker(worker: Connection, burst_bytes: int, rate_bytes_per_s: float) -> None:
+    """A worker behind a token bucket: the first `burst_bytes` of each probe come at once, the rest at
+    `rate_bytes_per_s` (the probe held for what is past the burst), as tc's htb lets its burst through."""
+    while True:
+        msg = worker.receive([PROBE, "ps_plan"])
+        if msg.kind == "ps_plan":
+            return
+        reply = msg.meta["reply_bytes"]
+        size = msg.tensor("fill").size if msg.tensors else reply
+        time.sleep(max(0, size - burst_bytes) / rate_bytes_per_s)
+        fill = [WireTensor("fill", np.zeros(reply, np.uint8))] if reply else []
+        worker.send([encode_message(PROBE_ACK, {"bytes": msg.tensor("fill").size if msg.tensors else 0}, fill)])
+
+
+def test_a_shapers_burst_cancels_out_of_the_rate(conn_pair):
+    """A 200 kB probe behind a 150 kB burst at 6.5 MB/s is held 7.7 ms (under SLOPE_BELOW_S): by its size
+    alone the link would read 26 MB/s, 4x its rate. The second probe of 800 kB is held 100 ms, and the
+    600 kB between the two sizes over the 92 ms between them give the rate (sleeps only run long, and
+    a longer hold of the small probe makes the rate read low)."""
+    coord, worker = conn_pair
+    rate_bytes_per_s = 6.5e6
+    thread, _ = _in_thread(_bursty_worker, worker, 150_000, rate_bytes_per_s)
+    probe = probe_link(coord, rounds=2, probe_bytes=200_000)
+    coord.send([encode_message("ps_plan")])
+    thread.join(10)
+    assert probe.down_bytes == probe.up_bytes == 600_000
+    for rate_bps in (probe.down_bps, probe.up_bps):
+        assert 0.7 * 8 * rate_bytes_per_s < rate_bps < 1.1 * 8 * rate_bytes_per_s
 
 
 def test_an_acknowledgement_or_a_reply_of_another_size_is_refused(conn_pair):

@@ -12,14 +12,21 @@ parameter servers", session 16; digits 4 / 8 workers, 26 MB 4 / 8 workers):
   1.13 / ~1.02x, and at 26 MB / 8 workers 2 pieces ran 0.80x 8's.
 
 So ``auto`` cuts `AUTO_PIECES_SLOW_LINK` (8) pieces per shard of about 64 KiB and up on the wire on a
-link slower than ``fast_link_bps`` (default 1 Gbit/s: 5x the fastest shaped link measured, 200 Mbit/s,
-and 6x below the slowest reading of the unshaped bridge, 6.0 Gbit/s in 44 runs, session 17), and on one
-at least that fast `AUTO_PIECES_FAST_LINK` (2) pieces of about `FAST_LINK_FINEST_BYTES` (1 MiB) and up on
-the wire (`PieceRule`): a piece then takes about a millisecond or more on a 10 Gbit/s link. That is what
-the unshaped runs measured best at each point: one piece a shard for the digits model (its 0.2-0.4 MB
-ranges; 1.85x / 1.82x DDP against 1.61x / 1.39x with 2 pieces, `results/unshaped-pieces-20261125T092939Z`)
-and two for the 26 MB model (1.41x / 1.35x against 1.46x / 1.30x with one; at 4 workers `partition_bytes`
-makes two of either). README, "Pieces that follow the link".
+link slower than ``fast_link_bps``, and on one at least that fast `AUTO_PIECES_FAST_LINK` (2) pieces of
+about `FAST_LINK_FINEST_BYTES` (1 MiB) and up on the wire (`PieceRule`): a piece then takes about a
+millisecond or more on a 10 Gbit/s link. That is what the unshaped runs measured best at each point: one
+piece a shard for the digits model (its 0.2-0.4 MB ranges; 1.85x / 1.82x DDP against 1.61x / 1.39x with
+2 pieces, `results/unshaped-pieces-20261125T092939Z`) and two for the 26 MB model (1.41x / 1.35x
+against 1.46x / 1.30x with one; at 4 workers `partition_bytes` makes two of either). README, "Pieces
+that follow the link".
+
+The default ``fast_link_bps``, 700 Mbit/s, lies where the two rules cross. Session 18 forced each rule on
+htb links (`experiments/link-crossover.yaml`, 2 repeats; README, "Where the two rules cross"). At
+500 Mbit/s the fast rule ran 0.87x and 0.94x the slow one on the 26 MB model and level on digits; at
+1 Gbit/s 1.54x and ~1.47x on digits, 0.90x and ~1.08x on the 26 MB model; at 2.5 Gbit/s ahead or level
+everywhere. Session 17 had put the threshold at 1 Gbit/s, between the shaped links (200 Mbit/s at most)
+and the unshaped bridge (6 Gbit/s and up); a 1 Gbit/s link then got the fast rule only because the probe
+read it 1.7x high (below).
 
 How the rate is measured. After every worker's ``ps_join`` and before the plan, the coordinator
 probes each worker in turn (`probe_link`), `PROBE_ROUNDS` rounds of three ``ps_probe`` messages, each
@@ -28,8 +35,18 @@ empty one (the round trip), one carrying `PROBE_BYTES` (the coordinator's egress
 an empty one asking for `PROBE_BYTES` back (the worker's egress). A direction's transfer time is its
 best round trip less the best empty one, its rate 8 x `PROBE_BYTES` over that; a worker's link is the
 slower direction, and the run's rate the slowest worker's (`link_rate_bps`): a synchronous round goes
-at its slowest link. The rates include the receive path's CPU, so a loaded machine can only make a
-link look slower (more pieces), never faster.
+at its slowest link. The rates include the receive path's CPU, so a loaded machine can make a link
+look slower (more pieces).
+
+A shaper's burst would make it look faster. tc's token buckets let their burst through at the wire's
+speed (the harness sets one timer tick of the rate, `harness.links.tc.burst_bytes`: 500 kB at 1 Gbit/s,
+1.25 MB at 2.5 Gbit/s): 1 MiB, 8.4 ms at 1 Gbit/s, crosses in about 4.5 ms, and session 18 read htb links
+1.7-1.8x high at 1 Gbit/s, 1.5-2.3x at 2.5 Gbit/s and 1.2x at 500 Mbit/s (0.98-1.08x at 100 and 200
+Mbit/s, where the burst is 50-100 kB). So a direction whose `PROBE_BYTES` crossed in less than
+`SLOPE_BELOW_S` is probed again, as many rounds, with `PROBE_GROWTH` times the bytes (at most
+`MAX_REPLY_BYTES`), and its rate is the extra bytes over the extra time between the two best round
+trips: a burst (and the round trip) is in both and cancels out. Links slower than about 400 Mbit/s
+cost no second probe.
 """
 
 from __future__ import annotations
@@ -47,11 +64,13 @@ from wiiide.ps.partition import PER_SHARD_FINEST_BYTES
 
 PROBE = "ps_probe"  # coordinator -> worker, before the plan: {"round", "reply_bytes"}, an optional uint8 fill
 PROBE_ACK = "ps_probe_ack"  # worker -> coordinator: {"bytes": the fill's length}, a fill of reply_bytes
-PROBE_BYTES = 1 << 20  # 1 MiB: 84 ms at 100 Mbit/s, 8.4 ms at the 1 Gbit/s default threshold
+PROBE_BYTES = 1 << 20  # 1 MiB: 84 ms at 100 Mbit/s, 12 ms at the 700 Mbit/s default threshold
 MAX_REPLY_BYTES = 16 << 20  # the most a worker sends back for one probe
 PROBE_ROUNDS = 2  # rounds per worker; the best of them counts
 MAX_PROBES = 64  # probes a worker answers before its plan; more is a protocol error
 MIN_TRANSFER_S = 1e-6  # a transfer measured shorter (or below zero: the empty round trip's noise) counts as this
+SLOPE_BELOW_S = 0.02  # a direction whose probe crossed faster is measured again with more bytes (module docstring)
+PROBE_GROWTH = 4  # the second probe of such a direction carries this many times the bytes
 AUTO_PIECES_SLOW_LINK = 8
 AUTO_PIECES_FAST_LINK = 2
 FAST_LINK_FINEST_BYTES = 1 << 20  # on a fast link, pieces of about 1 MiB and up on the wire
@@ -71,24 +90,30 @@ FAST_LINK_RULE = PieceRule(AUTO_PIECES_FAST_LINK, FAST_LINK_FINEST_BYTES)
 
 @dataclass(frozen=True)
 class LinkProbe:
-    """One worker's probe: the best empty round trip (`rtt_s`), and the best round trips that carried
-    `probe_bytes` to the worker (`down_s`) and back from it (`up_s`), each less `rtt_s` and at least
-    `MIN_TRANSFER_S`."""
+    """One worker's probe: the best empty round trip (`rtt_s`), and the seconds `down_bytes` took to
+    the worker (`down_s`) and `up_bytes` back from it (`up_s`), each at least `MIN_TRANSFER_S`.
+
+    A direction measured with one size: its bytes are `probe_bytes` (0 stands for it) and its seconds
+    the best round trip that carried them less `rtt_s`. One measured again with a larger size (module
+    docstring): its bytes are the difference of the two sizes and its seconds the difference of their
+    best round trips."""
 
     rtt_s: float
     down_s: float
     up_s: float
     probe_bytes: int
+    down_bytes: int = 0
+    up_bytes: int = 0
 
     @property
     def down_bps(self) -> float:
         """The coordinator's egress to the worker, bit/s."""
-        return 8 * self.probe_bytes / self.down_s
+        return 8 * (self.down_bytes or self.probe_bytes) / self.down_s
 
     @property
     def up_bps(self) -> float:
         """The worker's egress to the coordinator, bit/s."""
-        return 8 * self.probe_bytes / self.up_s
+        return 8 * (self.up_bytes or self.probe_bytes) / self.up_s
 
     @property
     def rate_bps(self) -> float:
@@ -96,8 +121,12 @@ class LinkProbe:
         return min(self.down_bps, self.up_bps)
 
     def record(self) -> dict:
-        return {"rtt_s": round(self.rtt_s, 6), "down_bps": round(self.down_bps), "up_bps": round(self.up_bps),
-                "rate_bps": round(self.rate_bps)}
+        """The report's record: ``rtt_s``, ``down_bps``, ``up_bps``, ``rate_bps``, and ``down_bytes`` /
+        ``up_bytes`` for a direction measured from the difference of two sizes."""
+        out = {"rtt_s": round(self.rtt_s, 6), "down_bps": round(self.down_bps), "up_bps": round(self.up_bps),
+               "rate_bps": round(self.rate_bps)}
+        out.update({f"{way}_bytes": n for way, n in (("down", self.down_bytes), ("up", self.up_bytes)) if n})
+        return out
 
 
 def probe_link(conn: Connection, rounds: int = PROBE_ROUNDS, probe_bytes: int = PROBE_BYTES) -> LinkProbe:
@@ -108,10 +137,29 @@ def probe_link(conn: Connection, rounds: int = PROBE_ROUNDS, probe_bytes: int = 
         OSError / WiiideError: from the connection (a lost or misbehaving worker); ProtocolError: an
         acknowledgement of another size than the probe's, or a reply of another size than asked for.
     """
+    best = _best_round_trips(conn, ("empty", "down", "up"), rounds, probe_bytes)
+    rtt_s = best["empty"]
+    measured = {way: (0, max(MIN_TRANSFER_S, best[way] - rtt_s)) for way in ("down", "up")}
+    big_bytes = min(PROBE_GROWTH * probe_bytes, MAX_REPLY_BYTES)
+    again = [way for way in ("down", "up") if measured[way][1] < SLOPE_BELOW_S and big_bytes > probe_bytes]
+    if again:
+        big = _best_round_trips(conn, again, rounds, big_bytes)
+        for way in again:
+            measured[way] = (big_bytes - probe_bytes, max(MIN_TRANSFER_S, big[way] - best[way]))
+    return LinkProbe(rtt_s, measured["down"][1], measured["up"][1], probe_bytes, measured["down"][0],
+                     measured["up"][0])
+
+
+def _best_round_trips(conn: Connection, ways: tuple[str, ...] | list[str], rounds: int,
+                      probe_bytes: int) -> dict[str, float]:
+    """The best of `rounds` round trips (s) of each of `ways`: ``empty``, ``down`` (`probe_bytes` to the
+    worker) and ``up`` (`probe_bytes` asked back). Raises as `probe_link`."""
     fill = WireTensor("fill", np.zeros(probe_bytes, dtype=np.uint8))
-    best = {"empty": float("inf"), "down": float("inf"), "up": float("inf")}
+    shapes = {"empty": ((), 0), "down": ((fill,), 0), "up": ((), probe_bytes)}
+    best = {way: float("inf") for way in ways}
     for r in range(rounds):
-        for way, tensors, reply in (("empty", (), 0), ("down", (fill,), 0), ("up", (), probe_bytes)):
+        for way in ways:
+            tensors, reply = shapes[way]
             frame = encode_message(PROBE, {"round": r, "reply_bytes": reply}, tensors)  # before the clock starts
             t0 = time.perf_counter()
             conn.send([frame])
@@ -124,9 +172,7 @@ def probe_link(conn: Connection, rounds: int = PROBE_ROUNDS, probe_bytes: int = 
             if got != reply:
                 raise ProtocolError(f"{PROBE_ACK}: a reply of {got} bytes, {reply} asked for")
             best[way] = min(best[way], took_s)
-    rtt_s = best["empty"]
-    return LinkProbe(rtt_s, max(MIN_TRANSFER_S, best["down"] - rtt_s), max(MIN_TRANSFER_S, best["up"] - rtt_s),
-                     probe_bytes)
+    return best
 
 
 def _fill_bytes(msg: Message) -> int:
