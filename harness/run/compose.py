@@ -184,6 +184,12 @@ def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE,
 
 
 DOWN_GRACE_S = 5  # seconds a running node has after SIGTERM before SIGKILL, as `compose down --timeout 5`
+# A network the engine will not remove for "active endpoints" once no container is left: dockerd (20.10
+# here, session 19) kept an endpoint of a removed container, and only its restart dropped it ("Fixing
+# inconsistent endpoint_cnt for network ..." in its log). The harness does not restart an engine.
+STALE_ENDPOINT_HINT = (". The engine still counts an endpoint of a removed container on that network: restart it "
+                       "(`make docker-engine-stop docker-engine` when `make docker-engine` started it) and run "
+                       "`python -m harness down` again")
 PARALLEL_CALLS = 8  # Engine API calls in flight at once when stopping and removing containers
 
 
@@ -227,8 +233,9 @@ def cluster_down(progress: Progress = print, grace_s: float = DOWN_GRACE_S) -> N
     left = [c.name for c in project_containers(client)]
     left += [f"network {n.name}" for n in client.networks.list(filters={"label": f"{PROJECT_LABEL}={PROJECT}"})]
     if left:
+        hint = STALE_ENDPOINT_HINT if any("active endpoints" in line for line in problems) else ""
         raise ClusterError(f"cluster down: {', '.join(left)} of project {PROJECT} still there: "
-                           f"{'; '.join(problems) or 'no error given'}")
+                           f"{'; '.join(problems) or 'no error given'}{hint}")
 
 
 ZYGOTE_ROOT = REPO_ROOT / "build" / "zygote"  # control directories of warm pools, one per project
