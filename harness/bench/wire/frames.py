@@ -159,8 +159,7 @@ def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, s
         payload = payload_of(size, grad)
         raw = memoryview(payload).cast("B")
         count = trial_count(size, bytes_per_trial)
-        variants: dict[str, list[float]] = {v.name: [] for v in RAW_VARIANTS}
-        variants_cpu: dict[str, dict[str, list[float]]] = {v.name: {} for v in RAW_VARIANTS}
+        raw_entries: dict[str, dict[str, Any]] = {v.name: {"bytes_per_s": []} for v in RAW_VARIANTS}
         iperf3: dict[str, Any] = ({"bytes_per_s": [], "retransmits": [], "figure": []} if iperf3_host
                                   else {"unavailable": "not asked for"})
         trials = [(c, c, frame_readers[0], False) for c in codecs]  # (report key, codec, sink reader, prebuilt)
@@ -169,16 +168,18 @@ def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, s
         row: dict[str, Any] = {"size_bytes": size, "count_per_trial": count,
                                "frames": {key: {"bytes_per_s": [], "wire_nbytes": None, "sink_decode_s": []}
                                           for key, _, _, _ in trials}}
+        # every kind of trial of a repeat, in their listed order: the raw variants, iperf3, the frames trials
+        kinds = [("raw", v) for v in RAW_VARIANTS] + [("iperf3", None)] + [("frames", t) for t in trials]
         warmup = warmup_count(count)
-        for order in trial_orders(len(RAW_VARIANTS) + 1 + len(trials), repeats):
-            for i in order:  # the raw variants, then iperf3, then the frames trials, each repeat from another start
-                if i < len(RAW_VARIANTS):
-                    variant = RAW_VARIANTS[i]
-                    raw_trial(sock, reader, raw, warmup, variant, chunk_bytes)  # untimed: see WARMUP_FRACTION
-                    trial = raw_trial(sock, reader, raw, count, variant, chunk_bytes)
-                    variants[variant.name].append(count * size / trial.seconds)
-                    _add_cpu(variants_cpu[variant.name], trial)
-                elif i == len(RAW_VARIANTS):
+        for order in trial_orders(len(kinds), repeats):
+            for kind, item in (kinds[i] for i in order):  # each repeat from another start
+                if kind == "raw":
+                    raw_trial(sock, reader, raw, warmup, item, chunk_bytes)  # untimed: see WARMUP_FRACTION
+                    trial = raw_trial(sock, reader, raw, count, item, chunk_bytes)
+                    entry = raw_entries[item.name]
+                    entry["bytes_per_s"].append(count * size / trial.seconds)
+                    _add_cpu(entry, trial)
+                elif kind == "iperf3":
                     if "unavailable" in iperf3:
                         continue
                     try:
@@ -190,7 +191,7 @@ def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, s
                     except Iperf3Error as exc:
                         iperf3 = {"unavailable": str(exc)}
                 else:
-                    key, c, frame_reader, prebuilt = trials[i - len(RAW_VARIANTS) - 1]
+                    key, c, frame_reader, prebuilt = item
                     n = count if c == "none" else max(MIN_COUNT, count // 4)
                     frame_trial(sock, reader, payload, warmup_count(n), c, pool, frame_reader, prebuilt)  # untimed
                     trial = frame_trial(sock, reader, payload, n, c, pool, frame_reader, prebuilt)
@@ -199,11 +200,11 @@ def frames_section(sock: socket.socket, reader: FrameReader, grad: np.ndarray, s
                     entry["sink_decode_s"].append(trial.sink_decode_s)
                     entry["wire_nbytes"] = trial.wire_nbytes
                     _add_cpu(entry, trial)
-        row["raw_variants"] = {name: {**_stats(values), **variants_cpu[name]} for name, values in variants.items()}
+        row["raw_variants"] = {name: {**_stats(e["bytes_per_s"]), **e} for name, e in raw_entries.items()}
         best = max(row["raw_variants"], key=lambda name: row["raw_variants"][name]["bytes_per_s_median"])
         row["raw_variant"] = best
-        row["raw_bytes_per_s"] = variants[best]
-        row["raw_bytes_per_s_median"] = statistics.median(variants[best])
+        row["raw_bytes_per_s"] = row["raw_variants"][best]["bytes_per_s"]
+        row["raw_bytes_per_s_median"] = row["raw_variants"][best]["bytes_per_s_median"]
         if "unavailable" not in iperf3:
             iperf3["bytes_per_s_median"] = statistics.median(iperf3["bytes_per_s"])
         row["iperf3"] = iperf3
