@@ -336,13 +336,13 @@ class RunConfig(BaseSettings):
         "auto", "auto | an integer 1..256",
         "ps_shards > 1: the fewest partitions per shard while they stay about 64 KiB or more on the wire (64 KiB x "
         "the codec's ratio under a fixed lossy codec), each still at most partition_bytes: a small model in pieces "
-        "a shard answers one after the other; auto: 8 on a link probed below fast_link_bps, 2 of 1 MiB and up "
-        "on the wire at or above it (wiiide.ps.link_probe)")
-    fast_link_bps: RateBps = _field(700_000_000, "1 Mbit/s..1 Tbit/s",
-                                    "partitions_per_shard auto: a link the coordinator's probe measures at this "
-                                    "rate or faster is cut into 2 pieces per shard of 1 MiB and up, a slower one into 8 of "
-                                    "64 KiB and up (700 Mbit/s: where the two rules crossed, wiiide.ps.link_probe)",
-                                    ge=1_000_000, le=10**12)
+        "a shard answers one after the other; auto: up to 8 of about piece_link_s on the probed link or more "
+        "(wiiide.ps.link_probe)")
+    piece_link_s: Float = _field(0.004, "0..1 seconds",
+                                 "partitions_per_shard auto: a piece's time on the link the coordinator's probe "
+                                 "measures, rate / 8 x this in bytes on the wire rounded down to a power of two, "
+                                 "64 KiB..16 MiB (4 ms: 64 KiB at 100 and 200 Mbit/s, 256 KiB at 1 Gbit/s; "
+                                 "wiiide.ps.link_probe)", ge=0.0, le=1.0)
     partition_balance: Literal["pipeline", "egress", "bytes"] = _field(
         "pipeline", "pipeline | egress | bytes",
         "ps_shards > 1: pipeline: the coordinator's range at the tail of the vector, pushed first, with shares "

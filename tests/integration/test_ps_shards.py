@@ -106,23 +106,24 @@ def test_a_lost_shard_fails_the_run_with_its_cause(tmp_path, node_env, node_proc
         assert node_procs.wait(w, 60) != 0  # the survivors end too, with an error, not a hang
 
 
-@pytest.mark.parametrize("fast_link_bps, pieces", [("1mbit", 2), ("1tbit", 8)])
-def test_auto_pieces_per_shard_follow_the_probed_link(tmp_path, node_env, node_procs, fast_link_bps,  # noqa: F811
-                                                      pieces):
+@pytest.mark.parametrize("piece_link_s, whole", [("1", True), ("0", False)])
+def test_auto_pieces_per_shard_follow_the_probed_link(tmp_path, node_env, node_procs, piece_link_s,  # noqa: F811
+                                                      whole):
     """``partitions_per_shard: auto`` (the default): the coordinator probes its link to each worker before
-    the plan. Loopback is faster than 1 Mbit/s and slower than 1 Tbit/s, so those thresholds make it a
-    fast link (2 pieces per shard of 1 MiB and up: the digits 512-512 model's 0.2-0.4 MB ranges stay
-    whole) and a slow one (8 pieces of 64 KiB and up: 4-6 a shard)."""
+    the plan and cuts pieces of about ``piece_link_s`` on it. Loopback runs at Gbit/s: a second there is
+    more than the 16 MiB cap (the digits 512-512 model's 0.2-0.4 MB ranges stay whole) and 0 is the
+    finest pieces, 64 KiB and up (4-6 a shard)."""
     run = _run(node_env, node_procs, tmp_path / "auto", ps_shards="all", hidden_sizes="512,512",
-               partition_bytes="4MiB", max_steps=3, fast_link_bps=fast_link_bps)
+               partition_bytes="4MiB", max_steps=3, piece_link_s=piece_link_s)
     ps = run["coordinator"]["ps"]
-    assert ps["partitions_per_shard_setting"] == "auto" and ps["partitions_per_shard"] == pieces
+    assert ps["partitions_per_shard_setting"] == "auto" and ps["partitions_per_shard"] == 8
     probe = ps["link_probe"]
     assert sorted(probe["workers"]) == ["1", "2", "3"] and probe["probe_bytes"] == 1 << 20
+    assert probe["piece_link_s"] == float(piece_link_s)
     assert all(w["rate_bps"] == min(w["down_bps"], w["up_bps"]) > 0 for w in probe["workers"].values())
     assert probe["rate_bps"] == min(w["rate_bps"] for w in probe["workers"].values())
-    if pieces == 2:  # 1 MiB pieces and up on a fast link: each shard's 0.2-0.4 MB range stays whole
-        assert ps["partitions"] == 4 and ps["partition_finest_bytes"] == 1 << 20
+    if whole:  # 16 MiB pieces and up: each shard's 0.2-0.4 MB range stays whole
+        assert ps["partitions"] == 4 and ps["partition_finest_bytes"] == 16 << 20
     else:  # 64 KiB pieces and up: 4-6 a shard
         assert ps["partitions"] > 3 * 4 and ps["partition_finest_bytes"] == 64 * 1024
     assert run["coordinator"]["steps"] == run["worker-1"]["steps"] == 3

@@ -178,7 +178,7 @@ BAD_VALUES = [
     ("stop_at_target", True), ("stop_at_target", "maybe"),  # True: needs a target
     ("ps_shards", "0"), ("ps_shards", "some"), ("ps_shards", 4),  # 4: more than the 3 nodes of 2 workers
     ("partition_bytes", 2), ("partitions_per_shard", 0), ("partitions_per_shard", 257),
-    ("partitions_per_shard", "some"), ("fast_link_bps", "100kbit"), ("shard_port", 65536), ("batch_handout", "files"), ("push_schedule", "fifo"),
+    ("partitions_per_shard", "some"), ("piece_link_s", -0.001), ("shard_port", 65536), ("batch_handout", "files"), ("push_schedule", "fifo"),
     ("tls", "maybe"),
     ("model", "rnn"), ("cnn_channels", 0), ("transformer_layers", 0), ("transformer_layers", 49),
     ("transformer_width", 4), ("transformer_width", 130),  # 130: not a multiple of the 4 heads

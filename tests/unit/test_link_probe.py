@@ -15,14 +15,15 @@ from wiiide.log import TieredLog
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure
 from wiiide.protocol import WireTensor, encode_message
 from wiiide.ps.link_probe import (
-    FAST_LINK_RULE,
+    AUTO_RULES,
+    MAX_FINEST_WIRE_BYTES,
     MAX_PROBES,
     MAX_REPLY_BYTES,
     PROBE,
     PROBE_ACK,
     LinkProbe,
-    SLOW_LINK_RULE,
     PieceRule,
+    auto_piece_rule,
     link_rate_bps,
     piece_rule,
     probe_link,
@@ -78,7 +79,7 @@ def _slow_worker(worker: Connection, hold_s: float, hold_up: bool) -> None:
 def test_a_link_slow_one_way_makes_the_link_slow(conn_pair, hold_up):
     """A worker that holds each full probe of one direction 0.3 s: that direction's transfer takes at
     least 0.3 s less the empty round trip, its rate is at most 1 MiB / 0.3 s (28 Mbit/s and the
-    round trip's noise), far below the 700 Mbit/s default, and the link is that slow direction: auto cuts 8."""
+    round trip's noise), and the link is that slow direction: auto cuts pieces of 64 KiB."""
     coord, worker = conn_pair
     thread, _ = _in_thread(_slow_worker, worker, 0.3, hold_up)
     probe = probe_link(coord, rounds=2)
@@ -87,7 +88,7 @@ def test_a_link_slow_one_way_makes_the_link_slow(conn_pair, hold_up):
     slow_s, fast_s = (probe.up_s, probe.down_s) if hold_up else (probe.down_s, probe.up_s)
     assert slow_s >= 0.3 - probe.rtt_s and fast_s < slow_s
     assert probe.rate_bps == (probe.up_bps if hold_up else probe.down_bps)
-    assert piece_rule("auto", link_rate_bps([probe]), CFG.fast_link_bps) == SLOW_LINK_RULE
+    assert piece_rule("auto", link_rate_bps([probe]), CFG.piece_link_s) == PieceRule(8, 64 * 1024)
 
 
 def _bursty_worker(worker: Connection, burst_bytes: int, rate_bytes_per_s: float) -> None:
@@ -155,15 +156,37 @@ def test_a_worker_refuses_endless_probes_and_odd_fills(conn_pair):
     assert isinstance(out["error"], ProtocolError) and "reply_bytes must be an integer" in str(out["error"])
 
 
-def test_auto_cuts_few_big_pieces_on_a_fast_link_and_many_small_ones_on_a_slow_one():
-    fast = 1e9
-    assert piece_rule("auto", 5e9, fast) == piece_rule("auto", 1e9, fast) == FAST_LINK_RULE == (2, 1 << 20)
-    assert piece_rule("auto", 2e8, fast) == piece_rule("auto", 999e6, fast) == SLOW_LINK_RULE == (8, 64 * 1024)
-    assert piece_rule(3, None, fast) == PieceRule(3, 64 * 1024)  # an integer setting is kept, probe or not
+def test_auto_cuts_pieces_of_about_a_fixed_time_on_the_link():
+    """Up to 8 pieces per shard, each rate / 8 x piece_link_s on the wire rounded down to a power of two:
+    with the default 4 ms, 64 KiB on the 100 and 200 Mbit/s links (the pieces measured best there),
+    128 KiB at 500 Mbit/s, 256 KiB at 1 Gbit/s, 1 MiB at 2.5 Gbit/s, 16 MiB at most."""
+    t = CFG.piece_link_s
+    assert t == 0.004
+    kib = 1024
+    expected = {100e6: 64 * kib, 200e6: 64 * kib, 500e6: 128 * kib, 600e6: 256 * kib, 1e9: 256 * kib,
+                1.1e9: 512 * kib, 2.5e9: 1024 * kib, 10e9: 4096 * kib, 1e12: 16384 * kib}
+    for rate_bps, finest in expected.items():
+        assert piece_rule("auto", rate_bps, t) == auto_piece_rule(rate_bps, t) == PieceRule(8, finest), rate_bps
+    rates = np.geomspace(300e6, 40e9, 200)  # between the floor and the cap: a piece spends t/2..t on the link
+    for rate_bps in rates:
+        rule = auto_piece_rule(rate_bps, t)
+        assert rule in AUTO_RULES and t / 2 < rule.finest_wire_bytes * 8 / rate_bps <= t
+    finest = [auto_piece_rule(r, t).finest_wire_bytes for r in np.geomspace(1e6, 1e12, 200)]
+    assert finest == sorted(finest) and finest[0] == 64 * kib and finest[-1] == MAX_FINEST_WIRE_BYTES
+    assert auto_piece_rule(1e12, 0.0) == AUTO_RULES[0] == PieceRule(8, 64 * kib)  # 0: the finest pieces
+    assert len(set(AUTO_RULES)) == len(AUTO_RULES) == 9
+
+
+def test_piece_rule_keeps_an_integer_setting_and_refuses_bad_ones():
+    assert piece_rule(3, None, 0.004) == PieceRule(3, 64 * 1024)  # an integer setting is kept, probe or not
     with pytest.raises(ValueError, match="needs the probed link rate"):
-        piece_rule("auto", None, fast)
+        piece_rule("auto", None, 0.004)
     with pytest.raises(ValueError, match="auto or an integer"):
-        piece_rule(0, None, fast)
+        piece_rule(0, None, 0.004)
+    with pytest.raises(ValueError, match="rate > 0"):
+        auto_piece_rule(0.0, 0.004)
+    with pytest.raises(ValueError, match="piece_link_s >= 0"):
+        auto_piece_rule(1e9, -0.001)
 
 
 def test_the_runs_rate_is_the_slowest_workers_slower_direction():

@@ -17,7 +17,7 @@ from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.model import MomentumSGD
 from wiiide.ps.checkpoints import ShardCheckpointer, restore_shards, shard_prefix
-from wiiide.ps.link_probe import FAST_LINK_RULE, SLOW_LINK_RULE
+from wiiide.ps.link_probe import AUTO_RULES
 from wiiide.ps.partition import partition_flat
 from wiiide.ps.session import _restore
 from wiiide.recovery import ServerRecovery
@@ -263,12 +263,14 @@ def test_a_restarted_run_restores_with_the_plan_its_checkpoints_were_written_wit
     flat = SimpleNamespace(numel=NUMEL, load=lambda t: loaded.append(t.numpy().copy()))
     coord = SimpleNamespace(cfg=cfg, log=log, recovery=ServerRecovery(cfg, NodeMetrics("coordinator", "c"), log))
 
-    restored, rule, plan = _restore(coord, [(FAST_LINK_RULE, probed), (SLOW_LINK_RULE, partitions)], SHARDS, flat)
-    assert restored.step == 10 and rule == SLOW_LINK_RULE and plan == partitions
+    coarse, fine = AUTO_RULES[4], AUTO_RULES[0]
+    plans = [(coarse, probed), (AUTO_RULES[2], probed), (fine, partitions)]  # a rule of the same pieces is tried once
+    restored, rule, plan = _restore(coord, plans, SHARDS, flat)
+    assert restored.step == 10 and rule == fine and plan == partitions
     np.testing.assert_array_equal(loaded[0], history[10][0])
     assert coord.recovery.recovery["restored_step"] == 10 and coord.recovery.recovery["refused"] == []
 
     alone = SimpleNamespace(cfg=cfg, log=log, recovery=ServerRecovery(cfg, NodeMetrics("coordinator", "c"), log))
-    restored, rule, plan = _restore(alone, [(FAST_LINK_RULE, probed)], SHARDS, flat)  # an integer setting: one plan
-    assert restored is None and rule == FAST_LINK_RULE and plan == probed
+    restored, rule, plan = _restore(alone, [(coarse, probed)], SHARDS, flat)  # an integer setting: one plan
+    assert restored is None and rule == coarse and plan == probed
     assert "another run configuration (partitions" in alone.recovery.recovery["refused"][0]["cause"]

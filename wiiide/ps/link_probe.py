@@ -11,22 +11,33 @@ parameter servers", session 16; digits 4 / 8 workers, 26 MB 4 / 8 workers):
 - 100 Mbit/s (`results/shaped-pieces-20261125T082614Z`): 8 pieces 1.22 / 1.17 / 1.25x, 2 pieces 1.20 /
   1.13 / ~1.02x, and at 26 MB / 8 workers 2 pieces ran 0.80x 8's.
 
-So ``auto`` cuts `AUTO_PIECES_SLOW_LINK` (8) pieces per shard of about 64 KiB and up on the wire on a
-link slower than ``fast_link_bps``, and on one at least that fast `AUTO_PIECES_FAST_LINK` (2) pieces of
-about `FAST_LINK_FINEST_BYTES` (1 MiB) and up on the wire (`PieceRule`): a piece then takes about a
-millisecond or more on a 10 Gbit/s link. That is what the unshaped runs measured best at each point: one
-piece a shard for the digits model (its 0.2-0.4 MB ranges; 1.85x / 1.82x DDP against 1.61x / 1.39x with
-2 pieces, `results/unshaped-pieces-20261125T092939Z`) and two for the 26 MB model (1.41x / 1.35x
-against 1.46x / 1.30x with one; at 4 workers `partition_bytes` makes two of either). README, "Pieces
-that follow the link".
+So ``auto`` cuts up to `AUTO_PIECES_PER_SHARD` (8) pieces per shard, of about ``piece_link_s`` (4 ms)
+on the probed link or more: ``rate_bps`` / 8 x ``piece_link_s`` bytes on the wire, rounded down to a power
+of two between `PER_SHARD_FINEST_BYTES` (64 KiB) and `MAX_FINEST_WIRE_BYTES` (`auto_piece_rule`). A piece
+pays a frame's CPU on every node it passes; what it buys, a shard answering one piece while the next is
+still on its way, scales with its time on the link. On the 100 and 200 Mbit/s links that is 64 KiB (8
+pieces, as session 16 measured best); on the unshaped bridge (6-14 Gbit/s probed) 2-4 MiB, one piece a
+shard for the digits model (its 0.2-0.4 MB ranges; 1.85x / 1.82x DDP against 1.61x / 1.39x with 2 pieces,
+`results/unshaped-pieces-20261125T092939Z`) and one or two for the 26 MB model (1.41x / 1.35x with two
+against 1.46x / 1.30x with one).
 
-The default ``fast_link_bps``, 700 Mbit/s, lies where the two rules cross. Session 18 forced each rule on
-htb links (`experiments/link-crossover.yaml`, 2 repeats; README, "Where the two rules cross"). At
-500 Mbit/s the fast rule ran 0.87x and 0.94x the slow one on the 26 MB model and level on digits; at
-1 Gbit/s 1.54x and ~1.47x on digits, 0.90x and ~1.08x on the 26 MB model; at 2.5 Gbit/s ahead or level
-everywhere. Session 17 had put the threshold at 1 Gbit/s, between the shaped links (200 Mbit/s at most)
-and the unshaped bridge (6 Gbit/s and up); a 1 Gbit/s link then got the fast rule only because the probe
-read it 1.7x high (below).
+Between the two, a piece's bytes grow with the rate rather than at one threshold. Sessions 18 and 20
+forced 8 pieces of 64 KiB and up (the slow rule) against 2 of 1 MiB and up (the fast rule), 2 repeats each
+(`experiments/link-crossover.yaml`; README, "Pieces at the link's pace"). The fast rule against the slow
+one, digits 4 / 8 workers, 26 MB 4 / 8 workers:
+
+- 500 Mbit/s: ~0.99x / ~0.94x, 0.87x / 0.94x;
+- 600 Mbit/s: 1.32x / ~0.98x, 0.88x / 0.95x;
+- 800 Mbit/s: 1.25x / ~1.14x, 0.94x / ~1.04x;
+- 1 Gbit/s: 1.54x / ~1.47x, 0.90x / ~1.08x;
+- 2.5 Gbit/s: 2.27x / 1.29x, ~1.06x / 1.28x.
+
+No one rate suits both models: the digits model's 0.1-0.25 MB ranges want one piece from 600 Mbit/s on,
+while the 26 MB model's 2.9-5.2 MB ranges still want 8 pieces at 1 Gbit/s. Pieces of a fixed link time
+give each what it measured best: 128 KiB at 500 Mbit/s, 256 KiB from 600 Mbit/s to 1 Gbit/s (one piece
+of a digits range, 8 of a 26 MB one), 1 MiB at 2.5 Gbit/s (3-5 pieces of a 26 MB range). The rate steps
+where the pieces double are 262 and 524 Mbit/s, 1.05, 2.1, 4.2 and 8.4 Gbit/s: the 100 and 200 Mbit/s
+links keep the 64 KiB pieces measured there.
 
 How the rate is measured. After every worker's ``ps_join`` and before the plan, the coordinator
 probes each worker in turn (`probe_link`), `PROBE_ROUNDS` rounds of three ``ps_probe`` messages, each
@@ -51,6 +62,7 @@ cost no second probe.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -64,16 +76,15 @@ from wiiide.ps.partition import PER_SHARD_FINEST_BYTES
 
 PROBE = "ps_probe"  # coordinator -> worker, before the plan: {"round", "reply_bytes"}, an optional uint8 fill
 PROBE_ACK = "ps_probe_ack"  # worker -> coordinator: {"bytes": the fill's length}, a fill of reply_bytes
-PROBE_BYTES = 1 << 20  # 1 MiB: 84 ms at 100 Mbit/s, 12 ms at the 700 Mbit/s default threshold
+PROBE_BYTES = 1 << 20  # 1 MiB: 84 ms at 100 Mbit/s, 8.4 ms at 1 Gbit/s
 MAX_REPLY_BYTES = 16 << 20  # the most a worker sends back for one probe
 PROBE_ROUNDS = 2  # rounds per worker; the best of them counts
 MAX_PROBES = 64  # probes a worker answers before its plan; more is a protocol error
 MIN_TRANSFER_S = 1e-6  # a transfer measured shorter (or below zero: the empty round trip's noise) counts as this
 SLOPE_BELOW_S = 0.02  # a direction whose probe crossed faster is measured again with more bytes (module docstring)
 PROBE_GROWTH = 4  # the second probe of such a direction carries this many times the bytes
-AUTO_PIECES_SLOW_LINK = 8
-AUTO_PIECES_FAST_LINK = 2
-FAST_LINK_FINEST_BYTES = 1 << 20  # on a fast link, pieces of about 1 MiB and up on the wire
+AUTO_PIECES_PER_SHARD = 8  # auto cuts a shard's range into at most this many pieces
+MAX_FINEST_WIRE_BYTES = 16 << 20  # auto's pieces need not be larger than this on the wire
 
 
 class PieceRule(NamedTuple):
@@ -84,8 +95,9 @@ class PieceRule(NamedTuple):
     finest_wire_bytes: int
 
 
-SLOW_LINK_RULE = PieceRule(AUTO_PIECES_SLOW_LINK, PER_SHARD_FINEST_BYTES)
-FAST_LINK_RULE = PieceRule(AUTO_PIECES_FAST_LINK, FAST_LINK_FINEST_BYTES)
+# Every rule `auto_piece_rule` can give, finest first: a restarted run looks for its checkpoints in each.
+AUTO_RULES = tuple(PieceRule(AUTO_PIECES_PER_SHARD, PER_SHARD_FINEST_BYTES << i)
+                   for i in range((MAX_FINEST_WIRE_BYTES // PER_SHARD_FINEST_BYTES).bit_length()))
 
 
 @dataclass(frozen=True)
@@ -216,10 +228,28 @@ def link_rate_bps(probes: list[LinkProbe]) -> float:
     return min(p.rate_bps for p in probes)
 
 
-def piece_rule(setting: int | str, rate_bps: float | None, fast_link_bps: float) -> PieceRule:
+def auto_piece_rule(rate_bps: float, piece_link_s: float) -> PieceRule:
+    """``partitions_per_shard: auto`` on a link of `rate_bps` (bit/s, > 0): up to `AUTO_PIECES_PER_SHARD`
+    pieces per shard of about `piece_link_s` seconds (>= 0) on that link or more: `rate_bps` / 8 x
+    `piece_link_s` bytes on the wire, rounded down to a power of two (a probe's noise changes the plan
+    only near the steps) and held within `PER_SHARD_FINEST_BYTES`..`MAX_FINEST_WIRE_BYTES`: one of
+    `AUTO_RULES`. Module docstring for the measurements behind it.
+
+    Raises:
+        ValueError: a rate <= 0 or a negative `piece_link_s`.
+    """
+    if not rate_bps > 0 or not piece_link_s >= 0:
+        raise ValueError(f"auto pieces need a rate > 0 and piece_link_s >= 0, got {rate_bps!r} and {piece_link_s!r}")
+    wire_bytes = rate_bps / 8.0 * piece_link_s
+    if wire_bytes <= PER_SHARD_FINEST_BYTES:
+        return AUTO_RULES[0]
+    doublings = math.floor(math.log2(wire_bytes / PER_SHARD_FINEST_BYTES))
+    return AUTO_RULES[min(doublings, len(AUTO_RULES) - 1)]
+
+
+def piece_rule(setting: int | str, rate_bps: float | None, piece_link_s: float) -> PieceRule:
     """How a run cuts its shards' ranges: `setting` pieces of 64 KiB and up when it is an integer, else
-    (``auto``) `FAST_LINK_RULE` when `rate_bps` >= `fast_link_bps` and `SLOW_LINK_RULE` when it is lower
-    (module docstring for the measurements behind both).
+    (``auto``) `auto_piece_rule` of the probed `rate_bps` and `piece_link_s`.
 
     Raises:
         ValueError: ``auto`` without a rate, or a setting that is neither ``auto`` nor an integer >= 1.
@@ -227,7 +257,7 @@ def piece_rule(setting: int | str, rate_bps: float | None, fast_link_bps: float)
     if setting == "auto":
         if rate_bps is None:
             raise ValueError("partitions_per_shard auto needs the probed link rate")
-        return FAST_LINK_RULE if rate_bps >= fast_link_bps else SLOW_LINK_RULE
+        return auto_piece_rule(rate_bps, piece_link_s)
     if type(setting) is not int or setting < 1:  # noqa: E721
         raise ValueError(f"partitions_per_shard must be auto or an integer >= 1, got {setting!r:.40}")
     return PieceRule(setting, PER_SHARD_FINEST_BYTES)

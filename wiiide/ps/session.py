@@ -133,7 +133,7 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
                                          partition_finest_bytes(cfg, rule.finest_wire_bytes))
 
         # A restarted run keeps the pieces its checkpoints were cut into, whatever the probe says now.
-        others = [r for r in (link_probe.SLOW_LINK_RULE, link_probe.FAST_LINK_RULE) if r != rule] if probe else []
+        others = [r for r in link_probe.AUTO_RULES if r != rule] if probe else []
         restored, rule, partitions = _restore(coord, [plan(rule)] + [plan(r) for r in others], k, flat)
         start_step = restored.step if restored is not None else 0
         momentum = restored.momentum if restored is not None else None
@@ -199,7 +199,7 @@ def _piece_rule(coord, workers) -> tuple[PieceRule, dict | None]:
     Raises NodeFailure when a worker is lost or misbehaves during the probe."""
     cfg = coord.cfg
     if cfg.partitions_per_shard != "auto":
-        return link_probe.piece_rule(cfg.partitions_per_shard, None, cfg.fast_link_bps), None
+        return link_probe.piece_rule(cfg.partitions_per_shard, None, cfg.piece_link_s), None
     probes = []
     for w in workers:
         try:
@@ -209,11 +209,11 @@ def _piece_rule(coord, workers) -> tuple[PieceRule, dict | None]:
             raise NodeFailure(f"lost worker {w.rank} ({w.node_id}) during the link probe: {type(exc).__name__}: "
                               f"{exc}", EXIT_PEER_LOST) from None
     rate_bps = link_probe.link_rate_bps(probes)
-    rule = link_probe.piece_rule("auto", rate_bps, cfg.fast_link_bps)
-    coord.log.info("link probe: %.0f Mbit/s (the slowest of %d workers' links; fast at %.0f Mbit/s and up): "
-                   "%d pieces per shard of %d KiB and up on the wire", rate_bps / 1e6, len(probes),
-                   cfg.fast_link_bps / 1e6, rule.per_shard, rule.finest_wire_bytes // 1024)
-    return rule, {"rate_bps": round(rate_bps), "fast_link_bps": cfg.fast_link_bps,
+    rule = link_probe.piece_rule("auto", rate_bps, cfg.piece_link_s)
+    coord.log.info("link probe: %.0f Mbit/s (the slowest of %d workers' links): up to %d pieces per shard of "
+                   "%d KiB and up on the wire (about %g ms on the link)", rate_bps / 1e6, len(probes),
+                   rule.per_shard, rule.finest_wire_bytes // 1024, cfg.piece_link_s * 1e3)
+    return rule, {"rate_bps": round(rate_bps), "piece_link_s": cfg.piece_link_s,
                   "probe_bytes": link_probe.PROBE_BYTES,
                   "workers": {str(w.rank): p.record() for w, p in zip(workers, probes)}}
 
@@ -232,12 +232,16 @@ def _restore(coord, plans: list[tuple[PieceRule, list[Partition]]], k: int,
     if recovery is None or not recovery.enabled:
         return None, rule, partitions
     restored, refused = restore_shards(cfg, partitions, k, flat.numel, coord.log)
+    tried = [partitions]
     for other_rule, other in plans[1:] if restored is None else []:
+        if other in tried:  # another rule, the same pieces (a small model's ranges)
+            continue
+        tried.append(other)
         found, other_refused = restore_shards(cfg, other, k, flat.numel, coord.log)
         if found is not None:
             restored, refused, rule, partitions = found, other_refused, other_rule, other
-            coord.log.info("restored with the plan its checkpoints were written with: %d pieces per shard",
-                           rule.per_shard)
+            coord.log.info("restored with the plan its checkpoints were written with: up to %d pieces per shard "
+                           "of %d KiB and up on the wire", rule.per_shard, rule.finest_wire_bytes // 1024)
             break
     recovery.store.refused.extend(refused)  # the coordinator's ``recovery.refused``
     if restored is None:
