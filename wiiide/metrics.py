@@ -15,6 +15,10 @@ Field units are in their names. Sources:
   `NodeMetrics.record_step_time`) summarized over the timed steps (warm-up steps left out, as the
   Training Summary does). Unlike the wall-time figures it does not grow while the process waits for
   a core, so the CPU a step needs can be told from the CPU it had (the round model's CPU term).
+- ``compute_time_s`` / ``compute_cpu_s``: a worker's forward and backward over the run, wall seconds
+  (`time.perf_counter`) and the training thread's CPU seconds (`time.thread_time`; with
+  ``torch_threads`` 1 torch computes on that thread): what the compute phase of a step needs from the
+  cores, apart from the threads that push, pull and serve a shard.
 - ``events``: the first MAX_EVENTS_PER_KIND events of each kind; ``event_counts``: every event by
   kind; ``events_dropped``: those beyond the cap, by kind and ``reason`` (a refusal flood stays small).
 """
@@ -143,6 +147,7 @@ class NodeMetrics:
         self.send_time_s = self.recv_time_s = 0.0
         self.compression_time_s = self.decompression_time_s = 0.0
         self.compute_time_s = 0.0
+        self.compute_cpu_s = 0.0  # the training thread's CPU seconds in forward and backward (`time.thread_time`)
         self.train_time_s: float | None = None  # time in the training loop (set by the node), None: wall time
         self.codec_counts: dict[str, int] = {}
         self.codec_bytes_sent: dict[str, list[int]] = {}  # codec name -> [raw bytes, payload bytes]
@@ -284,6 +289,7 @@ class NodeMetrics:
             "send_time_s": self.send_time_s,
             "recv_time_s": self.recv_time_s,
             "compute_time_s": self.compute_time_s,
+            "compute_cpu_s": self.compute_cpu_s,
             "compression_time_s": self.compression_time_s,
             "decompression_time_s": self.decompression_time_s,
             "compression_ratio": compression_ratio,

@@ -247,7 +247,7 @@ class Worker:
                 self._last_params_unix_s = time.time()
                 continue
             step = msg.meta.get("step")
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.thread_time()
             if len(msg.tensors) != 2:
                 raise ProtocolError(f"batch holds {len(msg.tensors)} tensors, expected x and y")
             x, y = from_wire(msg.tensors[0], copy=False), from_wire(msg.tensors[1], copy=False)
@@ -272,6 +272,7 @@ class Worker:
                 raise ProtocolError(f"batch does not fit the model: {exc}") from None
             compute_s = time.perf_counter() - t0
             metrics.compute_time_s += compute_s
+            metrics.compute_cpu_s += time.thread_time() - cpu0
             # compute_s: this task's wall time on the worker (the pace server's adaptive batch sizes)
             meta = {"step": step, "loss": loss_value, "samples": int(x.shape[0]), "compute_s": compute_s,
                     **self.policy.feedback_meta()}

@@ -56,6 +56,8 @@ def test_central_and_sharded_reach_the_same_parameters(tmp_path, node_env, node_
         w = sharded[f"worker-{rank}"]
         assert w["steps"] == 20 and w["ps"]["batch_handout"] == "indices"
         assert w["ps"]["param_max_abs_diff"] == 0.0  # fp32 pulls: the worker's copy is the shard's
+        for run in (central, sharded):  # the training thread's CPU in forward and backward: within its wall time
+            assert 0 < run[f"worker-{rank}"]["compute_cpu_s"] <= run[f"worker-{rank}"]["compute_time_s"] + 0.01
     assert sharded["worker-1"]["ps"]["shard"]["updates"] == 20 * sharded["worker-1"]["ps"]["shard"]["partitions"]
     assert abs(central["coordinator"]["test_accuracy"] - sharded["coordinator"]["test_accuracy"]) < 0.01
 

@@ -483,7 +483,7 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
                 raise NodeFailure(f"the coordinator stopped the sharded run: {reason[:400]}", EXIT_PEER_LOST)
             return
         step = msg.meta.get("step")
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         if msg.kind == "batch_indices":
             if data is None:
                 raise ProtocolError("batch_indices sent to a worker without the data set")
@@ -506,6 +506,7 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
         loss.backward()  # the hooks push each partition as its gradients are ready
         loss_value = loss.item()
         metrics.compute_time_s += time.perf_counter() - t0
+        metrics.compute_cpu_s += time.thread_time() - cpu0
         wait_s += client.finish_step(step)
         worker._last_step, worker._last_params_unix_s = step, time.time()  # the hello's rejoin hint
         conn.send([encode_message("step_done", {"step": step, "loss": loss_value, "samples": int(x.shape[0])})])
