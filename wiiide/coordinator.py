@@ -136,6 +136,7 @@ class Coordinator:
         self.log = TieredLog(cfg, "coordinator")
         self.metrics = NodeMetrics("coordinator", cfg.node_id or socket.gethostname())
         self.metrics.rank = 0
+        self.metrics.track_host_cpu()  # the machine's CPU over the timed steps (the round model's cores)
         self.policy = CompressionPolicy.from_config(cfg, self.metrics.extra)
         self.workers: list[WorkerSlot] = []
         self.listener: socket.socket | None = None

@@ -19,6 +19,13 @@ Field units are in their names. Sources:
   (`time.perf_counter`) and the training thread's CPU seconds (`time.thread_time`; with
   ``torch_threads`` 1 torch computes on that thread): what the compute phase of a step needs from the
   cores, apart from the threads that push, pull and serve a shard.
+- ``host_cpu_s`` (the coordinator; None elsewhere): the whole machine's CPU seconds over the timed steps
+  by kind (``psutil.cpu_times``: the kernel's ``/proc/stat``, which a container shares with its host),
+  summed over every CPU, from the end of the last warm-up step (or `NodeMetrics.track_host_cpu`'s call,
+  with no warm-up) to the last recorded step, with that window's wall ``window_s``, its ``steps`` and
+  ``cpu_count``. It tells apart what the nodes' own ``step_cpu_s`` leaves out: the kernel's network
+  work in softirq (not charged to any process when the kernel accounts IRQ time), other processes on the
+  machine (the container engine, the harness) and a hypervisor's ``steal``.
 - ``events``: the first MAX_EVENTS_PER_KIND events of each kind; ``event_counts``: every event by
   kind; ``events_dropped``: those beyond the cap, by kind and ``reason`` (a refusal flood stays small).
 """
@@ -162,6 +169,8 @@ class NodeMetrics:
         self._events_lock = threading.Lock()  # handshake threads record events, too
         self.extra: dict[str, Any] = {}
         self.warmup_steps = 0  # first steps left out of the Training Summary's timings (run_node sets it)
+        self._host_cpu_start: tuple[float, int, Any] | None = None  # (clock, steps, cpu_times): track_host_cpu
+        self._host_cpu_end: tuple[float, int, Any] | None = None
         self.samples_per_step: float | None = None  # global batch of one step; None: samples / steps
         self.rss_samples_bytes: list[int] = []
         self.sample_rss()
@@ -188,6 +197,28 @@ class NodeMetrics:
         cpu_s = time.process_time()
         self.step_cpu_s.append(cpu_s - self._cpu_mark_s)
         self._cpu_mark_s = cpu_s
+        if self._host_cpu_start is not None:
+            mark = (self._clock(), len(self.step_times_s), psutil.cpu_times())
+            if mark[1] <= self.warmup_steps:
+                self._host_cpu_start = mark  # the window opens at the end of the last warm-up step
+            else:
+                self._host_cpu_end = mark
+
+    def track_host_cpu(self) -> None:
+        """Record the machine's CPU time by kind over the timed steps (``host_cpu_s``, module docstring):
+        one ``/proc/stat`` read now and one per recorded step after it (about 30 us each)."""
+        self._host_cpu_start = (self._clock(), len(self.step_times_s), psutil.cpu_times())
+
+    def host_cpu_window(self) -> dict[str, Any] | None:
+        """``host_cpu_s``: the machine's CPU seconds by kind (``user``, ``system``, ``softirq``, ``idle``,
+        ``steal`` ... as `psutil.cpu_times` names them), summed over its CPUs, from the window's start to
+        its last recorded step, with ``window_s``, ``steps`` and ``cpu_count``; None when not tracked or
+        no timed step was recorded."""
+        if self._host_cpu_start is None or self._host_cpu_end is None:
+            return None
+        (t0, n0, c0), (t1, n1, c1) = self._host_cpu_start, self._host_cpu_end
+        return {"window_s": t1 - t0, "steps": n1 - n0, "cpu_count": psutil.cpu_count(logical=True),
+                **{kind: getattr(c1, kind) - getattr(c0, kind) for kind in c0._fields}}
 
     def sample_rss(self) -> int:
         """The process's resident set size now, in bytes (psutil); kept for the peak and the summary."""
@@ -301,6 +332,7 @@ class NodeMetrics:
             "step_time_s": summarize(self.step_times_s),
             "cpu_time_s": time.process_time(),
             "step_cpu_s": summarize(self.step_cpu_s[self.warmup_steps:]),
+            "host_cpu_s": self.host_cpu_window(),
             "loss_avg": (sum(self.losses) / len(self.losses)) if self.losses else None,
             "loss_final": self.losses[-1] if self.losses else None,
             "training_summary": training_summary(

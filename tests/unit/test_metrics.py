@@ -229,3 +229,33 @@ def test_step_cpu_counts_the_process_cpu_of_each_step_not_its_wall_time():
     assert d["step_cpu_s"]["count"] == 2 and d["step_cpu_s"]["max"] == busy_cpu_s
     assert d["cpu_time_s"] >= sum(m.step_cpu_s)
     assert m.step_times_s[1] >= 0.2
+
+
+def test_host_cpu_covers_the_timed_steps_of_the_whole_machine():
+    """The coordinator's window of the machine's CPU opens at the end of the last warm-up step: CPU burnt
+    in the warm-up stays out, the CPU of a timed step is in it, and its kinds add up to every CPU's time
+    over the window (``/proc/stat``'s ticks are 10 ms, hence the tolerance). Untracked nodes have none."""
+    import time
+
+    import psutil
+
+    assert NodeMetrics("worker", "w1").to_dict("ok")["host_cpu_s"] is None
+    m = NodeMetrics("coordinator", "c")
+    m.warmup_steps = 1
+    m.track_host_cpu()
+    assert m.to_dict("ok")["host_cpu_s"] is None  # no timed step yet
+    start_cpu_s = time.process_time()
+    while time.process_time() - start_cpu_s < 0.3:  # the warm-up step burns 0.3 s
+        sum(range(1000))
+    m.record_step_time(0.3)
+    time.sleep(0.4)
+    start_cpu_s = time.process_time()
+    while time.process_time() - start_cpu_s < 0.1:  # the timed step burns 0.1 s
+        sum(range(1000))
+    m.record_step_time(0.5)
+    window = m.to_dict("ok")["host_cpu_s"]
+    assert window["steps"] == 1 and window["cpu_count"] == psutil.cpu_count()
+    assert 0.5 <= window["window_s"] < 0.5 + 0.3  # the warm-up's burn is not in the window
+    kinds = sum(v for k, v in window.items() if k not in ("window_s", "steps", "cpu_count", "guest", "guest_nice"))
+    assert kinds == pytest.approx(window["window_s"] * window["cpu_count"], rel=0.15)
+    assert window["user"] + window["system"] >= 0.1 - 0.02  # this process's timed burn, at least

@@ -271,6 +271,8 @@ class TorchNode:
         self.log = TieredLog(cfg, f"{cfg.engine}-{role}")
         self.metrics = NodeMetrics(role, cfg.node_id or socket.gethostname())
         self.metrics.rank = 0 if role == "coordinator" else None
+        if role == "coordinator":
+            self.metrics.track_host_cpu()  # the machine's CPU over the timed steps, as a WIIIIIDE coordinator's
         self.timer = IntervalTimer()
         self.beat = ProgressBeat(cfg.metrics_dir, self.metrics.node_id, role)
 
