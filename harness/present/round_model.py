@@ -37,11 +37,37 @@ The machine's cores, a second resource beside the links: every node of a single-
 least the CPU seconds all nodes spend on it over the cores. Each node's CPU of a step is the median over
 its timed steps of its process CPU seconds (``step_cpu_s``, `wiiide.metrics`: user + system of every
 thread, which unlike wall time does not grow while a process waits for a core), summed over the nodes,
-the median over the repeats. The model's step is the larger of the two bounds (a roofline: Williams,
-Waterman and Patterson 2009), compute + the links' round and the cores' step. Compressed engines on a
-two-core machine are CPU-bound (codecs, the shards' updates and a Python loop per frame in every
-process), which the links' simulation alone cannot see. Reports from before session 13 have no
-``step_cpu_s`` and multi-host (swarm) runs have no one machine: for them the links' bound stands alone.
+the median over the repeats. Compressed engines on a two-core machine are CPU-bound (codecs, the shards'
+updates and a Python loop per frame in every process), which the links' simulation alone cannot see.
+
+Sharded runs, two phases (session 20). A step of the sharded servers has two phases that do not
+overlap much: every worker's forward and backward (the links idle but for the first pushes: a worker
+starts its next forward only once all its pulls are in, its batch having come a step ahead,
+`wiiide.ps.session.HANDOUT_AHEAD`), then the round of pushes, updates and pulls, which waits for the
+last worker's pushes. Each phase takes at least its own CPU over the cores, so the model's step is
+
+    max(compute, C / cores) + max(the links' round, (CPU of a step - C) / cores)
+
+where C is the workers' CPU of a step's forward and backward summed (``compute_cpu_s / steps``, the
+training thread's CPU, `_workers_compute_cpu_s`): a bulk-synchronous superstep per phase (Valiant 1990),
+each phase bound by the slower of its two resources. The compute phase's bound rises above the
+workers' wall time of compute where the workers' forward and backward alone fill the cores, and the
+round's where the codecs do (lloyd2 and int3z on the 26 MB model: 5-10 % above the roofline, session 21).
+The cores the nodes get (session 21). The machine's cores are not the nodes' alone: the kernel's network
+work in softirq is charged to no process (``/proc/stat`` accounts it apart), and the container engine
+(dockerd, containerd and its shims, which stream every container's stats), the harness and anything
+else on the machine take their share. The coordinator records the machine's CPU by kind over its timed
+steps (``host_cpu_s``, `wiiide.metrics`), and per repeat `_host_cpu_shares` splits it into work a step
+needs beyond the nodes' processes (softirq + irq per step: the kernel's work on the step's packets,
+which grows with the bytes) and cores taken at a rate that does not depend on the step (the other
+processes' user + system seconds, i.e. the machine's less the nodes' own over the same steps, and the
+hypervisor's steal, each over the window's wall time). Both bounds on the cores then divide
+the nodes' CPU plus the kernel's by the cores left to them. The idle time of the cores is not in the
+model: a step that leaves them idle, waiting between nodes, is longer than the model says.
+Reports without ``compute_cpu_s`` (before session 20) get the roofline: the larger of compute + the
+links' round and the cores' step (Williams, Waterman and Patterson 2009). Reports from before session 13
+have no ``step_cpu_s`` and multi-host (swarm) runs have no one machine: for them the links' bound
+stands alone.
 """
 
 from __future__ import annotations
@@ -65,6 +91,7 @@ from wiiide.ps.partition import (
     shard_loads_bytes,
 )
 
+MIN_NODE_CORE_SHARE = 0.25  # the cores left to the nodes are taken as at least this share of the machine's
 TCP_PAYLOAD_SHARE = 0.956  # TCP payload per bit of an htb rate with 1500-byte frames (README, "Link conditions")
 
 
@@ -78,6 +105,7 @@ class ModelRow:
     bytes_model_step_s: float | None = None  # sharded: compute + the busiest node's bytes (`sharded_link_s`)
     link_model_step_s: float | None = None  # compute + the links' round (the model without the cores' bound)
     cpu_step_s: float | None = None  # the cores' bound (module docstring); None: not measured or not one machine
+    compute_phase_s: float | None = None  # sharded, two phases: the compute phase's bound; None: the roofline
 
     @property
     def error(self) -> float:
@@ -231,6 +259,55 @@ def _step_cpu_s(repeats: Sequence[dict[str, Any]]) -> float | None:
     return _median(sums)
 
 
+def _workers_compute_cpu_s(repeats: Sequence[dict[str, Any]]) -> float | None:
+    """The workers' CPU seconds of a step's forward and backward: per repeat the sum over its workers of
+    ``compute_cpu_s / steps`` (`wiiide.metrics`), then the median over the repeats; None when a worker of
+    a repeat has no figure (reports before session 20)."""
+    sums = []
+    for rep in repeats:
+        workers = [n for name, n in (rep.get("nodes") or {}).items() if name.startswith("worker")]
+        if not workers or any(not isinstance(n.get("compute_cpu_s"), (int, float)) or not n.get("steps")
+                              for n in workers):
+            return None
+        sums.append(sum(n["compute_cpu_s"] / n["steps"] for n in workers))
+    return _median(sums)
+
+
+@dataclass(frozen=True)
+class HostShares:
+    """What a step needs of the machine beyond the nodes' processes (`_host_cpu_shares`)."""
+
+    kernel_step_cpu_s: float  # softirq + irq CPU seconds per timed step (the kernel's network work)
+    other_cores: float  # cores taken by other processes (engine, harness, ...) over the timed steps
+    steal_cores: float  # cores the hypervisor took (steal) over the timed steps
+
+
+def _host_cpu_shares(repeats: Sequence[dict[str, Any]]) -> HostShares | None:
+    """Per repeat, from the coordinator's ``host_cpu_s`` (the machine's CPU seconds by kind over its timed
+    steps, `wiiide.metrics`) and every node's timed ``step_cpu_s`` (mean x count: its CPU over the same
+    steps): the kernel's softirq + irq seconds per step, the cores the other processes took ((user + nice
+    + system - the nodes' CPU) / window, at least 0) and the steal's cores; each the median over the
+    repeats. None when a repeat has no window or a node no ``step_cpu_s`` (reports before session 21)."""
+    kernel, other, steal = [], [], []
+    for rep in repeats:
+        nodes = rep.get("nodes") or {}
+        window = (nodes.get("coordinator") or {}).get("host_cpu_s")
+        if not window or not window.get("steps") or not window.get("window_s"):
+            return None
+        node_cpu = [((n.get("step_cpu_s") or {}).get("mean"), (n.get("step_cpu_s") or {}).get("count"))
+                    for n in nodes.values()]
+        if any(not isinstance(mean, (int, float)) or not count for mean, count in node_cpu):
+            return None
+        nodes_cpu_s = sum(mean * count for mean, count in node_cpu)
+        busy_s = sum(float(window.get(kind) or 0.0) for kind in ("user", "nice", "system"))
+        kernel.append((float(window.get("softirq") or 0.0) + float(window.get("irq") or 0.0)) / window["steps"])
+        other.append(max(0.0, busy_s - nodes_cpu_s) / window["window_s"])
+        steal.append(float(window.get("steal") or 0.0) / window["window_s"])
+    if not kernel:
+        return None
+    return HostShares(_median(kernel), _median(other), _median(steal))
+
+
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -258,7 +335,12 @@ def point_model(point: dict[str, Any], cores: int | None = None) -> ModelRow | N
     coord = first["nodes"].get("coordinator", {})
     engine = config.get("engine", "wiiide")
     nodes_cpu_s = _step_cpu_s(ok) if cores else None
-    cpu_s = nodes_cpu_s / cores if nodes_cpu_s is not None else None  # the cores' bound
+    host = _host_cpu_shares(ok) if nodes_cpu_s is not None else None
+    node_cores = cores
+    if host is not None:  # the kernel's work on top of the nodes', on the cores the rest leaves them
+        nodes_cpu_s += host.kernel_step_cpu_s
+        node_cores = max(cores - host.other_cores - host.steal_cores, MIN_NODE_CORE_SHARE * cores)
+    cpu_s = nodes_cpu_s / node_cores if nodes_cpu_s is not None else None  # the cores' bound
     params = dict(point.get("params") or {})
     if engine == "ddp":
         grad_bytes = next((n.get("gradient_bytes") for n in first["nodes"].values() if n.get("gradient_bytes")), None)
@@ -287,8 +369,14 @@ def point_model(point: dict[str, Any], cores: int | None = None) -> ModelRow | N
     link_s = sharded_link_s(loads, workers, rate, worker_ratio, coordinator_ratio)
     round_s = sharded_round_s(partitions, workers, rate, worker_ratio, coordinator_ratio,
                               _push_window_bytes(ok, config))
-    return ModelRow(params, max(compute_s + round_s, cpu_s or 0.0), measured, compute_s + link_s,
-                    compute_s + round_s, cpu_s)
+    compute_cpu_s = _workers_compute_cpu_s(ok) if nodes_cpu_s is not None else None
+    if compute_cpu_s is None:  # the roofline
+        return ModelRow(params, max(compute_s + round_s, cpu_s or 0.0), measured, compute_s + link_s,
+                        compute_s + round_s, cpu_s)
+    compute_phase_s = max(compute_s, compute_cpu_s / node_cores)
+    round_phase_s = max(round_s, max(0.0, nodes_cpu_s - compute_cpu_s) / node_cores)
+    return ModelRow(params, compute_phase_s + round_phase_s, measured, compute_s + link_s, compute_s + round_s,
+                    cpu_s, compute_phase_s)
 
 
 def _push_window_bytes(repeats: Sequence[dict[str, Any]], config: dict[str, Any]) -> float | None:
@@ -387,12 +475,12 @@ def model_rows(report: dict[str, Any]) -> list[ModelRow]:
 
 def render(rows: Sequence[ModelRow]) -> str:
     """Rows as text: the point's parameters (as wide as the longest, so engine labels stay whole), model
-    ms, measured ms, error %, then the model's two bounds (links, cores; ``-`` where not known) and the
-    bytes-only model with its error."""
+    ms, measured ms, error %, then the model's two bounds (links, cores; ``-`` where not known), the
+    compute phase of the two-phase model (``-``: the roofline) and the bytes-only model with its error."""
     labels = [", ".join(f"{k}={v}" for k, v in row.params.items()) for row in rows]
     width = max([60, *map(len, labels)])
     lines = [f"{'point':{width}} {'model ms':>9} {'measured ms':>12} {'error':>7} {'links ms':>9} {'cores ms':>9} "
-             f"{'bytes-only ms':>14} {'error':>7}"]
+             f"{'compute ms':>10} {'bytes-only ms':>14} {'error':>7}"]
 
     def ms(value: float | None) -> str:
         return f"{value * 1e3:9.1f}" if value is not None else f"{'-':>9}"
@@ -401,7 +489,8 @@ def render(rows: Sequence[ModelRow]) -> str:
         simple = (f" {row.bytes_model_step_s * 1e3:14.1f} {(row.bytes_model_step_s / row.measured_step_s - 1) * 100:+6.1f}%"
                   if row.bytes_model_step_s else "")
         lines.append(f"{label:{width}} {row.model_step_s * 1e3:9.1f} {row.measured_step_s * 1e3:12.1f} "
-                     f"{row.error * 100:+6.1f}% {ms(row.link_model_step_s)} {ms(row.cpu_step_s)}{simple}")
+                     f"{row.error * 100:+6.1f}% {ms(row.link_model_step_s)} {ms(row.cpu_step_s)} "
+                     f"{ms(row.compute_phase_s)} {simple}")
     return "\n".join(lines)
 
 

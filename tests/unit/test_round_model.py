@@ -298,3 +298,66 @@ def test_the_cores_bound_is_the_nodes_cpu_per_step_over_the_machines_cores():
     assert model_rows({**report, "backend": {"name": "swarm"}})[0].cpu_step_s is None
     text = render([row, links_only])
     assert "cores ms" in text and "350.0" in text
+
+
+def _with_compute_cpu(point: dict, per_worker_s: float | None) -> dict:
+    """`point` with every worker's forward and backward given `per_worker_s` CPU seconds a step (None: left
+    out of worker-2, as in reports before session 20)."""
+    for rep in point["repeats"]:
+        for name, node in rep["nodes"].items():
+            if name.startswith("worker") and not (per_worker_s is None and name == "worker-2"):
+                node["compute_cpu_s"] = (per_worker_s or 0.01) * node["steps"]
+    return point
+
+
+def test_a_sharded_step_is_a_compute_phase_then_a_round_each_bound_by_links_or_cores():
+    """Two workers whose forward and backward need 0.1 s of CPU each on 2 cores can not finish it in
+    under 0.1 s however short their wall time (5 ms here); the round after it still takes the links'
+    round. The roofline took the larger of the two bounds and missed the compute phase."""
+    roofline = point_model(_with_step_cpu(_point(), [0.03, 0.11, 0.11]), cores=2)
+    round_s = roofline.link_model_step_s - 0.005  # the links' round (33 ms), compute (5 ms a step) taken off
+    assert roofline.compute_phase_s is None and roofline.model_step_s == pytest.approx(max(0.005 + round_s, 0.125))
+    row = point_model(_with_compute_cpu(_with_step_cpu(_point(), [0.03, 0.11, 0.11]), 0.1), cores=2)
+    assert row.compute_phase_s == pytest.approx(0.1)  # 2 x 0.1 s over 2 cores, above the 5 ms of wall
+    assert (0.25 - 0.2) / 2 < round_s and row.model_step_s == pytest.approx(0.1 + round_s)  # the round: links
+    assert row.model_step_s > max(roofline.link_model_step_s, roofline.cpu_step_s)
+    # little compute CPU: the compute phase is its wall time and the step the links' model, as before
+    light = point_model(_with_compute_cpu(_with_step_cpu(_point(), [0.001] * 3), 0.0001), cores=2)
+    assert light.compute_phase_s == pytest.approx(0.005) and light.model_step_s == pytest.approx(roofline.link_model_step_s)
+    # a CPU-bound round: the round's CPU (every node's step less the compute) over the cores
+    busy = point_model(_with_compute_cpu(_with_step_cpu(_point(), [2.0, 2.0, 2.0]), 0.1), cores=2)
+    assert busy.model_step_s == pytest.approx(0.1 + (6.0 - 0.2) / 2)
+    # a worker without the figure, or no cores: the roofline
+    assert point_model(_with_compute_cpu(_with_step_cpu(_point(), [0.03, 0.11, 0.11]), None), cores=2) == roofline
+    assert point_model(_with_compute_cpu(_point(), 0.1)).compute_phase_s is None
+    assert "compute ms" in render([row, roofline]) and "100.0" in render([row])
+
+
+def _with_host_cpu(point: dict, user_s: float, softirq_s: float, steal_s: float = 0.0) -> dict:
+    """`point` whose coordinator saw the machine spend `user_s` of user time, `softirq_s` of softirq and
+    `steal_s` of steal over a 10 s window of its 10 timed steps; each node's timed CPU is its median x 10."""
+    for rep in point["repeats"]:
+        for node in rep["nodes"].values():
+            node["step_cpu_s"] = {**node["step_cpu_s"], "mean": node["step_cpu_s"]["median"]}
+        rep["nodes"]["coordinator"] = {**rep["nodes"]["coordinator"], "host_cpu_s": {
+            "window_s": 10.0, "steps": 10, "cpu_count": 2, "user": user_s, "nice": 0.0, "system": 0.0,
+            "softirq": softirq_s, "irq": 0.0, "steal": steal_s, "idle": 20.0 - user_s - softirq_s - steal_s}}
+    return point
+
+
+def test_the_cores_bound_adds_the_kernels_work_and_leaves_out_the_cores_other_processes_take():
+    """The nodes need 0.7 s of CPU a step (7 s over the 10 steps). The machine's user time was 10 s: the
+    other 3 s (the engine, the harness) held 0.3 of a core all along; softirq took 1 s, 0.1 s a step.
+    So a step needs 0.8 s of the 1.7 cores left: 0.47 s, not the 0.35 s the nodes' CPU over 2 cores gives."""
+    plain = point_model(_with_step_cpu(_point(), [0.25, 0.25, 0.2]), cores=2)
+    row = point_model(_with_host_cpu(_with_step_cpu(_point(), [0.25, 0.25, 0.2]), user_s=10.0, softirq_s=1.0), cores=2)
+    assert plain.cpu_step_s == pytest.approx(0.35) and row.cpu_step_s == pytest.approx(0.8 / 1.7)
+    assert row.model_step_s == pytest.approx(0.8 / 1.7)  # above the links' round
+    stolen = point_model(_with_host_cpu(_with_step_cpu(_point(), [0.25, 0.25, 0.2]), 10.0, 1.0, steal_s=2.0), cores=2)
+    assert stolen.cpu_step_s == pytest.approx(0.8 / 1.5)  # the hypervisor's 0.2 of a core is not the nodes'
+    # less busy time than the nodes' own CPU (ticks against process clocks): no core taken by others
+    assert point_model(_with_host_cpu(_with_step_cpu(_point(), [0.25, 0.25, 0.2]), 6.5, 0.0), cores=2).cpu_step_s \
+        == pytest.approx(0.35)
+    # a machine held by others: the nodes keep at least a quarter of it
+    crowded = point_model(_with_host_cpu(_with_step_cpu(_point(), [0.25, 0.25, 0.2]), 25.0, 0.0), cores=2)
+    assert crowded.cpu_step_s == pytest.approx(0.7 / 0.5)
