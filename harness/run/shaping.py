@@ -12,7 +12,10 @@ Order, for the docker backend (`harness.run.compose.ComposeBackend`):
    the gate file in the coordinator: training traffic only ever sees the shaped links.
 4. While the run goes on, the qdisc counters are read every `COUNTER_INTERVAL_S` seconds; the last
    reading before each container exits is its end counters (a container's qdiscs go with its network
-   namespace when it exits, so they cannot be read after the run).
+   namespace when it exits, so they cannot be read after the run). Where the engine runs on this host
+   and the harness is root, they are read from the host in the container's network namespace
+   (`harness.run.tc_exec.HostNetnsExec`, once its first reading matched the exec's read-back), not by an
+   Engine API exec each time; the report's ``counter_reader`` says which (``host-netns`` or ``exec``).
 
 Teardown is Compose's: qdiscs and the ifb device live in the containers' network namespaces.
 """
@@ -27,7 +30,7 @@ from harness.errors import ClusterError, LinkShapingError
 from harness.links.plan import Capabilities, ShapingPlan, plan_shaping
 from harness.links.readback import rate_in_force_bps
 from harness.run.backend import PhaseClock, Sampler
-from harness.run.tc_exec import ContainerExec, apply_plan, read_back
+from harness.run.tc_exec import ContainerExec, HostNetnsExec, apply_plan, host_netns_runner, read_back
 from harness.spec.cluster import ClusterSettings
 from wiiide.config import RunConfig
 
@@ -71,7 +74,7 @@ class ClusterConditions:
         self.plans: dict[tuple[str, int | None], ShapingPlan] = {}
         self.links: dict[str, Any] = {}
         self.limits: dict[str, Any] = {}
-        self._shaped: dict[str, tuple[ContainerExec, tuple[str, ...]]] = {}
+        self._shaped: dict[str, tuple[ContainerExec | HostNetnsExec, tuple[str, ...]]] = {}
         self._sampler: Sampler | None = None
 
     @property
@@ -182,7 +185,9 @@ class ClusterConditions:
             "applied_at_s": round(time.monotonic() - t0, 3), "end_counters": None, "end_counters_at_s": None,
             "counter_reads": 0,
         }
-        self._shaped[c.name] = (runner, plan.devices)
+        counters = _host_counter_reader(c, plan.devices, applied)
+        self.links["containers"][c.name]["counter_reader"] = "exec" if counters is None else "host-netns"
+        self._shaped[c.name] = (counters or runner, plan.devices)
 
     def _read_counters(self, t0: float) -> None:
         for name, (runner, devices) in list(self._shaped.items()):
@@ -199,3 +204,30 @@ class ClusterConditions:
         if self._sampler is not None:
             self._sampler.stop()
             self._sampler = None
+
+
+def _engine_is_local(container) -> bool:
+    """Whether `container`'s engine is reached through a local socket (the docker SDK's ``http+docker``
+    base URL), so that its processes are this host's; False for ``tcp://`` and ``ssh://`` engines."""
+    api = getattr(getattr(container, "client", None), "api", None)
+    return str(getattr(api, "base_url", "")).startswith("http+docker://")
+
+
+def _shape_of(records: dict[str, list[dict[str, Any]]]) -> dict[str, list[tuple[Any, ...]]]:
+    """The qdiscs and classes of a read-back without their counters: what two readers must agree on."""
+    return {dev: [(r.get("type"), r.get("kind"), r.get("handle"), r.get("parent")) for r in recs]
+            for dev, recs in records.items()}
+
+
+def _host_counter_reader(container, devices: tuple[str, ...],
+                         applied: dict[str, list[dict[str, Any]]]) -> HostNetnsExec | None:
+    """A `HostNetnsExec` for the counter reads of `container` when one can be made and its first
+    read-back shows the very qdiscs and classes the exec read back (`applied`); None: read by exec."""
+    runner = host_netns_runner(container, _engine_is_local(container))
+    if runner is None:
+        return None
+    try:
+        seen = read_back(runner, devices)
+    except LinkShapingError:
+        return None
+    return runner if _shape_of(seen) == _shape_of(applied) else None
