@@ -206,7 +206,7 @@ class NodeMetrics:
 
     def track_host_cpu(self) -> None:
         """Record the machine's CPU time by kind over the timed steps (``host_cpu_s``, module docstring):
-        one ``/proc/stat`` read now and one per recorded step after it (about 30 us each)."""
+        one ``/proc/stat`` read now and one per recorded step after it (about 20 us each)."""
         self._host_cpu_start = (self._clock(), len(self.step_times_s), psutil.cpu_times())
 
     def host_cpu_window(self) -> dict[str, Any] | None:
