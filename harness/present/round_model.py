@@ -52,7 +52,9 @@ where C is the workers' CPU of a step's forward and backward summed (``compute_c
 training thread's CPU, `_workers_compute_cpu_s`): a bulk-synchronous superstep per phase (Valiant 1990),
 each phase bound by the slower of its two resources. The compute phase's bound rises above the
 workers' wall time of compute where the workers' forward and backward alone fill the cores, and the
-round's where the codecs do (lloyd2 and int3z on the 26 MB model: 5-10 % above the roofline, session 21).
+round's where the codecs do (lloyd2 and int3z on the 26 MB model: +4 .. +9 points over the roofline at
+7 of their 8 shaped points, session 21).
+
 The cores the nodes get (session 21). The machine's cores are not the nodes' alone: the kernel's network
 work in softirq is charged to no process (``/proc/stat`` accounts it apart), and the container engine
 (dockerd, containerd and its shims, which stream every container's stats), the harness and anything
