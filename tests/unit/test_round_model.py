@@ -361,3 +361,14 @@ def test_the_cores_bound_adds_the_kernels_work_and_leaves_out_the_cores_other_pr
     # a machine held by others: the nodes keep at least a quarter of it
     crowded = point_model(_with_host_cpu(_with_step_cpu(_point(), [0.25, 0.25, 0.2]), 25.0, 0.0), cores=2)
     assert crowded.cpu_step_s == pytest.approx(0.7 / 0.5)
+
+
+def test_the_measured_step_is_the_median_of_the_timed_steps_not_of_the_dense_warm_up_too():
+    """A lossy run's warm-up steps go dense and slow; the coordinator's Training Summary leaves them out,
+    and so does the measured step the model is held against. A report without that summary keeps the
+    median of every step."""
+    point = _point()
+    for rep, timed_s in zip(point["repeats"], (0.05, 0.15, 0.12)):
+        rep["nodes"]["coordinator"]["training_summary"] = {"median_step_time_s": timed_s, "warmup_steps": 5}
+    assert point_model(point).measured_step_s == 0.12  # not 0.2, the median of every step's medians
+    assert point_model(_point()).measured_step_s == 0.2
