@@ -178,15 +178,14 @@ class ClusterConditions:
         plan = self.plans[(role, index)]
         runner = ContainerExec(c)
         applied = apply_plan(runner, plan)
+        counters = _host_counter_reader(c, plan.devices, applied)
         self.links["containers"][c.name] = {
             "role": role, "worker_index": index, "hostname": c.attrs.get("Config", {}).get("Hostname"),
             **plan.to_dict(), "devices": list(plan.devices), "applied": applied,
             "applied_rate_bps": rate_in_force_bps(applied.get(plan.devices[0], [])),
             "applied_at_s": round(time.monotonic() - t0, 3), "end_counters": None, "end_counters_at_s": None,
-            "counter_reads": 0,
+            "counter_reads": 0, "counter_reader": "exec" if counters is None else "host-netns",
         }
-        counters = _host_counter_reader(c, plan.devices, applied)
-        self.links["containers"][c.name]["counter_reader"] = "exec" if counters is None else "host-netns"
         self._shaped[c.name] = (counters or runner, plan.devices)
 
     def _read_counters(self, t0: float) -> None:

@@ -111,11 +111,17 @@ class ContainerExec:
                 raise TcCommandError(f"{where}: `{shlex.join(argv)}` could not run: {exc}", argv, None,
                                      str(exc)) from None
         out, err = output if isinstance(output, tuple) else (output, b"")
-        stdout = (out or b"").decode(errors="replace")
-        if code != 0:
-            message = ((err or b"").decode(errors="replace").strip() or stdout.strip() or "no message")
-            raise TcCommandError(f"{where}: `{shlex.join(argv)}` failed (exit {code}): {message}", argv, code, message)
-        return stdout
+        return _checked_stdout(where, argv, code, out, err)
+
+
+def _checked_stdout(where: str, argv: list[str], code: int | None, out: bytes | None, err: bytes | None) -> str:
+    """A finished command's stdout, decoded; raises `TcCommandError` with the tool's own message (its
+    stderr, else its stdout) when it exited non-zero."""
+    stdout = (out or b"").decode(errors="replace")
+    if code != 0:
+        message = (err or b"").decode(errors="replace").strip() or stdout.strip() or "no message"
+        raise TcCommandError(f"{where}: `{shlex.join(argv)}` failed (exit {code}): {message}", argv, code, message)
+    return stdout
 
 
 NETNS_TIMEOUT_S = 10.0  # one tc read-back in a container's network namespace from the host
@@ -159,12 +165,7 @@ class HostNetnsExec:
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise TcCommandError(f"{self.name}: `{shlex.join(argv)}` could not run: {exc}", argv, None,
                                  str(exc)) from None
-        stdout = done.stdout.decode(errors="replace")
-        if done.returncode != 0:
-            message = done.stderr.decode(errors="replace").strip() or stdout.strip() or "no message"
-            raise TcCommandError(f"{self.name}: `{shlex.join(argv)}` failed (exit {done.returncode}): {message}",
-                                 argv, done.returncode, message)
-        return stdout
+        return _checked_stdout(self.name, argv, done.returncode, done.stdout, done.stderr)
 
 
 def host_netns_runner(container, local_engine: bool) -> HostNetnsExec | None:
