@@ -19,6 +19,13 @@ Field units are in their names. Sources:
   (`time.perf_counter`) and the training thread's CPU seconds (`time.thread_time`; with
   ``torch_threads`` 1 torch computes on that thread): what the compute phase of a step needs from the
   cores, apart from the threads that push, pull and serve a shard.
+- ``compute_max_s`` (the sharded servers' coordinator; None elsewhere): per timed step the slowest
+  worker's forward and backward, wall seconds as each worker measured it (its ``compute_time_s`` of that
+  step, sent with ``step_done``), summarized as ``step_cpu_s`` is. A synchronous step waits for its
+  slowest worker's pushes, so this, not the median worker's, is the compute phase of a step (the ``w``
+  of a bulk-synchronous superstep, the maximum over the processors: Valiant 1990). On a machine the
+  nodes share, it is longer than the median: a worker that gets the cores last computes while the others
+  already encode and serve pushes.
 - ``host_cpu_s`` (the coordinator; None elsewhere): the whole machine's CPU seconds over the timed steps
   by kind (``psutil.cpu_times``: the kernel's ``/proc/stat``, which a container shares with its host),
   summed over every CPU, from the end of the last warm-up step (or `NodeMetrics.track_host_cpu`'s call,
@@ -160,6 +167,7 @@ class NodeMetrics:
         self.codec_bytes_sent: dict[str, list[int]] = {}  # codec name -> [raw bytes, payload bytes]
         self.step_times_s: list[float] = []
         self.step_cpu_s: list[float] = []  # process CPU seconds of each step (record_step_time)
+        self.compute_max_s: list[float | None] = []  # sharded coordinator: each step's slowest worker's compute
         self._cpu_mark_s = time.process_time()
         self.losses: list[float] = []
         self.socket_options: list[dict[str, Any]] = []
@@ -203,6 +211,11 @@ class NodeMetrics:
                 self._host_cpu_start = mark  # the window opens at the end of the last warm-up step
             else:
                 self._host_cpu_end = mark
+
+    def record_compute_max(self, seconds: float | None) -> None:
+        """Keep the step just recorded (`record_step_time`)'s slowest worker's forward and backward, wall
+        `seconds` as the workers reported them with ``step_done``; None: a worker did not report it."""
+        self.compute_max_s.append(seconds)
 
     def track_host_cpu(self) -> None:
         """Record the machine's CPU time by kind over the timed steps (``host_cpu_s``, module docstring):
@@ -333,6 +346,8 @@ class NodeMetrics:
             "cpu_time_s": time.process_time(),
             "step_cpu_s": summarize(self.step_cpu_s[self.warmup_steps:]),
             "host_cpu_s": self.host_cpu_window(),
+            "compute_max_s": (summarize(v for v in self.compute_max_s[self.warmup_steps:] if v is not None)
+                              if self.compute_max_s else None),
             "loss_avg": (sum(self.losses) / len(self.losses)) if self.losses else None,
             "loss_final": self.losses[-1] if self.losses else None,
             "training_summary": training_summary(

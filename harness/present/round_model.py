@@ -141,7 +141,8 @@ def sharded_link_s(shard_loads_bytes: Sequence[float], num_workers: int, rate_bp
 
 def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, rate_bps: float,
                     worker_ratio: float = 1.0, coordinator_ratio: float = 1.0,
-                    push_window_bytes: float | None = None) -> float:
+                    push_window_bytes: float | None = None, burst_bytes: float = 0.0,
+                    start_tokens_bytes: float | None = None) -> float:
     """Seconds from the first push to the last pull of one synchronous step with sharded servers, by a
     fluid simulation of every node's link rather than the busiest node's bytes (`sharded_link_s`).
 
@@ -162,19 +163,34 @@ def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, r
     congestion window. 0 is one push on the link at a time; a window of a push's size or more is the
     concurrent schedule.
 
+    With `burst_bytes`, each node's egress is a token bucket as the shaper's (htb's ``burst`` and
+    ``cburst`` with ``ceil`` = ``rate``; tbf's ``burst``): bytes covered by its tokens leave at the wire's
+    speed, which on a veth pair is taken as instant against the shaped rate, and the tokens refill at
+    the rate while the node's egress is idle, up to `burst_bytes` (Linux ``sch_htb.c``: a class with
+    tokens is in ``HTB_CAN_SEND``; tc-htb(8), "burst"). Each node starts the round with
+    `start_tokens_bytes` (default: a full bucket), what its link gathered while the workers computed.
+    The harness's burst is one timer tick of the rate (`harness.links.tc.burst_bytes`, rate / 250 Hz):
+    it takes 4 ms to refill, and saves 4 ms of the rate's time at each round that starts with it full,
+    which on the digits model's rounds of 10-40 ms is 10-40 % of the links' time.
+
     Args:
         partitions: (shard, bytes) of each partition in vector order (`wiiide.ps.partition.plan_partitions`).
         num_workers: W >= 1; rate_bps: each node's egress (TCP payload), bit/s > 0.
         worker_ratio, coordinator_ratio: raw / sent bytes of what workers and the coordinator send.
         push_window_bytes: None: pushes concurrent; bytes >= 0: ordered pushes with that window.
+        burst_bytes: the shaper's token bucket per node (bytes >= 0; 0: none).
+        start_tokens_bytes: tokens at the round's start, 0 .. `burst_bytes`; None: `burst_bytes`.
     Raises:
-        ValueError: no partition or worker, a shard outside 0..W, a rate or ratio <= 0, or a negative window.
+        ValueError: no partition or worker, a shard outside 0..W, a rate or ratio <= 0, a negative window
+            or burst, or starting tokens outside 0 .. `burst_bytes`.
     """
     if (not partitions or num_workers < 1 or rate_bps <= 0 or worker_ratio <= 0 or coordinator_ratio <= 0
             or any(not 0 <= shard <= num_workers for shard, _ in partitions)
-            or (push_window_bytes is not None and push_window_bytes < 0)):
+            or (push_window_bytes is not None and push_window_bytes < 0) or burst_bytes < 0
+            or (start_tokens_bytes is not None and not 0 <= start_tokens_bytes <= burst_bytes)):
         raise ValueError(f"{len(partitions)} partitions (shards 0..{num_workers}), workers {num_workers}, "
-                         f"rate {rate_bps}, ratios {worker_ratio}/{coordinator_ratio}, window {push_window_bytes}")
+                         f"rate {rate_bps}, ratios {worker_ratio}/{coordinator_ratio}, window {push_window_bytes}, "
+                         f"burst {burst_bytes}, starting tokens {start_tokens_bytes}")
     byte_rate = rate_bps / 8.0
     queues: dict[tuple[int, int], deque] = {}
     pushes_in = [0] * len(partitions)
@@ -183,6 +199,8 @@ def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, r
     waiting: dict[int, deque] = {w: deque() for w in range(1, num_workers + 1)}  # ordered pushes not yet sent
     last_push: dict[int, list] = {}  # ordered: each worker's latest push still to cross its link (its queue item)
     eps = 1e-9 * byte_rate
+    tokens = [burst_bytes if start_tokens_bytes is None else start_tokens_bytes] * (num_workers + 1)
+    idle_since: list[float | None] = [0.0] * (num_workers + 1)  # when each egress last fell idle; None: busy
 
     def send(src: int, dst: int, kind: str, index: int, nbytes: float, now: float) -> None:
         if src == dst:
@@ -222,6 +240,8 @@ def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, r
             admit(worker, 0.0)
     now = 0.0
     while True:
+        if burst_bytes:
+            _spend_tokens(queues, tokens, idle_since, now, byte_rate, burst_bytes, eps, arrive)
         active = [key for key, q in queues.items() if q]
         if not active:
             break
@@ -246,7 +266,39 @@ def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, r
         if push_window_bytes is not None:
             for worker in waiting:
                 admit(worker, now)
+        for node in sharing:  # an egress whose queues all emptied starts refilling its bucket
+            if idle_since[node] is None and not any(q for (src, _), q in queues.items() if src == node):
+                idle_since[node] = now
     return max(finish_s[1:])
+
+
+def _spend_tokens(queues: dict[tuple[int, int], deque], tokens: list[float], idle_since: list[float | None],
+                  now: float, byte_rate: float, burst_bytes: float, eps: float, arrive) -> None:
+    """`sharded_round_s`'s token buckets at time `now`: an egress with something to send first takes
+    the tokens its idle time since `idle_since` refilled (at the rate, up to `burst_bytes`), then sends
+    what its tokens cover at once, its connections' queues in turn, delivering what completes (which
+    may queue pulls elsewhere: repeated until nothing more crosses). An egress left with nothing to
+    send is idle from `now`."""
+    moved = True
+    while moved:
+        moved = False
+        for src in sorted({src for (src, _), queue in queues.items() if queue}):
+            if idle_since[src] is not None:
+                tokens[src] = min(burst_bytes, tokens[src] + (now - idle_since[src]) * byte_rate)
+                idle_since[src] = None
+            for (node, dst), queue in list(queues.items()):
+                while node == src and queue and tokens[src] > eps:
+                    head = queue[0]
+                    sent = min(tokens[src], head[0])
+                    tokens[src] -= sent
+                    head[0] -= sent
+                    if head[0] > eps:
+                        break
+                    _, kind, index = queue.popleft()
+                    arrive(dst, kind, index, now)
+                    moved = True
+            if not any(queue for (node, _), queue in queues.items() if node == src):
+                idle_since[src] = now
 
 
 def _timed_step_s(repeat: dict[str, Any]) -> float | None:
@@ -273,6 +325,18 @@ def _step_cpu_s(repeats: Sequence[dict[str, Any]]) -> float | None:
         if nodes and all(isinstance(m, (int, float)) for m in medians):
             sums.append(float(sum(medians)))
     return _median(sums)
+
+
+def _compute_max_s(repeats: Sequence[dict[str, Any]]) -> float | None:
+    """The compute phase of a step as the slowest worker had it (s): per repeat the coordinator's
+    median over its timed steps of each step's slowest worker's forward and backward (``compute_max_s``,
+    `wiiide.metrics`), then the median over the repeats; None when a repeat has none (reports before
+    session 22, and the central server)."""
+    medians = [(((rep.get("nodes") or {}).get("coordinator") or {}).get("compute_max_s") or {}).get("median")
+               for rep in repeats]
+    if not medians or any(not isinstance(m, (int, float)) for m in medians):
+        return None
+    return _median([float(m) for m in medians])
 
 
 def _workers_compute_cpu_s(repeats: Sequence[dict[str, Any]]) -> float | None:
@@ -382,16 +446,30 @@ def point_model(point: dict[str, Any], cores: int | None = None) -> ModelRow | N
                          if k.startswith("worker")]
         worker_ratio, coordinator_ratio = _median(worker_ratios) or 1.0, float(coord.get("compression_ratio") or 1.0)
     link_s = sharded_link_s(loads, workers, rate, worker_ratio, coordinator_ratio)
+    burst = _link_burst_bytes(ok)
     round_s = sharded_round_s(partitions, workers, rate, worker_ratio, coordinator_ratio,
-                              _push_window_bytes(ok, config))
+                              _push_window_bytes(ok, config), burst, min(burst, rate / 8 * compute_s))
     compute_cpu_s = _workers_compute_cpu_s(ok) if nodes_cpu_s is not None else None
     if compute_cpu_s is None:  # the roofline
         return ModelRow(params, max(compute_s + round_s, cpu_s or 0.0), measured, compute_s + link_s,
                         compute_s + round_s, cpu_s)
-    compute_phase_s = max(compute_s, compute_cpu_s / node_cores)
+    compute_phase_s = max(_compute_max_s(ok) or compute_s, compute_cpu_s / node_cores)
     round_phase_s = max(round_s, max(0.0, nodes_cpu_s - compute_cpu_s) / node_cores)
     return ModelRow(params, compute_phase_s + round_phase_s, measured, compute_s + link_s, compute_s + round_s,
                     cpu_s, compute_phase_s)
+
+
+def _link_burst_bytes(repeats: Sequence[dict[str, Any]]) -> float:
+    """The shaper's token bucket on the nodes' egress, bytes: the smallest ``burst_bytes`` or
+    ``cburst_bytes`` that the harness read back (``links.containers.*.applied``, `harness.links.readback`)
+    from a rate-limiting qdisc or class (htb, tbf) of any node of `repeats`; 0 when none was read back."""
+    found = [float(entry[key]) for rep in repeats
+             for container in (((rep.get("links") or {}).get("containers")) or {}).values()
+             for entries in ((container or {}).get("applied") or {}).values()
+             for entry in entries or []
+             if entry.get("kind") in ("htb", "tbf")
+             for key in ("burst_bytes", "cburst_bytes") if isinstance(entry.get(key), (int, float))]
+    return min(found) if found else 0.0
 
 
 def _push_window_bytes(repeats: Sequence[dict[str, Any]], config: dict[str, Any]) -> float | None:

@@ -315,13 +315,14 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
         sent += 1
     step, t_step = start_step, time.perf_counter()
     while step < sent:
-        losses = []
+        losses, compute_s = [], []
         for w in workers:
             msg = _receive(coord, w, "step_done")
             if msg.meta.get("step") != step:
                 raise ProtocolError(f"worker {w.rank}: step_done for step {msg.meta.get('step')!r:.40}, expected {step}")
             loss = msg.meta.get("loss")
             losses.append(float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else float("nan"))
+            compute_s.append(_seconds(msg.meta.get("compute_s")))
             w.batches += 1
         if shard.failure:
             raise NodeFailure(shard.failure, EXIT_PEER_LOST)
@@ -337,6 +338,7 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
         metrics.samples += len(workers) * sampler.batch_size
         now = time.perf_counter()
         metrics.record_step_time(now - t_step)  # from one step's barrier to the next
+        metrics.record_compute_max(None if None in compute_s else max(compute_s))
         t_step = now
         metrics.losses.append(sum(losses) / len(losses))
         if step % 50 == 0:
@@ -464,6 +466,14 @@ def _plan_addresses(meta: dict, k: int, coordinator_host: str) -> list[tuple[str
     return out
 
 
+def _seconds(value) -> float | None:
+    """A worker's reported seconds (``step_done``'s ``compute_s``) when finite and >= 0, else None (a
+    worker of an older version, or a bad value: the figure is left out, the step goes on)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf"):
+        return float(value)
+    return None
+
+
 def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, client: ShardClient,
                   data: Dataset | None) -> None:
     metrics, log = worker.metrics, worker.log
@@ -505,10 +515,12 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
             raise ProtocolError(f"batch does not fit the model: {exc}") from None
         loss.backward()  # the hooks push each partition as its gradients are ready
         loss_value = loss.item()
-        metrics.compute_time_s += time.perf_counter() - t0
+        compute_s = time.perf_counter() - t0
+        metrics.compute_time_s += compute_s
         metrics.compute_cpu_s += time.thread_time() - cpu0
         wait_s += client.finish_step(step)
         worker._last_step, worker._last_params_unix_s = step, time.time()  # the hello's rejoin hint
-        conn.send([encode_message("step_done", {"step": step, "loss": loss_value, "samples": int(x.shape[0])})])
+        conn.send([encode_message("step_done", {"step": step, "loss": loss_value, "samples": int(x.shape[0]),
+                                                "compute_s": compute_s})])
         metrics.record_worker_step(int(x.shape[0]), loss_value, time.perf_counter() - t0)
         log.step(metrics.steps, "step %s: loss %.4f", step, loss_value)
