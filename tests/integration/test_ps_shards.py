@@ -59,6 +59,11 @@ def test_central_and_sharded_reach_the_same_parameters(tmp_path, node_env, node_
         for run in (central, sharded):  # the training thread's CPU in forward and backward: within its wall time
             assert 0 < run[f"worker-{rank}"]["compute_cpu_s"] <= run[f"worker-{rank}"]["compute_time_s"] + 0.01
     assert sharded["worker-1"]["ps"]["shard"]["updates"] == 20 * sharded["worker-1"]["ps"]["shard"]["partitions"]
+    # each timed step's slowest worker's forward and backward: no longer than all three workers' together
+    slowest = sharded["coordinator"]["compute_max_s"]
+    assert slowest["count"] == sharded["coordinator"]["step_cpu_s"]["count"] > 0
+    assert 0 < slowest["mean"] * slowest["count"] <= sum(sharded[f"worker-{r}"]["compute_time_s"] for r in (1, 2, 3))
+    assert central["coordinator"]["compute_max_s"] is None
     assert abs(central["coordinator"]["test_accuracy"] - sharded["coordinator"]["test_accuracy"]) < 0.01
 
 

@@ -259,3 +259,16 @@ def test_host_cpu_covers_the_timed_steps_of_the_whole_machine():
     kinds = sum(v for k, v in window.items() if k not in ("window_s", "steps", "cpu_count", "guest", "guest_nice"))
     assert kinds == pytest.approx(window["window_s"] * window["cpu_count"], rel=0.15)
     assert window["user"] + window["system"] >= 0.1 - 0.02  # this process's timed burn, at least
+
+
+def test_compute_max_is_summarized_over_the_timed_steps_that_reported_it():
+    """The sharded coordinator's slowest worker per step: the warm-up step and a step with a worker that
+    did not report are left out; a node that never recorded it has None."""
+    assert NodeMetrics("worker", "w1").to_dict("ok")["compute_max_s"] is None
+    m = NodeMetrics("coordinator", "c")
+    m.warmup_steps = 1
+    for step_s, slowest_s in ((0.9, 0.8), (0.2, 0.05), (0.2, None), (0.3, 0.07), (0.2, 0.06)):
+        m.record_step_time(step_s)
+        m.record_compute_max(slowest_s)
+    summary = m.to_dict("ok")["compute_max_s"]
+    assert summary["count"] == 3 and summary["median"] == pytest.approx(0.06) and summary["max"] == pytest.approx(0.07)

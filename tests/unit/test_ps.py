@@ -24,7 +24,7 @@ from wiiide.ps.partition import (
     resolve_shards,
     shard_loads_bytes,
 )
-from wiiide.ps.session import partition_finest_bytes, policy_may_be_lossy
+from wiiide.ps.session import _seconds, partition_finest_bytes, policy_may_be_lossy
 from wiiide.units import MIB
 
 DIGITS_MLP_NUMEL = 64 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10  # 301,066: 1.2 MB
@@ -606,3 +606,11 @@ def test_a_worker_keeps_its_first_shard_connections_alive_while_a_later_shard_co
             client.close()
         for server in servers:
             server.close()
+
+
+def test_a_workers_reported_compute_seconds_are_kept_only_when_finite_and_not_negative():
+    """``step_done``'s ``compute_s`` comes from the network: anything but a finite number >= 0 (a bool, a
+    string, NaN, inf, a negative) is left out of ``compute_max_s`` instead of failing the step."""
+    assert _seconds(0.25) == 0.25 and _seconds(0) == 0.0
+    for bad in (None, True, "0.2", float("nan"), float("inf"), -0.1, [0.2]):
+        assert _seconds(bad) is None

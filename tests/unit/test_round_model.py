@@ -6,6 +6,7 @@ import pytest
 
 from harness.present.round_model import (
     ModelRow,
+    _link_burst_bytes,
     _report_partitions,
     model_rows,
     report_cores,
@@ -372,3 +373,72 @@ def test_the_measured_step_is_the_median_of_the_timed_steps_not_of_the_dense_war
         rep["nodes"]["coordinator"]["training_summary"] = {"median_step_time_s": timed_s, "warmup_steps": 5}
     assert point_model(point).measured_step_s == 0.12  # not 0.2, the median of every step's medians
     assert point_model(_point()).measured_step_s == 0.2
+
+
+def test_a_shapers_burst_leaves_at_once_and_refills_only_while_the_link_is_idle():
+    """One partition of 100 kB on worker 1's shard, 2 workers: worker 2 pushes it, worker 1 pulls it back
+    to worker 2 (its own push and pull are loopback). At 8 Mbit/s (1 MB/s) each crossing takes 0.1 s.
+    A bucket of 30 kB on each egress sends its first 30 kB at once: 0.07 s a crossing. Worker 1's link
+    idled through the push, so its bucket was full again for the pull, even from empty."""
+    parts, rate = [(1, 100_000.0)], 8e6
+    assert sharded_round_s(parts, 2, rate) == pytest.approx(0.2)
+    assert sharded_round_s(parts, 2, rate, burst_bytes=30_000) == pytest.approx(0.14)
+    # no tokens at the start: the push takes 0.1 s, and worker 1's bucket refills to 30 kB meanwhile
+    assert sharded_round_s(parts, 2, rate, burst_bytes=30_000, start_tokens_bytes=0) == pytest.approx(0.17)
+    # 10 ms of idle link refill 10 kB: a bucket that starts with that
+    assert sharded_round_s(parts, 2, rate, burst_bytes=30_000, start_tokens_bytes=10_000) == pytest.approx(0.16)
+    # a bucket larger than the message: it crosses at once
+    assert sharded_round_s(parts, 2, rate, burst_bytes=200_000) == pytest.approx(0.0)
+    # a busy link does not refill: worker 2 pushes two such partitions back to back, the second (tail
+    # first) done at 0.07 s on the bucket, the first at 0.17 s at the rate alone. Worker 1 pulls the second
+    # back at 0.07-0.14 s on its bucket, which refills 30 kB while its link idles at 0.14-0.17 s: the
+    # first's pull ends at 0.24 s
+    two = [(1, 100_000.0), (1, 100_000.0)]
+    assert sharded_round_s(two, 2, rate, burst_bytes=30_000) == pytest.approx(0.24)
+    with pytest.raises(ValueError):
+        sharded_round_s(parts, 2, rate, burst_bytes=-1)
+    with pytest.raises(ValueError):
+        sharded_round_s(parts, 2, rate, burst_bytes=10, start_tokens_bytes=20)
+
+
+def _with_links(point: dict, burst_bytes: int, cburst_bytes: int | None = None) -> dict:
+    """`point` whose repeats read back an htb class on every node's eth0 with that burst and cburst."""
+    for rep in point["repeats"]:
+        rep["links"] = {"containers": {f"wiiide_{name}_1": {"applied": {"eth0": [
+            {"type": "qdisc", "kind": "htb", "handle": "1:"},
+            {"type": "class", "kind": "htb", "handle": "1:1", "rate_bps": 100_000_000,
+             "burst_bytes": burst_bytes, "cburst_bytes": burst_bytes if cburst_bytes is None else cburst_bytes}]}}
+            for name in rep["nodes"]}}
+    return point
+
+
+def test_the_model_takes_the_burst_the_harness_read_back_from_the_links():
+    assert _link_burst_bytes(_with_links(_point(), 50_000)["repeats"]) == 50_000
+    assert _link_burst_bytes(_with_links(_point(), 50_000, 20_000)["repeats"]) == 20_000  # the smaller bucket
+    assert _link_burst_bytes(_point()["repeats"]) == 0.0  # nothing read back: no burst
+    plain, burst = point_model(_point()), point_model(_with_links(_point(), 50_000))
+    # 7 partitions of at most 64 KiB over 3 shards: every egress saves up to 50 kB of its 100 Mbit/s
+    assert plain.link_model_step_s - 0.005 > burst.link_model_step_s - 0.005 > 0
+    assert plain.link_model_step_s - burst.link_model_step_s <= 2 * 50_000 * 8 / (100e6 * 0.956) + 1e-9
+
+
+def test_the_compute_phase_is_the_slowest_workers_when_the_coordinator_recorded_it():
+    """A step waits for its slowest worker's pushes: with the per-step maximum recorded (40 ms, against a
+    median worker's 5 ms), the compute phase is that, above the 0.1 s of CPU over 2 cores only when longer."""
+    def with_max(point: dict, seconds: list[float | None]) -> dict:
+        for rep, s in zip(point["repeats"], seconds):
+            rep["nodes"]["coordinator"]["compute_max_s"] = None if s is None else {"median": s, "count": 10}
+        return point
+    base = _with_compute_cpu(_with_step_cpu(_point(), [0.03, 0.11, 0.11]), 0.001)
+    row = point_model(base, cores=2)
+    assert row.compute_phase_s == pytest.approx(0.005)  # the workers' median wall time
+    slow = point_model(with_max(_with_compute_cpu(_with_step_cpu(_point(), [0.03, 0.11, 0.11]), 0.001),
+                                [0.03, 0.05, 0.04]), cores=2)
+    assert slow.compute_phase_s == pytest.approx(0.04)  # the median over the repeats
+    assert slow.model_step_s == pytest.approx(row.model_step_s - 0.005 + 0.04, rel=1e-6)
+    heavy = point_model(with_max(_with_compute_cpu(_with_step_cpu(_point(), [0.03, 0.11, 0.11]), 0.1),
+                                 [0.03, 0.05, 0.04]), cores=2)
+    assert heavy.compute_phase_s == pytest.approx(0.1)  # 2 x 0.1 s of CPU over 2 cores binds
+    # one repeat without the figure: the median worker's wall time, as before
+    assert point_model(with_max(_with_compute_cpu(_with_step_cpu(_point(), [0.03, 0.11, 0.11]), 0.001),
+                                [0.03, None, 0.04]), cores=2).compute_phase_s == pytest.approx(0.005)
