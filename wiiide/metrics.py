@@ -22,10 +22,10 @@ Field units are in their names. Sources:
 - ``compute_max_s`` (the sharded servers' coordinator; None elsewhere): per timed step the slowest
   worker's forward and backward, wall seconds as each worker measured it (its ``compute_time_s`` of that
   step, sent with ``step_done``), summarized as ``step_cpu_s`` is. A synchronous step waits for its
-  slowest worker's pushes, so this, not the median worker's, is the compute phase of a step (the ``w``
-  of a bulk-synchronous superstep, the maximum over the processors: Valiant 1990). On a machine the
-  nodes share, it is longer than the median: a worker that gets the cores last computes while the others
-  already encode and serve pushes.
+  slowest worker's pushes, so the step is at least this and the round after it (the ``w`` of a
+  bulk-synchronous superstep is the maximum over the processors: Valiant 1990; the round model's
+  slowest path). On a machine the nodes share it is longer than the median worker's: a worker that
+  gets the cores last computes while the others already encode and serve pushes.
 - ``host_cpu_s`` (the coordinator; None elsewhere): the whole machine's CPU seconds over the timed steps
   by kind (``psutil.cpu_times``: the kernel's ``/proc/stat``, which a container shares with its host),
   summed over every CPU, from the end of the last warm-up step (or `NodeMetrics.track_host_cpu`'s call,

@@ -22,6 +22,10 @@ DDP, with M the model's bytes, N workers and R the link's TCP payload rate (the 
   shard's pulls wait for their pushes; the coordinator, which pushes nothing, is idle until its first
   partition is in, after a fair share of every worker's link (`wiiide.ps.partition.pipeline_shard_weights`
   sizes its range for that).
+  Each node's egress is a token bucket as the shaper's (the ``burst`` the harness read back,
+  `_link_burst_bytes`; session 22): the first bytes of a round, and of each send after an idle spell,
+  leave at once. The harness's burst is 4 ms of the rate, which is 10-40 % of the digits model's rounds:
+  without it the model overshot int8 on digits at 100 Mbit/s and 4 workers by 11-13 %.
   Each node's bytes are divided by its compression ratio: for a fixed lossy codec, the ratio of what
   the nodes sent with it (``codec_bytes_sent``, `_measured_codec_ratio`: int3z's entropy coder does
   better on real gradients than on the Gaussian values of `_lossy_codec_ratio`, the fallback for reports
@@ -66,6 +70,19 @@ processes' user + system seconds, i.e. the machine's less the nodes' own over th
 hypervisor's steal, each over the window's wall time). Both bounds on the cores then divide
 the nodes' CPU plus the kernel's by the cores left to them. The idle time of the cores is not in the
 model: a step that leaves them idle, waiting between nodes, is longer than the model says.
+The slowest worker (session 22). A synchronous step waits for every worker's pushes, so it is at least
+the slowest worker's forward and backward and then the links' round:
+
+    model = max(the two phases above, compute_max + the links' round)
+
+where compute_max is the coordinator's median over its timed steps of each step's slowest worker's
+compute wall time (``compute_max_s``, `wiiide.metrics`; the ``w`` of a bulk-synchronous superstep is
+the maximum over the processors, Valiant 1990). On this machine the nodes share two cores, and a
+worker that gets them last computes while the others already encode their pushes and serve them
+(a step timeline of the nodes, in the README): the slowest worker's compute ran 1.2-2.7x the median
+worker's on the lossy engines. The two phases stay the larger where the cores bind. What neither
+term has: after the slowest worker's backward, its link and the cores both still work, and they
+overlap only in part.
 Reports without ``compute_cpu_s`` (before session 20) get the roofline: the larger of compute + the
 links' round and the cores' step (Williams, Waterman and Patterson 2009). Reports from before session 13
 have no ``step_cpu_s`` and multi-host (swarm) runs have no one machine: for them the links' bound
@@ -108,6 +125,7 @@ class ModelRow:
     link_model_step_s: float | None = None  # compute + the links' round (the model without the cores' bound)
     cpu_step_s: float | None = None  # the cores' bound (module docstring); None: not measured or not one machine
     compute_phase_s: float | None = None  # sharded, two phases: the compute phase's bound; None: the roofline
+    slowest_path_s: float | None = None  # sharded: the slowest worker's compute, then the links' round; None: not recorded
 
     @property
     def error(self) -> float:
@@ -453,10 +471,12 @@ def point_model(point: dict[str, Any], cores: int | None = None) -> ModelRow | N
     if compute_cpu_s is None:  # the roofline
         return ModelRow(params, max(compute_s + round_s, cpu_s or 0.0), measured, compute_s + link_s,
                         compute_s + round_s, cpu_s)
-    compute_phase_s = max(_compute_max_s(ok) or compute_s, compute_cpu_s / node_cores)
+    compute_phase_s = max(compute_s, compute_cpu_s / node_cores)
     round_phase_s = max(round_s, max(0.0, nodes_cpu_s - compute_cpu_s) / node_cores)
-    return ModelRow(params, compute_phase_s + round_phase_s, measured, compute_s + link_s, compute_s + round_s,
-                    cpu_s, compute_phase_s)
+    slowest_s = _compute_max_s(ok)
+    slowest_path_s = slowest_s + round_s if slowest_s is not None else None
+    return ModelRow(params, max(compute_phase_s + round_phase_s, slowest_path_s or 0.0), measured,
+                    compute_s + link_s, compute_s + round_s, cpu_s, compute_phase_s, slowest_path_s)
 
 
 def _link_burst_bytes(repeats: Sequence[dict[str, Any]]) -> float:
@@ -569,11 +589,12 @@ def model_rows(report: dict[str, Any]) -> list[ModelRow]:
 def render(rows: Sequence[ModelRow]) -> str:
     """Rows as text: the point's parameters (as wide as the longest, so engine labels stay whole), model
     ms, measured ms, error %, then the model's two bounds (links, cores; ``-`` where not known), the
-    compute phase of the two-phase model (``-``: the roofline) and the bytes-only model with its error."""
+    compute phase of the two-phase model (``-``: the roofline), the slowest worker's path (``-``: not
+    recorded) and the bytes-only model with its error."""
     labels = [", ".join(f"{k}={v}" for k, v in row.params.items()) for row in rows]
     width = max([60, *map(len, labels)])
     lines = [f"{'point':{width}} {'model ms':>9} {'measured ms':>12} {'error':>7} {'links ms':>9} {'cores ms':>9} "
-             f"{'compute ms':>10} {'bytes-only ms':>14} {'error':>7}"]
+             f"{'compute ms':>10} {'slowest ms':>10} {'bytes-only ms':>14} {'error':>7}"]
 
     def ms(value: float | None) -> str:
         return f"{value * 1e3:9.1f}" if value is not None else f"{'-':>9}"
@@ -583,7 +604,7 @@ def render(rows: Sequence[ModelRow]) -> str:
                   if row.bytes_model_step_s else "")
         lines.append(f"{label:{width}} {row.model_step_s * 1e3:9.1f} {row.measured_step_s * 1e3:12.1f} "
                      f"{row.error * 100:+6.1f}% {ms(row.link_model_step_s)} {ms(row.cpu_step_s)} "
-                     f"{ms(row.compute_phase_s)} {simple}")
+                     f"{ms(row.compute_phase_s)} {ms(row.slowest_path_s)} {simple}")
     return "\n".join(lines)
 
 

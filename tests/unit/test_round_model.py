@@ -422,23 +422,29 @@ def test_the_model_takes_the_burst_the_harness_read_back_from_the_links():
     assert plain.link_model_step_s - burst.link_model_step_s <= 2 * 50_000 * 8 / (100e6 * 0.956) + 1e-9
 
 
-def test_the_compute_phase_is_the_slowest_workers_when_the_coordinator_recorded_it():
-    """A step waits for its slowest worker's pushes: with the per-step maximum recorded (40 ms, against a
-    median worker's 5 ms), the compute phase is that, above the 0.1 s of CPU over 2 cores only when longer."""
+def test_a_step_waits_for_the_slowest_workers_compute_then_the_links_round():
+    """A step waits for its slowest worker's pushes: with the per-step maximum recorded (40 ms, the median
+    over the repeats, against a median worker's 5 ms), the step is at least that and the links' round
+    after it. Where the cores bind, the two phases stay the larger."""
     def with_max(point: dict, seconds: list[float | None]) -> dict:
         for rep, s in zip(point["repeats"], seconds):
             rep["nodes"]["coordinator"]["compute_max_s"] = None if s is None else {"median": s, "count": 10}
         return point
-    base = _with_compute_cpu(_with_step_cpu(_point(), [0.03, 0.11, 0.11]), 0.001)
-    row = point_model(base, cores=2)
-    assert row.compute_phase_s == pytest.approx(0.005)  # the workers' median wall time
-    slow = point_model(with_max(_with_compute_cpu(_with_step_cpu(_point(), [0.03, 0.11, 0.11]), 0.001),
+
+    def light(seconds=None) -> dict:  # little CPU: the links bind
+        point = _with_compute_cpu(_with_step_cpu(_point(), [0.001] * 3), 0.0001)
+        return with_max(point, seconds) if seconds else point
+
+    plain = point_model(light(), cores=2)
+    round_s = plain.link_model_step_s - 0.005  # the links' round, compute (5 ms a step) taken off
+    assert plain.slowest_path_s is None and plain.model_step_s == pytest.approx(0.005 + round_s)
+    slow = point_model(light([0.03, 0.05, 0.04]), cores=2)
+    assert slow.slowest_path_s == pytest.approx(0.04 + round_s) and slow.model_step_s == pytest.approx(0.04 + round_s)
+    assert slow.compute_phase_s == pytest.approx(0.005)  # the two phases' compute phase: the median worker's
+    # CPU-bound: the round's CPU over the cores (2.9 s) outlasts the slowest worker's path
+    busy = point_model(with_max(_with_compute_cpu(_with_step_cpu(_point(), [2.0, 2.0, 2.0]), 0.1),
                                 [0.03, 0.05, 0.04]), cores=2)
-    assert slow.compute_phase_s == pytest.approx(0.04)  # the median over the repeats
-    assert slow.model_step_s == pytest.approx(row.model_step_s - 0.005 + 0.04, rel=1e-6)
-    heavy = point_model(with_max(_with_compute_cpu(_with_step_cpu(_point(), [0.03, 0.11, 0.11]), 0.1),
-                                 [0.03, 0.05, 0.04]), cores=2)
-    assert heavy.compute_phase_s == pytest.approx(0.1)  # 2 x 0.1 s of CPU over 2 cores binds
-    # one repeat without the figure: the median worker's wall time, as before
-    assert point_model(with_max(_with_compute_cpu(_with_step_cpu(_point(), [0.03, 0.11, 0.11]), 0.001),
-                                [0.03, None, 0.04]), cores=2).compute_phase_s == pytest.approx(0.005)
+    assert busy.model_step_s == pytest.approx(0.1 + (6.0 - 0.2) / 2) and busy.slowest_path_s < busy.model_step_s
+    # one repeat without the figure: not recorded
+    assert point_model(light([0.03, None, 0.04]), cores=2).slowest_path_s is None
+    assert "slowest ms" in render([slow, plain]) and f"{(0.04 + round_s) * 1e3:9.1f}" in render([slow])
