@@ -26,6 +26,14 @@ Field units are in their names. Sources:
   bulk-synchronous superstep is the maximum over the processors: Valiant 1990; the round model's
   slowest path). On a machine the nodes share it is longer than the median worker's: a worker that
   gets the cores last computes while the others already encode and serve pushes.
+- ``stage_cpu_s`` (nodes of the sharded servers; None elsewhere): the CPU seconds of each timed step in
+  each stage of the round, summarized over those steps as ``step_cpu_s`` is, from the thread that did
+  the work (`time.thread_time`): ``push_encode`` (a worker's error feedback and encoding of its pushes:
+  what must happen before a push can leave), ``push_receive`` (a shard receiving and decoding pushes),
+  ``update`` (a shard averaging, stepping its optimizer and encoding the pull) and ``pull_receive`` (a
+  worker receiving, decoding and applying its pulls: what follows a pull's arrival). Sends, the
+  framing around them and the coordinator's barrier are in none. A codec with ``codec_threads`` > 1
+  encodes large lossless payloads on its pool's threads, which are not counted.
 - ``host_cpu_s`` (the coordinator; None elsewhere): the whole machine's CPU seconds over the timed steps
   by kind (``psutil.cpu_times``: the kernel's ``/proc/stat``, which a container shares with its host),
   summed over every CPU, from the end of the last warm-up step (or `NodeMetrics.track_host_cpu`'s call,
@@ -56,6 +64,7 @@ import psutil
 from wiiide.summary import training_summary
 
 SCHEMA_VERSION = 1
+STAGES = ("push_encode", "push_receive", "update", "pull_receive")  # stage_cpu_s's stages of a sharded step
 MAX_EVENTS_PER_KIND = 100  # events of one kind kept in full; beyond, only counted (by their `reason`)
 MAX_DROPPED_REASONS = 32  # distinct reasons counted per kind beyond the cap; more count as "other"
 
@@ -168,6 +177,8 @@ class NodeMetrics:
         self.step_times_s: list[float] = []
         self.step_cpu_s: list[float] = []  # process CPU seconds of each step (record_step_time)
         self.compute_max_s: list[float | None] = []  # sharded coordinator: each step's slowest worker's compute
+        self._stage_cpu_s: dict[str, dict[int, float]] = {stage: {} for stage in STAGES}  # stage -> step -> CPU s
+        self._stage_lock = threading.Lock()  # pushes, pulls and updates are timed on several threads
         self._cpu_mark_s = time.process_time()
         self.losses: list[float] = []
         self.socket_options: list[dict[str, Any]] = []
@@ -216,6 +227,18 @@ class NodeMetrics:
         """Keep the step just recorded (`record_step_time`)'s slowest worker's forward and backward, wall
         `seconds` as the workers reported them with ``step_done``; None: a worker did not report it."""
         self.compute_max_s.append(seconds)
+
+    def add_stage_cpu(self, stage: str, step: Any, seconds: float) -> None:
+        """Add a thread's CPU `seconds` in one of a sharded step's `STAGES` to `step`'s; a warm-up step (or
+        a step that is not an int) is not kept (``stage_cpu_s`` in the module docstring).
+
+        Raises:
+            KeyError: `stage` is not one of `STAGES`.
+        """
+        by_step = self._stage_cpu_s[stage]
+        if type(step) is int and step >= self.warmup_steps:  # noqa: E721 (a bool is no step)
+            with self._stage_lock:
+                by_step[step] = by_step.get(step, 0.0) + seconds
 
     def track_host_cpu(self) -> None:
         """Record the machine's CPU time by kind over the timed steps (``host_cpu_s``, module docstring):
@@ -348,6 +371,8 @@ class NodeMetrics:
             "host_cpu_s": self.host_cpu_window(),
             "compute_max_s": (summarize(v for v in self.compute_max_s[self.warmup_steps:] if v is not None)
                               if self.compute_max_s else None),
+            "stage_cpu_s": {stage: summarize(by_step.values()) for stage, by_step in self._stage_cpu_s.items()
+                            if by_step} or None,
             "loss_avg": (sum(self.losses) / len(self.losses)) if self.losses else None,
             "loss_final": self.losses[-1] if self.losses else None,
             "training_summary": training_summary(

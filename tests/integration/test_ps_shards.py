@@ -64,6 +64,14 @@ def test_central_and_sharded_reach_the_same_parameters(tmp_path, node_env, node_
     assert slowest["count"] == sharded["coordinator"]["step_cpu_s"]["count"] > 0
     assert 0 < slowest["mean"] * slowest["count"] <= sum(sharded[f"worker-{r}"]["compute_time_s"] for r in (1, 2, 3))
     assert central["coordinator"]["compute_max_s"] is None
+    # the round's CPU by stage, on the threads that did it: within each process's CPU
+    timed = sharded["coordinator"]["step_cpu_s"]["count"]
+    for name, node in sharded.items():
+        stages = node["stage_cpu_s"]
+        expected = {"push_receive", "update"} | ({"push_encode", "pull_receive"} if name.startswith("worker") else set())
+        assert set(stages) == expected and all(s["count"] == timed for s in stages.values()), (name, stages)
+        assert sum(s["mean"] * s["count"] for s in stages.values()) <= node["cpu_time_s"]
+    assert central["coordinator"]["stage_cpu_s"] is None
     assert abs(central["coordinator"]["test_accuracy"] - sharded["coordinator"]["test_accuracy"]) < 0.01
 
 

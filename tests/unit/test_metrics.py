@@ -272,3 +272,31 @@ def test_compute_max_is_summarized_over_the_timed_steps_that_reported_it():
         m.record_compute_max(slowest_s)
     summary = m.to_dict("ok")["compute_max_s"]
     assert summary["count"] == 3 and summary["median"] == pytest.approx(0.06) and summary["max"] == pytest.approx(0.07)
+
+
+def test_stage_cpu_adds_up_each_timed_steps_cpu_per_stage():
+    """Several threads add to one step's stage; warm-up steps and steps that are no int are left out;
+    a stage nothing was added to is not listed, and a node without any has None."""
+    import threading
+
+    assert NodeMetrics("worker", "w1").to_dict("ok")["stage_cpu_s"] is None
+    m = NodeMetrics("worker", "w1")
+    m.warmup_steps = 2
+
+    def pushes(step: int) -> None:
+        for _ in range(1000):
+            m.add_stage_cpu("push_encode", step, 0.001)
+
+    threads = [threading.Thread(target=pushes, args=(step,)) for step in (1, 2, 2, 3) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    m.add_stage_cpu("update", True, 5.0)  # a bool is no step
+    m.add_stage_cpu("update", "3", 5.0)
+    stages = m.to_dict("ok")["stage_cpu_s"]
+    assert set(stages) == {"push_encode"}  # nothing kept for update
+    assert stages["push_encode"]["count"] == 2  # steps 2 and 3; step 1 is warm-up
+    assert stages["push_encode"]["max"] == pytest.approx(4.0) and stages["push_encode"]["min"] == pytest.approx(2.0)
+    with pytest.raises(KeyError):
+        m.add_stage_cpu("compute", 3, 1.0)

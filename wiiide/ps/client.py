@@ -264,11 +264,13 @@ class ShardClient:
             if values.shape != (part.numel,):
                 raise ProtocolError(f"pull of partition {index}: {values.shape}, expected ({part.numel},)")
             target = params[part.start:part.stop]
+            cpu0 = time.thread_time()
             with torch.no_grad():
                 if meta.get("delta"):
                     target += torch.from_numpy(values)
                 else:
                     target.copy_(torch.from_numpy(values))
+            self.metrics.add_stage_cpu("pull_receive", step, time.thread_time() - cpu0)
         return time.perf_counter() - t0
 
     def _next(self, timeout_s: float | None = None):
@@ -289,9 +291,12 @@ class ShardClient:
 
     def _push_frame(self, link: _Link, step: int, part: Partition, dense: bool):
         """The push of `part`'s gradient (with the push residual: `ErrorFeedback.encode`) for `link`."""
+        cpu0 = time.thread_time()
         values = self._flat.grads[part.start:part.stop].numpy()
-        return self.feedback.encode(link.policy, push_meta(link.policy, step, part.index), f"p{part.index}",
-                                    values, dense)[0]
+        frame = self.feedback.encode(link.policy, push_meta(link.policy, step, part.index), f"p{part.index}",
+                                     values, dense)[0]
+        self.metrics.add_stage_cpu("push_encode", step, time.thread_time() - cpu0)
+        return frame
 
     def _send_loop(self, link: _Link) -> None:
         def to_frame(item):
@@ -348,6 +353,7 @@ class ShardClient:
     def _receive_loop(self, link: _Link) -> None:
         try:
             while not self._closing.is_set():
+                cpu0 = time.thread_time()  # a blocked receive takes none
                 msg = link.conn.receive([DENSE_KIND, LOSSY_KIND, "final", "shard_failed"])
                 if msg.kind == "shard_failed":
                     raise ShardFailed(f"shard {link.shard} failed: {str(msg.meta.get('cause'))[:500]}")
@@ -358,7 +364,9 @@ class ShardClient:
                 if len(msg.tensors) != 1 or msg.tensors[0].dtype != "float32":
                     raise ProtocolError("a pull carries one float32 tensor")
                 link.policy.observe_received(msg)  # network-aware: this link's estimate (its pushes use link.policy)
-                self.inbox.put(("pulled", msg.meta, received_values(msg)))
+                values = received_values(msg)
+                self.metrics.add_stage_cpu("pull_receive", msg.meta.get("step"), time.thread_time() - cpu0)
+                self.inbox.put(("pulled", msg.meta, values))
         except Exception as exc:
             if not self._closing.is_set():
                 cause = exc if isinstance(exc, ShardFailed) else ShardFailed(

@@ -276,6 +276,7 @@ class ShardServer:
     def _serve(self, peer: _Peer) -> None:
         try:
             while True:
+                cpu0 = time.thread_time()  # a blocked receive takes none
                 msg = peer.conn.receive([DENSE_KIND, LOSSY_KIND, "pull_final", CHECKPOINT_AT, "bye"])
                 if msg.kind == "bye":  # the peer is done: its disconnect is no failure
                     peer.outbox.put(None)
@@ -294,6 +295,7 @@ class ShardServer:
                 if peer.role != ROLE_WORKER:
                     raise ProtocolError("only workers push")
                 self.policy.observe_received(msg, ("worker", peer.rank))  # network-aware's link estimate
+                self.metrics.add_stage_cpu("push_receive", msg.meta.get("step"), time.thread_time() - cpu0)
                 frame = self._on_push(peer.rank, msg)
                 if frame is not None:
                     for other in list(self.peers):
@@ -344,7 +346,7 @@ class ShardServer:
 
     def _update(self, owned: _Owned):
         """Average the pushes (in rank order), one optimizer step, the pull frame. Holds the lock."""
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         self.push_spread_s += t0 - owned.first_push_s  # first to last push: how far apart the workers are
         grad = owned.param.grad
         grad.zero_()
@@ -362,6 +364,7 @@ class ShardServer:
         frame = owned.replica.frame_for(self.policy, {"step": step, "partition": index}, f"p{index}",
                                         owned.param.numpy(), dense)
         self.update_s += time.perf_counter() - t0
+        self.metrics.add_stage_cpu("update", step, time.thread_time() - cpu0)
         return frame
 
     def _final_frame(self):
