@@ -25,7 +25,10 @@ Field units are in their names. Sources:
   slowest worker's pushes, so the step is at least this and the round after it (the ``w`` of a
   bulk-synchronous superstep is the maximum over the processors: Valiant 1990; the round model's
   slowest path). On a machine the nodes share it is longer than the median worker's: a worker that
-  gets the cores last computes while the others already encode and serve pushes.
+  gets the cores last computes while the others already encode and serve pushes. ``compute_median_s``:
+  the same for each timed step's median worker (the round model's compute of a step; a worker's own
+  ``compute_time_s`` / ``steps`` also counts the warm-up steps, and the first of them can take tens
+  of times a timed step).
 - ``stage_cpu_s`` (nodes of the sharded servers; None elsewhere): the CPU seconds of each timed step in
   each stage of the round, summarized over those steps as ``step_cpu_s`` is, from the thread that did
   the work (`time.thread_time`): ``push_encode`` (a worker's error feedback and encoding of its pushes:
@@ -177,6 +180,7 @@ class NodeMetrics:
         self.step_times_s: list[float] = []
         self.step_cpu_s: list[float] = []  # process CPU seconds of each step (record_step_time)
         self.compute_max_s: list[float | None] = []  # sharded coordinator: each step's slowest worker's compute
+        self.compute_median_s: list[float | None] = []  # ... and its median worker's
         self._stage_cpu_s: dict[str, dict[int, float]] = {stage: {} for stage in STAGES}  # stage -> step -> CPU s
         self._stage_lock = threading.Lock()  # pushes, pulls and updates are timed on several threads
         self._cpu_mark_s = time.process_time()
@@ -223,10 +227,13 @@ class NodeMetrics:
             else:
                 self._host_cpu_end = mark
 
-    def record_compute_max(self, seconds: float | None) -> None:
-        """Keep the step just recorded (`record_step_time`)'s slowest worker's forward and backward, wall
-        `seconds` as the workers reported them with ``step_done``; None: a worker did not report it."""
-        self.compute_max_s.append(seconds)
+    def record_workers_compute(self, seconds: list[float | None]) -> None:
+        """Keep the step just recorded (`record_step_time`)'s slowest and median worker's forward and
+        backward, from every worker's wall `seconds` as reported with ``step_done``; a None (a worker that
+        did not report it) leaves the step out of both."""
+        known = None not in seconds and bool(seconds)
+        self.compute_max_s.append(max(seconds) if known else None)
+        self.compute_median_s.append(statistics.median(seconds) if known else None)
 
     def add_stage_cpu(self, stage: str, step: Any, seconds: float) -> None:
         """Add a thread's CPU `seconds` in one of a sharded step's `STAGES` to `step`'s; a warm-up step (or
@@ -371,6 +378,8 @@ class NodeMetrics:
             "host_cpu_s": self.host_cpu_window(),
             "compute_max_s": (summarize(v for v in self.compute_max_s[self.warmup_steps:] if v is not None)
                               if self.compute_max_s else None),
+            "compute_median_s": (summarize(v for v in self.compute_median_s[self.warmup_steps:] if v is not None)
+                                 if self.compute_median_s else None),
             "stage_cpu_s": {stage: summarize(by_step.values()) for stage, by_step in self._stage_cpu_s.items()
                             if by_step} or None,
             "loss_avg": (sum(self.losses) / len(self.losses)) if self.losses else None,

@@ -33,8 +33,10 @@ DDP, with M the model's bytes, N workers and R the link's TCP payload rate (the 
 - ddp: ring all-reduce, 2 (W - 1) / W x M / R (gloo; Patarasuk and Yuan 2009), compute overlapped
   with it (buckets) and not added.
 
-Compute of a step: the median over the workers of ``compute_time_s / steps`` (s, wall time of forward
-and backward, so CPU contention on a shared machine is in it).
+Compute of a step: the coordinator's median over its timed steps of each step's median worker's forward
+and backward (``compute_median_s``, wall time, so CPU contention on a shared machine is in it; session
+22); reports before it: the median over the workers of ``compute_time_s / steps``, which also counts the
+warm-up steps (on digits the first step's forward and backward can raise that mean 4x).
 
 The machine's cores, a second resource beside the links: every node of a single-host run
 (docker or local backend) shares the harness machine's ``cpu_count_logical`` cores, so a step takes at
@@ -345,12 +347,12 @@ def _step_cpu_s(repeats: Sequence[dict[str, Any]]) -> float | None:
     return _median(sums)
 
 
-def _compute_max_s(repeats: Sequence[dict[str, Any]]) -> float | None:
+def _compute_max_s(repeats: Sequence[dict[str, Any]], field: str = "compute_max_s") -> float | None:
     """The compute phase of a step as the slowest worker had it (s): per repeat the coordinator's
     median over its timed steps of each step's slowest worker's forward and backward (``compute_max_s``,
-    `wiiide.metrics`), then the median over the repeats; None when a repeat has none (reports before
-    session 22, and the central server)."""
-    medians = [(((rep.get("nodes") or {}).get("coordinator") or {}).get("compute_max_s") or {}).get("median")
+    `wiiide.metrics`; with `field` ``compute_median_s``, its median worker's), then the median over the
+    repeats; None when a repeat has none (reports before session 22, and the central server)."""
+    medians = [(((rep.get("nodes") or {}).get("coordinator") or {}).get(field) or {}).get("median")
                for rep in repeats]
     if not medians or any(not isinstance(m, (int, float)) for m in medians):
         return None
@@ -427,7 +429,7 @@ def point_model(point: dict[str, Any], cores: int | None = None) -> ModelRow | N
         return None
     steps = [node["compute_time_s"] / node["steps"] for rep in ok for name, node in rep["nodes"].items()
              if name.startswith("worker") and node.get("steps") and node.get("compute_time_s")]
-    compute_s = _median(steps) or 0.0
+    compute_s = _compute_max_s(ok, "compute_median_s") or _median(steps) or 0.0
     first = ok[0]
     coord = first["nodes"].get("coordinator", {})
     engine = config.get("engine", "wiiide")

@@ -63,6 +63,8 @@ def test_central_and_sharded_reach_the_same_parameters(tmp_path, node_env, node_
     slowest = sharded["coordinator"]["compute_max_s"]
     assert slowest["count"] == sharded["coordinator"]["step_cpu_s"]["count"] > 0
     assert 0 < slowest["mean"] * slowest["count"] <= sum(sharded[f"worker-{r}"]["compute_time_s"] for r in (1, 2, 3))
+    median = sharded["coordinator"]["compute_median_s"]
+    assert median["count"] == slowest["count"] and 0 < median["median"] <= slowest["median"]
     assert central["coordinator"]["compute_max_s"] is None
     # the round's CPU by stage, on the threads that did it: within each process's CPU
     timed = sharded["coordinator"]["step_cpu_s"]["count"]

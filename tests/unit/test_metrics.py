@@ -261,17 +261,20 @@ def test_host_cpu_covers_the_timed_steps_of_the_whole_machine():
     assert window["user"] + window["system"] >= 0.1 - 0.02  # this process's timed burn, at least
 
 
-def test_compute_max_is_summarized_over_the_timed_steps_that_reported_it():
-    """The sharded coordinator's slowest worker per step: the warm-up step and a step with a worker that
-    did not report are left out; a node that never recorded it has None."""
+def test_the_slowest_and_median_workers_compute_are_summarized_over_the_timed_steps_that_reported_it():
+    """The sharded coordinator's slowest and median worker per step: the warm-up step and a step with a
+    worker that did not report are left out; a node that never recorded them has None."""
     assert NodeMetrics("worker", "w1").to_dict("ok")["compute_max_s"] is None
+    assert NodeMetrics("worker", "w1").to_dict("ok")["compute_median_s"] is None
     m = NodeMetrics("coordinator", "c")
     m.warmup_steps = 1
-    for step_s, slowest_s in ((0.9, 0.8), (0.2, 0.05), (0.2, None), (0.3, 0.07), (0.2, 0.06)):
+    for step_s, workers_s in ((0.9, [0.8, 0.7, 0.9]), (0.2, [0.05, 0.01, 0.02]), (0.2, [0.01, None, 0.02]),
+                              (0.3, [0.07, 0.03, 0.01]), (0.2, [0.06, 0.04, 0.04])):
         m.record_step_time(step_s)
-        m.record_compute_max(slowest_s)
-    summary = m.to_dict("ok")["compute_max_s"]
-    assert summary["count"] == 3 and summary["median"] == pytest.approx(0.06) and summary["max"] == pytest.approx(0.07)
+        m.record_workers_compute(workers_s)
+    slowest, median = m.to_dict("ok")["compute_max_s"], m.to_dict("ok")["compute_median_s"]
+    assert slowest["count"] == 3 and slowest["median"] == pytest.approx(0.06) and slowest["max"] == pytest.approx(0.07)
+    assert median["count"] == 3 and median["median"] == pytest.approx(0.03) and median["max"] == pytest.approx(0.04)
 
 
 def test_stage_cpu_adds_up_each_timed_steps_cpu_per_stage():

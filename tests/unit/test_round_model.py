@@ -448,3 +448,18 @@ def test_a_step_waits_for_the_slowest_workers_compute_then_the_links_round():
     # one repeat without the figure: not recorded
     assert point_model(light([0.03, None, 0.04]), cores=2).slowest_path_s is None
     assert "slowest ms" in render([slow, plain]) and f"{(0.04 + round_s) * 1e3:9.1f}" in render([slow])
+
+
+def test_the_compute_of_a_step_is_the_timed_steps_median_worker_when_recorded():
+    """A worker's compute_time_s / steps counts the warm-up steps (5 ms a step in `_point`); the
+    coordinator's per-step median worker over the timed steps (2 ms) replaces it when every repeat has it."""
+    def with_median(point: dict, seconds: list[float | None]) -> dict:
+        for rep, s in zip(point["repeats"], seconds):  # each repeat its own coordinator
+            rep["nodes"] = {**rep["nodes"], "coordinator": {
+                **rep["nodes"]["coordinator"], "compute_median_s": None if s is None else {"median": s, "count": 10}}}
+        return point
+
+    plain = point_model(_point())
+    timed = point_model(with_median(_point(), [0.003, 0.002, 0.001]))
+    assert timed.link_model_step_s == pytest.approx(plain.link_model_step_s - 0.005 + 0.002)
+    assert point_model(with_median(_point(), [0.003, None, 0.001])).link_model_step_s == plain.link_model_step_s

@@ -338,7 +338,7 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
         metrics.samples += len(workers) * sampler.batch_size
         now = time.perf_counter()
         metrics.record_step_time(now - t_step)  # from one step's barrier to the next
-        metrics.record_compute_max(None if None in compute_s else max(compute_s))
+        metrics.record_workers_compute(compute_s)
         t_step = now
         metrics.losses.append(sum(losses) / len(losses))
         if step % 50 == 0:
