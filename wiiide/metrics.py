@@ -27,8 +27,8 @@ Field units are in their names. Sources:
   slowest path). On a machine the nodes share it is longer than the median worker's: a worker that
   gets the cores last computes while the others already encode and serve pushes. ``compute_median_s``:
   the same for each timed step's median worker (the round model's compute of a step; a worker's own
-  ``compute_time_s`` / ``steps`` also counts the warm-up steps, and the first of them can take tens
-  of times a timed step).
+  ``compute_time_s`` / ``steps`` also counts the warm-up steps, whose first ones can raise that mean
+  several times over: 4x on digits in one run).
 - ``stage_cpu_s`` (nodes of the sharded servers; None elsewhere): the CPU seconds of each timed step in
   each stage of the round, summarized over those steps as ``step_cpu_s`` is, from the thread that did
   the work (`time.thread_time`): ``push_encode`` (a worker's error feedback and encoding of its pushes:

@@ -260,8 +260,14 @@ def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, r
             admit(worker, 0.0)
     now = 0.0
     while True:
-        if burst_bytes:
+        while burst_bytes:  # what the buckets cover crosses at once, and lets ordered pushes join
             _spend_tokens(queues, tokens, idle_since, now, byte_rate, burst_bytes, eps, arrive)
+            held = sum(map(len, waiting.values()))
+            if push_window_bytes is not None:
+                for worker in waiting:
+                    admit(worker, now)
+            if sum(map(len, waiting.values())) == held:
+                break
         active = [key for key, q in queues.items() if q]
         if not active:
             break
@@ -347,9 +353,9 @@ def _step_cpu_s(repeats: Sequence[dict[str, Any]]) -> float | None:
     return _median(sums)
 
 
-def _compute_max_s(repeats: Sequence[dict[str, Any]], field: str = "compute_max_s") -> float | None:
-    """The compute phase of a step as the slowest worker had it (s): per repeat the coordinator's
-    median over its timed steps of each step's slowest worker's forward and backward (``compute_max_s``,
+def _coordinator_median_s(repeats: Sequence[dict[str, Any]], field: str = "compute_max_s") -> float | None:
+    """The compute of a step as the slowest worker had it (s): per repeat the coordinator's median over
+    its timed steps of each step's slowest worker's forward and backward (``compute_max_s``,
     `wiiide.metrics`; with `field` ``compute_median_s``, its median worker's), then the median over the
     repeats; None when a repeat has none (reports before session 22, and the central server)."""
     medians = [(((rep.get("nodes") or {}).get("coordinator") or {}).get(field) or {}).get("median")
@@ -429,7 +435,7 @@ def point_model(point: dict[str, Any], cores: int | None = None) -> ModelRow | N
         return None
     steps = [node["compute_time_s"] / node["steps"] for rep in ok for name, node in rep["nodes"].items()
              if name.startswith("worker") and node.get("steps") and node.get("compute_time_s")]
-    compute_s = _compute_max_s(ok, "compute_median_s") or _median(steps) or 0.0
+    compute_s = _coordinator_median_s(ok, "compute_median_s") or _median(steps) or 0.0
     first = ok[0]
     coord = first["nodes"].get("coordinator", {})
     engine = config.get("engine", "wiiide")
@@ -475,7 +481,7 @@ def point_model(point: dict[str, Any], cores: int | None = None) -> ModelRow | N
                         compute_s + round_s, cpu_s)
     compute_phase_s = max(compute_s, compute_cpu_s / node_cores)
     round_phase_s = max(round_s, max(0.0, nodes_cpu_s - compute_cpu_s) / node_cores)
-    slowest_s = _compute_max_s(ok)
+    slowest_s = _coordinator_median_s(ok)
     slowest_path_s = slowest_s + round_s if slowest_s is not None else None
     return ModelRow(params, max(compute_phase_s + round_phase_s, slowest_path_s or 0.0), measured,
                     compute_s + link_s, compute_s + round_s, cpu_s, compute_phase_s, slowest_path_s)

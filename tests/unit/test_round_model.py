@@ -395,6 +395,13 @@ def test_a_shapers_burst_leaves_at_once_and_refills_only_while_the_link_is_idle(
     # first's pull ends at 0.24 s
     two = [(1, 100_000.0), (1, 100_000.0)]
     assert sharded_round_s(two, 2, rate, burst_bytes=30_000) == pytest.approx(0.24)
+    # ordered pushes (window 0) join as soon as the bucket has carried the push before them: with p1
+    # (1 MB, the coordinator's) and p0 (1 MB, worker 1's) and buckets of 1.5 MB, both p1 pushes and the
+    # coordinator's first pull cross at once; its second pull and worker 2's p0 each have 0.5 MB left
+    # at 1 MB/s, and worker 1's bucket, refilled while it idled, carries p0's pull at 0.5 s
+    ordered = [(1, 1e6), (0, 1e6)]
+    assert sharded_round_s(ordered, 2, rate, push_window_bytes=0.0, burst_bytes=1.5e6) == pytest.approx(0.5)
+    assert sharded_round_s(ordered, 2, rate, push_window_bytes=0.0, burst_bytes=4e6) == pytest.approx(0.0)
     with pytest.raises(ValueError):
         sharded_round_s(parts, 2, rate, burst_bytes=-1)
     with pytest.raises(ValueError):
