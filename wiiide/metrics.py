@@ -247,6 +247,11 @@ class NodeMetrics:
             with self._stage_lock:
                 by_step[step] = by_step.get(step, 0.0) + seconds
 
+    def _timed_summary(self, per_step: list[float | None]) -> dict[str, Any] | None:
+        """`summarize` of a per-step list over the timed steps, the steps without a value left out; None
+        when nothing was ever recorded."""
+        return summarize(v for v in per_step[self.warmup_steps:] if v is not None) if per_step else None
+
     def track_host_cpu(self) -> None:
         """Record the machine's CPU time by kind over the timed steps (``host_cpu_s``, module docstring):
         one ``/proc/stat`` read now and one per recorded step after it (about 20 us each)."""
@@ -376,10 +381,8 @@ class NodeMetrics:
             "cpu_time_s": time.process_time(),
             "step_cpu_s": summarize(self.step_cpu_s[self.warmup_steps:]),
             "host_cpu_s": self.host_cpu_window(),
-            "compute_max_s": (summarize(v for v in self.compute_max_s[self.warmup_steps:] if v is not None)
-                              if self.compute_max_s else None),
-            "compute_median_s": (summarize(v for v in self.compute_median_s[self.warmup_steps:] if v is not None)
-                                 if self.compute_median_s else None),
+            "compute_max_s": self._timed_summary(self.compute_max_s),
+            "compute_median_s": self._timed_summary(self.compute_median_s),
             "stage_cpu_s": {stage: summarize(by_step.values()) for stage, by_step in self._stage_cpu_s.items()
                             if by_step} or None,
             "loss_avg": (sum(self.losses) / len(self.losses)) if self.losses else None,

@@ -210,3 +210,12 @@ def rate_in_force_bps(entries: Iterable[Mapping[str, Any]]) -> int | None:
     None when nothing limits the rate."""
     rates = [e["rate_bps"] for e in entries if e.get("rate_bps") and e.get("kind") in ROOT_QDISCS]
     return min(rates) if rates else None
+
+
+def burst_in_force_bytes(entries: Iterable[Mapping[str, Any]]) -> float | None:
+    """The smallest token bucket (``burst`` or ``cburst``, bytes) of a rate-limiting qdisc or class (htb,
+    tbf) among read-back records: what leaves at the wire's speed after the link idled; None when none
+    was read."""
+    buckets = [e[key] for e in entries if e.get("kind") in ROOT_QDISCS
+               for key in ("burst_bytes", "cburst_bytes") if isinstance(e.get(key), (int, float))]
+    return min(buckets) if buckets else None

@@ -102,6 +102,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from harness.links.readback import burst_in_force_bytes
 from wiiide.codecs import codec_from_name
 from wiiide.codecs.policy import fixed_lossy_ratio, parse_policy_name
 from wiiide.ps.partition import (
@@ -488,16 +489,13 @@ def point_model(point: dict[str, Any], cores: int | None = None) -> ModelRow | N
 
 
 def _link_burst_bytes(repeats: Sequence[dict[str, Any]]) -> float:
-    """The shaper's token bucket on the nodes' egress, bytes: the smallest ``burst_bytes`` or
-    ``cburst_bytes`` that the harness read back (``links.containers.*.applied``, `harness.links.readback`)
-    from a rate-limiting qdisc or class (htb, tbf) of any node of `repeats`; 0 when none was read back."""
-    found = [float(entry[key]) for rep in repeats
+    """The shaper's token bucket on the nodes' egress, bytes: the smallest that the harness read back from
+    any node of `repeats` (``links.containers.*.applied``, `harness.links.readback.burst_in_force_bytes`);
+    0 when none was read back."""
+    found = [burst_in_force_bytes(entries or []) for rep in repeats
              for container in (((rep.get("links") or {}).get("containers")) or {}).values()
-             for entries in ((container or {}).get("applied") or {}).values()
-             for entry in entries or []
-             if entry.get("kind") in ("htb", "tbf")
-             for key in ("burst_bytes", "cburst_bytes") if isinstance(entry.get(key), (int, float))]
-    return min(found) if found else 0.0
+             for entries in ((container or {}).get("applied") or {}).values()]
+    return float(min((b for b in found if b is not None), default=0))
 
 
 def _push_window_bytes(repeats: Sequence[dict[str, Any]], config: dict[str, Any]) -> float | None:
