@@ -31,12 +31,18 @@ Field units are in their names. Sources:
   several times over: 4x on digits in one run).
 - ``stage_cpu_s`` (nodes of the sharded servers; None elsewhere): the CPU seconds of each timed step in
   each stage of the round, summarized over those steps as ``step_cpu_s`` is, from the thread that did
-  the work (`time.thread_time`): ``push_encode`` (a worker's error feedback and encoding of its pushes:
-  what must happen before a push can leave), ``push_receive`` (a shard receiving and decoding pushes),
-  ``update`` (a shard averaging, stepping its optimizer and encoding the pull) and ``pull_receive`` (a
-  worker receiving, decoding and applying its pulls: what follows a pull's arrival). Sends, the
-  framing around them and the coordinator's barrier are in none. A codec with ``codec_threads`` > 1
-  encodes large lossless payloads on its pool's threads, which are not counted.
+  the work (`time.thread_time`). Each direction has four stages, in the order a message goes through
+  them: ``push_encode`` (a worker's error feedback and encoding of its pushes: before a push can
+  leave), ``push_send`` (the worker's sender threads writing pushes to their sockets: while the bytes
+  leave), ``push_receive`` (a shard reading pushes from its sockets and parsing their frames: while
+  the bytes arrive), ``push_decode`` (the shard decoding each push's payload and keeping it: once all
+  of it is in); ``update`` (a shard averaging, stepping its optimizer and encoding the pull);
+  ``pull_send``, ``pull_receive`` (as for pushes) and ``pull_decode`` (a worker decoding and applying
+  its pulls: what follows a pull's arrival). Sends and reads of a blocked socket take no CPU while
+  they wait. The coordinator's barrier and batch handout are in none. A codec with ``codec_threads``
+  > 1 encodes and decodes large lossless payloads on its pool's threads, which are not counted.
+  Reports before session 23 have four stages: ``push_receive`` and ``pull_receive`` then included the
+  decoding, and the sends were in none.
 - ``host_cpu_s`` (the coordinator; None elsewhere): the whole machine's CPU seconds over the timed steps
   by kind (``psutil.cpu_times``: the kernel's ``/proc/stat``, which a container shares with its host),
   summed over every CPU, from the end of the last warm-up step (or `NodeMetrics.track_host_cpu`'s call,
@@ -67,7 +73,8 @@ import psutil
 from wiiide.summary import training_summary
 
 SCHEMA_VERSION = 1
-STAGES = ("push_encode", "push_receive", "update", "pull_receive")  # stage_cpu_s's stages of a sharded step
+STAGES = ("push_encode", "push_send", "push_receive", "push_decode", "update", "pull_send", "pull_receive",
+          "pull_decode")  # stage_cpu_s's stages of a sharded step, in a message's order
 MAX_EVENTS_PER_KIND = 100  # events of one kind kept in full; beyond, only counted (by their `reason`)
 MAX_DROPPED_REASONS = 32  # distinct reasons counted per kind beyond the cap; more count as "other"
 

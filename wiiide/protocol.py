@@ -175,6 +175,7 @@ class Message:
     raw_nbytes: int = 0  # tensor bytes before encoding
     wire_nbytes: int = 0  # whole frame on the wire: prefix + header + payload
     decode_s: float = 0.0
+    decode_cpu_s: float = 0.0  # the reading thread's CPU seconds in decoding the payload (`time.thread_time`)
     payload_nbytes: int = 0  # encoded tensor bytes (what the codec produced)
     payload_recv_s: float = 0.0  # from the end of the header to the last payload byte
     payload_queued_nbytes: int = 0  # payload bytes already in the socket's receive queue when its read began
@@ -655,7 +656,9 @@ class FrameReader:
         Raises ProtocolError (PeerClosed on EOF), DeadlineExceeded or OSError (see `read_raw`).
         """
         header, payload, wire_nbytes = self.read_raw(deadline)
+        cpu0 = time.thread_time()
         msg = decode_payload(header, payload, self.pool)
+        msg.decode_cpu_s = time.thread_time() - cpu0
         msg.wire_nbytes = wire_nbytes
         msg.payload_recv_s = self.last_payload_recv_s
         msg.payload_queued_nbytes = self.last_payload_queued_nbytes

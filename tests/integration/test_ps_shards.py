@@ -70,7 +70,8 @@ def test_central_and_sharded_reach_the_same_parameters(tmp_path, node_env, node_
     timed = sharded["coordinator"]["step_cpu_s"]["count"]
     for name, node in sharded.items():
         stages = node["stage_cpu_s"]
-        expected = {"push_receive", "update"} | ({"push_encode", "pull_receive"} if name.startswith("worker") else set())
+        expected = {"push_receive", "push_decode", "update", "pull_send"} | (
+            {"push_encode", "push_send", "pull_receive", "pull_decode"} if name.startswith("worker") else set())
         assert set(stages) == expected and all(s["count"] == timed for s in stages.values()), (name, stages)
         assert sum(s["mean"] * s["count"] for s in stages.values()) <= node["cpu_time_s"]
     assert central["coordinator"]["stage_cpu_s"] is None

@@ -808,3 +808,26 @@ def test_whole_frames_need_reused_buffers_and_a_kernel_socket(sock_pair):
     assert FrameReader(reader_sock, 1 * MIB, reuse_buffers=True, whole_frames=True).whole_frames
     no_scatter = type("NoScatter", (), {"recv_into": lambda self, view: 0})()  # a TLS socket's shape
     assert not FrameReader(no_scatter, 1 * MIB, reuse_buffers=True, whole_frames=True).whole_frames
+
+
+def test_the_reader_tells_the_decodes_cpu_apart_from_the_read():
+    """A zlib frame of 4 MiB: decompressing it takes the reading thread's CPU (``decode_cpu_s``), which an
+    uncompressed frame, a view of the received bytes, does not need."""
+    a, b = socket.socketpair()
+    try:
+        values = np.tile(np.arange(1024, dtype=np.float32), 1024)
+        for codec in (ZlibCodec(1), None):
+            frame = encode_message("gradients", {"i": 0}, [WireTensor("grad", values)], codec)
+            threading.Thread(target=_sendall_quiet, args=(a, _frame_bytes(frame)), daemon=True).start()
+            cpu0 = time.thread_time()
+            msg = FrameReader(b, max_frame_bytes=1 << 24).read_message(deadline=time.monotonic() + 10)
+            read_cpu_s = time.thread_time() - cpu0
+            assert np.array_equal(msg.tensors[0].array, values)
+            if codec is not None:
+                assert 0 < msg.decode_cpu_s <= read_cpu_s
+                zlib_decode_cpu_s = msg.decode_cpu_s
+            else:
+                assert msg.decode_cpu_s < zlib_decode_cpu_s / 10
+    finally:
+        a.close()
+        b.close()

@@ -614,3 +614,43 @@ def test_a_workers_reported_compute_seconds_are_kept_only_when_finite_and_not_ne
     assert _seconds(0.25) == 0.25 and _seconds(0) == 0.0
     for bad in (None, True, "0.2", float("nan"), float("inf"), -0.1, [0.2]):
         assert _seconds(bad) is None
+
+
+class _RecordingConn:
+    """A connection that keeps what it is sent and fails on the frame it is told to."""
+
+    def __init__(self, fail_on: str | None = None) -> None:
+        self.sent: list = []
+        self.fail_on = fail_on
+
+    def send(self, frames) -> None:
+        if frames[0].kind == self.fail_on:
+            raise OSError("link down")
+        self.sent.extend(frames)
+
+
+def test_drain_outbox_reports_each_sent_frame_and_its_send_cpu_by_step():
+    import queue
+
+    from wiiide.protocol import encode_message
+    from wiiide.ps.feedback import DENSE_KIND
+    from wiiide.ps.shard import drain_outbox, frame_step
+
+    push = encode_message(DENSE_KIND, {"step": 7, "partition": 2}, [WireTensor("p2", np.ones(4, np.float32))])
+    bye = encode_message("bye", {"step": 9})
+    outbox = queue.Queue()
+    for item in (push, bye, None):
+        outbox.put(item)
+    conn, sent, errors = _RecordingConn(), [], []
+    drain_outbox(outbox, conn, lambda frame: frame, errors.append, lambda frame, cpu_s: sent.append((frame, cpu_s)))
+    assert conn.sent == [push, bye] and errors == []
+    assert [frame for frame, _ in sent] == [push, bye] and all(cpu_s >= 0.0 for _, cpu_s in sent)
+    assert [frame_step(frame) for frame, _ in sent] == [7, None]  # only a push or pull carries a step's stage
+
+    outbox = queue.Queue()
+    for item in (push, push, None):
+        outbox.put(item)
+    sent.clear()
+    drain_outbox(outbox, _RecordingConn(fail_on=DENSE_KIND), lambda frame: frame, errors.append,
+                 lambda frame, cpu_s: sent.append(frame))
+    assert sent == [] and len(errors) == 1 and "link down" in str(errors[0])  # the first error ends the loop

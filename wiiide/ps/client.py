@@ -48,7 +48,7 @@ from wiiide.protocol import PROTOCOL_VERSION, encode_message
 from wiiide.ps.checkpoints import CHECKPOINT_AT
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, received_values
 from wiiide.ps.partition import Partition
-from wiiide.ps.shard import drain_outbox
+from wiiide.ps.shard import drain_outbox, frame_step
 from wiiide.sockets import congestion_of, configure_socket, shard_congestion, tcp_cwnd_bytes
 
 CONNECT_RETRY_S = 0.05
@@ -270,7 +270,7 @@ class ShardClient:
                     target += torch.from_numpy(values)
                 else:
                     target.copy_(torch.from_numpy(values))
-            self.metrics.add_stage_cpu("pull_receive", step, time.thread_time() - cpu0)
+            self.metrics.add_stage_cpu("pull_decode", step, time.thread_time() - cpu0)
         return time.perf_counter() - t0
 
     def _next(self, timeout_s: float | None = None):
@@ -305,7 +305,10 @@ class ShardClient:
             self._sample_cwnd(link)
             return self._push_frame(link, *item)
 
-        drain_outbox(link.outbox, link.conn, to_frame, lambda exc: self._push_failed(link, exc))
+        drain_outbox(link.outbox, link.conn, to_frame, lambda exc: self._push_failed(link, exc), self._sent)
+
+    def _sent(self, frame, cpu_s: float) -> None:
+        self.metrics.add_stage_cpu("push_send", frame_step(frame), cpu_s)
 
     def _push_failed(self, link: _Link, exc: Exception) -> None:
         self.inbox.put(ShardFailed(f"push to shard {link.shard} failed: {type(exc).__name__}: {exc}"))
@@ -344,7 +347,9 @@ class ShardClient:
             link, frame = item
             self._sample_cwnd(link)
             try:
+                cpu0 = time.thread_time()
                 link.conn.send([frame])
+                self._sent(frame, time.thread_time() - cpu0)
             except Exception as exc:
                 if not self._closing.is_set():
                     self._push_failed(link, exc)
@@ -364,8 +369,11 @@ class ShardClient:
                 if len(msg.tensors) != 1 or msg.tensors[0].dtype != "float32":
                     raise ProtocolError("a pull carries one float32 tensor")
                 link.policy.observe_received(msg)  # network-aware: this link's estimate (its pushes use link.policy)
+                step = msg.meta.get("step")
+                self.metrics.add_stage_cpu("pull_receive", step, time.thread_time() - cpu0 - msg.decode_cpu_s)
+                cpu0 = time.thread_time()
                 values = received_values(msg)
-                self.metrics.add_stage_cpu("pull_receive", msg.meta.get("step"), time.thread_time() - cpu0)
+                self.metrics.add_stage_cpu("pull_decode", step, msg.decode_cpu_s + time.thread_time() - cpu0)
                 self.inbox.put(("pulled", msg.meta, values))
         except Exception as exc:
             if not self._closing.is_set():

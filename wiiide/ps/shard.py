@@ -271,7 +271,8 @@ class ShardServer:
 
     # --- serving ----------------------------------------------------------------------------------
     def _send_loop(self, peer: _Peer) -> None:
-        drain_outbox(peer.outbox, peer.conn, lambda frame: frame, lambda exc: self._fail(peer, exc))
+        drain_outbox(peer.outbox, peer.conn, lambda frame: frame, lambda exc: self._fail(peer, exc),
+                     lambda frame, cpu_s: self.metrics.add_stage_cpu("pull_send", frame_step(frame), cpu_s))
 
     def _serve(self, peer: _Peer) -> None:
         try:
@@ -295,7 +296,8 @@ class ShardServer:
                 if peer.role != ROLE_WORKER:
                     raise ProtocolError("only workers push")
                 self.policy.observe_received(msg, ("worker", peer.rank))  # network-aware's link estimate
-                self.metrics.add_stage_cpu("push_receive", msg.meta.get("step"), time.thread_time() - cpu0)
+                self.metrics.add_stage_cpu("push_receive", msg.meta.get("step"),
+                                           time.thread_time() - cpu0 - msg.decode_cpu_s)
                 frame = self._on_push(peer.rank, msg)
                 if frame is not None:
                     for other in list(self.peers):
@@ -326,7 +328,9 @@ class ShardServer:
         if len(msg.tensors) != 1 or values.shape != (owned.part.numel,) or values.dtype != np.float32:
             raise ProtocolError(f"push of partition {index}: {len(msg.tensors)} tensors, {values.shape} "
                                 f"{values.dtype}, expected one ({owned.part.numel},) float32")
+        cpu0 = time.thread_time()
         values = received_values(msg)  # the reader reuses its buffer for the next frame
+        self.metrics.add_stage_cpu("push_decode", step, msg.decode_cpu_s + time.thread_time() - cpu0)
         with self._lock:
             if step != owned.step:
                 raise ProtocolError(f"push of partition {index} for step {step!r:.40}, the shard is at step {owned.step}")
@@ -394,18 +398,32 @@ class ShardServer:
 
 
 def drain_outbox(outbox: "queue.Queue", conn: Connection, to_frame: Callable[[Any], Any],
-                 on_error: Callable[[Exception], None]) -> None:
+                 on_error: Callable[[Exception], None],
+                 on_sent: Callable[[Frame, float], None] | None = None) -> None:
     """A sender thread's loop: send `to_frame(item)` for each item of `outbox` until a None; the first
-    error (OSError, or a codec's in `to_frame`) goes to `on_error` and ends the loop."""
+    error (OSError, or a codec's in `to_frame`) goes to `on_error` and ends the loop. `on_sent` is told
+    each frame sent and the thread's CPU seconds its send took (`time.thread_time`, `to_frame` not in it)."""
     while True:
         item = outbox.get()
         if item is None:
             return
         try:
-            conn.send([to_frame(item)])
+            frame = to_frame(item)
+            cpu0 = time.thread_time()
+            conn.send([frame])
+            if on_sent is not None:
+                on_sent(frame, time.thread_time() - cpu0)
         except Exception as exc:
             on_error(exc)
             return
+
+
+def frame_step(frame: Frame) -> Any:
+    """The step a push or pull `frame` carries (its header's ``meta.step``, as `encode_message` built
+    it); None for any other frame, which `NodeMetrics.add_stage_cpu` then leaves out."""
+    if frame.kind not in (DENSE_KIND, LOSSY_KIND) or frame.header is None:
+        return None
+    return (frame.header.get("meta") or {}).get("step")
 
 
 def _close_quietly(sock: socket.socket) -> None:
