@@ -85,6 +85,16 @@ worker that gets them last computes while the others already encode their pushes
 worker's on the lossy engines. The two phases stay the larger where the cores bind. What neither
 term has: after the slowest worker's backward, its link and the cores both still work, and they
 overlap only in part.
+Cores and links simulated together (session 23; ``--simulate``, a column beside the model, not the
+model). Where every node recorded its CPU in the eight stages of ``stage_cpu_s`` (`wiiide.metrics`:
+the sends and socket reads apart from the codecs' work), `harness.present.round_sim` simulates the
+links as `sharded_round_s` has them together with the nodes' threads on the shared cores: each
+message's encode before it, its send and receive CPU while its bytes cross and its decode after,
+through several steps (`_simulated_step_s`). On the first run it was measured on it came within 10 %
+at every sharded fp32 point and 24 of the 32 lossy ones, against 27 for the model (README, session
+23): where the model falls short, the simulation, which keeps the cores busy whenever any thread can
+run, is as short, so what the model lacks there is time the cores sit idle, not the overlap of the
+two resources.
 Reports without ``compute_cpu_s`` (before session 20) get the roofline: the larger of compute + the
 links' round and the cores' step (Williams, Waterman and Patterson 2009). Reports from before session 13
 have no ``step_cpu_s`` and multi-host (swarm) runs have no one machine: for them the links' bound
@@ -103,6 +113,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from harness.links.readback import burst_in_force_bytes
+from harness.present.round_sim import STAGE_NAMES, NodeCpu, simulate_sharded_steps
 from wiiide.codecs import codec_from_name
 from wiiide.codecs.policy import fixed_lossy_ratio, parse_policy_name
 from wiiide.ps.partition import (
@@ -129,6 +140,8 @@ class ModelRow:
     cpu_step_s: float | None = None  # the cores' bound (module docstring); None: not measured or not one machine
     compute_phase_s: float | None = None  # sharded, two phases: the compute phase's bound; None: the roofline
     slowest_path_s: float | None = None  # sharded: the slowest worker's compute, then the links' round; None: not recorded
+    simulated_step_s: float | None = None  # sharded: cores and links simulated together (`_simulated_step_s`); None: not
+    # asked for (``--simulate``) or not recorded
 
     @property
     def error(self) -> float:
@@ -419,10 +432,11 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def point_model(point: dict[str, Any], cores: int | None = None) -> ModelRow | None:
+def point_model(point: dict[str, Any], cores: int | None = None, simulate: bool = False) -> ModelRow | None:
     """The model row of one point of a report (a report.json's ``points`` item), or None when it has no
     rate-limited link, no measured step or an engine the model does not cover. `cores`: the cores all
-    nodes shared (one machine), for the cores' bound; None leaves it out."""
+    nodes shared (one machine), for the cores' bound; None leaves it out. `simulate`: also simulate
+    the sharded servers' steps (`_simulated_step_s`, ``simulated_step_s``; up to seconds a point)."""
     profiles = ((point.get("cluster") or {}).get("link") or {}).get("profiles") or {}
     rates = [p.get("rate_bps") for p in profiles.values() if isinstance(p, dict)]
     if not rates or any(not r for r in rates):
@@ -484,8 +498,50 @@ def point_model(point: dict[str, Any], cores: int | None = None) -> ModelRow | N
     round_phase_s = max(round_s, max(0.0, nodes_cpu_s - compute_cpu_s) / node_cores)
     slowest_s = _coordinator_median_s(ok)
     slowest_path_s = slowest_s + round_s if slowest_s is not None else None
+    simulated_s = _simulated_step_s(ok, partitions, workers, rate, worker_ratio, coordinator_ratio, burst,
+                                    _push_window_bytes(ok, config), node_cores,
+                                    host.kernel_step_cpu_s if host is not None else 0.0) if simulate else None
     return ModelRow(params, max(compute_phase_s + round_phase_s, slowest_path_s or 0.0), measured,
-                    compute_s + link_s, compute_s + round_s, cpu_s, compute_phase_s, slowest_path_s)
+                    compute_s + link_s, compute_s + round_s, cpu_s, compute_phase_s, slowest_path_s, simulated_s)
+
+
+def _simulated_step_s(repeats: Sequence[dict[str, Any]], partitions: Sequence[tuple[int, float]], workers: int,
+                      rate_bps: float, worker_ratio: float, coordinator_ratio: float, burst_bytes: float,
+                      push_window_bytes: float | None, node_cores: float, kernel_step_cpu_s: float) -> float | None:
+    """The step of `harness.present.round_sim.simulate_sharded_steps` (s), the median over `repeats`,
+    from each repeat's nodes: each stage's median CPU (``stage_cpu_s``), the forward and backward's CPU
+    (``compute_cpu_s / steps``), the rest of the node's median ``step_cpu_s``, every figure raised by
+    the kernel's CPU per step (`kernel_step_cpu_s`) in proportion to the nodes' CPU; worker 1 held to
+    the slowest worker's compute (``compute_max_s``), the others to the median worker's
+    (``compute_median_s``). None when a node of a repeat lacks one (reports before session 23, whose
+    ``stage_cpu_s`` had four stages without the sends)."""
+    steps = []
+    for rep in repeats:
+        nodes = rep.get("nodes") or {}
+        names = ["coordinator", *(f"worker-{w}" for w in range(1, workers + 1))]
+        if any(not ((nodes.get(name) or {}).get("stage_cpu_s") or {}).get("pull_send") for name in names):
+            return None
+        coordinator = nodes["coordinator"]
+        slowest = ((coordinator.get("compute_max_s") or {}).get("median"))
+        median = ((coordinator.get("compute_median_s") or {}).get("median"))
+        step_cpu = [((nodes[name].get("step_cpu_s") or {}).get("median")) for name in names]
+        if not isinstance(slowest, (int, float)) or not isinstance(median, (int, float)) or None in step_cpu:
+            return None
+        scale = (sum(step_cpu) + kernel_step_cpu_s) / sum(step_cpu) if sum(step_cpu) > 0 else 1.0
+        cpus = []
+        for rank, name in enumerate(names):
+            node = nodes[name]
+            stages = {stage: float(summary.get("median") or 0.0) for stage, summary in node["stage_cpu_s"].items()
+                      if stage in STAGE_NAMES and isinstance(summary, dict)}
+            if rank and (not isinstance(node.get("compute_cpu_s"), (int, float)) or not node.get("steps")):
+                return None
+            compute = node["compute_cpu_s"] / node["steps"] if rank else 0.0
+            other = max(0.0, float(step_cpu[rank]) - compute - sum(stages.values()))
+            cpus.append(NodeCpu(compute * scale, {k: v * scale for k, v in stages.items()}, other * scale,
+                                (slowest if rank == 1 else median) if rank else 0.0))
+        steps.append(simulate_sharded_steps(partitions, workers, rate_bps, cpus, node_cores, worker_ratio,
+                                            coordinator_ratio, burst_bytes, push_window_bytes))
+    return _median(steps)
 
 
 def _link_burst_bytes(repeats: Sequence[dict[str, Any]]) -> float:
@@ -585,11 +641,12 @@ def report_cores(report: dict[str, Any]) -> int | None:
     return int(cores) if isinstance(cores, int) and cores >= 1 else None
 
 
-def model_rows(report: dict[str, Any]) -> list[ModelRow]:
+def model_rows(report: dict[str, Any], simulate: bool = False) -> list[ModelRow]:
     """`point_model` of every point of a report (report.json as parsed) that the model covers, with the
-    cores' bound where the report names one machine's cores (`report_cores`)."""
+    cores' bound where the report names one machine's cores (`report_cores`); `simulate`: with the
+    simulated step where the nodes recorded what it needs."""
     cores = report_cores(report)
-    return [row for row in (point_model(p, cores) for p in report.get("points") or []) if row is not None]
+    return [row for row in (point_model(p, cores, simulate) for p in report.get("points") or []) if row is not None]
 
 
 def render(rows: Sequence[ModelRow]) -> str:
@@ -600,7 +657,7 @@ def render(rows: Sequence[ModelRow]) -> str:
     labels = [", ".join(f"{k}={v}" for k, v in row.params.items()) for row in rows]
     width = max([60, *map(len, labels)])
     lines = [f"{'point':{width}} {'model ms':>9} {'measured ms':>12} {'error':>7} {'links ms':>9} {'cores ms':>9} "
-             f"{'compute ms':>10} {'slowest ms':>10} {'bytes-only ms':>14} {'error':>7}"]
+             f"{'compute ms':>10} {'slowest ms':>10} {'simulated ms':>12} {'bytes-only ms':>14} {'error':>7}"]
 
     def ms(value: float | None) -> str:
         return f"{value * 1e3:9.1f}" if value is not None else f"{'-':>9}"
@@ -610,7 +667,7 @@ def render(rows: Sequence[ModelRow]) -> str:
                   if row.bytes_model_step_s else "")
         lines.append(f"{label:{width}} {row.model_step_s * 1e3:9.1f} {row.measured_step_s * 1e3:12.1f} "
                      f"{row.error * 100:+6.1f}% {ms(row.link_model_step_s)} {ms(row.cpu_step_s)} "
-                     f"{ms(row.compute_phase_s)} {ms(row.slowest_path_s)} {simple}")
+                     f"{ms(row.compute_phase_s)} {ms(row.slowest_path_s)}    {ms(row.simulated_step_s)} {simple}")
     return "\n".join(lines)
 
 
@@ -618,6 +675,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m harness.present.round_model REPORT``; exit status 0, or 2 with the error."""
     parser = argparse.ArgumentParser(prog="python -m harness.present.round_model", description=__doc__.split("\n")[0])
     parser.add_argument("report", help="a sweep's report.json")
+    parser.add_argument("--simulate", action="store_true",
+                        help="add the sharded steps simulated on the cores and links together (the 'simulated "
+                             "ms' column; reports from session 23 on; up to seconds a point)")
     args = parser.parse_args(argv)
     try:
         report = json.loads(Path(args.report).read_text())
@@ -627,7 +687,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not isinstance(report, dict) or not isinstance(report.get("points"), list):
         print(f"error: {args.report}: not a sweep report (no 'points')", file=sys.stderr)
         return 2
-    rows = model_rows(report)
+    rows = model_rows(report, args.simulate)
     print(render(rows) if rows else "no point on a rate-limited link that the model covers")
     return 0
 

@@ -470,3 +470,34 @@ def test_the_compute_of_a_step_is_the_timed_steps_median_worker_when_recorded():
     timed = point_model(with_median(_point(), [0.003, 0.002, 0.001]))
     assert timed.link_model_step_s == pytest.approx(plain.link_model_step_s - 0.005 + 0.002)
     assert point_model(with_median(_point(), [0.003, None, 0.001])).link_model_step_s == plain.link_model_step_s
+
+
+def _with_stages(point: dict, per_stage_s: float, pull_decode_s: float | None = None, eight: bool = True) -> dict:
+    """`point` with every node's ``stage_cpu_s`` (`per_stage_s` a stage a step; the four stages of the
+    reports before session 23 when not `eight`) and each timed step's slowest and median worker (5 ms)."""
+    stages = (("push_encode", "push_send", "push_receive", "push_decode", "update", "pull_send", "pull_receive",
+               "pull_decode") if eight else ("push_encode", "push_receive", "update", "pull_receive"))
+    for rep in point["repeats"]:
+        for name, node in rep["nodes"].items():
+            node["stage_cpu_s"] = {stage: {"median": per_stage_s, "count": 10} for stage in stages}
+            if pull_decode_s is not None and name.startswith("worker"):
+                node["stage_cpu_s"]["pull_decode"] = {"median": pull_decode_s, "count": 10}
+        rep["nodes"]["coordinator"].update(compute_max_s={"median": 0.005}, compute_median_s={"median": 0.005})
+    return point
+
+
+def test_the_simulated_step_is_asked_for_and_needs_the_eight_stages():
+    """``--simulate``: with little CPU the simulated step is the compute (5 ms) and the links' round, as the
+    model has it; a decode of 0.2 s a step on each worker's pulls (two workers, two cores) comes after
+    them; reports whose nodes timed four stages, or a model not asked to simulate, have none."""
+    def point(**stages) -> dict:
+        return _with_stages(_with_compute_cpu(_with_step_cpu(_point(), [0.001, 0.001, 0.001]), 0.0001), **stages)
+
+    light = point_model(point(per_stage_s=1e-6), cores=2, simulate=True)
+    assert light.simulated_step_s == pytest.approx(light.link_model_step_s, rel=0.02)
+    assert light.model_step_s == point_model(point(per_stage_s=1e-6), cores=2).model_step_s  # the model is unchanged
+    decoding = point_model(point(per_stage_s=1e-6, pull_decode_s=0.2), cores=2, simulate=True)
+    assert decoding.simulated_step_s > light.simulated_step_s + 0.15
+    assert point_model(point(per_stage_s=1e-6), cores=2).simulated_step_s is None
+    assert point_model(point(per_stage_s=1e-6, eight=False), cores=2, simulate=True).simulated_step_s is None
+    assert "simulated ms" in render([light])
