@@ -50,6 +50,14 @@ Field units are in their names. Sources:
   ``cpu_count``. It tells apart what the nodes' own ``step_cpu_s`` leaves out: the kernel's network
   work in softirq (not charged to any process when the kernel accounts IRQ time), other processes on the
   machine (the container engine, the harness) and a hypervisor's ``steal``.
+- ``run_delay_s`` (every node on Linux; None elsewhere or before 1 + `RUN_DELAY_EVERY_STEPS` steps): the
+  seconds the process's threads spent runnable but waiting for a CPU (the run-queue delay, the second
+  field of ``/proc/self/task/*/schedstat``; the kernel's Documentation/scheduler/sched-stats.rst),
+  summed over its threads, per step: ``per_step_s`` over a window of ``steps`` steps from the end of
+  the last warm-up step (or of the first step) to the latest multiple of `RUN_DELAY_EVERY_STEPS` steps
+  after it, and the ``threads`` read at its end. Read every `RUN_DELAY_EVERY_STEPS` steps (about 0.3 ms
+  of CPU a read with 15 threads). Beside ``host_cpu_s``'s idle it tells whether the cores sat idle
+  while threads waited for them; threads that ended within the window are not counted.
 - ``events``: the first MAX_EVENTS_PER_KIND events of each kind; ``event_counts``: every event by
   kind; ``events_dropped``: those beyond the cap, by kind and ``reason`` (a refusal flood stays small).
 """
@@ -75,8 +83,28 @@ from wiiide.summary import training_summary
 SCHEMA_VERSION = 1
 STAGES = ("push_encode", "push_send", "push_receive", "push_decode", "update", "pull_send", "pull_receive",
           "pull_decode")  # stage_cpu_s's stages of a sharded step, in a message's order
+RUN_DELAY_EVERY_STEPS = 10  # run_delay_s: steps between two reads of the threads' run-queue delay
 MAX_EVENTS_PER_KIND = 100  # events of one kind kept in full; beyond, only counted (by their `reason`)
 MAX_DROPPED_REASONS = 32  # distinct reasons counted per kind beyond the cap; more count as "other"
+
+
+def threads_run_delay_ns() -> tuple[int, int] | None:
+    """(nanoseconds, threads): the run-queue delay of every thread of this process so far, summed (Linux
+    ``/proc/self/task/<tid>/schedstat``: CPU time, run-queue delay, timeslices, in ns), and how many
+    threads were read; None where the file does not exist (not Linux, or a kernel without schedstats)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    total = threads = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split()[1])
+            threads += 1
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile, or no schedstats
+            continue
+    return (total, threads) if threads else None
 
 
 def summarize(values: Iterable[float]) -> dict[str, float | int | None]:
@@ -201,6 +229,8 @@ class NodeMetrics:
         self.warmup_steps = 0  # first steps left out of the Training Summary's timings (run_node sets it)
         self._host_cpu_start: tuple[float, int, Any] | None = None  # (clock, steps, cpu_times): track_host_cpu
         self._host_cpu_end: tuple[float, int, Any] | None = None
+        self._run_delay_start: tuple[int, int] | None = None  # (steps, ns): run_delay_s's window
+        self._run_delay_end: tuple[int, int, int] | None = None  # (steps, ns, threads)
         self.samples_per_step: float | None = None  # global batch of one step; None: samples / steps
         self.rss_samples_bytes: list[int] = []
         self.sample_rss()
@@ -227,6 +257,7 @@ class NodeMetrics:
         cpu_s = time.process_time()
         self.step_cpu_s.append(cpu_s - self._cpu_mark_s)
         self._cpu_mark_s = cpu_s
+        self._mark_run_delay(len(self.step_times_s))
         if self._host_cpu_start is not None:
             mark = (self._clock(), len(self.step_times_s), psutil.cpu_times())
             if mark[1] <= self.warmup_steps:
@@ -258,6 +289,26 @@ class NodeMetrics:
         """`summarize` of a per-step list over the timed steps, the steps without a value left out; None
         when nothing was ever recorded."""
         return summarize(v for v in per_step[self.warmup_steps:] if v is not None) if per_step else None
+
+    def _mark_run_delay(self, steps: int) -> None:
+        """Open ``run_delay_s``'s window at the end of the last warm-up step (or of the first step) and move
+        its end every `RUN_DELAY_EVERY_STEPS` steps after it."""
+        opened = max(self.warmup_steps, 1)
+        if steps == opened or (steps > opened and (steps - opened) % RUN_DELAY_EVERY_STEPS == 0):
+            read = threads_run_delay_ns()
+            if read is None:
+                return
+            if steps == opened:
+                self._run_delay_start = (steps, read[0])
+            elif self._run_delay_start is not None:
+                self._run_delay_end = (steps, read[0], read[1])
+
+    def run_delay_window(self) -> dict[str, Any] | None:
+        """``run_delay_s`` (module docstring); None before its window has a step."""
+        if self._run_delay_start is None or self._run_delay_end is None:
+            return None
+        (n0, ns0), (n1, ns1, threads) = self._run_delay_start, self._run_delay_end
+        return {"per_step_s": max(0, ns1 - ns0) / 1e9 / (n1 - n0), "steps": n1 - n0, "threads": threads}
 
     def track_host_cpu(self) -> None:
         """Record the machine's CPU time by kind over the timed steps (``host_cpu_s``, module docstring):
@@ -388,6 +439,7 @@ class NodeMetrics:
             "cpu_time_s": time.process_time(),
             "step_cpu_s": summarize(self.step_cpu_s[self.warmup_steps:]),
             "host_cpu_s": self.host_cpu_window(),
+            "run_delay_s": self.run_delay_window(),
             "compute_max_s": self._timed_summary(self.compute_max_s),
             "compute_median_s": self._timed_summary(self.compute_median_s),
             "stage_cpu_s": {stage: summarize(by_step.values()) for stage, by_step in self._stage_cpu_s.items()

@@ -303,3 +303,45 @@ def test_stage_cpu_adds_up_each_timed_steps_cpu_per_stage():
     assert stages["push_encode"]["max"] == pytest.approx(4.0) and stages["push_encode"]["min"] == pytest.approx(2.0)
     with pytest.raises(KeyError):
         m.add_stage_cpu("compute", 3, 1.0)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="Linux's per-thread schedstat")
+def test_run_delay_is_the_threads_wait_for_a_cpu_over_the_timed_steps():
+    """Two threads hashing on one CPU (the hash lets go of the GIL, so both are runnable): each waits
+    while the other runs, so the process's run-queue delay over the window grows by about as much as one
+    of them ran (0.2 s); the window starts after the warm-up steps and ends at the latest tenth step."""
+    import threading
+
+    from wiiide.metrics import RUN_DELAY_EVERY_STEPS
+
+    m = NodeMetrics("worker", "w1")
+    m.warmup_steps = 2
+    assert m.to_dict("ok")["run_delay_s"] is None
+    affinity = os.sched_getaffinity(0)
+    done = threading.Event()
+    os.sched_setaffinity(0, {min(affinity)})
+    try:
+        for step in range(2 + 2 * RUN_DELAY_EVERY_STEPS + 3):
+            if step == 2:  # inside the window: a second thread competes for the one CPU, and lives on
+                hashing = threading.Thread(target=lambda: (_hash_for(0.2), done.wait()))
+                hashing.start()
+                _hash_for(0.2)
+            m.record_step_time(0.001)
+    finally:
+        done.set()
+        os.sched_setaffinity(0, affinity)
+    hashing.join()
+    window = m.to_dict("ok")["run_delay_s"]
+    assert window["steps"] == 2 * RUN_DELAY_EVERY_STEPS and window["threads"] >= 2
+    assert window["per_step_s"] * window["steps"] > 0.1
+
+
+def _hash_for(cpu_s: float) -> None:
+    """Hash for `cpu_s` of this thread's CPU, without the GIL (hashlib lets go of it for large buffers)."""
+    import hashlib
+    import time as _time
+
+    block = bytes(1 << 20)
+    end = _time.thread_time() + cpu_s
+    while _time.thread_time() < end:
+        hashlib.sha256(block).digest()
