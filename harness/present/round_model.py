@@ -90,11 +90,11 @@ model). Where every node recorded its CPU in the eight stages of ``stage_cpu_s``
 the sends and socket reads apart from the codecs' work), `harness.present.round_sim` simulates the
 links as `sharded_round_s` has them together with the nodes' threads on the shared cores: each
 message's encode before it, its send and receive CPU while its bytes cross and its decode after,
-through several steps (`_simulated_step_s`). On the first run it was measured on it came within 10 %
-at every sharded fp32 point and 24 of the 32 lossy ones, against 27 for the model (README, session
-23): where the model falls short, the simulation, which keeps the cores busy whenever any thread can
-run, is as short, so what the model lacks there is time the cores sit idle, not the overlap of the
-two resources.
+through several steps (`_simulated_step_s`). On session 23's three runs it came within 10 % at
+every sharded fp32 point and at 24, 29 and 29 of the 32 lossy ones, against 27, 27 and 29 for the
+model (README, session 23): where the model falls short, the simulation, which keeps the cores busy
+whenever any thread can run, is about as short, so what the model lacks there is time the cores sit
+idle (while threads wait for them: the nodes' ``run_delay_s``), not the overlap of the two resources.
 Reports without ``compute_cpu_s`` (before session 20) get the roofline: the larger of compute + the
 links' round and the cores' step (Williams, Waterman and Patterson 2009). Reports from before session 13
 have no ``step_cpu_s`` and multi-host (swarm) runs have no one machine: for them the links' bound

@@ -8,11 +8,11 @@ own CPU per stage (``stage_cpu_s``, `wiiide.metrics`: session 23's eight stages)
 
 - **Links**: as `round_model.sharded_round_s`: one queue per (sender, receiver), its messages in order
   (a worker's pushes to a shard and its own shard's pulls to that shard's node go on two sockets; taken
-  as one queue, as `sharded_round_s` does, they predicted sharded fp32 within 10 %, and as two queues
-  sharing the egress 20-30 % slow on the 26 MB model: session 23); a node's egress rate shared
-  equally by its queues with bytes to send; the shaper's token
-  bucket (bytes covered by tokens leave at once; tokens refill while the egress is idle); a message to
-  one's own shard goes over loopback (no shaped link, but its send and receive CPU).
+  as one queue, as `sharded_round_s` does, the links alone came within 8 % of sharded fp32's measured
+  steps in session 23's first run, and as two queues sharing the egress up to 24 % over them: 26 MB,
+  200 Mbit/s, 8 workers); a node's egress rate shared equally by its queues with bytes to send; the
+  shaper's token bucket (bytes covered by tokens leave at once; tokens refill while the egress is
+  idle); a message to one's own shard goes over loopback (no shaped link, but its send and receive CPU).
 - **Cores**: every node's threads share the machine's cores left to the nodes. The container engine
   puts each node in its own cpu cgroup of equal weight, and the kernel's CFS shares the cores fairly
   between busy groups first, then between a group's runnable threads (sched(7), "group scheduling"):
@@ -38,8 +38,10 @@ own CPU per stage (``stage_cpu_s``, `wiiide.metrics`: session 23's eight stages)
 
 The result is the mean step over the steps after the first few (the steady state: the first step starts
 with every link's bucket full and no worker behind). A fluid simulation (rates constant between events,
-as SimGrid's network and CPU models: Casanova et al. 2014); it has no latency per message and
-no scheduler latency, so on rounds of a few milliseconds it is shorter than the measured step.
+as SimGrid's network and CPU models: Casanova et al. 2014). It has no latency per message, and it
+keeps the cores busy whenever a thread can run, which the kernel did not on these machines: on the
+digits model at 4 workers the cores sat idle 9-12 % of the time while threads waited for them (the
+nodes' ``run_delay_s``), and there it is 9-12 % shorter than the measured step (README, session 23).
 """
 
 from __future__ import annotations
