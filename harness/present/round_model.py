@@ -653,7 +653,8 @@ def render(rows: Sequence[ModelRow]) -> str:
     """Rows as text: the point's parameters (as wide as the longest, so engine labels stay whole), model
     ms, measured ms, error %, then the model's two bounds (links, cores; ``-`` where not known), the
     compute phase of the two-phase model (``-``: the roofline), the slowest worker's path (``-``: not
-    recorded) and the bytes-only model with its error."""
+    recorded), the simulated step (``-``: not asked for, or not recorded) and the bytes-only model with
+    its error."""
     labels = [", ".join(f"{k}={v}" for k, v in row.params.items()) for row in rows]
     width = max([60, *map(len, labels)])
     lines = [f"{'point':{width}} {'model ms':>9} {'measured ms':>12} {'error':>7} {'links ms':>9} {'cores ms':>9} "

@@ -300,7 +300,7 @@ def simulate_sharded_steps(partitions: Sequence[tuple[int, float]], num_workers:
         for key in crossed:
             links[key].popleft().part_done()
         for src in sending:  # an egress whose connections all emptied starts refilling its bucket
-            if idle_since[src] is None and not any(q for (node, *_), q in links.items() if node == src):
+            if idle_since[src] is None and not any(q for (node, _), q in links.items() if node == src):
                 idle_since[src] = clock[0]
         due = [timer for timer in timers if timer[0] <= clock[0] + 1e-12]
         for timer in due:
@@ -320,11 +320,11 @@ def _send_tokens(links: dict[tuple[int, int], deque], tokens: list[float], idle_
     from `now`."""
     if not burst_bytes:
         return
-    for src in sorted({src for (src, *_), queue in links.items() if queue}):
+    for src in sorted({src for (src, _), queue in links.items() if queue}):
         if idle_since[src] is not None:
             tokens[src] = min(burst_bytes, tokens[src] + (now - idle_since[src]) * byte_rate)
             idle_since[src] = None
-        for (node, *_), queue in list(links.items()):
+        for (node, _), queue in list(links.items()):
             while node == src and queue and tokens[src] > eps_bytes:
                 head = queue[0]
                 sent = min(tokens[src], head.nbytes)
@@ -333,5 +333,5 @@ def _send_tokens(links: dict[tuple[int, int], deque], tokens: list[float], idle_
                 if head.nbytes > eps_bytes:
                     break
                 queue.popleft().part_done()
-        if not any(queue for (node, *_), queue in links.items() if node == src):
+        if not any(queue for (node, _), queue in links.items() if node == src):
             idle_since[src] = now

@@ -74,6 +74,11 @@ def test_central_and_sharded_reach_the_same_parameters(tmp_path, node_env, node_
             {"push_encode", "push_send", "pull_receive", "pull_decode"} if name.startswith("worker") else set())
         assert set(stages) == expected and all(s["count"] == timed for s in stages.values()), (name, stages)
         assert sum(s["mean"] * s["count"] for s in stages.values()) <= node["cpu_time_s"]
+        # every node's threads' wait for a CPU, read every 10 timed steps (the node's reader, sender and
+        # training threads at least)
+        delay = node["run_delay_s"]
+        assert delay["steps"] >= 10 and delay["steps"] % 10 == 0 and delay["threads"] >= 3
+        assert 0 <= delay["per_step_s"] * delay["steps"] <= node["wall_time_s"] * delay["threads"]
     assert central["coordinator"]["stage_cpu_s"] is None
     assert abs(central["coordinator"]["test_accuracy"] - sharded["coordinator"]["test_accuracy"]) < 0.01
 
