@@ -113,6 +113,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from harness.links.readback import burst_in_force_bytes
+from harness.present.egress import spend_tokens
 from harness.present.round_sim import STAGE_NAMES, NodeCpu, simulate_sharded_steps
 from wiiide.codecs import codec_from_name
 from wiiide.codecs.policy import fixed_lossy_ratio, parse_policy_name
@@ -126,6 +127,15 @@ from wiiide.ps.partition import (
 
 MIN_NODE_CORE_SHARE = 0.25  # the cores left to the nodes are taken as at least this share of the machine's
 TCP_PAYLOAD_SHARE = 0.956  # TCP payload per bit of an htb rate with 1500-byte frames (README, "Link conditions")
+
+
+@dataclass
+class _Message:
+    """A push or pull queued on a connection in `sharded_round_s`: its bytes still to cross the link."""
+
+    nbytes: float
+    kind: str
+    index: int
 
 
 @dataclass(frozen=True)
@@ -231,7 +241,7 @@ def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, r
     pulled = [0] * (num_workers + 1)
     finish_s = [0.0] * (num_workers + 1)
     waiting: dict[int, deque] = {w: deque() for w in range(1, num_workers + 1)}  # ordered pushes not yet sent
-    last_push: dict[int, list] = {}  # ordered: each worker's latest push still to cross its link (its queue item)
+    last_push: dict[int, _Message] = {}  # ordered: each worker's latest push still to cross its link
     eps = 1e-9 * byte_rate
     tokens = [burst_bytes if start_tokens_bytes is None else start_tokens_bytes] * (num_workers + 1)
     idle_since: list[float | None] = [0.0] * (num_workers + 1)  # when each egress last fell idle; None: busy
@@ -242,13 +252,13 @@ def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, r
                 last_push.pop(src, None)
             arrive(dst, kind, index, now)
         else:
-            item = [nbytes, kind, index]
+            item = _Message(nbytes, kind, index)
             queues.setdefault((src, dst), deque()).append(item)
             if kind == "push":
                 last_push[src] = item
 
     def admit(worker: int, now: float) -> None:
-        while waiting[worker] and (worker not in last_push or last_push[worker][0] <= push_window_bytes + eps):
+        while waiting[worker] and (worker not in last_push or last_push[worker].nbytes <= push_window_bytes + eps):
             send(worker, *waiting[worker].popleft(), now)
 
     def arrive(node: int, kind: str, index: int, now: float) -> None:
@@ -275,7 +285,8 @@ def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, r
     now = 0.0
     while True:
         while burst_bytes:  # what the buckets cover crosses at once, and lets ordered pushes join
-            _spend_tokens(queues, tokens, idle_since, now, byte_rate, burst_bytes, eps, arrive)
+            spend_tokens(queues, tokens, idle_since, now, byte_rate, burst_bytes, eps,
+                         lambda dst, message: arrive(dst, message.kind, message.index, now))
             held = sum(map(len, waiting.values()))
             if push_window_bytes is not None:
                 for worker in waiting:
@@ -287,22 +298,22 @@ def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, r
             break
         sharing = Counter(src for src, _ in active)
         rates = {key: byte_rate / sharing[key[0]] for key in active}
-        dt = min(queues[key][0][0] / rates[key] for key in active)
+        dt = min(queues[key][0].nbytes / rates[key] for key in active)
         if push_window_bytes is not None:  # or until a worker's latest push is down to the window
             for key in active:
                 head = queues[key][0]
-                if waiting.get(key[0]) and head is last_push.get(key[0]) and head[0] > push_window_bytes:
-                    dt = min(dt, (head[0] - push_window_bytes) / rates[key])
+                if waiting.get(key[0]) and head is last_push.get(key[0]) and head.nbytes > push_window_bytes:
+                    dt = min(dt, (head.nbytes - push_window_bytes) / rates[key])
         now += dt
         done = []
         for key in active:
             head = queues[key][0]
-            head[0] -= rates[key] * dt
-            if head[0] <= eps:
+            head.nbytes -= rates[key] * dt
+            if head.nbytes <= eps:
                 done.append(key)
         for key in done:
-            _, kind, index = queues[key].popleft()
-            arrive(key[1], kind, index, now)
+            message = queues[key].popleft()
+            arrive(key[1], message.kind, message.index, now)
         if push_window_bytes is not None:
             for worker in waiting:
                 admit(worker, now)
@@ -310,35 +321,6 @@ def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, r
             if idle_since[node] is None and not any(q for (src, _), q in queues.items() if src == node):
                 idle_since[node] = now
     return max(finish_s[1:])
-
-
-def _spend_tokens(queues: dict[tuple[int, int], deque], tokens: list[float], idle_since: list[float | None],
-                  now: float, byte_rate: float, burst_bytes: float, eps: float, arrive) -> None:
-    """`sharded_round_s`'s token buckets at time `now`: an egress with something to send first takes
-    the tokens its idle time since `idle_since` refilled (at the rate, up to `burst_bytes`), then sends
-    what its tokens cover at once, its connections' queues in turn, delivering what completes (which
-    may queue pulls elsewhere: repeated until nothing more crosses). An egress left with nothing to
-    send is idle from `now`."""
-    moved = True
-    while moved:
-        moved = False
-        for src in sorted({src for (src, _), queue in queues.items() if queue}):
-            if idle_since[src] is not None:
-                tokens[src] = min(burst_bytes, tokens[src] + (now - idle_since[src]) * byte_rate)
-                idle_since[src] = None
-            for (node, dst), queue in list(queues.items()):
-                while node == src and queue and tokens[src] > eps:
-                    head = queue[0]
-                    sent = min(tokens[src], head[0])
-                    tokens[src] -= sent
-                    head[0] -= sent
-                    if head[0] > eps:
-                        break
-                    _, kind, index = queue.popleft()
-                    arrive(dst, kind, index, now)
-                    moved = True
-            if not any(queue for (node, _), queue in queues.items() if node == src):
-                idle_since[src] = now
 
 
 def _timed_step_s(repeat: dict[str, Any]) -> float | None:

@@ -50,6 +50,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from harness.present.egress import spend_tokens
+
 SIM_STEPS = 8  # steps simulated
 SIM_SKIPPED_STEPS = 3  # the first steps left out of the mean (the links' buckets start full)
 STAGE_NAMES = ("push_encode", "push_send", "push_receive", "push_decode", "update", "pull_send", "pull_receive",
@@ -260,12 +262,15 @@ def simulate_sharded_steps(partitions: Sequence[tuple[int, float]], num_workers:
 
         run(worker, "train", cpu.compute_s, computed)
 
+    def link_crossed(_receiver: int, message: _Transfer) -> None:
+        message.part_done()
+
     for worker in range(1, W + 1):
         begin(worker, 0)
     while True:
-        _send_tokens(links, tokens, idle_since, clock[0], byte_rate, burst_bytes, eps_bytes)
+        spend_tokens(links, tokens, idle_since, clock[0], byte_rate, burst_bytes, eps_bytes, link_crossed)
         while push_window_bytes is not None and admit_pushes():
-            _send_tokens(links, tokens, idle_since, clock[0], byte_rate, burst_bytes, eps_bytes)
+            spend_tokens(links, tokens, idle_since, clock[0], byte_rate, burst_bytes, eps_bytes, link_crossed)
         heads = [(key, q[0]) for key, q in threads.items() if q]
         active = [key for key, q in links.items() if q]
         if not heads and not active and not timers:
@@ -310,28 +315,3 @@ def simulate_sharded_steps(partitions: Sequence[tuple[int, float]], num_workers:
         raise RuntimeError(f"the simulation ended after {len(step_end)} of {steps} steps")  # a bug, not bad input
     window_start_s = step_end[skipped_steps - 1] if skipped_steps else 0.0
     return (step_end[steps - 1] - window_start_s) / (steps - skipped_steps)
-
-
-def _send_tokens(links: dict[tuple[int, int], deque], tokens: list[float], idle_since: list[float | None],
-                 now: float, byte_rate: float, burst_bytes: float, eps_bytes: float) -> None:
-    """Each egress with bytes to send first takes the tokens its idle time refilled (at the rate, up to
-    `burst_bytes`), then lets what they cover cross at once, its connections' queues in turn; a
-    message whose bytes all crossed has its link part done. An egress left with nothing to send is idle
-    from `now`."""
-    if not burst_bytes:
-        return
-    for src in sorted({src for (src, _), queue in links.items() if queue}):
-        if idle_since[src] is not None:
-            tokens[src] = min(burst_bytes, tokens[src] + (now - idle_since[src]) * byte_rate)
-            idle_since[src] = None
-        for (node, _), queue in list(links.items()):
-            while node == src and queue and tokens[src] > eps_bytes:
-                head = queue[0]
-                sent = min(tokens[src], head.nbytes)
-                tokens[src] -= sent
-                head.nbytes -= sent
-                if head.nbytes > eps_bytes:
-                    break
-                queue.popleft().part_done()
-        if not any(queue for (node, _), queue in links.items() if node == src):
-            idle_since[src] = now
