@@ -49,7 +49,9 @@ Field units are in their names. Sources:
   with no warm-up) to the last recorded step, with that window's wall ``window_s``, its ``steps`` and
   ``cpu_count``. It tells apart what the nodes' own ``step_cpu_s`` leaves out: the kernel's network
   work in softirq (not charged to any process when the kernel accounts IRQ time), other processes on the
-  machine (the container engine, the harness) and a hypervisor's ``steal``.
+  machine (the container engine, the harness) and a hypervisor's ``steal``. ``start_monotonic_s`` and
+  ``end_monotonic_s`` bound the window on the machine's CLOCK_MONOTONIC (`time.monotonic`), which
+  every container of one kernel shares: the harness's scheduler trace (``sched_trace``) is cut to it.
 - ``run_delay_s`` (every node on Linux; None elsewhere or before 1 + `RUN_DELAY_EVERY_STEPS` steps): the
   seconds the process's threads spent runnable but waiting for a CPU (the run-queue delay, the second
   field of ``/proc/self/task/*/schedstat``; the kernel's Documentation/scheduler/sched-stats.rst),
@@ -227,8 +229,8 @@ class NodeMetrics:
         self._events_lock = threading.Lock()  # handshake threads record events, too
         self.extra: dict[str, Any] = {}
         self.warmup_steps = 0  # first steps left out of the Training Summary's timings (run_node sets it)
-        self._host_cpu_start: tuple[float, int, Any] | None = None  # (clock, steps, cpu_times): track_host_cpu
-        self._host_cpu_end: tuple[float, int, Any] | None = None
+        self._host_cpu_start: tuple[float, int, Any, float] | None = None  # (clock, steps, cpu_times, monotonic)
+        self._host_cpu_end: tuple[float, int, Any, float] | None = None
         self._run_delay_start: tuple[int, int] | None = None  # (steps, ns): run_delay_s's window
         self._run_delay_end: tuple[int, int, int] | None = None  # (steps, ns, threads)
         self.samples_per_step: float | None = None  # global batch of one step; None: samples / steps
@@ -259,7 +261,7 @@ class NodeMetrics:
         self._cpu_mark_s = cpu_s
         self._mark_run_delay(len(self.step_times_s))
         if self._host_cpu_start is not None:
-            mark = (self._clock(), len(self.step_times_s), psutil.cpu_times())
+            mark = (self._clock(), len(self.step_times_s), psutil.cpu_times(), time.monotonic())
             if mark[1] <= self.warmup_steps:
                 self._host_cpu_start = mark  # the window opens at the end of the last warm-up step
             else:
@@ -313,17 +315,18 @@ class NodeMetrics:
     def track_host_cpu(self) -> None:
         """Record the machine's CPU time by kind over the timed steps (``host_cpu_s``, module docstring):
         one ``/proc/stat`` read now and one per recorded step after it (about 20 us each)."""
-        self._host_cpu_start = (self._clock(), len(self.step_times_s), psutil.cpu_times())
+        self._host_cpu_start = (self._clock(), len(self.step_times_s), psutil.cpu_times(), time.monotonic())
 
     def host_cpu_window(self) -> dict[str, Any] | None:
         """``host_cpu_s``: the machine's CPU seconds by kind (``user``, ``system``, ``softirq``, ``idle``,
         ``steal`` ... as `psutil.cpu_times` names them), summed over its CPUs, from the window's start to
-        its last recorded step, with ``window_s``, ``steps`` and ``cpu_count``; None when not tracked or
-        no timed step was recorded."""
+        its last recorded step, with ``window_s``, ``steps``, ``cpu_count`` and the bounds on CLOCK_MONOTONIC
+        (``start_monotonic_s``, ``end_monotonic_s``); None when not tracked or no timed step was recorded."""
         if self._host_cpu_start is None or self._host_cpu_end is None:
             return None
-        (t0, n0, c0), (t1, n1, c1) = self._host_cpu_start, self._host_cpu_end
+        (t0, n0, c0, m0), (t1, n1, c1, m1) = self._host_cpu_start, self._host_cpu_end
         return {"window_s": t1 - t0, "steps": n1 - n0, "cpu_count": psutil.cpu_count(logical=True),
+                "start_monotonic_s": m0, "end_monotonic_s": m1,
                 **{kind: getattr(c1, kind) - getattr(c0, kind) for kind in c0._fields}}
 
     def sample_rss(self) -> int:
