@@ -46,7 +46,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.repeats:
         spec.repeats = args.repeats
     path = run_sweep(spec, args.backend, Path(args.results_dir) if args.results_dir else None,
-                     resume_dir=Path(args.resume) if args.resume else None, reuse=args.reuse)
+                     resume_dir=Path(args.resume) if args.resume else None, reuse=args.reuse,
+                     sched_trace=args.sched_trace)
     print(format_table(load_report(path)))
     print(path)
     return 0
@@ -270,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-reuse", dest="reuse", action="store_false",
                    help="docker: fresh containers for every run (default: warm containers are kept between the "
                         "runs of the same cluster and each run forks fresh node processes in them; see the README)")
+    p.add_argument("--sched-trace", action="store_true",
+                   help="trace this machine's scheduler (tracefs, root; docker and local) and record per repeat the "
+                        "cores it left idle while threads waited ('sched'; the round model's 'lost cores')")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("report", help="print reports as tables (default: the newest); --html: a page with charts")

@@ -29,6 +29,7 @@ from harness.results.totals import repeat_held_out, repeat_totals
 from harness.run.backend import Backend, default_timeout_s
 from harness.run.loop import run_point
 from harness.run.machine import commit_info, machine_info
+from harness.run.sched_trace import SchedTrace
 from harness.run.select import select_backend
 from harness.run.status import LIVE_SOURCES, Training, live_training_source
 from harness.run.sysctls import HostSysctls
@@ -67,7 +68,7 @@ def _raise_interrupted(signum, frame) -> None:
 
 def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | None = None,
               progress: Progress | SweepProgress | None = None, backend: Backend | None = None,
-              resume_dir: Path | None = None, reuse: bool = True) -> Path:
+              resume_dir: Path | None = None, reuse: bool = True, sched_trace: bool = False) -> Path:
     """Run `spec`; return the path of its report.json.
 
     `progress`: where the sweep says what it does: a `harness.present.progress.SweepProgress`, or a
@@ -78,10 +79,13 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
     the rest when its config is unchanged; the others run again into the same report.
     `reuse`: on docker, keep warm node containers between the runs of a cluster (`ComposeBackend`'s
     `reuse`; removed at the end, also after a failure or Ctrl-C); False: fresh containers per run.
+    `sched_trace`: trace the machine's scheduler during every run and record in each repeat's ``sched``
+    the cores it left idle while threads waited (`harness.run.sched_trace`; root, docker or local).
 
     Raises:
         ClusterError: the requested backend cannot be had (before anything runs).
-        HarnessError: `resume_dir` holds no report of this spec.
+        HarnessError: `resume_dir` holds no report of this spec; `sched_trace` on swarm, or without root
+            or tracefs (`harness.run.sched_trace.SchedTraceError`, before anything runs).
     """
     display: SweepProgress
     if progress is None:
@@ -99,6 +103,11 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
     for p in spec.points:  # links and limits the backend cannot apply stop the sweep before anything runs
         backend.check_cluster(p.cluster)
     backend.check_faults(spec.faults)
+    if sched_trace:  # the trace is of this machine's kernel: every node must run on it
+        if backend.name not in ("docker", "local"):
+            raise HarnessError(f"--sched-trace traces this machine's scheduler: the docker and local backends "
+                               f"only, not {backend.name}")
+        SchedTrace().__enter__().close()  # root, tracefs, the events: fail before anything runs
     if spec.host_sysctls and os.geteuid() != 0:
         raise HarnessError(f"{spec.source}: host_sysctls {spec.host_sysctls} need root; run as root or drop them")
     if resume_dir is not None:
@@ -149,10 +158,10 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
                         # profile: true traces the first repeat only (the profiler slows the steps it records)
                         config = p.config.replace(profile=False) if (repeat and p.config.profile) else p.config
                         result = run_point(backend, config, out_dir, spec.timeout_s or default_timeout_s(config),
-                                           note, cluster=p.cluster, faults=spec.faults)
+                                           note, cluster=p.cluster, faults=spec.faults, sched_trace=sched_trace)
                         record = {"repeat": repeat, "status": result.status, "error": result.error,
                                   "started_at_utc": started, "elapsed_s": result.elapsed_s,
-                                  "phases_s": result.phases_s,
+                                  "phases_s": result.phases_s, "sched": result.sched,
                                   "totals": repeat_totals(result.nodes, result.containers, result.links),
                                   "held_out": repeat_held_out(result.nodes),
                                   "nodes": result.nodes, "containers": result.containers,

@@ -70,8 +70,17 @@ needs beyond the nodes' processes (softirq + irq per step: the kernel's work on 
 which grows with the bytes) and cores taken at a rate that does not depend on the step (the other
 processes' user + system seconds, i.e. the machine's less the nodes' own over the same steps, and the
 hypervisor's steal, each over the window's wall time). Both bounds on the cores then divide
-the nodes' CPU plus the kernel's by the cores left to them. The idle time of the cores is not in the
-model: a step that leaves them idle, waiting between nodes, is longer than the model says.
+the nodes' CPU plus the kernel's by the cores left to them.
+The cores the scheduler loses (session 24; runs of ``sweep --sched-trace``). Linux does not keep
+every core busy while threads wait to run (Lozi et al., EuroSys 2016): with five to nine containers of
+a dozen threads each on two cores, a thread woken onto a busy core's run queue waits there while the
+other core idles. `harness.run.sched_trace` measures that time from the kernel's sched events over the
+coordinator's timed steps (each repeat's ``sched.lost_cores``: core-seconds idle while a thread
+waited on another core's run queue, per second), and the cores' bounds take it off the cores left to
+the nodes, as they do the other processes' share. It is measured in each run, not fitted; the
+``error, none lost`` column gives the model as if the scheduler had lost nothing. Other idle time of
+the cores (waiting between nodes, with no thread runnable) is not in the model: a step with such
+gaps is longer than the model says.
 The slowest worker (session 22). A synchronous step waits for every worker's pushes, so it is at least
 the slowest worker's forward and backward and then the links' round:
 
@@ -152,6 +161,8 @@ class ModelRow:
     slowest_path_s: float | None = None  # sharded: the slowest worker's compute, then the links' round; None: not recorded
     simulated_step_s: float | None = None  # sharded: cores and links simulated together (`_simulated_step_s`); None: not
     # asked for (``--simulate``) or not recorded
+    lost_cores: float | None = None  # the cores the scheduler lost (`HostShares.lost_cores`); None: not traced
+    work_conserving_step_s: float | None = None  # the model had the scheduler lost no core; None: not traced
 
     @property
     def error(self) -> float:
@@ -382,16 +393,23 @@ class HostShares:
     kernel_step_cpu_s: float  # softirq + irq CPU seconds per timed step (the kernel's network work)
     other_cores: float  # cores taken by other processes (engine, harness, ...) over the timed steps
     steal_cores: float  # cores the hypervisor took (steal) over the timed steps
+    lost_cores: float | None = None  # cores the scheduler left idle while threads waited (the repeats'
+    # ``sched``, `harness.run.sched_trace`); None: not traced
 
 
 def _host_cpu_shares(repeats: Sequence[dict[str, Any]]) -> HostShares | None:
     """Per repeat, from the coordinator's ``host_cpu_s`` (the machine's CPU seconds by kind over its timed
     steps, `wiiide.metrics`) and every node's timed ``step_cpu_s`` (mean x count: its CPU over the same
     steps): the kernel's softirq + irq seconds per step, the cores the other processes took ((user + nice
-    + system - the nodes' CPU) / window, at least 0) and the steal's cores; each the median over the
-    repeats. None when a repeat has no window or a node no ``step_cpu_s`` (reports before session 21)."""
-    kernel, other, steal = [], [], []
+    + system - the nodes' CPU) / window, at least 0), the steal's cores and, when every repeat was traced
+    (``sched``, `harness.run.sched_trace`), the cores the scheduler left idle while threads waited; each
+    the median over the repeats. None when a repeat has no window or a node no ``step_cpu_s`` (reports
+    before session 21)."""
+    kernel, other, steal, lost = [], [], [], []
     for rep in repeats:
+        sched = rep.get("sched") or {}
+        if isinstance(sched.get("lost_cores"), (int, float)):
+            lost.append(float(sched["lost_cores"]))
         nodes = rep.get("nodes") or {}
         window = (nodes.get("coordinator") or {}).get("host_cpu_s")
         if not window or not window.get("steps") or not window.get("window_s"):
@@ -407,7 +425,8 @@ def _host_cpu_shares(repeats: Sequence[dict[str, Any]]) -> HostShares | None:
         steal.append(float(window.get("steal") or 0.0) / window["window_s"])
     if not kernel:
         return None
-    return HostShares(_median(kernel), _median(other), _median(steal))
+    return HostShares(_median(kernel), _median(other), _median(steal),
+                      _median(lost) if len(lost) == len(repeats) else None)
 
 
 def _median(values: list[float]) -> float | None:
@@ -438,10 +457,12 @@ def point_model(point: dict[str, Any], cores: int | None = None, simulate: bool 
     engine = config.get("engine", "wiiide")
     nodes_cpu_s = _step_cpu_s(ok) if cores else None
     host = _host_cpu_shares(ok) if nodes_cpu_s is not None else None
-    node_cores = cores
+    node_cores = conserving_cores = cores
+    lost_cores = host.lost_cores if host is not None else None
     if host is not None:  # the kernel's work on top of the nodes', on the cores the rest leaves them
         nodes_cpu_s += host.kernel_step_cpu_s
-        node_cores = max(cores - host.other_cores - host.steal_cores, MIN_NODE_CORE_SHARE * cores)
+        conserving_cores = max(cores - host.other_cores - host.steal_cores, MIN_NODE_CORE_SHARE * cores)
+        node_cores = max(conserving_cores - (lost_cores or 0.0), MIN_NODE_CORE_SHARE * cores)
     cpu_s = nodes_cpu_s / node_cores if nodes_cpu_s is not None else None  # the cores' bound
     params = dict(point.get("params") or {})
     if engine == "ddp":
@@ -449,7 +470,9 @@ def point_model(point: dict[str, Any], cores: int | None = None, simulate: bool 
         if not grad_bytes or config.get("ddp_comm_hook", "none") != "none":
             return None
         ring_s = 2 * (workers - 1) / workers * grad_bytes * 8 / rate
-        return ModelRow(params, max(ring_s, cpu_s or 0.0), measured, link_model_step_s=ring_s, cpu_step_s=cpu_s)
+        conserving_s = max(ring_s, nodes_cpu_s / conserving_cores) if lost_cores is not None else None
+        return ModelRow(params, max(ring_s, cpu_s or 0.0), measured, link_model_step_s=ring_s, cpu_step_s=cpu_s,
+                        lost_cores=lost_cores, work_conserving_step_s=conserving_s)
     ps = coord.get("ps") or {}
     loads = ps.get("shard_loads_bytes")
     if engine != "wiiide" or not loads or config.get("staleness_bound", 0) not in (0, "0"):
@@ -474,17 +497,26 @@ def point_model(point: dict[str, Any], cores: int | None = None, simulate: bool 
                               _push_window_bytes(ok, config), burst, min(burst, rate / 8 * compute_s))
     compute_cpu_s = _workers_compute_cpu_s(ok) if nodes_cpu_s is not None else None
     if compute_cpu_s is None:  # the roofline
+        conserving_s = (max(compute_s + round_s, nodes_cpu_s / conserving_cores)
+                        if lost_cores is not None and nodes_cpu_s is not None else None)
         return ModelRow(params, max(compute_s + round_s, cpu_s or 0.0), measured, compute_s + link_s,
-                        compute_s + round_s, cpu_s)
-    compute_phase_s = max(compute_s, compute_cpu_s / node_cores)
-    round_phase_s = max(round_s, max(0.0, nodes_cpu_s - compute_cpu_s) / node_cores)
+                        compute_s + round_s, cpu_s, lost_cores=lost_cores, work_conserving_step_s=conserving_s)
+
+    def two_phases_s(usable_cores: float) -> tuple[float, float]:
+        compute_phase_s = max(compute_s, compute_cpu_s / usable_cores)
+        return compute_phase_s, compute_phase_s + max(round_s, max(0.0, nodes_cpu_s - compute_cpu_s) / usable_cores)
+
+    compute_phase_s, phases_s = two_phases_s(node_cores)
     slowest_s = _coordinator_median_s(ok)
     slowest_path_s = slowest_s + round_s if slowest_s is not None else None
+    conserving_s = (max(two_phases_s(conserving_cores)[1], slowest_path_s or 0.0)
+                    if lost_cores is not None else None)
     simulated_s = _simulated_step_s(ok, partitions, workers, rate, worker_ratio, coordinator_ratio, burst,
                                     _push_window_bytes(ok, config), node_cores,
                                     host.kernel_step_cpu_s if host is not None else 0.0) if simulate else None
-    return ModelRow(params, max(compute_phase_s + round_phase_s, slowest_path_s or 0.0), measured,
-                    compute_s + link_s, compute_s + round_s, cpu_s, compute_phase_s, slowest_path_s, simulated_s)
+    return ModelRow(params, max(phases_s, slowest_path_s or 0.0), measured,
+                    compute_s + link_s, compute_s + round_s, cpu_s, compute_phase_s, slowest_path_s, simulated_s,
+                    lost_cores, conserving_s)
 
 
 def _simulated_step_s(repeats: Sequence[dict[str, Any]], partitions: Sequence[tuple[int, float]], workers: int,
@@ -635,19 +667,26 @@ def render(rows: Sequence[ModelRow]) -> str:
     """Rows as text: the point's parameters (as wide as the longest, so engine labels stay whole), model
     ms, measured ms, error %, then the model's two bounds (links, cores; ``-`` where not known), the
     compute phase of the two-phase model (``-``: the roofline), the slowest worker's path (``-``: not
-    recorded), the simulated step (``-``: not asked for, or not recorded) and the bytes-only model with
-    its error."""
+    recorded), the simulated step (``-``: not asked for, or not recorded), the bytes-only model with
+    its error, and for a traced run (``sweep --sched-trace``; ``-`` otherwise) the cores the scheduler
+    lost and the model's error had it lost none."""
     labels = [", ".join(f"{k}={v}" for k, v in row.params.items()) for row in rows]
     width = max([60, *map(len, labels)])
     lines = [f"{'point':{width}} {'model ms':>9} {'measured ms':>12} {'error':>7} {'links ms':>9} {'cores ms':>9} "
-             f"{'compute ms':>10} {'slowest ms':>10} {'simulated ms':>12} {'bytes-only ms':>14} {'error':>7}"]
+             f"{'compute ms':>10} {'slowest ms':>10} {'simulated ms':>12} {'bytes-only ms':>14} {'error':>7} "
+             f"{'lost cores':>10} {'error, none lost':>16}"]
 
     def ms(value: float | None) -> str:
         return f"{value * 1e3:9.1f}" if value is not None else f"{'-':>9}"
 
     for row, label in zip(rows, labels):
         simple = (f" {row.bytes_model_step_s * 1e3:14.1f} {(row.bytes_model_step_s / row.measured_step_s - 1) * 100:+6.1f}%"
-                  if row.bytes_model_step_s else "")
+                  if row.bytes_model_step_s else f" {'-':>14} {'-':>7}")
+        if row.lost_cores is not None and row.work_conserving_step_s is not None:
+            simple += (f" {row.lost_cores:10.2f} "
+                       f"{(row.work_conserving_step_s / row.measured_step_s - 1) * 100:+15.1f}%")
+        else:
+            simple += f" {'-':>10} {'-':>16}"
         lines.append(f"{label:{width}} {row.model_step_s * 1e3:9.1f} {row.measured_step_s * 1e3:12.1f} "
                      f"{row.error * 100:+6.1f}% {ms(row.link_model_step_s)} {ms(row.cpu_step_s)} "
                      f"{ms(row.compute_phase_s)} {ms(row.slowest_path_s)}    {ms(row.simulated_step_s)} {simple}")

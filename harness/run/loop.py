@@ -7,6 +7,7 @@ Written once for every backend (`harness.run.compose`, `harness.run.local`, and 
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Sequence
@@ -23,6 +24,7 @@ from harness.run.backend import (
     judge,
 )
 from harness.run.faults import FaultInjector
+from harness.run.sched_trace import SchedTrace, core_loss
 from harness.run.watchdog import RankWatchdog
 from harness.spec.cluster import ClusterSettings
 from harness.spec.faults import Fault
@@ -54,7 +56,7 @@ def set_aside_leftovers(out_dir: Path) -> Path | None:
 
 def run_point(backend: Backend, cfg: RunConfig, out_dir: Path, timeout_s: float | None = None,
               progress: Progress = print, cluster: ClusterSettings | None = None,
-              faults: Sequence[Fault] = ()) -> RunResult:
+              faults: Sequence[Fault] = (), sched_trace: bool = False) -> RunResult:
     """Run one cluster with `cfg` on `backend` to its end and return what happened.
 
     Args:
@@ -66,6 +68,10 @@ def run_point(backend: Backend, cfg: RunConfig, out_dir: Path, timeout_s: float 
         progress: receives one-line progress messages.
         cluster: the point's links, CPU and memory limits (None: nothing asked).
         faults: injected during the run, timed from the start of training (harness.run.faults).
+        sched_trace: trace the machine's scheduler from before the nodes start to the end of the run
+            and measure over the coordinator's timed steps the cores left idle while threads waited
+            (`harness.run.sched_trace.core_loss`: ``RunResult.sched``); the nodes must share this
+            machine's kernel (docker, local).
 
     Returns:
         A `RunResult`; ``status`` is ``failed`` with the cause when a node failed, the run timed out,
@@ -74,6 +80,7 @@ def run_point(backend: Backend, cfg: RunConfig, out_dir: Path, timeout_s: float 
     Raises:
         ClusterError: the backend cannot apply `cluster` or inject `faults` (checked before anything
             starts).
+        SchedTraceError: `sched_trace` and the trace cannot be had (before anything starts).
     """
     backend.check_cluster(cluster)
     backend.check_faults(faults)
@@ -84,6 +91,19 @@ def run_point(backend: Backend, cfg: RunConfig, out_dir: Path, timeout_s: float 
     nodes_dir.mkdir(parents=True, exist_ok=True)
     logs_dir.mkdir(parents=True, exist_ok=True)
     timeout_s = timeout_s or default_timeout_s(cfg)
+    tracer = SchedTrace() if sched_trace else None
+    if tracer is not None:
+        tracer.start()
+    try:
+        return _run(backend, cfg, out_dir, timeout_s, progress, cluster, faults, tracer)
+    finally:
+        if tracer is not None:
+            tracer.close()  # also after a failure: the trace instance and a tracefs mount it made go
+
+
+def _run(backend: Backend, cfg: RunConfig, out_dir: Path, timeout_s: float, progress: Progress,
+         cluster: ClusterSettings | None, faults: Sequence[Fault], tracer: SchedTrace | None) -> RunResult:
+    nodes_dir, logs_dir = out_dir / "nodes", out_dir / "logs"
     clock = PhaseClock()
     status, error = "ok", None
     injector: FaultInjector | None = None
@@ -99,6 +119,8 @@ def run_point(backend: Backend, cfg: RunConfig, out_dir: Path, timeout_s: float 
     except (ClusterError, LinkShapingError) as exc:
         status, error = "failed", str(exc)
     finally:
+        if tracer is not None:
+            tracer.stop()
         if injector is not None:
             injector.stop()
         try:
@@ -110,6 +132,10 @@ def run_point(backend: Backend, cfg: RunConfig, out_dir: Path, timeout_s: float 
             with clock.phase("teardown"):
                 backend.teardown()
     nodes = collect_nodes(nodes_dir)
+    sched = None
+    if tracer is not None:
+        with clock.phase("sched"):
+            sched = timed_core_loss(tracer, nodes)
     judged_status, judged_error = judge(nodes, collected.exit_codes, cfg.num_workers,
                                         expected_dead=injector.affected if injector else frozenset(),
                                         expected_node_ids=injector.affected_node_ids if injector else frozenset())
@@ -119,7 +145,7 @@ def run_point(backend: Backend, cfg: RunConfig, out_dir: Path, timeout_s: float 
         error = f"{error}; {judged_error}"
     return RunResult(status, error, clock.elapsed_s(), nodes, collected.containers, collected.exit_codes,
                      str(logs_dir), links=collected.links, limits=collected.limits,
-                     faults=injector.events if injector else [], phases_s=dict(clock.phases_s))
+                     faults=injector.events if injector else [], phases_s=dict(clock.phases_s), sched=sched)
 
 
 def _wait_for_exit(backend: Backend, cfg: RunConfig, timeout_s: float, progress: Progress,
@@ -145,3 +171,18 @@ def _wait_for_exit(backend: Backend, cfg: RunConfig, timeout_s: float, progress:
             progress(f"    running: {now_s:.0f} s of about {cfg.duration_s:.0f} s, {running} nodes up")
             next_note_s = now_s + NOTE_INTERVAL_S
         time.sleep(POLL_INTERVAL_S)
+
+
+def timed_core_loss(tracer: SchedTrace, nodes: dict[str, dict]) -> dict:
+    """`harness.run.sched_trace.core_loss` of `tracer`'s events over the coordinator's timed steps (its
+    ``host_cpu_s`` window on CLOCK_MONOTONIC) as a report's ``sched``; ``{"error": ...}`` when the
+    coordinator recorded no window (a failed run, or a node from before session 24) or the trace could
+    not be read."""
+    window = (nodes.get("coordinator") or {}).get("host_cpu_s") or {}
+    start, end = window.get("start_monotonic_s"), window.get("end_monotonic_s")
+    if not isinstance(start, (int, float)) or not isinstance(end, (int, float)) or end <= start:
+        return {"error": "the coordinator recorded no timed window on CLOCK_MONOTONIC (host_cpu_s)"}
+    try:
+        return core_loss(tracer.lines(), float(start), float(end), os.cpu_count() or 1).to_dict()
+    except (OSError, ValueError, KeyError) as exc:
+        return {"error": f"reading the scheduler trace: {type(exc).__name__}: {exc}"}

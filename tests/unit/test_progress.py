@@ -180,7 +180,7 @@ class FakeLocalBackend:
 
 
 def fake_run_point(backend: FakeLocalBackend, cfg, out_dir: Path, timeout_s, progress, cluster=None,
-                   faults=()) -> RunResult:
+                   faults=(), sched_trace=False) -> RunResult:
     logs = Path(out_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     (logs / "coordinator.log").write_text(
@@ -215,7 +215,7 @@ def test_run_sweep_drives_the_display(tmp_path, monkeypatch):
     seen = threading.Event()
     display = Recorder(seen)
 
-    def run_point(backend, cfg, out_dir, timeout_s, progress, cluster=None, faults=()):
+    def run_point(backend, cfg, out_dir, timeout_s, progress, cluster=None, faults=(), sched_trace=False):
         seen.clear()
         return fake_run_point(backend, cfg, out_dir, timeout_s, progress, cluster, faults)
 

@@ -501,3 +501,34 @@ def test_the_simulated_step_is_asked_for_and_needs_the_eight_stages():
     assert point_model(point(per_stage_s=1e-6), cores=2).simulated_step_s is None
     assert point_model(point(per_stage_s=1e-6, eight=False), cores=2, simulate=True).simulated_step_s is None
     assert "simulated ms" in render([light])
+
+
+def _with_sched(point: dict, lost_cores: list[float | None]) -> dict:
+    """`point` whose repeats' scheduler traces found `lost_cores` (None: a repeat not traced)."""
+    for rep, lost in zip(point["repeats"], lost_cores):
+        rep["sched"] = None if lost is None else {"window_s": 10.0, "cpus": 2, "lost_cores": lost}
+    return point
+
+
+def test_the_cores_the_scheduler_lost_while_threads_waited_are_not_the_nodes():
+    """As above the nodes need 0.8 s of CPU a step with the other processes' 0.3 of a core taken; a trace
+    found the scheduler idle 0.2 of a core while threads waited (the median of the repeats' 0.1, 0.2 and
+    0.3): a step needs 0.8 s of 1.5 cores. The model had it lost none stays the 1.7 cores' figure."""
+    def host(point: dict) -> dict:
+        return _with_host_cpu(_with_step_cpu(point, [0.25, 0.25, 0.2]), user_s=10.0, softirq_s=1.0)
+
+    row = point_model(_with_sched(host(_point()), [0.1, 0.3, 0.2]), cores=2)
+    assert row.lost_cores == pytest.approx(0.2)
+    assert row.cpu_step_s == pytest.approx(0.8 / 1.5) and row.model_step_s == pytest.approx(0.8 / 1.5)
+    assert row.work_conserving_step_s == pytest.approx(0.8 / 1.7)
+    text = render([row])
+    assert "lost cores" in text and "0.20" in text
+    assert f"{(0.8 / 1.7 / row.measured_step_s - 1) * 100:+.1f}%" in text
+    # a repeat not traced: no loss is taken off, and none is shown
+    partly = point_model(_with_sched(host(_point()), [0.1, None, 0.2]), cores=2)
+    assert partly.lost_cores is None and partly.work_conserving_step_s is None
+    assert partly.cpu_step_s == pytest.approx(0.8 / 1.7)
+    # the two phases (the workers' forward and backward 0.1 s of CPU each): both on the 1.5 cores
+    phases = point_model(_with_sched(_with_compute_cpu(host(_point()), 0.1), [0.2] * 3), cores=2)
+    assert phases.compute_phase_s == pytest.approx(0.2 / 1.5) and phases.model_step_s == pytest.approx(0.8 / 1.5)
+    assert phases.work_conserving_step_s == pytest.approx(0.8 / 1.7)
