@@ -72,9 +72,9 @@ processes' user + system seconds, i.e. the machine's less the nodes' own over th
 hypervisor's steal, each over the window's wall time). Both bounds on the cores then divide
 the nodes' CPU plus the kernel's by the cores left to them.
 The cores the scheduler loses (session 24; runs of ``sweep --sched-trace``). Linux does not keep
-every core busy while threads wait to run (Lozi et al., EuroSys 2016): with five to nine containers of
-a dozen threads each on two cores, a thread woken onto a busy core's run queue waits there while the
-other core idles. `harness.run.sched_trace` measures that time from the kernel's sched events over the
+every core busy while threads wait to run (Lozi et al., EuroSys 2016): with five to nine containers
+of 27-44 threads each (a reader and a sender per peer) on two cores, a thread woken onto a busy
+core's run queue waits there while the other core idles. `harness.run.sched_trace` measures that time from the kernel's sched events over the
 coordinator's timed steps (each repeat's ``sched.lost_cores``: core-seconds idle while a thread
 waited on another core's run queue, per second), and the cores' bounds take it off the cores left to
 the nodes, as they do the other processes' share. It is measured in each run, not fitted; the

@@ -3,8 +3,9 @@
 A work-conserving scheduler never leaves a CPU idle while a thread waits to run. Linux's is not one
 (Lozi et al., "The Linux Scheduler: a Decade of Wasted Cores", EuroSys 2016): a thread woken onto a busy
 CPU's run queue may wait there while another CPU idles, until a load balance moves it. On these
-2-vCPU machines with a cgroup per container and about 10,000 wake-ups a second, the round model's
-cores-bound points were 10-13 % slower than the cores allow (README, sessions 22-24). `core_loss`
+2-vCPU machines, with a cgroup per container, 27-44 threads per node and about 10,000 wake-ups a
+second, the round model's cores-bound points were 10-13 % slower than the cores allow (README,
+sessions 22-24). `core_loss`
 measures that loss: the CPU time idle while a thread waited on another CPU's run queue, the
 ``lost_cores`` (core-seconds per second) that `harness.present.round_model` takes off the cores.
 
@@ -40,7 +41,9 @@ EVENTS = ("sched_switch", "sched_wakeup", "sched_wakeup_new", "sched_migrate_tas
 # timed steps, at the end of a run, stay in it even when a long start-up overran it.
 BUFFER_KB_PER_CPU = 65536
 
-_LINE = re.compile(r"^\s*(?P<comm>.*?)-(?P<pid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>\d+\.\d+): (?P<event>\w+): (?P<rest>.*)$")
+# "  <comm>-<pid> [<cpu>] <flags> <seconds>: <event>: <fields>", the trace file's default format
+_LINE = re.compile(r"^\s*(?P<comm>.*?)-(?P<pid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+"
+                   r"(?P<ts>\d+\.\d+): (?P<event>\w+): (?P<rest>.*)$")
 _FIELD = re.compile(r"(\w+)=(\S*)")
 
 
