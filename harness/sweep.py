@@ -107,7 +107,8 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
         if backend.name not in ("docker", "local"):
             raise HarnessError(f"--sched-trace traces this machine's scheduler: the docker and local backends "
                                f"only, not {backend.name}")
-        SchedTrace().__enter__().close()  # root, tracefs, the events: fail before anything runs
+        with SchedTrace():  # root, tracefs, the events: fail before anything runs
+            pass
     if spec.host_sysctls and os.geteuid() != 0:
         raise HarnessError(f"{spec.source}: host_sysctls {spec.host_sysctls} need root; run as root or drop them")
     if resume_dir is not None:

@@ -92,6 +92,14 @@ def core_loss(lines: Iterable[str], start_s: float, end_s: float, cpus: int) -> 
     idle_s = lost_s = 0.0
     wakeups = migrations = switches = 0
     t_prev: float | None = None
+
+    def place(pid: int, target: int) -> None:  # a runnable thread onto `target`: an idle CPU runs it next
+        if running[target] == 0:
+            running[target] = pid
+            waiting.pop(pid, None)
+        else:
+            waiting[pid] = target
+
     for line in lines:
         m = _LINE.match(line)
         if m is None:
@@ -129,20 +137,12 @@ def core_loss(lines: Iterable[str], start_s: float, end_s: float, cpus: int) -> 
             wakeups += inside
             pid, target = int(fields["pid"]), int(fields["target_cpu"])
             if pid not in running and target < cpus:
-                if running[target] == 0:  # an idle CPU runs it next
-                    running[target] = pid
-                    waiting.pop(pid, None)
-                else:
-                    waiting[pid] = target
+                place(pid, target)
         elif event == "sched_migrate_task":
             migrations += inside
             pid, dest = int(fields["pid"]), int(fields["dest_cpu"])
             if pid in waiting and dest < cpus:
-                if running[dest] == 0:
-                    running[dest] = pid
-                    del waiting[pid]
-                else:
-                    waiting[pid] = dest
+                place(pid, dest)
     return CoreLoss(end_s - start_s, cpus, idle_s, lost_s, wakeups, migrations, switches)
 
 
