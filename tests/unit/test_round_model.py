@@ -12,6 +12,7 @@ from harness.present.round_model import (
     report_cores,
     point_model,
     render,
+    render_markdown,
     sharded_link_s,
     sharded_round_s,
 )
@@ -532,3 +533,18 @@ def test_the_cores_the_scheduler_lost_while_threads_waited_are_not_the_nodes():
     phases = point_model(_with_sched(_with_compute_cpu(host(_point()), 0.1), [0.2] * 3), cores=2)
     assert phases.compute_phase_s == pytest.approx(0.2 / 1.5) and phases.model_step_s == pytest.approx(0.8 / 1.5)
     assert phases.work_conserving_step_s == pytest.approx(0.8 / 1.7)
+
+
+def test_markdown_table_bolds_the_errors_within_the_target_and_counts_them():
+    """One line per engine, one column per other setting; an error of -10 % is within the target and
+    bold, -12 % is not; a traced row adds the error had no core been lost and the lost cores."""
+    rows = [ModelRow({"link": "rate-100m", "workers": 4, "engine": "a"}, 0.90, 1.0),
+            ModelRow({"link": "rate-100m", "workers": 8, "engine": "a"}, 0.88, 1.0),
+            ModelRow({"link": "rate-100m", "workers": 4, "engine": "b"}, 1.05, 1.0, lost_cores=0.25,
+                     work_conserving_step_s=0.8)]
+    text = render_markdown(rows)
+    lines = text.splitlines()
+    assert lines[0] == "| engine | rate-100m 4 | rate-100m 8 | within 10 % |"
+    assert lines[2] == "| a | **-10.0** | -12.0 | 1 of 2 |"
+    assert lines[3] == "| b | **+5.0** / -20.0 (0.25) |  | 1 of 1 |"
+    assert lines[-1] == "Within 10 % of the measured step: 2 of 3 points."
