@@ -3,7 +3,8 @@
 ``python -m harness.present.round_model REPORT.json``: one row per point on a rate-limited link, the
 model's step time, the measured one (the median over the repeats of each repeat's median timed step,
 `_timed_step_s`) and the model's error; ``--markdown``: the errors as the README's tables (one line per
-engine, bold within `TARGET_ERROR`, the count within it). The README derives the model ("Link conditions and heterogeneous nodes" for the
+engine, bold within `TARGET_ERROR`, the count within it); ``--per-repeat``: a row per repeat, from that
+repeat alone. The README derives the model ("Link conditions and heterogeneous nodes" for the
 central server, "Sharded parameter servers" for ``ps_shards``); here it is for the sharded servers and
 DDP, with M the model's bytes, N workers and R the link's TCP payload rate (the htb rate x
 `TCP_PAYLOAD_SHARE`):
@@ -657,12 +658,18 @@ def report_cores(report: dict[str, Any]) -> int | None:
     return int(cores) if isinstance(cores, int) and cores >= 1 else None
 
 
-def model_rows(report: dict[str, Any], simulate: bool = False) -> list[ModelRow]:
+def model_rows(report: dict[str, Any], simulate: bool = False, per_repeat: bool = False) -> list[ModelRow]:
     """`point_model` of every point of a report (report.json as parsed) that the model covers, with the
     cores' bound where the report names one machine's cores (`report_cores`); `simulate`: with the
-    simulated step where the nodes recorded what it needs."""
+    simulated step where the nodes recorded what it needs. `per_repeat`: one row per repeat of each
+    point, the model and the measured step from that repeat alone (as a run of one repeat would have
+    them; its params gain ``repeat``, the repeat's index)."""
     cores = report_cores(report)
-    return [row for row in (point_model(p, cores, simulate) for p in report.get("points") or []) if row is not None]
+    points = report.get("points") or []
+    if per_repeat:
+        points = [{**p, "params": {**(p.get("params") or {}), "repeat": i}, "repeats": [r]}
+                  for p in points for i, r in enumerate(p.get("repeats") or [])]
+    return [row for row in (point_model(p, cores, simulate) for p in points) if row is not None]
 
 
 def render(rows: Sequence[ModelRow]) -> str:
@@ -745,6 +752,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--simulate", action="store_true",
                         help="add the sharded steps simulated on the cores and links together (the 'simulated "
                              "ms' column; reports from session 23 on; up to seconds a point)")
+    parser.add_argument("--per-repeat", action="store_true",
+                        help="one row per repeat: the model and the measured step from that repeat alone")
     parser.add_argument("--markdown", action="store_true",
                         help="the errors as the README's Markdown table (one line per engine, bold within 10 %%)")
     args = parser.parse_args(argv)
@@ -756,7 +765,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not isinstance(report, dict) or not isinstance(report.get("points"), list):
         print(f"error: {args.report}: not a sweep report (no 'points')", file=sys.stderr)
         return 2
-    rows = model_rows(report, args.simulate)
+    rows = model_rows(report, args.simulate, args.per_repeat)
     print((render_markdown(rows) if args.markdown else render(rows)) if rows
           else "no point on a rate-limited link that the model covers")
     return 0

@@ -548,3 +548,15 @@ def test_markdown_table_bolds_the_errors_within_the_target_and_counts_them():
     assert lines[2] == "| a | **-10.0** | -12.0 | 1 of 2 |"
     assert lines[3] == "| b | **+5.0** / -20.0 (0.25) |  | 1 of 1 |"
     assert lines[-1] == "Within 10 % of the measured step: 2 of 3 points."
+
+
+def test_per_repeat_rows_take_each_repeat_alone():
+    """The point's repeats measured 0.1, 0.3 and 0.2 s: one row each, with that step and the repeat's
+    index, beside the point's row whose measured step is their median."""
+    rows = model_rows({"points": [_point()]}, per_repeat=True)
+    assert [row.measured_step_s for row in rows] == [0.1, 0.3, 0.2]
+    assert [row.params for row in rows] == [{"engine": "wiiide", "repeat": i} for i in range(3)]
+    assert model_rows({"points": [_point()]})[0].measured_step_s == 0.2
+    failed = _point()
+    failed["repeats"][1]["status"] = "failed"
+    assert [row.params["repeat"] for row in model_rows({"points": [failed]}, per_repeat=True)] == [0, 2]
