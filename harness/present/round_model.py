@@ -702,9 +702,10 @@ def render(rows: Sequence[ModelRow]) -> str:
     return "\n".join(lines)
 
 
-def _error_cell(error: float, bold: bool = True) -> str:
+def _error_cell(error: float) -> str:
+    """A relative error as a Markdown cell in % (``+5.0``), bold within `TARGET_ERROR`."""
     text = f"{error * 100:+.1f}"
-    return f"**{text}**" if bold and abs(error) <= TARGET_ERROR else text
+    return f"**{text}**" if abs(error) <= TARGET_ERROR else text
 
 
 def render_markdown(rows: Sequence[ModelRow], row_param: str = "engine") -> str:
