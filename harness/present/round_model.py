@@ -172,6 +172,13 @@ class ModelRow:
         """Relative error of the model against the measurement (negative: the model is faster)."""
         return self.model_step_s / self.measured_step_s - 1.0
 
+    @property
+    def work_conserving_error(self) -> float | None:
+        """`error` of the model had the scheduler lost no core; None when the run was not traced."""
+        if self.lost_cores is None or self.work_conserving_step_s is None:
+            return None
+        return self.work_conserving_step_s / self.measured_step_s - 1.0
+
 
 def sharded_link_s(shard_loads_bytes: Sequence[float], num_workers: int, rate_bps: float,
                    worker_ratio: float = 1.0, coordinator_ratio: float = 1.0) -> float:
@@ -691,9 +698,8 @@ def render(rows: Sequence[ModelRow]) -> str:
     for row, label in zip(rows, labels):
         simple = (f" {row.bytes_model_step_s * 1e3:14.1f} {(row.bytes_model_step_s / row.measured_step_s - 1) * 100:+6.1f}%"
                   if row.bytes_model_step_s else f" {'-':>14} {'-':>7}")
-        if row.lost_cores is not None and row.work_conserving_step_s is not None:
-            simple += (f" {row.lost_cores:10.2f} "
-                       f"{(row.work_conserving_step_s / row.measured_step_s - 1) * 100:+15.1f}%")
+        if row.work_conserving_error is not None:
+            simple += f" {row.lost_cores:10.2f} {row.work_conserving_error * 100:+15.1f}%"
         else:
             simple += f" {'-':>10} {'-':>16}"
         lines.append(f"{label:{width}} {row.model_step_s * 1e3:9.1f} {row.measured_step_s * 1e3:12.1f} "
@@ -735,9 +741,8 @@ def render_markdown(rows: Sequence[ModelRow], row_param: str = "engine") -> str:
                 texts.append("")
                 continue
             text = _error_cell(row.error)
-            if row.lost_cores is not None and row.work_conserving_step_s is not None:
-                text += (f" / {_error_cell(row.work_conserving_step_s / row.measured_step_s - 1)}"
-                         f" ({row.lost_cores:.2f})")
+            if row.work_conserving_error is not None:
+                text += f" / {_error_cell(row.work_conserving_error)} ({row.lost_cores:.2f})"
             texts.append(text)
         hits = sum(abs(row.error) <= TARGET_ERROR for row in cells.values())
         within, total = within + hits, total + len(cells)
@@ -756,7 +761,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--per-repeat", action="store_true",
                         help="one row per repeat: the model and the measured step from that repeat alone")
     parser.add_argument("--markdown", action="store_true",
-                        help="the errors as the README's Markdown table (one line per engine, bold within 10 %%)")
+                        help=f"the errors as the README's Markdown table (one line per engine, bold within "
+                             f"{TARGET_ERROR * 100:g} %%)")
     args = parser.parse_args(argv)
     try:
         report = json.loads(Path(args.report).read_text())
