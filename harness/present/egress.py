@@ -33,6 +33,8 @@ def spend_tokens(queues: dict[tuple[int, int], deque], tokens: list[float], idle
             if idle_since[src] is not None:
                 tokens[src] = min(burst_bytes, tokens[src] + (now - idle_since[src]) * byte_rate)
                 idle_since[src] = None
+            if tokens[src] <= eps_bytes:  # a busy egress without tokens: nothing crosses, it stays busy
+                continue
             for (node, dst), queue in list(queues.items()):
                 while node == src and queue and tokens[src] > eps_bytes:
                     head = queue[0]

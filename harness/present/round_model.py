@@ -95,17 +95,27 @@ worker that gets them last computes while the others already encode their pushes
 (a step timeline of the nodes, in the README): the slowest worker's compute ran 1.2-2.7x the median
 worker's on the lossy engines. The two phases stay the larger where the cores bind. What neither
 term has: after the slowest worker's backward, its link and the cores both still work, and they
-overlap only in part.
-Cores and links simulated together (session 23; ``--simulate``, a column beside the model, not the
-model). Where every node recorded its CPU in the eight stages of ``stage_cpu_s`` (`wiiide.metrics`:
-the sends and socket reads apart from the codecs' work), `harness.present.round_sim` simulates the
-links as `sharded_round_s` has them together with the nodes' threads on the shared cores: each
+overlap only in part (the simulated schedule, below).
+Cores and links simulated together (session 23; part of the model since session 26). Where every node
+recorded its CPU in the eight stages of ``stage_cpu_s`` (`wiiide.metrics`: the sends and socket reads
+apart from the codecs' work), `harness.present.round_sim` schedules that work: the links as
+`sharded_round_s` has them together with the nodes' threads on the cores left to the nodes, each
 message's encode before it, its send and receive CPU while its bytes cross and its decode after,
-through several steps (`_simulated_step_s`). On session 23's three runs it came within 10 % at
-every sharded fp32 point and at 24, 29 and 29 of the 32 lossy ones, against 27, 27 and 29 for the
-model (README, session 23): where the model falls short, the simulation, which keeps the cores busy
-whenever any thread can run, is about as short, so what the model lacks there is time the cores sit
-idle (while threads wait for them: the nodes' ``run_delay_s``), not the overlap of the two resources.
+through several steps, the slowest worker held to its measured compute (`_simulated_step_s`). That
+is what the closed forms leave out: after the slowest worker's backward, its encoding gets its share
+of the cores while the other nodes decode, update and encode, and its link waits for it (lloyd2 on
+the 26 MB model at 100 Mbit/s and 4 workers in session 25's second and third runs: the closed forms
+286 and 272 ms, the schedule 308 and 301 ms, measured 323 and 310 ms). A step takes at least each
+bound and at least the schedule of the work whose place is known, so
+
+    model = max(the two phases, compute_max + the links' round, the simulated schedule)
+
+The CPU outside the eight stages is not scheduled: no node times where it runs, and each place tried
+for it put the int8 or fp32 digits points 9-20 % over their measured steps (`harness.present.round_sim`);
+it counts in the cores' bound only. On session 25's three runs (40, 40 and 16 points) this model came
+within 10 % at 39, 40 and 16, against 39, 39 and 15 for the closed forms alone (README, session 26).
+Session 23 had the simulation as a column beside the model, with that CPU spread over the messages:
+within 10 % at every sharded fp32 point and at 24, 29 and 29 of the 32 lossy ones on its three runs.
 Reports without ``compute_cpu_s`` (before session 20) get the roofline: the larger of compute + the
 links' round and the cores' step (Williams, Waterman and Patterson 2009). Reports from before session 13
 have no ``step_cpu_s`` and multi-host (swarm) runs have no one machine: for them the links' bound
@@ -121,7 +131,10 @@ import sys
 from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Sequence
+
+from rich.console import Console
+from rich.progress import track
 
 from harness.links.readback import burst_in_force_bytes
 from harness.present.egress import spend_tokens
@@ -162,8 +175,8 @@ class ModelRow:
     cpu_step_s: float | None = None  # the cores' bound (module docstring); None: not measured or not one machine
     compute_phase_s: float | None = None  # sharded, two phases: the compute phase's bound; None: the roofline
     slowest_path_s: float | None = None  # sharded: the slowest worker's compute, then the links' round; None: not recorded
-    simulated_step_s: float | None = None  # sharded: cores and links simulated together (`_simulated_step_s`); None: not
-    # asked for (``--simulate``) or not recorded
+    simulated_step_s: float | None = None  # sharded: the timed stages' work scheduled on the cores and links
+    # (`_simulated_step_s`); None: not recorded (reports before session 23) or no one machine's cores
     lost_cores: float | None = None  # the cores the scheduler lost (`HostShares.lost_cores`); None: not traced
     work_conserving_step_s: float | None = None  # the model had the scheduler lost no core; None: not traced
 
@@ -443,11 +456,11 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def point_model(point: dict[str, Any], cores: int | None = None, simulate: bool = False) -> ModelRow | None:
+def point_model(point: dict[str, Any], cores: int | None = None) -> ModelRow | None:
     """The model row of one point of a report (a report.json's ``points`` item), or None when it has no
     rate-limited link, no measured step or an engine the model does not cover. `cores`: the cores all
-    nodes shared (one machine), for the cores' bound; None leaves it out. `simulate`: also simulate
-    the sharded servers' steps (`_simulated_step_s`, ``simulated_step_s``; up to seconds a point)."""
+    nodes shared (one machine), for the cores' bound and the simulated schedule (`_simulated_step_s`,
+    up to a second a repeat); None leaves both out."""
     profiles = ((point.get("cluster") or {}).get("link") or {}).get("profiles") or {}
     rates = [p.get("rate_bps") for p in profiles.values() if isinstance(p, dict)]
     if not rates or any(not r for r in rates):
@@ -516,16 +529,21 @@ def point_model(point: dict[str, Any], cores: int | None = None, simulate: bool 
         compute_phase_s = max(compute_s, compute_cpu_s / usable_cores)
         return compute_phase_s, compute_phase_s + max(round_s, max(0.0, nodes_cpu_s - compute_cpu_s) / usable_cores)
 
+    def simulated_s(usable_cores: float) -> float | None:
+        return _simulated_step_s(ok, partitions, workers, rate, worker_ratio, coordinator_ratio, burst,
+                                 _push_window_bytes(ok, config), usable_cores,
+                                 host.kernel_step_cpu_s if host is not None else 0.0)
+
     compute_phase_s, phases_s = two_phases_s(node_cores)
     slowest_s = _coordinator_median_s(ok)
     slowest_path_s = slowest_s + round_s if slowest_s is not None else None
-    conserving_s = (max(two_phases_s(conserving_cores)[1], slowest_path_s or 0.0)
-                    if lost_cores is not None else None)
-    simulated_s = _simulated_step_s(ok, partitions, workers, rate, worker_ratio, coordinator_ratio, burst,
-                                    _push_window_bytes(ok, config), node_cores,
-                                    host.kernel_step_cpu_s if host is not None else 0.0) if simulate else None
-    return ModelRow(params, max(phases_s, slowest_path_s or 0.0), measured,
-                    compute_s + link_s, compute_s + round_s, cpu_s, compute_phase_s, slowest_path_s, simulated_s,
+    scheduled_s = simulated_s(node_cores)
+    conserving_s = None
+    if lost_cores is not None:
+        conserving_s = max(two_phases_s(conserving_cores)[1], slowest_path_s or 0.0,
+                           (simulated_s(conserving_cores) or 0.0) if scheduled_s is not None else 0.0)
+    return ModelRow(params, max(phases_s, slowest_path_s or 0.0, scheduled_s or 0.0), measured,
+                    compute_s + link_s, compute_s + round_s, cpu_s, compute_phase_s, slowest_path_s, scheduled_s,
                     lost_cores, conserving_s)
 
 
@@ -534,8 +552,8 @@ def _simulated_step_s(repeats: Sequence[dict[str, Any]], partitions: Sequence[tu
                       push_window_bytes: float | None, node_cores: float, kernel_step_cpu_s: float) -> float | None:
     """The step of `harness.present.round_sim.simulate_sharded_steps` (s), the median over `repeats`,
     from each repeat's nodes: each stage's median CPU (``stage_cpu_s``), the forward and backward's CPU
-    (``compute_cpu_s / steps``), the rest of the node's median ``step_cpu_s``, every figure raised by
-    the kernel's CPU per step (`kernel_step_cpu_s`) in proportion to the nodes' CPU; worker 1 held to
+    (``compute_cpu_s / steps``), every figure raised by the kernel's CPU per step (`kernel_step_cpu_s`)
+    in proportion to the nodes' CPU (their ``step_cpu_s``); worker 1 held to
     the slowest worker's compute (``compute_max_s``), the others to the median worker's
     (``compute_median_s``). None when a node of a repeat lacks one (reports before session 23, whose
     ``stage_cpu_s`` had four stages without the sends)."""
@@ -560,8 +578,7 @@ def _simulated_step_s(repeats: Sequence[dict[str, Any]], partitions: Sequence[tu
             if rank and (not isinstance(node.get("compute_cpu_s"), (int, float)) or not node.get("steps")):
                 return None
             compute = node["compute_cpu_s"] / node["steps"] if rank else 0.0
-            other = max(0.0, float(step_cpu[rank]) - compute - sum(stages.values()))
-            cpus.append(NodeCpu(compute * scale, {k: v * scale for k, v in stages.items()}, other * scale,
+            cpus.append(NodeCpu(compute * scale, {k: v * scale for k, v in stages.items()},
                                 (slowest if rank == 1 else median) if rank else 0.0))
         steps.append(simulate_sharded_steps(partitions, workers, rate_bps, cpus, node_cores, worker_ratio,
                                             coordinator_ratio, burst_bytes, push_window_bytes))
@@ -665,25 +682,27 @@ def report_cores(report: dict[str, Any]) -> int | None:
     return int(cores) if isinstance(cores, int) and cores >= 1 else None
 
 
-def model_rows(report: dict[str, Any], simulate: bool = False, per_repeat: bool = False) -> list[ModelRow]:
+def model_rows(report: dict[str, Any], per_repeat: bool = False,
+               progress: Callable[[list[dict[str, Any]]], Iterable[dict[str, Any]]] | None = None) -> list[ModelRow]:
     """`point_model` of every point of a report (report.json as parsed) that the model covers, with the
-    cores' bound where the report names one machine's cores (`report_cores`); `simulate`: with the
-    simulated step where the nodes recorded what it needs. `per_repeat`: one row per repeat of each
-    point, the model and the measured step from that repeat alone (as a run of one repeat would have
-    them; its params gain ``repeat``, the repeat's index)."""
+    cores' bound where the report names one machine's cores (`report_cores`). `per_repeat`: one row per
+    repeat of each point, the model and the measured step from that repeat alone (as a run of one
+    repeat would have them; its params gain ``repeat``, the repeat's index). `progress`: wraps the list
+    of points to model (a progress display, `rich.progress.track`)."""
     cores = report_cores(report)
     points = report.get("points") or []
     if per_repeat:
         points = [{**p, "params": {**(p.get("params") or {}), "repeat": i}, "repeats": [r]}
                   for p in points for i, r in enumerate(p.get("repeats") or [])]
-    return [row for row in (point_model(p, cores, simulate) for p in points) if row is not None]
+    rows = (point_model(p, cores) for p in (progress(points) if progress else points))
+    return [row for row in rows if row is not None]
 
 
 def render(rows: Sequence[ModelRow]) -> str:
     """Rows as text: the point's parameters (as wide as the longest, so engine labels stay whole), model
     ms, measured ms, error %, then the model's two bounds (links, cores; ``-`` where not known), the
     compute phase of the two-phase model (``-``: the roofline), the slowest worker's path (``-``: not
-    recorded), the simulated step (``-``: not asked for, or not recorded), the bytes-only model with
+    recorded), the simulated schedule (``-``: not recorded), the bytes-only model with
     its error, and for a traced run (``sweep --sched-trace``; ``-`` otherwise) the cores the scheduler
     lost and the model's error had it lost none."""
     labels = [", ".join(f"{k}={v}" for k, v in row.params.items()) for row in rows]
@@ -755,9 +774,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m harness.present.round_model REPORT``; exit status 0, or 2 with the error."""
     parser = argparse.ArgumentParser(prog="python -m harness.present.round_model", description=__doc__.split("\n")[0])
     parser.add_argument("report", help="a sweep's report.json")
-    parser.add_argument("--simulate", action="store_true",
-                        help="add the sharded steps simulated on the cores and links together (the 'simulated "
-                             "ms' column; reports from session 23 on; up to seconds a point)")
     parser.add_argument("--per-repeat", action="store_true",
                         help="one row per repeat: the model and the measured step from that repeat alone")
     parser.add_argument("--markdown", action="store_true",
@@ -772,7 +788,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not isinstance(report, dict) or not isinstance(report.get("points"), list):
         print(f"error: {args.report}: not a sweep report (no 'points')", file=sys.stderr)
         return 2
-    rows = model_rows(report, args.simulate, args.per_repeat)
+    console = Console(stderr=True)
+    rows = model_rows(report, args.per_repeat,  # the simulated schedules take up to seconds a point
+                      (lambda points: track(points, description="modelling the points", console=console,
+                                            transient=True)) if console.is_terminal else None)
     print((render_markdown(rows) if args.markdown else render(rows)) if rows
           else "no point on a rate-limited link that the model covers")
     return 0

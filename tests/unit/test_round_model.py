@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from harness.present.round_model import (
     ModelRow,
     _link_burst_bytes,
     _report_partitions,
+    main,
     model_rows,
     report_cores,
     point_model,
@@ -487,20 +490,24 @@ def _with_stages(point: dict, per_stage_s: float, pull_decode_s: float | None = 
     return point
 
 
-def test_the_simulated_step_is_asked_for_and_needs_the_eight_stages():
-    """``--simulate``: with little CPU the simulated step is the compute (5 ms) and the links' round, as the
-    model has it; a decode of 0.2 s a step on each worker's pulls (two workers, two cores) comes after
-    them; reports whose nodes timed four stages, or a model not asked to simulate, have none."""
+def test_the_model_is_at_least_the_schedule_of_the_timed_stages_when_the_nodes_recorded_all_eight():
+    """With little CPU the simulated schedule is the compute (5 ms) and the links' round, as the closed
+    forms have it. A decode of 0.2 s a step on each worker's pulls (two workers, two cores), which the
+    nodes' ``step_cpu_s`` of 1 ms does not show to the cores' bound, comes after the links in the
+    schedule, and the model is that schedule. Reports whose nodes timed four stages (before session 23),
+    or a model without one machine's cores, have none, and the closed forms stand alone."""
     def point(**stages) -> dict:
         return _with_stages(_with_compute_cpu(_with_step_cpu(_point(), [0.001, 0.001, 0.001]), 0.0001), **stages)
 
-    light = point_model(point(per_stage_s=1e-6), cores=2, simulate=True)
+    light = point_model(point(per_stage_s=1e-6), cores=2)
     assert light.simulated_step_s == pytest.approx(light.link_model_step_s, rel=0.02)
-    assert light.model_step_s == point_model(point(per_stage_s=1e-6), cores=2).model_step_s  # the model is unchanged
-    decoding = point_model(point(per_stage_s=1e-6, pull_decode_s=0.2), cores=2, simulate=True)
+    assert light.model_step_s == pytest.approx(light.link_model_step_s, rel=0.02)
+    decoding = point_model(point(per_stage_s=1e-6, pull_decode_s=0.2), cores=2)
     assert decoding.simulated_step_s > light.simulated_step_s + 0.15
-    assert point_model(point(per_stage_s=1e-6), cores=2).simulated_step_s is None
-    assert point_model(point(per_stage_s=1e-6, eight=False), cores=2, simulate=True).simulated_step_s is None
+    assert decoding.model_step_s == decoding.simulated_step_s
+    assert max(decoding.slowest_path_s, decoding.cpu_step_s) < light.simulated_step_s * 1.02  # the closed forms miss it
+    four = point_model(point(per_stage_s=1e-6, pull_decode_s=0.2, eight=False), cores=2)
+    assert four.simulated_step_s is None and four.model_step_s == pytest.approx(light.link_model_step_s, rel=0.02)
     assert "simulated ms" in render([light])
 
 
@@ -560,3 +567,18 @@ def test_per_repeat_rows_take_each_repeat_alone():
     failed = _point()
     failed["repeats"][1]["status"] = "failed"
     assert [row.params["repeat"] for row in model_rows({"points": [failed]}, per_repeat=True)] == [0, 2]
+
+
+def test_the_command_models_a_reports_points_and_each_passes_its_progress(tmp_path, capsys):
+    """``python -m harness.present.round_model REPORT``: the rows of the points the model covers (the
+    unshaped one has none); `model_rows` hands every point to `progress` (the terminal's display) once."""
+    report = {"points": [_point(), _point(rate_bps=None)]}
+    seen: list[dict] = []
+    rows = model_rows(report, progress=lambda points: seen.extend(points) or points)
+    assert seen == report["points"] and len(rows) == 1
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    assert main([str(path)]) == 0
+    assert "engine=wiiide" in capsys.readouterr().out
+    path.write_text("{}")
+    assert main([str(path)]) == 2 and "not a sweep report" in capsys.readouterr().err

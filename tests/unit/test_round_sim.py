@@ -105,14 +105,6 @@ def test_encode_and_update_come_between_the_compute_and_the_links():
     assert simulate_sharded_steps([(0, 1 * MB)], 1, RATE_BPS, nodes, 2.0) == pytest.approx(2.3)
 
 
-def test_the_rest_of_a_nodes_cpu_is_spread_over_its_messages():
-    """`other_s` runs beside the messages' send and receive: under a link's time it costs nothing, with
-    instant links and one core it adds up (worker: 0.4 s over its push and pull; coordinator: 0.2 s)."""
-    nodes = [NodeCpu(other_s=0.2), NodeCpu(other_s=0.4)]
-    assert simulate_sharded_steps([(0, 1 * MB)], 1, RATE_BPS, nodes, 1.0) == pytest.approx(2.0)
-    assert simulate_sharded_steps([(0, 1 * MB)], 1, FAST_BPS, nodes, 1.0) == pytest.approx(0.6, rel=1e-6)
-
-
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="out of range"):
         simulate_sharded_steps([(0, MB)], 1, RATE_BPS, [NodeCpu()], 1.0)  # two nodes needed
