@@ -508,6 +508,7 @@ def test_the_model_is_at_least_the_schedule_of_the_timed_stages_when_the_nodes_r
     assert max(decoding.slowest_path_s, decoding.cpu_step_s) < light.simulated_step_s * 1.02  # the closed forms miss it
     four = point_model(point(per_stage_s=1e-6, pull_decode_s=0.2, eight=False), cores=2)
     assert four.simulated_step_s is None and four.model_step_s == pytest.approx(light.link_model_step_s, rel=0.02)
+    assert point_model(point(per_stage_s=1e-6, pull_decode_s=0.2)).simulated_step_s is None  # no machine's cores
     assert "simulated ms" in render([light])
 
 
