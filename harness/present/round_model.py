@@ -113,7 +113,8 @@ bound and at least the schedule of the work whose place is known, so
 The CPU outside the eight stages is not scheduled: no node times where it runs, and each place tried
 for it put the int8 or fp32 digits points 9-20 % over their measured steps (`harness.present.round_sim`);
 it counts in the cores' bound only. On session 25's three runs (40, 40 and 16 points) this model came
-within 10 % at 39, 40 and 16, against 39, 39 and 15 for the closed forms alone (README, session 26).
+within 10 % at 39, 40 and 16, against 39, 39 and 15 for the closed forms alone, and then at all 40
+of session 26's new run (README, session 26).
 Session 23 had the simulation as a column beside the model, with that CPU spread over the messages:
 within 10 % at every sharded fp32 point and at 24, 29 and 29 of the 32 lossy ones on its three runs.
 Reports without ``compute_cpu_s`` (before session 20) get the roofline: the larger of compute + the
