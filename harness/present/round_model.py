@@ -516,9 +516,9 @@ def point_model(point: dict[str, Any], cores: int | None = None) -> ModelRow | N
                          if k.startswith("worker")]
         worker_ratio, coordinator_ratio = _median(worker_ratios) or 1.0, float(coord.get("compression_ratio") or 1.0)
     link_s = sharded_link_s(loads, workers, rate, worker_ratio, coordinator_ratio)
-    burst = _link_burst_bytes(ok)
+    burst, push_window = _link_burst_bytes(ok), _push_window_bytes(ok, config)
     round_s = sharded_round_s(partitions, workers, rate, worker_ratio, coordinator_ratio,
-                              _push_window_bytes(ok, config), burst, min(burst, rate / 8 * compute_s))
+                              push_window, burst, min(burst, rate / 8 * compute_s))
     compute_cpu_s = _workers_compute_cpu_s(ok) if nodes_cpu_s is not None else None
     if compute_cpu_s is None:  # the roofline
         conserving_s = (max(compute_s + round_s, nodes_cpu_s / conserving_cores)
@@ -530,19 +530,19 @@ def point_model(point: dict[str, Any], cores: int | None = None) -> ModelRow | N
         compute_phase_s = max(compute_s, compute_cpu_s / usable_cores)
         return compute_phase_s, compute_phase_s + max(round_s, max(0.0, nodes_cpu_s - compute_cpu_s) / usable_cores)
 
-    def simulated_s(usable_cores: float) -> float | None:
+    def schedule_s(usable_cores: float) -> float | None:
         return _simulated_step_s(ok, partitions, workers, rate, worker_ratio, coordinator_ratio, burst,
-                                 _push_window_bytes(ok, config), usable_cores,
+                                 push_window, usable_cores,
                                  host.kernel_step_cpu_s if host is not None else 0.0)
 
     compute_phase_s, phases_s = two_phases_s(node_cores)
     slowest_s = _coordinator_median_s(ok)
     slowest_path_s = slowest_s + round_s if slowest_s is not None else None
-    scheduled_s = simulated_s(node_cores)
+    scheduled_s = schedule_s(node_cores)
     conserving_s = None
     if lost_cores is not None:
         conserving_s = max(two_phases_s(conserving_cores)[1], slowest_path_s or 0.0,
-                           (simulated_s(conserving_cores) or 0.0) if scheduled_s is not None else 0.0)
+                           (schedule_s(conserving_cores) or 0.0) if scheduled_s is not None else 0.0)
     return ModelRow(params, max(phases_s, slowest_path_s or 0.0, scheduled_s or 0.0), measured,
                     compute_s + link_s, compute_s + round_s, cpu_s, compute_phase_s, slowest_path_s, scheduled_s,
                     lost_cores, conserving_s)
