@@ -1,4 +1,4 @@
-"""Every shipped experiment loads and validates; compose.yaml passes every knob with a default."""
+"""Every shipped experiment and every study's spec loads and validates; compose.yaml passes every knob with a default."""
 
 from __future__ import annotations
 
@@ -13,13 +13,20 @@ from wiiide.config import RunConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted((REPO_ROOT / "experiments").glob("*.yaml"))
+STUDIES = sorted((REPO_ROOT / "studies").glob("*/*.yaml"))
 
 
-@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)
-def test_experiment_loads(path):
+@pytest.mark.parametrize("path", EXPERIMENTS + STUDIES, ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_spec_loads(path):
     spec = load_spec(path)
     assert spec.points, path
     assert all(isinstance(p.config, RunConfig) for p in spec.points)
+
+
+def test_every_experiment_says_what_it_shows_and_how_long_it_takes():
+    for path in EXPERIMENTS:
+        shows, takes = path.read_text().splitlines()[:2]
+        assert shows.startswith("# Shows: ") and takes.startswith("# Takes: about "), path.name
 
 
 def test_seed_studies_sweep_what_the_seeds_swept():

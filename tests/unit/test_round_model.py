@@ -136,7 +136,7 @@ def test_ordered_pushes_of_large_pieces_run_one_shard_at_a_time_and_interleaving
 
 def test_ordered_pushes_end_on_one_shards_piece_whose_pulls_finer_pieces_shorten():
     """The 26 MB model at 8 workers, interleaved, with the ~540 KB window its pushes started with
-    (experiments/ordered-tail.yaml): every worker's last push is the same piece, and once it is in, that
+    (studies/ordered-tail/ordered-tail.yaml): every worker's last push is the same piece, and once it is in, that
     shard's link alone sends 7 pulls of it. In 4 pieces per shard (~0.68 MB on a worker's shard, above
     the window) that tail puts the round well above the busiest link's bytes; in 8 (~0.34 MB, under the
     window) the round is the bytes."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-CLOCK_GAIN = 0.5  # half a batch per clock; measured best of 0, 0.25 and 0.5 (experiments/stragglers-clock-gain.yaml)
+CLOCK_GAIN = 0.5  # half a batch per clock; measured best of 0, 0.25 and 0.5 (studies/stragglers-clock-gain/stragglers-clock-gain.yaml)
 MIN_CLOCK_FACTOR, MAX_CLOCK_FACTOR = 0.5, 2.0
 
 

@@ -23,7 +23,7 @@ against 1.46x / 1.30x with one).
 
 Between the two, a piece's bytes grow with the rate rather than at one threshold. Sessions 18 and 20
 forced 8 pieces of 64 KiB and up (the slow rule) against 2 of 1 MiB and up (the fast rule), 2 repeats each
-(`experiments/link-crossover.yaml`; README, "Pieces at the link's pace"). The fast rule against the slow
+(`studies/auto-partitions/link-crossover.yaml`; README, "Pieces at the link's pace"). The fast rule against the slow
 one, digits 4 / 8 workers, 26 MB 4 / 8 workers:
 
 - 500 Mbit/s: ~0.99x / ~0.94x, 0.87x / 0.94x;
