@@ -1,5 +1,5 @@
-"""``python -m harness VERB``: up, down, status, sweep, report, image, compare, bench-wire, bench-handshake,
-bench-tls, bench-overlay.
+"""``python -m harness VERB``: up, down, status, sweep, report, image, compare, round-model, bench-wire,
+bench-handshake, bench-tls, bench-overlay.
 
 Errors the harness raises on purpose (bad spec, no engine, a failed Compose call) end as one line on
 stderr and exit code 2 (bad input) or 1 (anything else), not a traceback.
@@ -249,6 +249,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_round_model(args: argparse.Namespace) -> int:
+    """`round-model REPORT`: the step-time model of each shaped point beside its measured step
+    (`harness.analysis.round_table`); exit 2 when REPORT is not a readable sweep report."""
+    from harness.analysis.round_table import main_from_args
+    return main_from_args(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every verb (`wiiide-lab --help`, `wiiide-lab VERB --help`)."""
     parser = argparse.ArgumentParser(prog="wiiide-lab", description="WIIIIIDE lab: run, shape, sweep and report WIIIIIDE clusters (also: python -m harness)")
@@ -332,6 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", metavar="AXIS", help="one report: pool the points that differ only in AXIS (e.g. "
                                                   "seed) into one sample per engine")
     p.set_defaults(func=cmd_compare)
+
+    from harness.analysis.round_table import add_arguments as round_model_arguments
+    p = sub.add_parser("round-model", help="the step-time model of a report's points on shaped links beside "
+                                           "their measured steps (sharded servers, DDP)")
+    round_model_arguments(p)
+    p.set_defaults(func=cmd_round_model)
     return parser
 
 

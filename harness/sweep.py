@@ -29,7 +29,7 @@ from harness.results.totals import repeat_held_out, repeat_totals
 from harness.run.backend import Backend, default_timeout_s
 from harness.run.loop import run_point
 from harness.run.machine import commit_info, machine_info
-from harness.run.sched_trace import SchedTrace
+from harness.analysis.sched_trace import SchedTrace
 from harness.run.select import select_backend
 from harness.run.status import LIVE_SOURCES, Training, live_training_source
 from harness.run.sysctls import HostSysctls
@@ -80,12 +80,12 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
     `reuse`: on docker, keep warm node containers between the runs of a cluster (`ComposeBackend`'s
     `reuse`; removed at the end, also after a failure or Ctrl-C); False: fresh containers per run.
     `sched_trace`: trace the machine's scheduler during every run and record in each repeat's ``sched``
-    the cores it left idle while threads waited (`harness.run.sched_trace`; root, docker or local).
+    the cores it left idle while threads waited (`harness.analysis.sched_trace`; root, docker or local).
 
     Raises:
         ClusterError: the requested backend cannot be had (before anything runs).
         HarnessError: `resume_dir` holds no report of this spec; `sched_trace` on swarm, or without root
-            or tracefs (`harness.run.sched_trace.SchedTraceError`, before anything runs).
+            or tracefs (`harness.analysis.sched_trace.SchedTraceError`, before anything runs).
     """
     display: SweepProgress
     if progress is None:

@@ -285,7 +285,7 @@ class Repeat(_Model):
     logs_dir: str | None = None  # relative to the report's folder
     held_out: HeldOut | None = None  # None: no evaluation during training (eval_every_s 0, or older reports)
     # the cores the machine's scheduler left idle while threads waited, over the coordinator's timed steps
-    # (harness.run.sched_trace: window_s, cpus, idle_s, idle_while_waiting_s, lost_cores ...; or an
+    # (harness.analysis.sched_trace: window_s, cpus, idle_s, idle_while_waiting_s, lost_cores ...; or an
     # ``error``); None: not traced (``sweep --sched-trace``)
     sched: dict[str, Any] | None = None
 

@@ -7,6 +7,6 @@
   file), `local` (processes on 127.0.0.1), `swarm/` (``swarm``: one Docker Swarm stack per run,
   generated from compose.yaml; cluster, stack, tasks, backend);
 - `docker_client` (the one Docker client), `image`, `shaping` + `tc_exec` (links and limits),
-  `faults`, `sysctls`, `stats` (docker CLI formulas), `machine` (host and commit facts),
-  `sched_trace` (the machine's scheduler from tracefs: the cores idle while threads waited).
+  `faults`, `sysctls`, `stats` (docker CLI formulas), `machine` (host and commit facts); the
+  scheduler trace of ``sweep --sched-trace`` is `harness.analysis.sched_trace`.
 """

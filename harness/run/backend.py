@@ -44,7 +44,7 @@ class RunResult:
     faults: list[dict[str, Any]] = field(default_factory=list)  # injected faults and when (harness.spec.faults, harness.run.faults)
     # seconds per phase of the harness's own work and of the run (PhaseClock): where a point's time went
     phases_s: dict[str, float] = field(default_factory=dict)
-    # the machine's scheduler over the coordinator's timed steps (harness.run.sched_trace.CoreLoss.to_dict,
+    # the machine's scheduler over the coordinator's timed steps (harness.analysis.sched_trace.CoreLoss.to_dict,
     # or {"error": ...}); None when not traced (``sweep --sched-trace``)
     sched: dict[str, Any] | None = None
 

@@ -24,7 +24,7 @@ from harness.run.backend import (
     judge,
 )
 from harness.run.faults import FaultInjector
-from harness.run.sched_trace import SchedTrace, core_loss
+from harness.analysis.sched_trace import SchedTrace, core_loss
 from harness.run.watchdog import RankWatchdog
 from harness.spec.cluster import ClusterSettings
 from harness.spec.faults import Fault
@@ -70,7 +70,7 @@ def run_point(backend: Backend, cfg: RunConfig, out_dir: Path, timeout_s: float 
         faults: injected during the run, timed from the start of training (harness.run.faults).
         sched_trace: trace the machine's scheduler from before the nodes start to the end of the run
             and measure over the coordinator's timed steps the cores left idle while threads waited
-            (`harness.run.sched_trace.core_loss`: ``RunResult.sched``); the nodes must share this
+            (`harness.analysis.sched_trace.core_loss`: ``RunResult.sched``); the nodes must share this
             machine's kernel (docker, local).
 
     Returns:
@@ -174,7 +174,7 @@ def _wait_for_exit(backend: Backend, cfg: RunConfig, timeout_s: float, progress:
 
 
 def timed_core_loss(tracer: SchedTrace, nodes: dict[str, dict]) -> dict:
-    """`harness.run.sched_trace.core_loss` of `tracer`'s events over the coordinator's timed steps (its
+    """`harness.analysis.sched_trace.core_loss` of `tracer`'s events over the coordinator's timed steps (its
     ``host_cpu_s`` window on CLOCK_MONOTONIC) as a report's ``sched``; ``{"error": ...}`` when the
     coordinator recorded no window (a failed run, or a node from before session 24) or the trace could
     not be read."""

@@ -1,5 +1,5 @@
 """``sweep --sched-trace`` on the local backend: each repeat records what the machine's scheduler did
-over the coordinator's timed steps (`harness.run.sched_trace`), and the trace leaves nothing behind."""
+over the coordinator's timed steps (`harness.analysis.sched_trace`), and the trace leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from harness.errors import HarnessError
 from harness.results.report import load_report_json
-from harness.run.sched_trace import TRACEFS
+from harness.analysis.sched_trace import TRACEFS
 from harness.spec.points import build_spec
 from harness.sweep import run_sweep
 

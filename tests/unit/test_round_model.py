@@ -1,4 +1,5 @@
-"""harness.present.round_model: the synchronous-round model of a sharded step, against a report's points."""
+"""harness.analysis: the synchronous-round model of a sharded step (round_model), against a report's points
+(point_model), and its table (round_table)."""
 
 from __future__ import annotations
 
@@ -6,19 +7,10 @@ import json
 
 import pytest
 
-from harness.present.round_model import (
-    ModelRow,
-    _link_burst_bytes,
-    _report_partitions,
-    main,
-    model_rows,
-    report_cores,
-    point_model,
-    render,
-    render_markdown,
-    sharded_link_s,
-    sharded_round_s,
-)
+from harness.analysis.point_model import ModelRow, _link_burst_bytes, _report_partitions, model_rows, point_model, report_cores
+from harness.analysis.round_model import sharded_link_s, sharded_round_s
+from harness.analysis.round_table import main, render, render_markdown
+from harness.cli import main as cli_main
 from wiiide.ps.partition import (
     egress_shard_weights,
     partition_flat,
@@ -571,7 +563,7 @@ def test_per_repeat_rows_take_each_repeat_alone():
 
 
 def test_the_command_models_a_reports_points_and_each_passes_its_progress(tmp_path, capsys):
-    """``python -m harness.present.round_model REPORT``: the rows of the points the model covers (the
+    """``wiiide-lab round-model REPORT``: the rows of the points the model covers (the
     unshaped one has none); `model_rows` hands every point to `progress` (the terminal's display) once."""
     report = {"points": [_point(), _point(rate_bps=None)]}
     seen: list[dict] = []
@@ -581,5 +573,8 @@ def test_the_command_models_a_reports_points_and_each_passes_its_progress(tmp_pa
     path.write_text(json.dumps(report))
     assert main([str(path)]) == 0
     assert "engine=wiiide" in capsys.readouterr().out
+    assert cli_main(["round-model", str(path), "--markdown"]) == 0
+    assert capsys.readouterr().out.startswith("| engine |")
     path.write_text("{}")
     assert main([str(path)]) == 2 and "not a sweep report" in capsys.readouterr().err
+    assert cli_main(["round-model", str(path)]) == 2

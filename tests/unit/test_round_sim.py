@@ -1,11 +1,11 @@
-"""The simulation of the sharded servers' steps on shared cores and shaped links (harness/present/round_sim.py)."""
+"""The simulation of the sharded servers' steps on shared cores and shaped links (harness/analysis/round_sim.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness.present.round_model import sharded_round_s
-from harness.present.round_sim import NodeCpu, cgroup_fair_shares, simulate_sharded_steps
+from harness.analysis.round_model import sharded_round_s
+from harness.analysis.round_sim import NodeCpu, cgroup_fair_shares, simulate_sharded_steps
 
 MB = 1_000_000
 RATE_BPS = 8 * MB  # one MB/s: a 1 MB message takes 1 s on the link

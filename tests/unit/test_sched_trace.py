@@ -1,4 +1,4 @@
-"""The scheduler trace: the cores left idle while threads waited (`harness.run.sched_trace`)."""
+"""The scheduler trace: the cores left idle while threads waited (`harness.analysis.sched_trace`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.run.sched_trace import TRACEFS, CoreLoss, SchedTrace, SchedTraceError, core_loss
+from harness.analysis.sched_trace import TRACEFS, CoreLoss, SchedTrace, SchedTraceError, core_loss
 
 
 def _switch(t: float, cpu: int, prev: int, state: str, nxt: int) -> str:

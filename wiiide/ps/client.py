@@ -421,7 +421,7 @@ class ShardClient:
         """The congestion window of the pushes' connections as each push started (TCP_INFO,
         `wiiide.sockets.tcp_cwnd_bytes`), over the latest `PUSH_CWND_SAMPLES` pushes to other nodes:
         ``median_bytes``, ``p90_bytes`` and ``samples``; None before any. The round model
-        (`harness.present.round_model`) takes the median as how far ordered pushes run ahead of the link."""
+        (`harness.analysis.point_model`) takes the median as how far ordered pushes run ahead of the link."""
         samples = list(self._push_cwnd_bytes)
         if not samples:
             return None

@@ -195,7 +195,7 @@ def pipeline_shard_weights(num_shards: int, num_workers: int, model_bytes: float
     1.62 M / R. With m -> 0 (`partition_bytes` 0) these are the egress shares, (k + W - 3) / (W - 1).
     The earlier form, (k + W - 3) / W (1.75 at W = 8), assumed the coordinator's partitions in after
     s_0 / R, as if the pushes went one shard after the other. These weights give the shortest round of
-    the fluid model of the links (`harness.present.round_model.sharded_round_s`; a unit test checks it);
+    the fluid model of the links (`harness.analysis.round_model.sharded_round_s`; a unit test checks it);
     measured (README, "Sharded parameter servers"), they ran level with the earlier ones with 64 KiB
     partitions and 3 % faster for the 26 MB model in 4 MiB partitions, where the model said 9 % and 15 %.
 

@@ -7,7 +7,7 @@ CPU's run queue may wait there while another CPU idles, until a load balance mov
 second, the round model's cores-bound points were 10-13 % slower than the cores allow (README,
 sessions 22-24). `core_loss`
 measures that loss: the CPU time idle while a thread waited on another CPU's run queue, the
-``lost_cores`` (core-seconds per second) that `harness.present.round_model` takes off the cores.
+``lost_cores`` (core-seconds per second) that `harness.analysis.point_model` takes off the cores.
 
 `SchedTrace` records ``sched_switch``, ``sched_wakeup``, ``sched_wakeup_new`` and
 ``sched_migrate_task`` in a tracefs instance of its own (``instances/wiiide-lab-<pid>``: the global

@@ -1,5 +1,5 @@
 """The shaper's token bucket on each node's egress, shared by the round model's two simulations of the
-links (`harness.present.round_model.sharded_round_s`, `harness.present.round_sim.simulate_sharded_steps`).
+links (`harness.analysis.round_model.sharded_round_s`, `harness.analysis.round_sim.simulate_sharded_steps`).
 
 A node's egress is an htb class (or tbf) with ``ceil`` = ``rate``: bytes covered by its tokens leave at
 the wire's speed, taken as instant against the shaped rate, and the tokens refill at the rate while the

@@ -1,6 +1,6 @@
 """A simulation of the sharded servers' steps on one machine's cores and every node's link together.
 
-The round model's closed forms (`harness.present.round_model`) bound a step by the links or by the
+The round model's closed forms (`harness.analysis.round_model`) bound a step by the links or by the
 cores, and by the slowest worker's path; on a two-core machine the lossy engines' steps fall between
 them, because the cores and the links overlap only in part (the README's step timeline, session 22).
 This simulates both resources at once, through several steps, from what the nodes measured of their
@@ -58,7 +58,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from harness.present.egress import spend_tokens
+from harness.analysis.egress import spend_tokens
 
 SIM_STEPS = 8  # steps simulated
 SIM_SKIPPED_STEPS = 3  # the first steps left out of the mean (the links' buckets start full)
