@@ -43,7 +43,7 @@ class ModelRow:
     compute_phase_s: float | None = None  # sharded, two phases: the compute phase's bound; None: the roofline
     slowest_path_s: float | None = None  # sharded: the slowest worker's compute, then the links' round; None: not recorded
     simulated_step_s: float | None = None  # sharded: the timed stages' work scheduled on the cores and links
-    # (`_simulated_step_s`); None: not recorded (reports before session 23) or no one machine's cores
+    # (`_simulated_step_s`); None: not recorded (older reports) or no one machine's cores
     lost_cores: float | None = None  # the cores the scheduler lost (`HostShares.lost_cores`); None: not traced
     work_conserving_step_s: float | None = None  # the model had the scheduler lost no core; None: not traced
 
@@ -91,7 +91,7 @@ def _coordinator_median_s(repeats: Sequence[dict[str, Any]], field: str = "compu
     """The compute of a step as the slowest worker had it (s): per repeat the coordinator's median over
     its timed steps of each step's slowest worker's forward and backward (``compute_max_s``,
     `wiiide.metrics`; with `field` ``compute_median_s``, its median worker's), then the median over the
-    repeats; None when a repeat has none (reports before session 22, and the central server)."""
+    repeats; None when a repeat has none (older reports, and the central server)."""
     medians = [(((rep.get("nodes") or {}).get("coordinator") or {}).get(field) or {}).get("median")
                for rep in repeats]
     if not medians or any(not isinstance(m, (int, float)) for m in medians):
@@ -102,7 +102,7 @@ def _coordinator_median_s(repeats: Sequence[dict[str, Any]], field: str = "compu
 def _workers_compute_cpu_s(repeats: Sequence[dict[str, Any]]) -> float | None:
     """The workers' CPU seconds of a step's forward and backward: per repeat the sum over its workers of
     ``compute_cpu_s / steps`` (`wiiide.metrics`), then the median over the repeats; None when a worker of
-    a repeat has no figure (reports before session 20)."""
+    a repeat has no figure (older reports)."""
     sums = []
     for rep in repeats:
         workers = [n for name, n in (rep.get("nodes") or {}).items() if name.startswith("worker")]
@@ -130,8 +130,8 @@ def _host_cpu_shares(repeats: Sequence[dict[str, Any]]) -> HostShares | None:
     steps): the kernel's softirq + irq seconds per step, the cores the other processes took ((user + nice
     + system - the nodes' CPU) / window, at least 0), the steal's cores and, when every repeat was traced
     (``sched``, `harness.analysis.sched_trace`), the cores the scheduler left idle while threads waited; each
-    the median over the repeats. None when a repeat has no window or a node no ``step_cpu_s`` (reports
-    before session 21)."""
+    the median over the repeats. None when a repeat has no window or a node no ``step_cpu_s`` (older
+    reports)."""
     kernel, other, steal, lost = [], [], [], []
     for rep in repeats:
         sched = rep.get("sched") or {}
@@ -259,7 +259,7 @@ def _simulated_step_s(repeats: Sequence[dict[str, Any]], partitions: Sequence[tu
     (``compute_cpu_s / steps``), every figure raised by the kernel's CPU per step (`kernel_step_cpu_s`)
     in proportion to the nodes' CPU (their ``step_cpu_s``); worker 1 held to
     the slowest worker's compute (``compute_max_s``), the others to the median worker's
-    (``compute_median_s``). None when a node of a repeat lacks one (reports before session 23, whose
+    (``compute_median_s``). None when a node of a repeat lacks one (older reports, whose
     ``stage_cpu_s`` had four stages without the sends)."""
     steps = []
     for rep in repeats:
@@ -302,7 +302,7 @@ def _link_burst_bytes(repeats: Sequence[dict[str, Any]]) -> float:
 def _push_window_bytes(repeats: Sequence[dict[str, Any]], config: dict[str, Any]) -> float | None:
     """An ordered run's push window for `sharded_round_s`: the median over the repeats' workers of the
     median congestion window their pushes started with (``ps.push_cwnd.median_bytes``, bytes); None (the
-    concurrent simulation) for a concurrent run or a report without the figure (before session 9)."""
+    concurrent simulation) for a concurrent run or a report without the figure (older reports)."""
     if config.get("push_schedule") != "ordered":
         return None
     windows = [float(node["ps"]["push_cwnd"]["median_bytes"]) for rep in repeats
@@ -335,7 +335,7 @@ def _measured_codec_ratio(repeats: Sequence[dict[str, Any]], config: dict[str, A
     """raw / payload bytes of every frame the nodes of `repeats` sent with the fixed policy's codec (their
     ``codec_bytes_sent``, `wiiide.metrics`): the ratio a data-dependent codec (int3z's entropy coder)
     reached on the run's own gradients, where `_lossy_codec_ratio` encodes Gaussian values. None when the
-    policy is not a fixed codec or the nodes did not record it (reports before session 18)."""
+    policy is not a fixed codec or the nodes did not record it (older reports)."""
     try:
         mode, codec_name = parse_policy_name(str(config.get("compression") or "none"))
         name = codec_from_name(codec_name).name if mode == "fixed" else None
@@ -357,7 +357,7 @@ def _report_partitions(loads: Sequence[int], workers: int, partition_bytes: Any,
     or ``egress`` shares one contiguous range per shard of exactly its reported load (the coordinator's
     at the tail or at the head), cut into partitions of at most `partition_bytes`, at least `per_shard`
     per shard while they stay `finest_bytes` or more (the run's ``ps.partition_finest_bytes``; reports
-    from before session 14: 64 KiB), dealt in turns with `placement` ``interleaved``
+    from older reports: 64 KiB), dealt in turns with `placement` ``interleaved``
     (`wiiide.ps.partition.partition_by_weights`); with ``bytes``, `plan_partitions`. None when that does
     not give the loads the run reported."""
     if not isinstance(partition_bytes, int) or any(load % FLOAT32_BYTES or load <= 0 for load in loads):

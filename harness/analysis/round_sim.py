@@ -2,15 +2,13 @@
 
 The round model's closed forms (`harness.analysis.round_model`) bound a step by the links or by the
 cores, and by the slowest worker's path; on a two-core machine the lossy engines' steps fall between
-them, because the cores and the links overlap only in part (the README's step timeline, session 22).
-This simulates both resources at once, through several steps, from what the nodes measured of their
-own CPU per stage (``stage_cpu_s``, `wiiide.metrics`: session 23's eight stages):
+them, because the cores and the links overlap only in part. This simulates both resources at once,
+through several steps, from what the nodes measured of their own CPU in eight stages (``stage_cpu_s``,
+`wiiide.metrics`):
 
 - **Links**: as `round_model.sharded_round_s`: one queue per (sender, receiver), its messages in order
-  (a worker's pushes to a shard and its own shard's pulls to that shard's node go on two sockets; taken
-  as one queue, as `sharded_round_s` does, the links alone came within 8 % of sharded fp32's measured
-  steps in session 23's first run, and as two queues sharing the egress up to 24 % over them: 26 MB,
-  200 Mbit/s, 8 workers); a node's egress rate shared equally by its queues with bytes to send; the
+  (a worker's pushes to a shard and its own shard's pulls to that shard's node go on two sockets,
+  taken as one queue, which came closer to the measured steps than two); a node's egress rate shared equally by its queues with bytes to send; the
   shaper's token bucket (bytes covered by tokens leave at once; tokens refill while the egress is
   idle); a message to one's own shard goes over loopback (no shaped link, but its send and receive CPU).
 - **Cores**: every node's threads share the machine's cores left to the nodes. The container engine
@@ -33,13 +31,8 @@ own CPU per stage (``stage_cpu_s``, `wiiide.metrics`: session 23's eight stages)
   and the eight stages (the handling of each message outside the timed sections, the heartbeats, the
   barrier and the batch handout: 1.3-1.5 ms of int8's 10 ms a step on a digits worker). No node times
   where it runs, so the simulation leaves it out and it counts only in the closed forms' bound on the
-  cores (`round_model.point_model`). Each place tried for it puts it on a path where the real nodes do
-  not have it (session 26, on session 25's three runs, the model being the larger of the closed forms
-  and the simulation): spread over the messages' send and receive (sessions 23-25), int8 on digits at
-  100 Mbit/s came out 9-15 % over its measured step, and -0.3 .. +10.0 % without it; on the training
-  thread between steps, sharded fp32 on digits 13-20 % over. Within 10 % with it spread over the
-  messages: 38, 39 and 16 of 40, 40 and 16 points; on the training thread 35, 35 and 16; left out 39,
-  40 and 16.
+  cores (`harness.analysis.point_model`); each place tried for it put it on a path where the real
+  nodes do not have it (studies/round-model/NOTE.md).
 - **Scale**: each stage's CPU of a step is spread over its messages by their raw bytes, and every
   node's CPU is raised by the kernel's network work per step (softirq, charged to no process) in
   proportion to it.
@@ -49,7 +42,7 @@ with every link's bucket full and no worker behind). A fluid simulation (rates c
 as SimGrid's network and CPU models: Casanova et al. 2014). It has no latency per message, and it
 keeps the cores busy whenever a thread can run, which the kernel did not on these machines: on the
 digits model at 4 workers the cores sat idle 9-12 % of the time while threads waited for them (the
-nodes' ``run_delay_s``), and there it is 9-12 % shorter than the measured step (README, session 23).
+nodes' ``run_delay_s``), and there it is 9-12 % shorter than the measured step (studies/round-model/NOTE.md).
 """
 
 from __future__ import annotations

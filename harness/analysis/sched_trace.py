@@ -4,9 +4,8 @@ A work-conserving scheduler never leaves a CPU idle while a thread waits to run.
 (Lozi et al., "The Linux Scheduler: a Decade of Wasted Cores", EuroSys 2016): a thread woken onto a busy
 CPU's run queue may wait there while another CPU idles, until a load balance moves it. On these
 2-vCPU machines, with a cgroup per container, 27-44 threads per node and about 10,000 wake-ups a
-second, the round model's cores-bound points were 10-13 % slower than the cores allow (README,
-sessions 22-24). `core_loss`
-measures that loss: the CPU time idle while a thread waited on another CPU's run queue, the
+second, the round model's cores-bound points were 10-13 % slower than the cores allow
+(studies/round-model/NOTE.md). `core_loss` measures that loss: the CPU time idle while a thread waited on another CPU's run queue, the
 ``lost_cores`` (core-seconds per second) that `harness.analysis.point_model` takes off the cores.
 
 `SchedTrace` records ``sched_switch``, ``sched_wakeup``, ``sched_wakeup_new`` and
