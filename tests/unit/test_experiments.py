@@ -23,6 +23,20 @@ def test_spec_loads(path):
     assert all(isinstance(p.config, RunConfig) for p in spec.points)
 
 
+def test_every_study_notes_what_it_found_and_how_to_reproduce_it():
+    folders = sorted(p for p in (REPO_ROOT / "studies").iterdir() if p.is_dir())
+    assert folders
+    for folder in folders:
+        note = (folder / "NOTE.md").read_text()
+        assert "**Found" in note and "**Reproduce" in note, folder.name
+        commands = [line for line in note.splitlines() if line.startswith(("python -m harness", "wiiide-lab"))]
+        assert commands, folder.name
+        named = [word for c in commands for word in c.split() if word.endswith(".yaml")]
+        assert [w for w in named if not (REPO_ROOT / w).is_file()] == [], folder.name
+        for spec in folder.glob("*.yaml"):  # the note says what each of its specs found
+            assert spec.name in note, spec
+
+
 def test_every_experiment_says_what_it_shows_and_how_long_it_takes():
     for path in EXPERIMENTS:
         shows, takes = path.read_text().splitlines()[:2]
