@@ -10,9 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from wiiide.codecs import NoCodec, ZlibCodec
 from wiiide.metrics import SCHEMA_VERSION, NodeMetrics, summarize, write_json_atomic
+from wiiide.metrics_model import NodeMetricsFile
 from wiiide.protocol import FrameReader, WireTensor, encode_message, send_frames
 
 
@@ -104,6 +106,24 @@ def test_node_metrics_sent_counters_and_compression_ratio():
         "none": {"raw_bytes": 400, "payload_bytes": 400}}  # the batch; the stop carries no tensor
     assert d["send_time_s"] == pytest.approx(1.0)
     assert d["compression_time_s"] == pytest.approx(sum(f.encode_s for f in frames))
+
+
+def test_every_field_a_node_writes_is_in_its_published_model():
+    """A node's file loads as `NodeMetricsFile` with no key the model does not name, typed (a new field of
+    `to_dict` without a field in the model, and in the shipped schema, fails here)."""
+    m = NodeMetrics("worker", "w1")
+    m.rank = 1
+    for f in sent_frames():
+        m.record_sent(f, 0.25)
+    m.record_worker_step(32, 0.5, 0.01)
+    m.event("joined", rank=1)
+    d = json.loads(json.dumps(m.to_dict("ok")))
+    record = NodeMetricsFile.model_validate(d)
+    assert record.model_extra == {}
+    assert record.step_time_s.count == 1 and record.training_summary.total_steps == 1
+    assert record.model_dump(mode="json", exclude_unset=True) == d  # nothing lost or changed
+    with pytest.raises(ValidationError, match="steps"):
+        NodeMetricsFile.model_validate({**d, "steps": "many"})
 
 
 def test_node_metrics_no_compression_ratio_without_sends():
