@@ -25,11 +25,16 @@ Units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_bytes_per_s`` bytes
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from wiiide.metrics_model import ValueSummary
+
+# The tables of `harness.results.frames.to_dataframe`: one row per repeat, node of a repeat,
+# stats sample of a container, held-out evaluation
+TableName = Literal["repeats", "nodes", "stats", "evals"]
+TABLES: tuple[TableName, ...] = ("repeats", "nodes", "stats", "evals")
 
 # The published schema of a node's metrics file (`wiiide.metrics_model.NodeMetricsFile`, shipped as
 # harness/results/node_metrics.schema.json); the report's schema refers to it for ``nodes``
