@@ -269,18 +269,20 @@ def test_host_cpu_covers_the_timed_steps_of_the_whole_machine():
         sum(range(1000))
     before_opened = time.monotonic()
     m.record_step_time(0.3)
+    after_opened = time.monotonic()
     time.sleep(0.4)
     start_cpu_s = time.process_time()
     while time.process_time() - start_cpu_s < 0.1:  # the timed step burns 0.1 s
         sum(range(1000))
+    before_closed = time.monotonic()
     m.record_step_time(0.5)
     after_closed = time.monotonic()
     window = m.to_dict("ok")["host_cpu_s"]
-    # its bounds on CLOCK_MONOTONIC: the end of the warm-up step and of the timed one
-    assert before_opened <= window["start_monotonic_s"] < window["end_monotonic_s"] <= after_closed
+    # its bounds: the end of the warm-up step (so the warm-up's burn is out) and of the timed one
+    assert before_opened <= window["start_monotonic_s"] <= after_opened
+    assert before_closed <= window["end_monotonic_s"] <= after_closed
     assert window["end_monotonic_s"] - window["start_monotonic_s"] == pytest.approx(window["window_s"], abs=0.01)
     assert window["steps"] == 1 and window["cpu_count"] == psutil.cpu_count()
-    assert 0.5 <= window["window_s"] < 0.5 + 0.3  # the warm-up's burn is not in the window
     kinds = sum(v for k, v in window.items() if k not in ("window_s", "steps", "cpu_count", "guest", "guest_nice",
                                                         "start_monotonic_s", "end_monotonic_s"))
     assert kinds == pytest.approx(window["window_s"] * window["cpu_count"], rel=0.15)
