@@ -21,6 +21,8 @@ spec gave (``"1MiB"``, ``"zlib-1"``), then each key of the points' run config an
 column whose name is taken by those gets the table's prefix (``totals.``, ``node.``, ``sample.``,
 ``eval.``).
 
+Every scalar field of the table's model (`Totals`, `NodeMetricsFile` and its summaries, `Sample`,
+`HeldOutPoint`) is a column in every report, in the model's order; keys the models do not name follow.
 Nested objects are flattened one level, ``outer.inner`` (``step_time_s.median``,
 ``batches_per_worker.1``, ``phases_s.run``); what is nested deeper, and lists, are JSON text. Every
 column has a nullable pandas dtype, so a figure that was not measured is ``<NA>``: ``Int64``,
@@ -106,12 +108,18 @@ def _column(values: list[Any], declared: str | None) -> pd.api.extensions.Extens
 
 
 def _frame(rows: list[dict[str, Any]], leading: Iterable[str], dtypes: Mapping[str, str]) -> pd.DataFrame:
-    """A DataFrame of `rows` (dicts; a missing key is <NA>) whose columns are `leading` first, then every
-    other key in the order first seen, each typed by `_column` (`dtypes`: declared dtypes by column)."""
+    """A DataFrame of `rows` (dicts; a missing key is <NA>), each column typed by `_column`. Columns:
+    `leading`, then every declared one (`dtypes`, in its order: present in every report), then the
+    other keys of the rows in the order first seen. A key whose every value is None is left out when
+    it has flattened columns (``step_time_s`` beside ``step_time_s.median``)."""
     names = dict.fromkeys(leading)
+    names.update(dict.fromkeys(dtypes))
     for row in rows:
         names.update(dict.fromkeys(row))
-    return pd.DataFrame({name: _column([row.get(name) for row in rows], dtypes.get(name)) for name in names})
+    nested = {name.rsplit(".", 1)[0] for name in names if "." in name}
+    columns = {name: [row.get(name) for row in rows] for name in names}
+    return pd.DataFrame({name: _column(values, dtypes.get(name)) for name, values in columns.items()
+                         if not (name in nested and name not in dtypes and all(v is None for v in values))})
 
 
 # --- the swept params ------------------------------------------------------------------------------

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -16,7 +19,7 @@ from harness.results.export import export_tables
 from harness.results.frames import swept_params, to_dataframe
 from harness.results.report import ReportWriter, parse_report
 from harness.results.totals import repeat_totals
-from tests.report_samples import buffers_report, compression_report
+from tests.report_samples import REPO_ROOT, buffers_report, compression_report
 from wiiide.metrics import NodeMetrics
 
 
@@ -180,3 +183,24 @@ def test_an_empty_report_has_empty_tables_with_their_key_columns():
     for table in TABLES:
         df = to_dataframe(report, table)
         assert df.empty and list(df.columns[:2]) == ["point", "repeat"]
+
+
+def test_declared_columns_are_in_every_report_whatever_its_nodes_wrote():
+    df = to_dataframe(parse_report(buffers_report()), "nodes")  # the sample's nodes: role, status, sockets only
+    assert len(df) == 8 and df["step_time_s.median"].isna().all() and df["goodput_bps"].isna().all()
+    assert "step_time_s" not in df and df["step_time_s.median"].dtype == "Float64"
+    assert json.loads(df.loc[0, "socket_options"])[0]["sndbuf_bytes"] == 2**21
+
+
+def test_the_example_of_docs_results_runs(tmp_path):
+    """The notebook example in docs/results.md runs, as a script, on the sample report."""
+    (tmp_path / "report.json").write_text(json.dumps(buffers_report()))
+    text = (REPO_ROOT / "docs" / "results.md").read_text()
+    code = text.split("## Example: a notebook")[1].split("```python\n")[1].split("```")[0]
+    assert '"results/seed-buffers-20261121T150827Z"' in code
+    script = "import matplotlib\nmatplotlib.use('Agg')\n" + code.replace(
+        '"results/seed-buffers-20261121T150827Z"', repr(str(tmp_path))) + "\nprint(len(ok), sorted(set(workers.role)))\n"
+    done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == "8 []"  # 8 ok repeats; the sample's nodes are coordinators only
