@@ -11,7 +11,7 @@ their fields are documented where they are written.
 
 Units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_bps`` bits per second; ``rank`` is the
 node's rank (0: the coordinator or rank 0 of an engine). The field meanings and sources are in
-`wiiide.metrics`'s module docstring. This module imports pydantic only (the node image has it).
+`wiiide.metrics`'s module docstring. It needs pydantic (the node image has it) and `wiiide.metrics`.
 """
 
 from __future__ import annotations

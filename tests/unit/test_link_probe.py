@@ -13,7 +13,6 @@ from wiiide.config import RunConfig
 from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure
-from wiiide.protocol import WireTensor, encode_message
 from wiiide.ps.link_probe import (
     AUTO_RULES,
     MAX_FINEST_WIRE_BYTES,
@@ -30,6 +29,8 @@ from wiiide.ps.link_probe import (
     receive_answering_probes,
 )
 from wiiide.ps.session import _piece_rule
+from wiiide.wire.encode import encode_message
+from wiiide.wire.messages import WireTensor
 
 CFG = RunConfig(log_tier="silent")
 

@@ -15,7 +15,10 @@ from pydantic import ValidationError
 from wiiide.codecs import NoCodec, ZlibCodec
 from wiiide.metrics import SCHEMA_VERSION, NodeMetrics, summarize, write_json_atomic
 from wiiide.metrics_model import NodeMetricsFile
-from wiiide.protocol import FrameReader, WireTensor, encode_message, send_frames
+from wiiide.wire.encode import encode_message
+from wiiide.wire.messages import WireTensor
+from wiiide.wire.reader import FrameReader
+from wiiide.wire.send import send_frames
 
 
 @pytest.mark.parametrize("values", [
