@@ -1,6 +1,5 @@
 """``python -m harness VERB``: up, down, status, sweep, report, export, image, compare, round-model,
-bench-wire,
-bench-handshake, bench-tls, bench-overlay.
+bench-wire, bench-handshake, bench-tls, bench-overlay.
 
 Errors the harness raises on purpose (bad spec, no engine, a failed Compose call) end as one line on
 stderr and exit code 2 (bad input) or 1 (anything else), not a traceback.
