@@ -1,6 +1,6 @@
 """The docs hold together: every relative link in README.md, CHANGELOG.md and docs/*.md points to a file
 (and its #anchor to a heading of that file), the README stays a short page, and every
-`experiments/NAME.yaml` the docs name exists."""
+`experiments/NAME.yaml` and source path (`wiiide/...`, `harness/...`) the docs name exists."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^(```|~~~)")
 INLINE_CODE = re.compile(r"`[^`]*`")
 SPEC_PATH = re.compile(r"\bexperiments/[A-Za-z0-9_.-]+\.ya?ml\b")
+# a file or folder of the tree named in code: `wiiide/ps/shard.py`, `harness/links/`
+TREE_PATH = re.compile(r"`((?:wiiide|harness|tests|docker)/[A-Za-z0-9_./-]*)`")
 
 
 def doc_files() -> list[Path]:
@@ -105,6 +107,12 @@ def test_every_named_spec_exists(path: Path):
     missing = sorted({m for m in SPEC_PATH.findall(path.read_text(encoding="utf-8"))
                       if not (ROOT / m).is_file()})
     assert not missing, f"{path.relative_to(ROOT)} names specs that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("path", doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_named_source_path_exists(path: Path):
+    missing = sorted({m for m in TREE_PATH.findall(path.read_text(encoding="utf-8")) if not (ROOT / m).exists()})
+    assert not missing, f"{path.relative_to(ROOT)} names files that do not exist: {missing}"
 
 
 def test_the_checks_find_what_they_look_for(tmp_path: Path):
