@@ -285,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue an interrupted run of this spec in DIR: finished points are skipped")
     p.add_argument("--no-reuse", dest="reuse", action="store_false",
                    help="docker: fresh containers for every run (default: warm containers are kept between the "
-                        "runs of the same cluster and each run forks fresh node processes in them; see the README)")
+                        "runs of the same cluster and each run forks fresh node processes in them; see docs/getting-started.md)")
     p.add_argument("--sched-trace", action="store_true",
                    help="trace this machine's scheduler (tracefs, root; docker and local) and record per repeat the "
                         "cores it left idle while threads waited ('sched'; the round model's 'lost cores')")

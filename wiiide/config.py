@@ -382,7 +382,7 @@ class RunConfig(BaseSettings):
         "ps_shards > 1: TCP_CONGESTION on the sharded servers' connections (pushes and pulls); auto: "
         "tcp_congestion if set, else reno where this process may set it (net.ipv4.tcp_allowed_congestion_control), "
         "else the system's; '': as tcp_congestion (wiiide.wire.sockets.shard_congestion)")
-    # 64 MiB (wiiide.wire.format.DEFAULT_RECV_CHUNK_BYTES), not seed 001's 256 KiB: see bench-wire in the README
+    # 64 MiB (wiiide.wire.format.DEFAULT_RECV_CHUNK_BYTES), not seed 001's 256 KiB: see bench-wire in docs/wire.md
     recv_chunk_bytes: SizeBytes = _field(64 * MIB, "1 KiB..256 MiB", "the most one recv_into asks for",
                                          ge=1024, le=256 * MIB)
     max_frame_bytes: SizeBytes = _field(1024 * MIB, "64 KiB..8 GiB",

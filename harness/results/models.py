@@ -3,7 +3,7 @@ point's `Stats` per figure. `harness/results/report.schema.json` is generated fr
 (`python -m harness.results.schema`).
 
 Layout (after pyperf / pytest-benchmark: metadata first, raw values kept, statistics computed from
-them; README "Reading a report")::
+them; docs/reports.md)::
 
     Report: schema_version, name, created_at_utc, updated_at_utc, complete, note, resumed_at_utc,
             resumed_commit_info, machine_info, commit_info, backend, spec, param_names, host_sysctls,
@@ -131,7 +131,7 @@ class Totals(_Model):
     None: not measured in this run (a failed repeat, the local backend's container counters, an
     unshaped link...). The parameter server's figures are the coordinator's (tensor bytes through it,
     both directions); the Training Summary and communication figures are the engines' common ground
-    (README "Engines side by side").
+    (docs/engines.md, "DDP and FSDP").
     """
 
     steps: int | None = None

@@ -1,6 +1,6 @@
 """Sweep reports on disk: one ``results/<name>-<UTC timestamp>/report.json`` per sweep, rewritten
 atomically after every repeat (`ReportWriter`), and read back typed (`load_report`), whatever
-`schema_version` wrote it. The layout is `harness.results.models` (README "Reading a report"); its
+`schema_version` wrote it. The layout is `harness.results.models` (docs/reports.md); its
 JSON Schema ships as ``harness/results/report.schema.json``.
 
 Schema versions:

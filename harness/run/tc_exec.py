@@ -132,8 +132,8 @@ class HostNetnsExec:
     (``nsenter --net=/proc/PID/ns/net``): a fork and an exec on the host, where an Engine API exec
     (`ContainerExec`) goes through dockerd, containerd, a shim and runc. The link counters are read
     this way every `harness.run.shaping.COUNTER_INTERVAL_S` seconds in every shaped container; by exec
-    that took about a quarter of a 2-core machine during runs of 1+8 containers (README, "The
-    harness's CPU while the nodes train").
+    that took about a quarter of a 2-core machine during runs of 1+8 containers (docs/getting-started.md, "The
+    harness's own cost per run"; CHANGELOG.md).
 
     Made by `host_netns_runner`, which checks that it can be used. The namespace is the one the
     container's first process had when this was made (its inode): once that process is gone, or its

@@ -107,7 +107,7 @@ def return_freed_memory(libc: Any = None) -> dict[str, int] | None:
     a gathered FSDP unit) raises the threshold to its size, later buffers of that size come from the
     heap, and a heap page freed below a live one stays resident. FSDP allocates and frees a unit's
     gathered parameters and gradients at every forward and backward, so its RSS grew towards DDP's
-    though it holds a fifth of the state (README, Workloads). Setting ``M_MMAP_THRESHOLD`` fixes the
+    though it holds a fifth of the state (docs/workloads.md, "Memory under FSDP"). Setting ``M_MMAP_THRESHOLD`` fixes the
     threshold (and turns the dynamic adjustment off): every allocation of `MMAP_THRESHOLD_BYTES` or more
     is its own mapping, unmapped when freed; ``M_TRIM_THRESHOLD`` lets free() trim the heap's top above
     the same size. Both engines (ddp, fsdp) run with it, so they are compared under one allocator policy.
@@ -353,7 +353,7 @@ class TorchNode:
                 # gloo the chains of two buckets reach the wire in different orders on different ranks
                 # (gloo: "Received data size doesn't match expected size ... collective mismatch", or
                 # every rank waiting forever). DDP's default caps give a 1 MiB first bucket, so the
-                # README's 1.2 MB digits MLP had two. An explicit cap also sets the first bucket's.
+                # the 1.2 MB digits MLP had two. An explicit cap also sets the first bucket's.
                 ddp = DistributedDataParallel(model, bucket_cap_mb=powersgd_bucket_cap_mb(model))
             else:
                 ddp = DistributedDataParallel(model)

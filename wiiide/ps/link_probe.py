@@ -2,8 +2,7 @@
 
 Why pieces follow the link. A shard cuts its range into pieces so that it can answer one while the
 next is still arriving (pipelining over the link); every piece costs each node a frame's CPU (encode,
-send and receive calls, a decode). Measured with sharded fp32 against DDP fp32 (README, "Sharded
-parameter servers", session 16; digits 4 / 8 workers, 26 MB 4 / 8 workers):
+send and receive calls, a decode). Measured with sharded fp32 against DDP fp32 (studies/auto-partitions/; digits 4 / 8 workers, 26 MB 4 / 8 workers):
 
 - unshaped Docker bridge (`results/unshaped-pieces-20261125T080607Z`): 8 pieces per shard 1.19 / 1.49 /
   1.35 / ~0.90x, 2 pieces 1.58 / 1.44 / 1.43 / 1.20x: where a piece crosses the link in less time than
@@ -23,7 +22,7 @@ against 1.46x / 1.30x with one).
 
 Between the two, a piece's bytes grow with the rate rather than at one threshold. Sessions 18 and 20
 forced 8 pieces of 64 KiB and up (the slow rule) against 2 of 1 MiB and up (the fast rule), 2 repeats each
-(`studies/auto-partitions/link-crossover.yaml`; README, "Pieces at the link's pace"). The fast rule against the slow
+(`studies/auto-partitions/link-crossover.yaml`; docs/engines.md, "Pieces per shard"). The fast rule against the slow
 one, digits 4 / 8 workers, 26 MB 4 / 8 workers:
 
 - 500 Mbit/s: ~0.99x / ~0.94x, 0.87x / 0.94x;

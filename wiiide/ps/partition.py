@@ -16,8 +16,7 @@ node's egress (the link model below), and ``partition_flat(..., weights=...)`` c
 contiguous range per shard of exactly that share (ps-lite's key range per server), each range into
 partitions of at most `partition_bytes`. `pipeline_shard_weights` (the default layout) adds the one
 dependency the egress model leaves out, that a shard pulls only once its pushes are in, and puts the
-coordinator's range at the tail of the vector (``order``), which backward reaches first. Measured at 8 workers and 100 Mbit/s (README, "Side by
-side"): with equal bytes, 19 partitions of 64 KiB over 9 shards left one worker with 3 and it carried
+coordinator's range at the tail of the vector (``order``), which backward reaches first. Measured at 8 workers and 100 Mbit/s (studies/ps-vs-ddp-cc/): with equal bytes, 19 partitions of 64 KiB over 9 shards left one worker with 3 and it carried
 2.34 MB a step against the others' 1.96 MB, which set the step.
 
 ``partition_placement: interleaved`` keeps every shard's share and pieces but deals the pieces into the
@@ -37,7 +36,7 @@ from wiiide.errors import ConfigError
 
 FLOAT32_BYTES = 4
 # `partitions_per_shard` cuts a shard's range no finer than this: pieces of about 64 KiB and up. Measured
-# (README, "Partitions per shard"): the digits model at 8 workers in 33 KB pieces (4 per shard) ran 0.87x DDP
+# (studies/partitions-per-shard/): the digits model at 8 workers in 33 KB pieces (4 per shard) ran 0.87x DDP
 # with ordered pushes on CUBIC where 64 KiB pieces had run 1.10x; at 4 workers 4 pieces of 55 KB ran 1.10x.
 PER_SHARD_FINEST_BYTES = 64 * 1024
 
@@ -59,7 +58,7 @@ def finest_raw_bytes(wire_ratio: float | None, wire_bytes: int = PER_SHARD_FINES
 
     Why on the wire: a piece pays a frame each way on every node it passes through (a codec call, a
     header, a hand-off between threads; on this machine the sum over the nodes came to about 0.3 ms of
-    CPU a piece, README "Partitions for the compressed engines"), and what it buys, a shard answering
+    CPU a piece, studies/lossy-partitions/), and what it buys, a shard answering
     one piece while the next is still on its way, scales with the piece's time on the link, i.e. its
     bytes on the wire. lloyd2 (15x) on the digits model makes a shard's 0.24 MB range one piece.
     """
@@ -196,7 +195,7 @@ def pipeline_shard_weights(num_shards: int, num_workers: int, model_bytes: float
     The earlier form, (k + W - 3) / W (1.75 at W = 8), assumed the coordinator's partitions in after
     s_0 / R, as if the pushes went one shard after the other. These weights give the shortest round of
     the fluid model of the links (`harness.analysis.round_model.sharded_round_s`; a unit test checks it);
-    measured (README, "Sharded parameter servers"), they ran level with the earlier ones with 64 KiB
+    measured (docs/engines.md, "Sharded servers"), they ran level with the earlier ones with 64 KiB
     partitions and 3 % faster for the 26 MB model in 4 MiB partitions, where the model said 9 % and 15 %.
 
     Args:

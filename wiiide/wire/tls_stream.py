@@ -5,7 +5,7 @@ socket, not an `ssl.SSLSocket`. `SSLSocket.recv_into` returns at most one 16 KiB
 `SSL_read` doing its own read system calls for the record's header and body (about 128 per MiB), and
 `SSLSocket.sendall` writes record by record (one `send` per 16 KiB record): with the GIL and a shared
 2-core machine, those record-sized calls, not AES-GCM (a few GB/s here), were what TLS cost
-(README, "What it costs"). `TLSStream` reads up to `RECV_CIPHERTEXT_BYTES` of ciphertext per system
+(docs/benchmarks.md, "TLS"). `TLSStream` reads up to `RECV_CIPHERTEXT_BYTES` of ciphertext per system
 call (from `RECV_FIRST_BYTES`, grown while reads fill it) and decrypts every whole record in it
 straight into the caller's buffer (`SSLObject.read`, no
 system call per record), and encrypts a whole slice of a frame (`SEND_SLICE_BYTES`) into the outgoing

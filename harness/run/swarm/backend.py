@@ -85,7 +85,7 @@ class SwarmBackend:
         return self._engines
 
     def prepare(self, progress: Progress) -> None:
-        """(Re)build the image on this node (the others need it from a registry: see the README).
+        """(Re)build the image on this node (the others need it from a registry: see docs/multi-host.md).
 
         Raises:
             ClusterError: the image cannot be built.

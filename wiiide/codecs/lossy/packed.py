@@ -165,7 +165,7 @@ class Int3BlockCodec(_PackedBlockCodec):
     smaller at block 256. Its squared error on a Gaussian (about 0.09) is more than `Lloyd3BlockCodec`'s
     (0.035) at the same size, but its error is bounded per value (<= scale / 2). Under two-way error feedback
     on the 26 MB model the int3 runs followed fp32's held-out accuracy seed by seed and the lloyd3 runs did
-    not (README, "Sharded parameter servers"; why is not measured). Meant to run under error feedback, as
+    not (docs/engines.md, "Which lossy codec"; why is not measured). Meant to run under error feedback, as
     `Int4BlockCodec` is."""
 
     wire_id = "int3"
@@ -183,8 +183,7 @@ class Int3ZstdBlockCodec(Int3BlockCodec):
     In blocks of 256, scales included: about 2.2 bits a value for Gaussian values and 1.8 for Laplace ones
     (tests/unit/test_wire_codecs.py checks the Laplace case against int3 and lloyd2), 14.6-15.6x on one
     gradient of the project's MLPs (``python -m harness bench-wire --sections codecs``), against int3's
-    10.24x and lloyd2's 15.06x; its encoding and decoding take 1.3-2.6x lloyd2's time there (README,
-    "Sharded parameter servers", session 16)."""
+    10.24x and lloyd2's 15.06x; its encoding and decoding take 1.3-2.6x lloyd2's time there (studies/lossy-accuracy/)."""
 
     wire_id = "int3z"
     BITS, LEVELS = 4, 3
