@@ -11,8 +11,10 @@ Values may be strings (as the environment and YAML give them): booleans are ``1/
 ``yes/no`` or ``on/off``; ``*_bytes`` fields are sizes read by `wiiide.units.parse_size_bytes`
 (``"256k"`` = 262,144, ``"8MiB"``; IEC: k = 1,024); ``link_bandwidth_bps`` takes a bare number of
 bit/s or a rate read by `wiiide.units.parse_rate_bps` (``"100mbit"``; SI: k = 1,000);
-``hidden_sizes`` takes ``"64,32"``, ``"64 32"`` or a list. `RunConfig.json_schema` gives the JSON
-Schema of the fields, their defaults, bounds and (under ``allowed``) what each accepts.
+``hidden_sizes`` takes ``"64,32"``, ``"64 32"`` or a list (parsers and types: `wiiide.config_types`).
+`RunConfig.json_schema` gives the JSON Schema of the fields, their defaults, bounds, (under ``allowed``)
+what each accepts, (under ``group``) the subsystem of `CONFIG_GROUPS` it belongs to and (under ``unit``)
+its unit where it has one. A field is declared with `_field` after the `_section` of its group (`wiiide.config_types`).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import dataclasses
 import os
 from typing import Any, Literal, Mapping
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from wiiide.config_types import (
+    CONFIG_GROUPS,
     MAX_STALENESS_BOUND,
     Bool,
     BufferBytes,
@@ -39,6 +42,9 @@ from wiiide.config_types import (
     StalenessBound,
     Str,
     TcpCongestion,
+    _add_units,
+    _field,
+    _section,
 )
 from wiiide.errors import ConfigError
 from wiiide.units import MIB as _MIB
@@ -62,11 +68,6 @@ COMPRESSION_CHOICES = ("none", "adaptive") + tuple(f"zlib-{level}" for level in 
 _ENV_IGNORED = {"require_docker", "secret", "secret_file", "image", "results_dir", "workers", "project"}
 
 
-def _field(default: Any, allowed: str, description: str, **constraints: Any) -> Any:
-    """A field with its default, bounds and the text `ConfigError` gives as what is allowed."""
-    return Field(default, description=description, json_schema_extra={"allowed": allowed}, **constraints)
-
-
 _TIMEOUT = f"0 < x <= {MAX_TIMEOUT_S:g} seconds"  # finite and at most a day: socket.settimeout overflows on inf
 
 
@@ -88,6 +89,7 @@ class RunConfig(BaseSettings):
                                       validate_default=True)
 
     # --- topology -------------------------------------------------------------------------------
+    _section("topology")
     coordinator_host: Str = _field("127.0.0.1", "a host name or address", "where workers connect")
     bind_host: Str = _field("127.0.0.1", "a host name or address",
                             "where the coordinator listens (0.0.0.0 in containers)")
@@ -96,8 +98,9 @@ class RunConfig(BaseSettings):
     node_id: Str = _field("", "any string", "empty: the hostname (workers get their rank from the coordinator)")
 
     # --- data and model -------------------------------------------------------------------------
+    _section("data-model")
     dataset: Literal["digits", "synthetic"] = _field("digits", " | ".join(DATASETS), "training data")
-    synthetic_samples: Int = _field(4096, ">= 20", "synthetic dataset: samples", ge=20)
+    synthetic_samples: Int = _field(4096, ">= 20", "synthetic dataset: samples", unit="samples", ge=20)
     synthetic_features: Int = _field(256, "1..1000000", "synthetic dataset: features per sample",
                                      ge=1, le=1_000_000)
     synthetic_classes: Int = _field(10, "2..100000", "synthetic dataset: classes", ge=2, le=100_000)
@@ -113,18 +116,19 @@ class RunConfig(BaseSettings):
     transformer_width: Int = _field(128, "8..4096, a multiple of transformer_heads", "transformer: model width",
                                     ge=8, le=4096)
     transformer_heads: Int = _field(4, "1..64", "transformer: attention heads", ge=1, le=64)
-    transformer_context: Int = _field(128, "8..8192", "transformer: bytes per sequence (window)", ge=8, le=8192)
+    transformer_context: Int = _field(128, "8..8192", "transformer: bytes per sequence (window)", unit="bytes",
+                                      ge=8, le=8192)
     embedding_rows: Int = _field(100_000, "2..100000000", "embedding: rows of the table", ge=2, le=100_000_000)
     embedding_dim: Int = _field(16, "1..1024", "embedding: floats per row", ge=1, le=1024)
     embedding_fields: Int = _field(8, "1..256", "embedding: ids (lookups) per sample", ge=1, le=256)
     embedding_zipf_exponent: Float = _field(1.1, "0 <= x <= 5", "embedding: ids drawn with P(k) ~ 1/(k+1)^x",
                                             ge=0.0, le=5.0)
-    embedding_samples: Int = _field(65536, ">= 20", "embedding: synthetic samples (train + test)", ge=20,
+    embedding_samples: Int = _field(65536, ">= 20", "embedding: synthetic samples (train + test)", unit="samples", ge=20,
                                     le=100_000_000)
     sparse_embedding: Bool = _field(False, "a boolean",
                                     "embedding: wiiide sends only touched rows (codec rows) and pulls only "
                                     "changed rows; ddp uses nn.Embedding(sparse=True); fsdp cannot")
-    batch_size: Int = _field(32, "1..65536", "samples per worker per step", ge=1, le=65536)
+    batch_size: Int = _field(32, "1..65536", "samples per worker per step", unit="samples", ge=1, le=65536)
     learning_rate: Float = _field(0.1, "0 < x <= 100", "SGD learning rate", gt=0.0, le=100.0)
     momentum: Float = _field(0.0, "0 <= x < 1", "SGD momentum", ge=0.0, lt=1.0)
     seed: Int = _field(0, "any integer", "seed of the model's initial weights and of the data")
@@ -132,12 +136,14 @@ class RunConfig(BaseSettings):
                                 "intra-op threads per node (0: torch's default, one per core)", ge=0, le=256)
 
     # --- run length -----------------------------------------------------------------------------
+    _section("run-length")
     duration_s: Float = _field(30.0, _TIMEOUT, "training time, seconds", gt=0.0, le=MAX_TIMEOUT_S)
     max_steps: Int = _field(0, ">= 0 (0: no limit)", "0: no step limit, stop on duration_s only", ge=0)
     warmup_steps: Int = _field(10, "0..100000", "first steps left out of the Training Summary's step timings",
                                ge=0, le=100_000)
 
     # --- held-out evaluation during training: time to target (wiiide.evaluation) ---------------
+    _section("evaluation")
     eval_every_s: Float = _field(0.0, f"0 (off) or 0 < x <= {MAX_TIMEOUT_S:g} seconds",
                                  "evaluate a snapshot of the parameters on the held-out split this often, on a "
                                  "background thread of the coordinator (rank 0), without pausing training",
@@ -147,12 +153,13 @@ class RunConfig(BaseSettings):
                                     "first reaches this (needs eval_every_s)", ge=0.0, le=1.0)
     target_loss: Float = _field(0.0, "0 (no target) or > 0 nats",
                                 "language model: time to target is the wall time until the validation loss "
-                                "first falls to this (needs eval_every_s)", ge=0.0)
+                                "first falls to this (needs eval_every_s)", unit="nats", ge=0.0)
     stop_at_target: Bool = _field(False, "true | false (true needs target_accuracy or target_loss)",
                                   "end training at the first held-out evaluation that reaches the target "
                                   "(time-to-target runs then need not run out duration_s)")
 
     # --- engine: which training system runs on the same containers (wiiide/engines/) ----------
+    _section("engine")
     engine: Literal["wiiide", "ddp", "fsdp"] = _field(
         "wiiide", " | ".join(ENGINES), "wiiide (the parameter server) | ddp | fsdp (PyTorch over gloo)")
     ddp_comm_hook: Literal["none", "fp16", "powersgd", "post_local_sgd"] = _field(
@@ -169,6 +176,7 @@ class RunConfig(BaseSettings):
                            "ddp/fsdp: torch.profiler traces into the run's folder (metrics_dir's parent)")
 
     # --- workers at their own pace (wiiide.pace) ------------------------------------------------
+    _section("pace")
     staleness_bound: StalenessBound = _field(
         0, "0 (synchronous rounds) | an integer s in 1..1000000 (stale synchronous parallel) | async (no bound)",
         "wiiide: a worker may run at most this many pushes ahead of the slowest live worker (Ho et al. 2013)")
@@ -200,6 +208,7 @@ class RunConfig(BaseSettings):
     debug_sleep_worker_rank: Int = _field(0, "0 (every worker) or a worker rank 1..256",
                                           "debug_step_sleep_s applies to this worker rank only", ge=0, le=256)
     # --- sharded parameter server (wiiide/ps/) -------------------------------------------------
+    _section("ps")
     ps_shards: PsShards = _field("1", "1 | all | an integer 1..nodes (coordinator + workers)",
                                  "wiiide: server shards; 1: the central server on the coordinator; all: one on "
                                  "every node (coordinator and each worker); k: the coordinator and workers 1..k-1")
@@ -241,6 +250,7 @@ class RunConfig(BaseSettings):
         "indices when the worker's data set has the coordinator's fingerprint")
 
     # --- sockets --------------------------------------------------------------------------------
+    _section("sockets")
     sndbuf_bytes: BufferBytes = _field(8 * MIB, "0 (kernel default) or 4096..1 GiB",
                                        "SO_SNDBUF requested (0: leave the kernel default)")
     rcvbuf_bytes: BufferBytes = _field(8 * MIB, "0 (kernel default) or 4096..1 GiB",
@@ -264,6 +274,7 @@ class RunConfig(BaseSettings):
                                         ge=64 * 1024, le=8 * 1024 * MIB)
 
     # --- compression ----------------------------------------------------------------------------
+    _section("codecs")
     compression: PolicyName = _field(
         "none", "a compression policy (see wiiide.codecs.policy.POLICY_NAME_FORMS)",
         "fixed:<codec> | none | zlib-1..9 | seed (= adaptive) | network-aware | network-aware+lossy")
@@ -279,13 +290,15 @@ class RunConfig(BaseSettings):
     allow_lossy: Bool = _field(False, "a boolean",
                                "network-aware may pick lossy codecs (fp16, bf16, int8, topk) for gradients")
     lossy_warmup_steps: Int = _field(50, ">= 0", "gradient messages sent uncompressed before any lossy codec",
-                                     ge=0)
+                                     unit="messages", ge=0)
     topk_fraction: Float = _field(0.01, "0 < x <= 1",
                                   "network-aware's top-k candidate keeps this fraction per tensor", gt=0.0, le=1.0)
     codec_probe_every: Int = _field(20, ">= 2",
-                                    "network-aware tries another codec every this many messages of a kind", ge=2)
+                                    "network-aware tries another codec every this many messages of a kind",
+                                    unit="messages", ge=2)
 
     # --- logging and metrics --------------------------------------------------------------------
+    _section("logging")
     log_tier: Literal["verbose", "normal", "silent"] = _field("normal", " | ".join(LOG_TIERS), "logging tier")
     log_every_steps: Int = _field(100, ">= 1", "normal tier: a progress line every this many steps", ge=1)
     metrics_dir: Str = _field("results/nodes", "a directory path", "where the node writes its metrics JSON")
@@ -297,6 +310,7 @@ class RunConfig(BaseSettings):
                                   "shaped ('': start at once)")
 
     # --- timeouts -------------------------------------------------------------------------------
+    _section("timeouts")
     connect_timeout_s: Float = _field(60.0, _TIMEOUT,
                                       "worker: retry connecting; coordinator: wait for all workers",
                                       gt=0.0, le=MAX_TIMEOUT_S)
@@ -312,6 +326,7 @@ class RunConfig(BaseSettings):
                                     ge=0.0, le=MAX_TIMEOUT_S)
 
     # --- checkpoints and recovery (wiiide.checkpoint; off while both intervals are 0) ------------
+    _section("recovery")
     checkpoint_every_steps: Int = _field(0, ">= 0 (0: not by steps)",
                                          "coordinator: write a checkpoint every this many steps", ge=0)
     checkpoint_every_s: Float = _field(0.0, f"0..{MAX_TIMEOUT_S:g} seconds (0: not by time)",
@@ -326,6 +341,7 @@ class RunConfig(BaseSettings):
                                      "the workers to come back", ge=0.0, le=MAX_TIMEOUT_S)
 
     # --- who may connect (the secret itself is never a config field: see wiiide.auth) ---------
+    _section("security")
     handshake_timeout_s: Float = _field(5.0, "0 < x <= 300 seconds",
                                         "a peer must complete the authenticated handshake within this",
                                         gt=0.0, le=300.0)
@@ -393,8 +409,9 @@ class RunConfig(BaseSettings):
     def json_schema(cls) -> dict[str, Any]:
         """The JSON Schema (draft 2020-12, pydantic's) of the fields as `from_dict` accepts them.
 
-        Each property has its type, default, bounds (``minimum``/``maximum`` ...), ``description`` and
-        ``allowed`` (the text a `ConfigError` gives). A field that also takes a string (numbers, sizes
+        Each property has its type, default, bounds (``minimum``/``maximum`` ...), ``description``,
+        ``allowed`` (the text a `ConfigError` gives), ``group`` (a key of `CONFIG_GROUPS`) and, where the
+        value has one, ``unit`` (``"bytes"``, ``"s"``, ``"bit/s"``, ``"samples"`` ...). A field that also takes a string (numbers, sizes
         such as ``"256k"``, booleans such as ``"on"``, ``"64,32"``) has ``anyOf: [<typed>, {"type": "string"}]``.
         """
         schema = cls.model_json_schema(mode="validation")
@@ -556,10 +573,13 @@ def _validate_engine(c: RunConfig) -> None:
                "(every rank needs a sample per micro-batch)")
 
 
+_add_units(RunConfig)
+
+
 def default_config() -> RunConfig:
     """`RunConfig()`: every field at its default."""
     return RunConfig()
 
 
-__all__ = ["RunConfig", "ConfigError", "COMPRESSION_CHOICES", "LOG_TIERS", "DATASETS", "ENGINES", "MODELS", "ENV_PREFIX",
+__all__ = ["RunConfig", "ConfigError", "CONFIG_GROUPS", "COMPRESSION_CHOICES", "LOG_TIERS", "DATASETS", "ENGINES", "MODELS", "ENV_PREFIX",
            "default_config"]

@@ -1,4 +1,4 @@
-"""Value parsers and annotated field types of `wiiide.config.RunConfig`.
+"""Value parsers, annotated field types and field declarations of `wiiide.config.RunConfig`.
 
 The parsers take values as the environment and YAML give them (strings) or as Python values, and
 raise ``ValueError`` with what was expected; pydantic turns that into a validation error which
@@ -6,6 +6,10 @@ raise ``ValueError`` with what was expected; pydantic turns that into a validati
 ``yes/no`` or ``on/off``; sizes are read by `wiiide.units.parse_size_bytes` (IEC: k = 1,024); bit
 rates by `wiiide.units.parse_rate_bps` (SI: k = 1,000) or as a bare number of bit/s; layer widths
 as ``"64,32"``, ``"64 32"`` or a list.
+
+Fields are declared with `_field` after a `_section` statement naming their group (a key of
+`CONFIG_GROUPS`); `_add_units`, run on the finished class, gives each field without a unit the one
+its name carries (``_bytes``, ``_s``, ``_bps`` ...) and ends the section.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationInfo
 
 from wiiide.codecs.policy import check_policy_name
 from wiiide.units import MIB, parse_rate_bps, parse_size_bytes
@@ -150,3 +154,60 @@ BufferBytes = Annotated[SizeBytes, AfterValidator(_buffer_size)]
 PolicyName = Annotated[Str, AfterValidator(_policy_name)]
 PsShards = Annotated[Str, AfterValidator(_ps_shards)]
 TcpCongestion = Annotated[Str, AfterValidator(_tcp_congestion)]
+
+
+# --- field declarations: groups and units ----------------------------------------------------------
+# The subsystems RunConfig's fields are grouped by (each field's ``group`` in the schema), in the class's
+# order: group -> its title. `wiiide-lab knobs` and docs/knobs.md list the knobs under these.
+CONFIG_GROUPS: dict[str, str] = {
+    "topology": "Topology: who listens and connects where",
+    "data-model": "Data and model",
+    "run-length": "Run length",
+    "evaluation": "Held-out evaluation and time to target",
+    "engine": "Engine: the training system (wiiide, or torch DDP / FSDP)",
+    "pace": "Workers at their own pace: staleness, local SGD, adaptive batches",
+    "ps": "Sharded parameter server",
+    "sockets": "Sockets and frames",
+    "codecs": "Wire compression and codecs",
+    "logging": "Logging and metrics",
+    "timeouts": "Timeouts and liveness",
+    "recovery": "Checkpoints and recovery",
+    "security": "Who may connect: handshake, admission, TLS",
+}
+
+# The unit a field's name carries (conventions: ``_s``, ``_bytes``, ``_bps``), for fields that give none.
+_UNIT_SUFFIXES = (("_bytes", "bytes"), ("_bps", "bit/s"), ("_ms", "ms"), ("_s", "s"), ("_steps", "steps"))
+
+_section_group: list[str] = []  # the group `_section` set; `_field` gives it to the fields declared after
+
+
+def _section(group: str) -> None:
+    """Give `group` (a key of `CONFIG_GROUPS`) to the `_field`s declared after this statement in a class body.
+
+    Raises:
+        KeyError: `group` is not in `CONFIG_GROUPS`.
+    """
+    if group not in CONFIG_GROUPS:
+        raise KeyError(f"unknown config group {group!r}; groups: {', '.join(CONFIG_GROUPS)}")
+    _section_group[:] = [group]
+
+
+def _field(default: Any, allowed: str, description: str, unit: str = "", **constraints: Any) -> Any:
+    """A field with its default, bounds, the text `ConfigError` gives as what is allowed, the group of the
+    last `_section` and its `unit` (``""``: the unit its name's suffix carries, if any; see `_add_units`)."""
+    extra = {"allowed": allowed, **({"group": _section_group[0]} if _section_group else {})}
+    return Field(default, description=description, json_schema_extra={**extra, **({"unit": unit} if unit else {})},
+                 **constraints)
+
+
+def _add_units(cls: type[BaseModel]) -> None:
+    """Give every field of `cls` without a unit the one its name's suffix carries (`_UNIT_SUFFIXES`), then
+    rebuild its schema; close the last `_section`, so that a field declared later gets no group by accident."""
+    _section_group.clear()
+    for name, info in cls.model_fields.items():
+        extra = info.json_schema_extra
+        if isinstance(extra, dict) and "unit" not in extra:
+            unit = next((u for suffix, u in _UNIT_SUFFIXES if name.endswith(suffix)), "")
+            if unit:
+                extra["unit"] = unit
+    cls.model_rebuild(force=True)
