@@ -1,5 +1,5 @@
-"""``python -m harness VERB``: up, down, status, sweep, report, image, compare, bench-wire, bench-handshake,
-bench-tls, bench-overlay.
+"""``python -m harness VERB``: up, down, status, sweep, report, knobs, image, compare, bench-wire,
+bench-handshake, bench-tls, bench-overlay.
 
 Errors the harness raises on purpose (bad spec, no engine, a failed Compose call) end as one line on
 stderr and exit code 2 (bad input) or 1 (anything else), not a traceback.
@@ -249,6 +249,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_knobs(args: argparse.Namespace) -> int:
+    """`knobs [--group G] [--markdown]`: the knobs reference (`harness.present.knobs`): rich tables on a
+    terminal, one tab-separated line per knob otherwise, docs/knobs.md's Markdown with --markdown.
+    Raises SpecError (exit 2) for an unknown group, naming the groups."""
+    from harness.present import knobs
+
+    if args.markdown:
+        sys.stdout.write(knobs.knobs_markdown(args.group))
+    elif sys.stdout.isatty():
+        from rich.console import Console
+        console = Console()
+        for table in knobs.knobs_rich(args.group):
+            console.print(table)
+    else:
+        print(knobs.knobs_lines(args.group))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every verb (`wiiide-lab --help`, `wiiide-lab VERB --help`)."""
     parser = argparse.ArgumentParser(prog="wiiide-lab", description="WIIIIIDE lab: run, shape, sweep and report WIIIIIDE clusters (also: python -m harness)")
@@ -316,6 +334,12 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(verb, help=help_text)
         importlib.import_module(module).add_arguments(p)
         p.set_defaults(func=cmd_bench, bench_module=module)
+
+    p = sub.add_parser("knobs", help="the knobs reference: every RunConfig field by subsystem, with what it does, "
+                                     "its unit, default and allowed values")
+    p.add_argument("--group", metavar="G", help="only this group (e.g. sockets); an unknown one lists the groups")
+    p.add_argument("--markdown", action="store_true", help="print Markdown (docs/knobs.md is this output)")
+    p.set_defaults(func=cmd_knobs)
 
     p = sub.add_parser("image", help="build the node image (wheelhouse, local base when no registry)")
     p.add_argument("--force", action="store_true")
