@@ -33,7 +33,9 @@ def _use_image(args: argparse.Namespace) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """`sweep SPEC`: validate the spec, run every point and repeat, print the table and, last, the
-    report's path. Raises SpecError/ConfigError (exit 2) before anything starts, HarnessError (exit 1)."""
+    report's path; with --dry-run, only check and list the points with a time estimate
+    (`harness.sweep.dry_run`). Raises SpecError/ConfigError (exit 2) before anything starts, HarnessError
+    (exit 1)."""
     from harness.present.table import format_table
     from harness.results.report import load_report
     from harness.spec.points import load_spec, select_points
@@ -45,6 +47,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     _use_image(args)
     if args.repeats:
         spec.repeats = args.repeats
+    if args.dry_run:
+        from harness.sweep import dry_run
+        print(dry_run(spec, args.backend, _log, resume_dir=Path(args.resume) if args.resume else None,
+                      sched_trace=args.sched_trace))
+        return 0
     path = run_sweep(spec, args.backend, Path(args.results_dir) if args.results_dir else None,
                      resume_dir=Path(args.resume) if args.resume else None, reuse=args.reuse,
                      sched_trace=args.sched_trace)
@@ -289,6 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-reuse", dest="reuse", action="store_false",
                    help="docker: fresh containers for every run (default: warm containers are kept between the "
                         "runs of the same cluster and each run forks fresh node processes in them; see the README)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check everything the sweep checks before it starts (spec, every point's config, links, "
+                        "cluster settings, faults, sysctls, the backend's own checks) and list the points and "
+                        "repeats with an estimate of the time; starts no container or process")
     p.add_argument("--sched-trace", action="store_true",
                    help="trace this machine's scheduler (tracefs, root; docker and local) and record per repeat the "
                         "cores it left idle while threads waited ('sched'; the round model's 'lost cores')")
