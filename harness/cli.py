@@ -1,4 +1,4 @@
-"""``python -m harness VERB``: up, down, status, sweep, report, knobs, image, compare, bench-wire,
+"""``python -m harness VERB``: up, down, status, sweep, report, export, knobs, image, compare, bench-wire,
 bench-handshake, bench-tls, bench-overlay.
 
 Errors the harness raises on purpose (bad spec, no engine, a failed Compose call) end as one line on
@@ -152,6 +152,14 @@ def up_point(args: argparse.Namespace):
     if not 0 <= index < len(spec.points):
         raise SpecError(f"--point {index}: {source} has points 0..{len(spec.points) - 1}")
     return spec.points[index]
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """`export REPORT --format csv|parquet [--table T] [--out DIR]`: the report's tables as files, their
+    paths printed (`harness.results.export`). Raises HarnessError for an unreadable report."""
+    from harness.results.export import main
+
+    return main(args)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -313,6 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "compare-<others>.html next to the first for several) and print its path last")
     p.add_argument("--out", help="where the HTML page goes (with --html)")
     p.set_defaults(func=cmd_report)
+
+    from harness.results.export import add_arguments as export_arguments
+    p = sub.add_parser("export", help="a report's tables (repeats, nodes, stats, evals) as CSV or Parquet files "
+                                      "for pandas and notebooks")
+    export_arguments(p)
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("up", help="start a long-running cluster in containers with a sweep point's knobs "
                                   "(1 coordinator + N workers, links shaped, limits set, then training)")
