@@ -278,7 +278,11 @@ def cmd_knobs(args: argparse.Namespace) -> int:
         for table in knobs.knobs_rich(args.group):
             console.print(table)
     else:
-        print(knobs.knobs_lines(args.group))
+        try:
+            print(knobs.knobs_lines(args.group), flush=True)
+        except BrokenPipeError:  # `wiiide-lab knobs | head`: the reader had enough
+            import os
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
     return 0
 
 
