@@ -1,4 +1,4 @@
-"""``python -m harness VERB``: up, down, status, sweep, report, export, image, compare, round-model,
+"""``python -m harness VERB``: up, down, status, sweep, report, export, knobs, image, compare, round-model,
 bench-wire, bench-handshake, bench-tls, bench-overlay.
 
 Errors the harness raises on purpose (bad spec, no engine, a failed Compose call) end as one line on
@@ -33,7 +33,9 @@ def _use_image(args: argparse.Namespace) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """`sweep SPEC`: validate the spec, run every point and repeat, print the table and, last, the
-    report's path. Raises SpecError/ConfigError (exit 2) before anything starts, HarnessError (exit 1)."""
+    report's path; with --dry-run, only check and list the points with a time estimate
+    (`harness.sweep.dry_run`). Raises SpecError/ConfigError (exit 2) before anything starts, HarnessError
+    (exit 1)."""
     from harness.present.table import format_table
     from harness.results.report import load_report
     from harness.spec.points import load_spec, select_points
@@ -45,6 +47,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     _use_image(args)
     if args.repeats:
         spec.repeats = args.repeats
+    if args.dry_run:
+        from harness.sweep import dry_run
+        print(dry_run(spec, args.backend, _log, resume_dir=Path(args.resume) if args.resume else None,
+                      sched_trace=args.sched_trace))
+        return 0
     path = run_sweep(spec, args.backend, Path(args.results_dir) if args.results_dir else None,
                      resume_dir=Path(args.resume) if args.resume else None, reuse=args.reuse,
                      sched_trace=args.sched_trace)
@@ -264,6 +271,28 @@ def cmd_round_model(args: argparse.Namespace) -> int:
     return main_from_args(args)
 
 
+def cmd_knobs(args: argparse.Namespace) -> int:
+    """`knobs [--group G] [--markdown]`: the knobs reference (`harness.present.knobs`): rich tables on a
+    terminal, one tab-separated line per knob otherwise, docs/knobs.md's Markdown with --markdown.
+    Raises SpecError (exit 2) for an unknown group, naming the groups."""
+    from harness.present import knobs
+
+    if args.markdown:
+        sys.stdout.write(knobs.knobs_markdown(args.group))
+    elif sys.stdout.isatty():
+        from rich.console import Console
+        console = Console()
+        for table in knobs.knobs_rich(args.group):
+            console.print(table)
+    else:
+        try:
+            print(knobs.knobs_lines(args.group), flush=True)
+        except BrokenPipeError:  # `wiiide-lab knobs | head`: the reader had enough
+            import os
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every verb (`wiiide-lab --help`, `wiiide-lab VERB --help`)."""
     parser = argparse.ArgumentParser(prog="wiiide-lab", description="WIIIIIDE lab: run, shape, sweep and report WIIIIIDE clusters (also: python -m harness)")
@@ -286,6 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-reuse", dest="reuse", action="store_false",
                    help="docker: fresh containers for every run (default: warm containers are kept between the "
                         "runs of the same cluster and each run forks fresh node processes in them; see docs/getting-started.md)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check everything the sweep checks before it starts (spec, every point's config, links, "
+                        "cluster settings, faults, sysctls, the backend's own checks) and list the points and "
+                        "repeats with an estimate of the time; starts no container or process")
     p.add_argument("--sched-trace", action="store_true",
                    help="trace this machine's scheduler (tracefs, root; docker and local) and record per repeat the "
                         "cores it left idle while threads waited ('sched'; the round model's 'lost cores')")
@@ -337,6 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(verb, help=help_text)
         importlib.import_module(module).add_arguments(p)
         p.set_defaults(func=cmd_bench, bench_module=module)
+
+    p = sub.add_parser("knobs", help="the knobs reference: every RunConfig field by subsystem, with what it does, "
+                                     "its unit, default and allowed values")
+    p.add_argument("--group", metavar="G", help="only this group (e.g. sockets); an unknown one lists the groups")
+    p.add_argument("--markdown", action="store_true", help="print Markdown (docs/knobs.md is this output)")
+    p.set_defaults(func=cmd_knobs)
 
     p = sub.add_parser("image", help="build the node image (wheelhouse, local base when no registry)")
     p.add_argument("--force", action="store_true")

@@ -30,14 +30,57 @@ from harness.run.backend import Backend, default_timeout_s
 from harness.run.loop import run_point
 from harness.run.machine import commit_info, machine_info
 from harness.analysis.sched_trace import SchedTrace
-from harness.run.select import select_backend
+from harness.run.select import backend_class, select_backend
 from harness.run.status import LIVE_SOURCES, Training, live_training_source
 from harness.run.sysctls import HostSysctls
 from harness.spec.points import SweepSpec
+from wiiide.config import RunConfig
 
 Progress = Callable[[str], None]
 
 LIVE_POLL_S = 1.0  # how often the running point's coordinator progress is read
+
+# Seconds a run costs besides its training (start-up, connecting, collecting, teardown), per backend, for the
+# sweep's time estimate. local: 2.8-4.6 s measured for 1+2 processes on digits (a 3 s point, 3 repeats, load
+# 1.9); docker: bench-overhead's fresh containers at 1+8 took 8.6 s (warm ones 0.4 s); swarm: not measured, a
+# stack deploy per run.
+RUN_OVERHEAD_S = {"local": 5.0, "docker": 10.0, "swarm": 30.0}
+
+
+def run_estimate_s(config: RunConfig, backend_name: str) -> float:
+    """Seconds one run of `config` is expected to take on `backend_name`: its `duration_s` (the bound of its
+    training: max_steps or stop_at_target may end it sooner) plus `RUN_OVERHEAD_S` (10 s when unknown)."""
+    return config.duration_s + RUN_OVERHEAD_S.get(backend_name, 10.0)
+
+
+def check_sweep(spec: SweepSpec, backend: Backend | type, sched_trace: bool = False) -> None:
+    """What a sweep checks before anything runs, beyond the spec's own validation (`load_spec`): every
+    point's links and limits and the faults against `backend` (an instance or its class: the checks are
+    classmethods), the scheduler trace's needs, root for host_sysctls.
+
+    Raises:
+        ClusterError: the backend cannot apply a point's cluster settings or a fault.
+        HarnessError: `sched_trace` on a backend other than docker and local, or without root or tracefs;
+            host_sysctls without root.
+    """
+    for p in spec.points:  # links and limits the backend cannot apply stop the sweep before anything runs
+        backend.check_cluster(p.cluster)
+    backend.check_faults(spec.faults)
+    if sched_trace:  # the trace is of this machine's kernel: every node must run on it
+        if backend.name not in ("docker", "local"):
+            raise HarnessError(f"--sched-trace traces this machine's scheduler: the docker and local backends "
+                               f"only, not {backend.name}")
+        with SchedTrace():  # root, tracefs, the events: fail before anything runs
+            pass
+    if spec.host_sysctls and os.geteuid() != 0:
+        raise HarnessError(f"{spec.source}: host_sysctls {spec.host_sysctls} need root; run as root or drop them")
+
+
+def check_resumable(spec: SweepSpec, run_dir: Path, name: str, param_names: list[str]) -> None:
+    """Raises HarnessError unless the report in `run_dir` (its sweep `name` and `param_names`) is of `spec`."""
+    if name != spec.name or param_names != spec.param_names:
+        raise HarnessError(f"{run_dir}: its report is of sweep {name!r} {param_names}, not {spec.name!r} "
+                           f"{spec.param_names}")
 
 
 class _LivePoller:
@@ -100,23 +143,11 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
         note("tls: fresh containers for every run (warm containers are not reused)")
         reuse = False
     backend = backend or select_backend(backend_name, note, reuse=reuse)
-    for p in spec.points:  # links and limits the backend cannot apply stop the sweep before anything runs
-        backend.check_cluster(p.cluster)
-    backend.check_faults(spec.faults)
-    if sched_trace:  # the trace is of this machine's kernel: every node must run on it
-        if backend.name not in ("docker", "local"):
-            raise HarnessError(f"--sched-trace traces this machine's scheduler: the docker and local backends "
-                               f"only, not {backend.name}")
-        with SchedTrace():  # root, tracefs, the events: fail before anything runs
-            pass
-    if spec.host_sysctls and os.geteuid() != 0:
-        raise HarnessError(f"{spec.source}: host_sysctls {spec.host_sysctls} need root; run as root or drop them")
+    check_sweep(spec, backend, sched_trace)
     if resume_dir is not None:
         run_dir = Path(resume_dir).resolve()
         writer = ReportWriter.resume(run_dir / "report.json", commit_info())
-        if writer.report.name != spec.name or writer.report.param_names != spec.param_names:
-            raise HarnessError(f"{run_dir}: its report is of sweep {writer.report.name!r} "
-                               f"{writer.report.param_names}, not {spec.name!r} {spec.param_names}")
+        check_resumable(spec, run_dir, writer.report.name, writer.report.param_names)
     else:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         run_dir = (results_dir / f"{spec.name}-{stamp}").resolve()
@@ -127,7 +158,7 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
         })
     writer.save()
     total_runs = len(spec.points) * spec.repeats
-    estimate_s = sum(p.config.duration_s + 10 for p in spec.points) * spec.repeats
+    estimate_s = sum(run_estimate_s(p.config, backend.name) for p in spec.points) * spec.repeats
     display.start_sweep(SweepInfo(spec.name, len(spec.points), spec.repeats, backend.name, estimate_s,
                                   str(run_dir / "report.json"), LIVE_SOURCES.get(backend.name)))
     complete = False
@@ -202,3 +233,53 @@ def run_sweep(spec: SweepSpec, backend_name: str = "auto", results_dir: Path | N
     finally:
         display.end_sweep(complete)
     return writer.path
+
+
+def dry_run(spec: SweepSpec, backend_name: str = "auto", progress: Progress | None = None,
+            resume_dir: Path | None = None, sched_trace: bool = False) -> str:
+    """``sweep SPEC --dry-run``: check what `run_sweep` checks before it starts anything (`check_sweep` on the
+    backend's class: nothing is built, started or written; a Docker engine is only asked whether it answers)
+    and list the points and repeats with an estimate of the wall time; returns the text.
+
+    One line per point: its index, params, repeats, the bound of its training (``duration_s``; ``max_steps``
+    or ``stop_at_target`` may end it sooner), the estimate (repeats x (duration_s + `RUN_OVERHEAD_S` of the
+    backend)) and the timeout per repeat; then the runs and the total, also at most (every repeat at its
+    timeout). With `resume_dir`, the points its report finished are listed as done and cost nothing.
+
+    Raises:
+        ClusterError: the backend cannot be had (no engine for docker or swarm), or cannot apply a point's
+            cluster settings or a fault.
+        HarnessError: as `check_sweep`; `resume_dir` holds no report of this spec.
+    """
+    from harness.present.table import render_table
+    from harness.results.report import load_report
+
+    note = progress or (lambda line: None)
+    backend = backend_class(backend_name, note)
+    check_sweep(spec, backend, sched_trace)
+    finished: set[int] = set()
+    if resume_dir is not None:
+        run_dir = Path(resume_dir).resolve()
+        report = load_report(run_dir / "report.json")
+        check_resumable(spec, run_dir, report.name, report.param_names)
+        finished = {pt.index for pt in report.points if pt.status == "ok" and len(pt.repeats) >= spec.repeats}
+    rows, runs, total_s, most_s = [], 0, 0.0, 0.0
+    for p in spec.points:
+        cfg = p.config
+        params = ", ".join(f"{k}={v}" for k, v in p.params.items()) or "(base)"
+        bound = f"{cfg.duration_s:g}" + (f" or {cfg.max_steps} steps" if cfg.max_steps else "") + \
+            (" or the target" if cfg.stop_at_target else "")
+        timeout_s = spec.timeout_s or default_timeout_s(cfg)
+        if p.index in finished:
+            rows.append((p.index, params, spec.repeats, bound, "done", "-"))
+            continue
+        estimate_s = spec.repeats * run_estimate_s(cfg, backend.name)
+        runs, total_s, most_s = runs + spec.repeats, total_s + estimate_s, most_s + spec.repeats * timeout_s
+        rows.append((p.index, params, spec.repeats, bound, f"{estimate_s:.0f}", f"{timeout_s:g}"))
+    title = (f"sweep {spec.name} ({spec.source}): valid; {len(spec.points)} points x {spec.repeats} repeats on the "
+             f"{backend.name} backend")
+    footer = [f"{runs} runs, about {total_s / 60:.1f} min (at most {most_s / 60:.1f} min: every run at its timeout); "
+              f"a run's estimate is duration_s + {RUN_OVERHEAD_S.get(backend.name, 10.0):g} s of start-up and "
+              "teardown (harness.sweep.RUN_OVERHEAD_S)"]
+    columns = ("#", "params", "repeats", "training s", "estimate s", "timeout s")
+    return render_table(title, columns, rows, left_columns=("params", "training s"), footer=footer)

@@ -11,31 +11,43 @@ Values may be strings (as the environment and YAML give them): booleans are ``1/
 ``yes/no`` or ``on/off``; ``*_bytes`` fields are sizes read by `wiiide.units.parse_size_bytes`
 (``"256k"`` = 262,144, ``"8MiB"``; IEC: k = 1,024); ``link_bandwidth_bps`` takes a bare number of
 bit/s or a rate read by `wiiide.units.parse_rate_bps` (``"100mbit"``; SI: k = 1,000);
-``hidden_sizes`` takes ``"64,32"``, ``"64 32"`` or a list. `RunConfig.json_schema` gives the JSON
-Schema of the fields, their defaults, bounds and (under ``allowed``) what each accepts.
+``hidden_sizes`` takes ``"64,32"``, ``"64 32"`` or a list (parsers and types: `wiiide.config_types`).
+`RunConfig.json_schema` gives the JSON Schema of the fields, their defaults, bounds, (under ``allowed``)
+what each accepts, (under ``group``) the subsystem of `CONFIG_GROUPS` it belongs to and (under ``unit``)
+its unit where it has one. A field is declared with `_field` after the `_section` of its group (`wiiide.config_types`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
-from typing import Annotated, Any, Literal, Mapping
+from typing import Any, Literal, Mapping
 
-from pydantic import (
-    AfterValidator,
-    BeforeValidator,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    model_validator,
-)
+from pydantic import ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from wiiide.codecs.policy import check_policy_name
+from wiiide.config_types import (
+    CONFIG_GROUPS,
+    MAX_STALENESS_BOUND,
+    Bool,
+    BufferBytes,
+    Float,
+    Int,
+    LayerWidths,
+    PiecesPerShard,
+    PolicyName,
+    PsShards,
+    RateBps,
+    SizeBytes,
+    StalenessBound,
+    Str,
+    TcpCongestion,
+    _add_units,
+    _field,
+    _section,
+)
 from wiiide.errors import ConfigError
 from wiiide.units import MIB as _MIB
-from wiiide.units import parse_rate_bps, parse_size_bytes
 
 ENV_PREFIX = "WIIIIIDE_"
 MIB = 1024 * 1024
@@ -48,149 +60,12 @@ MODELS = ("mlp", "cnn", "transformer", "embedding")
 DDP_COMM_HOOKS = ("none", "fp16", "powersgd", "post_local_sgd")
 STALENESS_SCALINGS = ("none", "inverse")
 OUTER_OPTIMIZERS = ("avg", "nesterov")
-MAX_STALENESS_BOUND = 1_000_000
 MIXED_PRECISIONS = ("none", "bf16")
 ZLIB_LEVELS = tuple(range(1, 10))
 COMPRESSION_CHOICES = ("none", "adaptive") + tuple(f"zlib-{level}" for level in ZLIB_LEVELS)
 
 # Variables with the prefix that are not RunConfig fields but are used by the project's shell.
 _ENV_IGNORED = {"require_docker", "secret", "secret_file", "image", "results_dir", "workers", "project"}
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-# --- parsing of values given as strings (environment, YAML) or as Python values ---------------------
-def _to_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise ValueError("expected a boolean (1/0, true/false, yes/no, on/off)")
-
-
-def _to_int(value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError("expected an integer, got a boolean")
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise ValueError("expected an integer")
-        return int(value)
-    if isinstance(value, str):
-        if not re.fullmatch(r"\s*[+-]?\d+\s*", value):
-            raise ValueError("expected an integer")
-        return int(value)
-    if isinstance(value, int):
-        return value
-    raise ValueError("expected an integer")
-
-
-def _to_size_bytes(value: Any, info: ValidationInfo) -> int:
-    return parse_size_bytes(value, info.field_name)  # UnitError is a ValueError: becomes a ConfigError
-
-
-def _to_rate_bps(value: Any, info: ValidationInfo) -> int:
-    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):
-        return int(value)  # a bare number: bit/s, as the field's name says
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return _to_int(value)
-    return parse_rate_bps(value, info.field_name)
-
-
-def _to_float(value: Any) -> float:
-    if isinstance(value, bool):
-        raise ValueError("expected a number, got a boolean")
-    if not isinstance(value, (str, int, float)):
-        raise ValueError("expected a number")
-    return float(value)
-
-
-def _to_str(value: Any) -> str:
-    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-        raise ValueError("expected a string")
-    return str(value)
-
-
-def _to_int_tuple(value: Any) -> tuple[int, ...]:
-    if isinstance(value, str):
-        parts = [p for p in re.split(r"[,\s]+", value.strip()) if p]
-    elif isinstance(value, (list, tuple)):
-        parts = list(value)
-    elif isinstance(value, int) and not isinstance(value, bool):
-        parts = [value]
-    else:
-        raise ValueError("expected a list of integers")
-    return tuple(_to_int(p) for p in parts)
-
-
-def _buffer_size(value: int) -> int:
-    if value != 0 and not 4096 <= value <= 1024 * MIB:
-        raise ValueError("out of range")
-    return value
-
-
-def _ps_shards(value: str) -> str:
-    text = value.strip().lower()
-    if text != "all" and not (text.isdigit() and 1 <= int(text) <= 257):
-        raise ValueError("expected 1, all, or an integer 1..nodes (coordinator + workers)")
-    return text
-
-
-def _tcp_congestion(value: str) -> str:
-    text = value.strip()
-    if text and not (len(text) <= 15 and text.replace("_", "").isalnum() and text.isascii()):
-        raise ValueError("expected '' (the system's default) or a congestion control name of at most 15 "
-                         "letters, digits or '_' (net.ipv4.tcp_available_congestion_control: e.g. cubic, bbr, reno)")
-    return text
-
-
-def _policy_name(value: str) -> str:
-    problem = check_policy_name(value)
-    if problem is not None:
-        raise ValueError(problem)
-    return value
-
-
-def _to_staleness_bound(value: Any) -> int | str:
-    if isinstance(value, str) and value.strip().lower() == "async":
-        return "async"
-    bound = _to_int(value)
-    if not 0 <= bound <= MAX_STALENESS_BOUND:
-        raise ValueError(f"expected 0..{MAX_STALENESS_BOUND} or async")
-    return bound
-
-
-def _to_pieces_per_shard(value: Any) -> int | str:
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"
-    pieces = _to_int(value)
-    if not 1 <= pieces <= 256:
-        raise ValueError("expected auto or an integer 1..256")
-    return pieces
-
-
-Bool = Annotated[bool, BeforeValidator(_to_bool)]
-StalenessBound = Annotated[int | Literal["async"], BeforeValidator(_to_staleness_bound)]
-PiecesPerShard = Annotated[int | Literal["auto"], BeforeValidator(_to_pieces_per_shard)]
-Int = Annotated[int, BeforeValidator(_to_int)]
-SizeBytes = Annotated[int, BeforeValidator(_to_size_bytes)]
-RateBps = Annotated[int, BeforeValidator(_to_rate_bps)]
-Float = Annotated[float, BeforeValidator(_to_float)]
-Str = Annotated[str, BeforeValidator(_to_str)]
-LayerWidths = Annotated[tuple[Annotated[int, Field(ge=1, le=65536)], ...],
-                        BeforeValidator(_to_int_tuple)]
-BufferBytes = Annotated[SizeBytes, AfterValidator(_buffer_size)]
-PolicyName = Annotated[Str, AfterValidator(_policy_name)]
-PsShards = Annotated[Str, AfterValidator(_ps_shards)]
-TcpCongestion = Annotated[Str, AfterValidator(_tcp_congestion)]
-
-
-def _field(default: Any, allowed: str, description: str, **constraints: Any) -> Any:
-    """A field with its default, bounds and the text `ConfigError` gives as what is allowed."""
-    return Field(default, description=description, json_schema_extra={"allowed": allowed}, **constraints)
 
 
 _TIMEOUT = f"0 < x <= {MAX_TIMEOUT_S:g} seconds"  # finite and at most a day: socket.settimeout overflows on inf
@@ -214,6 +89,7 @@ class RunConfig(BaseSettings):
                                       validate_default=True)
 
     # --- topology -------------------------------------------------------------------------------
+    _section("topology")
     coordinator_host: Str = _field("127.0.0.1", "a host name or address", "where workers connect")
     bind_host: Str = _field("127.0.0.1", "a host name or address",
                             "where the coordinator listens (0.0.0.0 in containers)")
@@ -222,8 +98,9 @@ class RunConfig(BaseSettings):
     node_id: Str = _field("", "any string", "empty: the hostname (workers get their rank from the coordinator)")
 
     # --- data and model -------------------------------------------------------------------------
+    _section("data-model")
     dataset: Literal["digits", "synthetic"] = _field("digits", " | ".join(DATASETS), "training data")
-    synthetic_samples: Int = _field(4096, ">= 20", "synthetic dataset: samples", ge=20)
+    synthetic_samples: Int = _field(4096, ">= 20", "synthetic dataset: samples", unit="samples", ge=20)
     synthetic_features: Int = _field(256, "1..1000000", "synthetic dataset: features per sample",
                                      ge=1, le=1_000_000)
     synthetic_classes: Int = _field(10, "2..100000", "synthetic dataset: classes", ge=2, le=100_000)
@@ -239,18 +116,19 @@ class RunConfig(BaseSettings):
     transformer_width: Int = _field(128, "8..4096, a multiple of transformer_heads", "transformer: model width",
                                     ge=8, le=4096)
     transformer_heads: Int = _field(4, "1..64", "transformer: attention heads", ge=1, le=64)
-    transformer_context: Int = _field(128, "8..8192", "transformer: bytes per sequence (window)", ge=8, le=8192)
+    transformer_context: Int = _field(128, "8..8192", "transformer: bytes per sequence (window)", unit="bytes",
+                                      ge=8, le=8192)
     embedding_rows: Int = _field(100_000, "2..100000000", "embedding: rows of the table", ge=2, le=100_000_000)
     embedding_dim: Int = _field(16, "1..1024", "embedding: floats per row", ge=1, le=1024)
     embedding_fields: Int = _field(8, "1..256", "embedding: ids (lookups) per sample", ge=1, le=256)
     embedding_zipf_exponent: Float = _field(1.1, "0 <= x <= 5", "embedding: ids drawn with P(k) ~ 1/(k+1)^x",
                                             ge=0.0, le=5.0)
-    embedding_samples: Int = _field(65536, ">= 20", "embedding: synthetic samples (train + test)", ge=20,
+    embedding_samples: Int = _field(65536, ">= 20", "embedding: synthetic samples (train + test)", unit="samples", ge=20,
                                     le=100_000_000)
     sparse_embedding: Bool = _field(False, "a boolean",
                                     "embedding: wiiide sends only touched rows (codec rows) and pulls only "
                                     "changed rows; ddp uses nn.Embedding(sparse=True); fsdp cannot")
-    batch_size: Int = _field(32, "1..65536", "samples per worker per step", ge=1, le=65536)
+    batch_size: Int = _field(32, "1..65536", "samples per worker per step", unit="samples", ge=1, le=65536)
     learning_rate: Float = _field(0.1, "0 < x <= 100", "SGD learning rate", gt=0.0, le=100.0)
     momentum: Float = _field(0.0, "0 <= x < 1", "SGD momentum", ge=0.0, lt=1.0)
     seed: Int = _field(0, "any integer", "seed of the model's initial weights and of the data")
@@ -258,12 +136,14 @@ class RunConfig(BaseSettings):
                                 "intra-op threads per node (0: torch's default, one per core)", ge=0, le=256)
 
     # --- run length -----------------------------------------------------------------------------
+    _section("run-length")
     duration_s: Float = _field(30.0, _TIMEOUT, "training time, seconds", gt=0.0, le=MAX_TIMEOUT_S)
     max_steps: Int = _field(0, ">= 0 (0: no limit)", "0: no step limit, stop on duration_s only", ge=0)
     warmup_steps: Int = _field(10, "0..100000", "first steps left out of the Training Summary's step timings",
                                ge=0, le=100_000)
 
     # --- held-out evaluation during training: time to target (wiiide.evaluation) ---------------
+    _section("evaluation")
     eval_every_s: Float = _field(0.0, f"0 (off) or 0 < x <= {MAX_TIMEOUT_S:g} seconds",
                                  "evaluate a snapshot of the parameters on the held-out split this often, on a "
                                  "background thread of the coordinator (rank 0), without pausing training",
@@ -273,12 +153,13 @@ class RunConfig(BaseSettings):
                                     "first reaches this (needs eval_every_s)", ge=0.0, le=1.0)
     target_loss: Float = _field(0.0, "0 (no target) or > 0 nats",
                                 "language model: time to target is the wall time until the validation loss "
-                                "first falls to this (needs eval_every_s)", ge=0.0)
+                                "first falls to this (needs eval_every_s)", unit="nats", ge=0.0)
     stop_at_target: Bool = _field(False, "true | false (true needs target_accuracy or target_loss)",
                                   "end training at the first held-out evaluation that reaches the target "
                                   "(time-to-target runs then need not run out duration_s)")
 
     # --- engine: which training system runs on the same containers (wiiide/engines/) ----------
+    _section("engine")
     engine: Literal["wiiide", "ddp", "fsdp"] = _field(
         "wiiide", " | ".join(ENGINES), "wiiide (the parameter server) | ddp | fsdp (PyTorch over gloo)")
     ddp_comm_hook: Literal["none", "fp16", "powersgd", "post_local_sgd"] = _field(
@@ -295,6 +176,7 @@ class RunConfig(BaseSettings):
                            "ddp/fsdp: torch.profiler traces into the run's folder (metrics_dir's parent)")
 
     # --- workers at their own pace (wiiide.pace) ------------------------------------------------
+    _section("pace")
     staleness_bound: StalenessBound = _field(
         0, "0 (synchronous rounds) | an integer s in 1..1000000 (stale synchronous parallel) | async (no bound)",
         "wiiide: a worker may run at most this many pushes ahead of the slowest live worker (Ho et al. 2013)")
@@ -326,6 +208,7 @@ class RunConfig(BaseSettings):
     debug_sleep_worker_rank: Int = _field(0, "0 (every worker) or a worker rank 1..256",
                                           "debug_step_sleep_s applies to this worker rank only", ge=0, le=256)
     # --- sharded parameter server (wiiide/ps/) -------------------------------------------------
+    _section("ps")
     ps_shards: PsShards = _field("1", "1 | all | an integer 1..nodes (coordinator + workers)",
                                  "wiiide: server shards; 1: the central server on the coordinator; all: one on "
                                  "every node (coordinator and each worker); k: the coordinator and workers 1..k-1")
@@ -367,6 +250,7 @@ class RunConfig(BaseSettings):
         "indices when the worker's data set has the coordinator's fingerprint")
 
     # --- sockets --------------------------------------------------------------------------------
+    _section("sockets")
     sndbuf_bytes: BufferBytes = _field(8 * MIB, "0 (kernel default) or 4096..1 GiB",
                                        "SO_SNDBUF requested (0: leave the kernel default)")
     rcvbuf_bytes: BufferBytes = _field(8 * MIB, "0 (kernel default) or 4096..1 GiB",
@@ -390,6 +274,7 @@ class RunConfig(BaseSettings):
                                         ge=64 * 1024, le=8 * 1024 * MIB)
 
     # --- compression ----------------------------------------------------------------------------
+    _section("codecs")
     compression: PolicyName = _field(
         "none", "a compression policy (see wiiide.codecs.policy.POLICY_NAME_FORMS)",
         "fixed:<codec> | none | zlib-1..9 | seed (= adaptive) | network-aware | network-aware+lossy")
@@ -405,13 +290,15 @@ class RunConfig(BaseSettings):
     allow_lossy: Bool = _field(False, "a boolean",
                                "network-aware may pick lossy codecs (fp16, bf16, int8, topk) for gradients")
     lossy_warmup_steps: Int = _field(50, ">= 0", "gradient messages sent uncompressed before any lossy codec",
-                                     ge=0)
+                                     unit="messages", ge=0)
     topk_fraction: Float = _field(0.01, "0 < x <= 1",
                                   "network-aware's top-k candidate keeps this fraction per tensor", gt=0.0, le=1.0)
     codec_probe_every: Int = _field(20, ">= 2",
-                                    "network-aware tries another codec every this many messages of a kind", ge=2)
+                                    "network-aware tries another codec every this many messages of a kind",
+                                    unit="messages", ge=2)
 
     # --- logging and metrics --------------------------------------------------------------------
+    _section("logging")
     log_tier: Literal["verbose", "normal", "silent"] = _field("normal", " | ".join(LOG_TIERS), "logging tier")
     log_every_steps: Int = _field(100, ">= 1", "normal tier: a progress line every this many steps", ge=1)
     metrics_dir: Str = _field("results/nodes", "a directory path", "where the node writes its metrics JSON")
@@ -423,6 +310,7 @@ class RunConfig(BaseSettings):
                                   "shaped ('': start at once)")
 
     # --- timeouts -------------------------------------------------------------------------------
+    _section("timeouts")
     connect_timeout_s: Float = _field(60.0, _TIMEOUT,
                                       "worker: retry connecting; coordinator: wait for all workers",
                                       gt=0.0, le=MAX_TIMEOUT_S)
@@ -438,6 +326,7 @@ class RunConfig(BaseSettings):
                                     ge=0.0, le=MAX_TIMEOUT_S)
 
     # --- checkpoints and recovery (wiiide.checkpoint; off while both intervals are 0) ------------
+    _section("recovery")
     checkpoint_every_steps: Int = _field(0, ">= 0 (0: not by steps)",
                                          "coordinator: write a checkpoint every this many steps", ge=0)
     checkpoint_every_s: Float = _field(0.0, f"0..{MAX_TIMEOUT_S:g} seconds (0: not by time)",
@@ -452,6 +341,7 @@ class RunConfig(BaseSettings):
                                      "the workers to come back", ge=0.0, le=MAX_TIMEOUT_S)
 
     # --- who may connect (the secret itself is never a config field: see wiiide.wire.auth) ---------
+    _section("security")
     handshake_timeout_s: Float = _field(5.0, "0 < x <= 300 seconds",
                                         "a peer must complete the authenticated handshake within this",
                                         gt=0.0, le=300.0)
@@ -519,8 +409,9 @@ class RunConfig(BaseSettings):
     def json_schema(cls) -> dict[str, Any]:
         """The JSON Schema (draft 2020-12, pydantic's) of the fields as `from_dict` accepts them.
 
-        Each property has its type, default, bounds (``minimum``/``maximum`` ...), ``description`` and
-        ``allowed`` (the text a `ConfigError` gives). A field that also takes a string (numbers, sizes
+        Each property has its type, default, bounds (``minimum``/``maximum`` ...), ``description``,
+        ``allowed`` (the text a `ConfigError` gives), ``group`` (a key of `CONFIG_GROUPS`) and, where the
+        value has one, ``unit`` (``"bytes"``, ``"s"``, ``"bit/s"``, ``"samples"`` ...). A field that also takes a string (numbers, sizes
         such as ``"256k"``, booleans such as ``"on"``, ``"64,32"``) has ``anyOf: [<typed>, {"type": "string"}]``.
         """
         schema = cls.model_json_schema(mode="validation")
@@ -682,10 +573,13 @@ def _validate_engine(c: RunConfig) -> None:
                "(every rank needs a sample per micro-batch)")
 
 
+_add_units(RunConfig)
+
+
 def default_config() -> RunConfig:
     """`RunConfig()`: every field at its default."""
     return RunConfig()
 
 
-__all__ = ["RunConfig", "ConfigError", "COMPRESSION_CHOICES", "LOG_TIERS", "DATASETS", "ENGINES", "MODELS", "ENV_PREFIX",
+__all__ = ["RunConfig", "ConfigError", "CONFIG_GROUPS", "COMPRESSION_CHOICES", "LOG_TIERS", "DATASETS", "ENGINES", "MODELS", "ENV_PREFIX",
            "default_config"]

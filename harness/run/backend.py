@@ -112,11 +112,12 @@ class Backend(Protocol):
 
     def check_cluster(self, cluster: ClusterSettings | None) -> None:
         """Raise ClusterError when this backend cannot apply a point's links, CPU or memory limits
-        (they are never silently ignored); None or empty settings always pass."""
+        (they are never silently ignored); None or empty settings always pass. Needs no engine: a
+        classmethod on every backend, so that ``sweep --dry-run`` calls it on the class."""
         ...
 
     def check_faults(self, faults: Sequence[Fault]) -> None:
-        """Raise ClusterError when this backend cannot inject one of `faults`."""
+        """Raise ClusterError when this backend cannot inject one of `faults`. A classmethod, as `check_cluster`."""
         ...
 
     def start(self, cfg: RunConfig, out_dir: Path, cluster: ClusterSettings, progress: Progress,

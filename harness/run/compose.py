@@ -285,12 +285,14 @@ class ComposeBackend:
                 "project": PROJECT, "storage_driver": self.client.info().get("Driver"),
                 "reuse_containers": self.reuse}
 
-    def check_cluster(self, cluster: ClusterSettings | None) -> None:
+    @classmethod
+    def check_cluster(cls, cluster: ClusterSettings | None) -> None:
         """Links, CPU and memory limits: all applied here (harness.run.shaping). Raises ClusterError
         for ``overlay_encrypted`` (a bridge network: swarm only)."""
-        refuse_overlay_encrypted(self.name, cluster)
+        refuse_overlay_encrypted(cls.name, cluster)
 
-    def check_faults(self, faults: Sequence[Fault]) -> None:
+    @classmethod
+    def check_faults(cls, faults: Sequence[Fault]) -> None:
         """Every fault action works on containers; never raises."""
 
     def _probe(self) -> Capabilities:

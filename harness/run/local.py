@@ -93,11 +93,13 @@ class LocalBackend:
         """``{name, python, host}``: the interpreter the nodes run with and where they listen."""
         return {"name": self.name, "python": sys.executable, "host": "127.0.0.1"}
 
-    def check_cluster(self, cluster: ClusterSettings | None) -> None:
+    @classmethod
+    def check_cluster(cls, cluster: ClusterSettings | None) -> None:
         """Processes on loopback: no links to shape, no limits. Raises ClusterError if any is asked."""
-        refuse_cluster_settings(self.name, cluster)
+        refuse_cluster_settings(cls.name, cluster)
 
-    def check_faults(self, faults: Sequence[Fault]) -> None:
+    @classmethod
+    def check_faults(cls, faults: Sequence[Fault]) -> None:
         """Processes share the host's network: a link cannot be cut for one of them (ClusterError)."""
         if any(f.action == "disconnect" for f in faults or ()):
             raise ClusterError("the local backend cannot disconnect a node's link (processes share loopback); "

@@ -389,3 +389,42 @@ def test_json_schema_accepts_what_from_dict_accepts():
         jsonschema.validate({"port": 0}, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"prot": 1}, schema)
+
+
+def test_every_field_has_a_known_group_and_every_group_has_fields():
+    from wiiide.config import CONFIG_GROUPS
+
+    props = RunConfig.json_schema()["properties"]
+    ungrouped = sorted(name for name, prop in props.items() if prop.get("group") not in CONFIG_GROUPS)
+    assert ungrouped == [], (f"fields without a group (declare them with _field after a _section(...) of "
+                             f"wiiide.config.CONFIG_GROUPS): {ungrouped}")
+    assert {prop["group"] for prop in props.values()} == set(CONFIG_GROUPS)
+    assert (props["sndbuf_bytes"]["group"], props["compression"]["group"], props["tls"]["group"]) == \
+        ("sockets", "codecs", "security")
+
+
+def test_units_come_from_the_field_or_its_name():
+    props = RunConfig.json_schema()["properties"]
+    assert (props["sndbuf_bytes"]["unit"], props["duration_s"]["unit"], props["link_bandwidth_bps"]["unit"]) == \
+        ("bytes", "s", "bit/s")
+    assert (props["batch_size"]["unit"], props["target_loss"]["unit"]) == ("samples", "nats")  # given by the field
+    assert "unit" not in props["port"] and "unit" not in props["tcp_nodelay"]
+
+
+def test_a_section_names_a_known_group_and_ends_with_its_class():
+    from pydantic_settings import BaseSettings
+
+    from wiiide import config_types as config
+
+    with pytest.raises(KeyError, match="sockets"):
+        config._section("no-such-group")
+
+    class Small(BaseSettings):
+        config._section("sockets")
+        buffer_bytes: int = config._field(4096, ">= 0", "a buffer")
+
+    config._add_units(Small)
+    assert Small.model_fields["buffer_bytes"].json_schema_extra == {"allowed": ">= 0", "group": "sockets",
+                                                                     "unit": "bytes"}
+    later = config._field(1, "any", "declared after the class's sections ended")
+    assert "group" not in later.json_schema_extra

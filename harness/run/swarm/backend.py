@@ -105,11 +105,13 @@ class SwarmBackend:
                 "swarm_started_by_harness": self.started_swarm, "network": "overlay (VXLAN), internal",
                 "storage_driver": self.client.info().get("Driver")}
 
-    def check_cluster(self, cluster: ClusterSettings | None) -> None:
+    @classmethod
+    def check_cluster(cls, cluster: ClusterSettings | None) -> None:
         """Links, CPU and memory limits are applied in each task's container (as on ``docker``), and
         ``overlay_encrypted`` on the stack's network (`harness.run.swarm.stack.stack_override`): never raises."""
 
-    def check_faults(self, faults: Sequence[Fault]) -> None:
+    @classmethod
+    def check_faults(cls, faults: Sequence[Fault]) -> None:
         """``restart`` is refused (ClusterError): Swarm does not restart a task's container, it replaces
         the task, and with ``restart_policy: none`` a killed task stays down. kill, pause and disconnect work."""
         if any(f.action == "restart" for f in faults or ()):
