@@ -627,16 +627,20 @@ def test_parse_header_returns_validated_header():
         parse_header(json.dumps(hdr).encode(), 16)
 
 
-def test_the_reader_says_how_much_of_a_payload_was_already_queued():
-    """A frame sent whole before the read starts: its payload was all in the receive queue (FIONREAD)."""
+@pytest.mark.parametrize("whole_frames", [False, True], ids=["exact", "whole"])
+def test_the_reader_says_how_much_of_a_payload_was_already_queued(whole_frames):
+    """A frame sent whole before the read starts: its payload was all in the receive queue (FIONREAD; a
+    whole-frame reader that took the payload with its header knows it without asking)."""
     import socket as _socket
 
     a, b = _socket.socketpair()
     try:
         payload = np.arange(4096, dtype=np.float32)
         send_frames(a, [encode_message("gradients", {}, [WireTensor("grad", payload)])])
-        msg = FrameReader(b, max_frame_bytes=1 << 20).read_message()
+        reader = FrameReader(b, max_frame_bytes=1 << 20, reuse_buffers=whole_frames, whole_frames=whole_frames)
+        msg = reader.read_message()
         assert msg.payload_queued_nbytes == payload.nbytes == msg.payload_nbytes
+        assert np.array_equal(msg.tensor("grad"), payload)
     finally:
         a.close()
         b.close()

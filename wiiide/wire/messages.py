@@ -65,7 +65,7 @@ class Message:
     raw_nbytes: int = 0  # tensor bytes before encoding
     wire_nbytes: int = 0  # whole frame on the wire: prefix + header + payload
     decode_s: float = 0.0
-    decode_cpu_s: float = 0.0  # the reading thread's CPU seconds in decoding the payload (`time.thread_time`)
+    decode_cpu_s: float = 0.0  # the reading thread's CPU seconds decoding the payload (`time.thread_time`; codec none: decode_s)
     payload_nbytes: int = 0  # encoded tensor bytes (what the codec produced)
     payload_recv_s: float = 0.0  # from the end of the header to the last payload byte
     payload_queued_nbytes: int = 0  # payload bytes already in the socket's receive queue when its read began

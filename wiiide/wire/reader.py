@@ -158,11 +158,17 @@ class FrameReader:
 
     def _fill(self, need_end: int, ask_end: int, deadline: float | None) -> None:
         """whole_frames: receive into the frame buffer until it holds `need_end` bytes from its start, each
-        `recv_into` asking for everything up to `ask_end` (>= need_end, <= the buffer's size)."""
-        view, end = self._frame_view, self._frame_end
+        `recv_into` asking for everything up to `ask_end` (>= need_end, <= the buffer's size). Without a
+        deadline the socket is called directly (no closure, no deadline arithmetic per recv)."""
+        view, end, sock = self._frame_view, self._frame_end, self.sock
         while end < need_end:
-            end += _recv_within(self.sock, lambda: self.sock.recv_into(view[end:ask_end]), deadline, end, need_end,
-                                True)
+            if deadline is None:
+                got = sock.recv_into(view[end:ask_end])
+                if not got:
+                    raise _peer_closed(end, need_end, True)
+            else:
+                got = _recv_within(sock, lambda: sock.recv_into(view[end:ask_end]), deadline, end, need_end, True)
+            end += got
             self._frame_end = end
 
     def _read_raw_whole(self, deadline: float | None) -> tuple[dict[str, Any], memoryview, int]:
@@ -184,7 +190,9 @@ class FrameReader:
         self._fill(header_end, frame_nbytes, deadline)
         header = parse_header(self._frame_buf[PREFIX_NBYTES:header_end], self.max_frame_bytes)
         held = min(self._frame_end, frame_nbytes) - header_end
-        self.last_payload_queued_nbytes = min(_queued_nbytes(self.sock, self._queued_buf) + held, payload_nbytes)
+        if held < payload_nbytes:  # else the payload came with the header: all of it was queued, no ioctl
+            held += _queued_nbytes(self.sock, self._queued_buf)
+        self.last_payload_queued_nbytes = min(held, payload_nbytes)
         t0 = time.perf_counter()
         self._fill(frame_nbytes, frame_nbytes, deadline)
         self.last_payload_recv_s = time.perf_counter() - t0
@@ -239,9 +247,13 @@ class FrameReader:
         Raises ProtocolError (PeerClosed on EOF), DeadlineExceeded or OSError (see `read_raw`).
         """
         header, payload, wire_nbytes = self.read_raw(deadline)
-        cpu0 = time.thread_time()
-        msg = decode_payload(header, payload, self.pool)
-        msg.decode_cpu_s = time.thread_time() - cpu0
+        if header["codec"] == "none":  # views of the payload, no codec work: its CPU is its wall time
+            msg = decode_payload(header, payload, self.pool)
+            msg.decode_cpu_s = msg.decode_s
+        else:
+            cpu0 = time.thread_time()
+            msg = decode_payload(header, payload, self.pool)
+            msg.decode_cpu_s = time.thread_time() - cpu0
         msg.wire_nbytes = wire_nbytes
         msg.payload_recv_s = self.last_payload_recv_s
         msg.payload_queued_nbytes = self.last_payload_queued_nbytes
@@ -273,11 +285,16 @@ def _recv_within(sock: socket.socket, recv: Any, deadline: float | None, have_nb
                                    "part received") from None
         raise
     if not got:
-        if at_boundary and have_nbytes == 0:
-            raise PeerClosed("peer closed the connection")
-        raise PeerClosed(f"peer closed the connection in the middle of a frame ({have_nbytes} of {need_nbytes} "
-                         "bytes)")
+        raise _peer_closed(have_nbytes, need_nbytes, at_boundary)
     return got
+
+
+def _peer_closed(have_nbytes: int, need_nbytes: int, at_boundary: bool) -> PeerClosed:
+    """The error of an EOF with `have_nbytes` of `need_nbytes` of a frame (part) in: between frames when
+    `at_boundary` and nothing is in yet, else in the middle of a frame."""
+    if at_boundary and have_nbytes == 0:
+        return PeerClosed("peer closed the connection")
+    return PeerClosed(f"peer closed the connection in the middle of a frame ({have_nbytes} of {need_nbytes} bytes)")
 
 
 def _queued_nbytes(sock: socket.socket, buf: bytearray | None = None) -> int:
