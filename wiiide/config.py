@@ -655,7 +655,7 @@ def _validate_engine(c: RunConfig) -> None:
     if c.ps_shards != "1":  # the sharded servers run synchronous rounds of one batch, evaluated at the end
         for name, is_set in (("staleness_bound", c.staleness_bound != 0), ("local_steps", c.local_steps != 1),
                              ("adaptive_batch", c.adaptive_batch), ("grad_accum_steps", c.grad_accum_steps != 1),
-                             ("eval_every_s", c.eval_every_s != 0), ("tls", c.tls),
+                             ("eval_every_s", c.eval_every_s != 0),
                              ("model", c.model not in ("mlp", "cnn")), ("sparse_embedding", c.sparse_embedding)):
             if is_set:
                 raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs ps_shards 1 (the central "

@@ -368,7 +368,7 @@ def _worker_clients(cfg: RunConfig, port: int, models, flats, parts, clients: li
 
     for rank, (model, flat) in enumerate(zip(models, flats), start=1):
         m, lg = _node(cfg, "worker", f"w{rank}")
-        client = ShardClient(cfg, SECRET, m, lg, [("127.0.0.1", port)], ROLE_WORKER, rank, f"w{rank}")
+        client = ShardClient(cfg, SECRET, m, lg, [("127.0.0.1", port, "")], ROLE_WORKER, rank, f"w{rank}")
         client.attach(model, flat, parts, lossy=False)
         clients.append(client)
     return clients
@@ -598,7 +598,7 @@ def test_a_worker_keeps_its_first_shard_connections_alive_while_a_later_shard_co
     client = None
     try:
         m, lg = _node(cfg, "worker", "w1")
-        client = ShardClient(cfg, SECRET, m, lg, [("127.0.0.1", p) for p in ports], ROLE_WORKER, 1, "w1")
+        client = ShardClient(cfg, SECRET, m, lg, [("127.0.0.1", p, "") for p in ports], ROLE_WORKER, 1, "w1")
         assert len(client.links) == 2
         assert servers[0].failure is None and servers[1].failure is None, (servers[0].failure, servers[1].failure)
     finally:

@@ -98,21 +98,23 @@ def num_shards(cfg: RunConfig) -> int:
 def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, training_marker: str) -> None:
     """The coordinator's side of a sharded run, from the joined workers to the stop (module docstring).
 
-    `coord` is the `wiiide.coordinator.Coordinator` (its cfg, metrics, log, secret and workers);
+    `coord` is the `wiiide.coordinator.Coordinator` (its cfg, metrics, log and secret; membership through `members` and `drop`);
     `training_marker`: the file name touched in metrics_dir when the first step starts. On
     return `flat` holds the shards' final parameters. Raises NodeFailure (exit 4) when a worker or a
     shard is lost.
     """
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
     k = num_shards(cfg)
-    if len(coord.workers) < cfg.num_workers:  # a restarted coordinator some workers did not come back to
+    workers = [w for w in coord.members() if w.alive]
+    if len(workers) < cfg.num_workers:  # a restarted coordinator some workers did not come back to
         raise NodeFailure(f"sharded run (ps_shards={cfg.ps_shards}) needs all {cfg.num_workers} workers; "
-                          f"{len(coord.workers)} came back within rejoin_timeout_s", EXIT_PEER_LOST)
+                          f"{len(workers)} came back within rejoin_timeout_s", EXIT_PEER_LOST)
     shard = ShardServer(cfg, coord.secret, metrics, log, 0)
     port = shard.listen()
     fingerprint = data_fingerprint(data)
-    workers = sorted(coord.workers, key=lambda w: w.rank)
-    addresses: list[tuple[str, int]] = [("", port)] + [("", 0)] * (k - 1)
+    # (host, port, TLS name): "" for the coordinator's own (the workers' coordinator_host) and, without
+    # tls, for a worker's name (its certificate's first name, which its peers' TLS checks against)
+    addresses: list[tuple[str, int, str]] = [("", port, "")] + [("", 0, "")] * (k - 1)
     handout: dict[int, str] = {}
     client = None
     try:
@@ -122,7 +124,7 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
                 shard_port = join.meta.get("shard_port")
                 if type(shard_port) is not int or not 1 <= shard_port <= 65535:  # noqa: E721
                     raise ProtocolError(f"worker {w.rank} hosts shard {w.rank} but reports port {shard_port!r:.40}")
-                addresses[w.rank] = (_peer_host(w.conn), shard_port)
+                addresses[w.rank] = (_peer_host(w.conn), shard_port, w.tls_name or "")
             wanted = cfg.batch_handout
             handout[w.rank] = ("indices" if wanted == "indices" or (wanted == "auto" and join.meta.get("data") == fingerprint)
                                else "samples")
@@ -152,8 +154,8 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
             w.conn.send([encode_message("ps_plan", {**plan_meta, "batch_handout": handout[w.rank]}, state)])
         for w in workers:
             _receive(coord, w, "ps_ready")
-        own = [(cfg.coordinator_host if not h else h, p) for h, p in addresses]
-        own[0] = ("127.0.0.1", port)
+        own = [(cfg.coordinator_host if not h else h, p, name) for h, p, name in addresses]
+        own[0] = ("127.0.0.1", port, cfg.coordinator_host)  # its certificate names coordinator_host
         client = ShardClient(cfg, coord.secret, metrics, log, own, ROLE_COORDINATOR, 0, coord.metrics.node_id)
         metrics.extra["ps"].update({
             "ps_shards": k, "partitions": len(partitions), "partition_bytes": cfg.partition_bytes,
@@ -163,7 +165,7 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
             "partition_balance": cfg.partition_balance,
             "partition_placement": cfg.partition_placement,
             "shard_loads_bytes": shard_loads_bytes(partitions, k),
-            "shard_hosts": [f"{h or 'coordinator'}:{p}" for h, p in addresses],
+            "shard_hosts": [f"{h or 'coordinator'}:{p}" for h, p, _ in addresses],
             "batch_handout": {str(r): h for r, h in handout.items()}})
         log.info("sharded: %d shards, %d partitions (%s bytes per shard); batch handout %s", k, len(partitions),
                  shard_loads_bytes(partitions, k), sorted(set(handout.values())))
@@ -175,7 +177,7 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
             try:
                 w.conn.send([stop])
             except OSError as exc:
-                coord._drop(w, exc)
+                coord.drop(w, exc)
     except (WiiideError, OSError) as exc:
         # One loss cascades (a worker that lost a shard exits too): give the shard a moment to notice
         # every peer it lost, and name them all, so the first one (the cause) is in the message.
@@ -206,7 +208,7 @@ def _piece_rule(coord, workers) -> tuple[PieceRule, dict | None]:
         try:
             probes.append(link_probe.probe_link(w.conn))
         except Exception as exc:
-            coord._drop(w, exc)
+            coord.drop(w, exc)
             raise NodeFailure(f"lost worker {w.rank} ({w.node_id}) during the link probe: {type(exc).__name__}: "
                               f"{exc}", EXIT_PEER_LOST) from None
     rate_bps = link_probe.link_rate_bps(probes)
@@ -269,7 +271,7 @@ def _receive(coord, w, kind: str):
     try:
         msg = w.conn.receive([kind, PS_FAILED])
     except Exception as exc:
-        coord._drop(w, exc)
+        coord.drop(w, exc)
         raise NodeFailure(f"lost worker {w.rank} ({w.node_id}): {type(exc).__name__}: {exc}", EXIT_PEER_LOST) from None
     if msg.kind == PS_FAILED:
         raise NodeFailure(f"worker {w.rank}: {str(msg.meta.get('cause'))[:400]}", EXIT_PEER_LOST)
@@ -307,7 +309,7 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
             try:
                 w.conn.send([frame])
             except OSError as exc:
-                coord._drop(w, exc)
+                coord.drop(w, exc)
                 raise NodeFailure(f"lost worker {w.rank}: {exc}", EXIT_PEER_LOST) from None
 
     sent = start_step
@@ -454,16 +456,18 @@ def _plan_partitions(meta: dict, numel: int, k: int) -> list[Partition]:
     return partitions
 
 
-def _plan_addresses(meta: dict, k: int, coordinator_host: str) -> list[tuple[str, int]]:
+def _plan_addresses(meta: dict, k: int, coordinator_host: str) -> list[tuple[str, int, str]]:
+    """The plan's shard addresses as (host, port, TLS name): [host, port, name] rows, "" for the
+    coordinator's host (`coordinator_host`) or for a name that is the host. Raises ProtocolError."""
     rows = meta.get("shards")
     if not isinstance(rows, list) or len(rows) != k:
         raise ProtocolError(f"ps_plan: shards must list {k} addresses")
     out = []
     for row in rows:
-        if not (isinstance(row, list) and len(row) == 2 and isinstance(row[0], str) and type(row[1]) is int  # noqa: E721
-                and 1 <= row[1] <= 65535 and len(row[0]) <= 255):
+        if not (isinstance(row, list) and len(row) == 3 and all(isinstance(v, str) and len(v) <= 255 for v in row[::2])
+                and type(row[1]) is int and 1 <= row[1] <= 65535):  # noqa: E721
             raise ProtocolError(f"ps_plan: bad shard address {row!r:.80}")
-        out.append((row[0] or coordinator_host, row[1]))
+        out.append((row[0] or coordinator_host, row[1], row[2]))
     return out
 
 
