@@ -654,9 +654,8 @@ def _validate_engine(c: RunConfig) -> None:
                    "adaptive_batch (the pace server writes no checkpoints yet)")
     if c.ps_shards != "1":  # the sharded servers run synchronous rounds of one batch, evaluated at the end
         for name, is_set in (("staleness_bound", c.staleness_bound != 0), ("local_steps", c.local_steps != 1),
-                             ("adaptive_batch", c.adaptive_batch), ("grad_accum_steps", c.grad_accum_steps != 1),
-                             ("eval_every_s", c.eval_every_s != 0),
-                             ("model", c.model not in ("mlp", "cnn")), ("sparse_embedding", c.sparse_embedding)):
+                             ("adaptive_batch", c.adaptive_batch), ("eval_every_s", c.eval_every_s != 0),
+                             ("sparse_embedding", c.sparse_embedding)):
             if is_set:
                 raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs ps_shards 1 (the central "
                                   f"server); the sharded servers (ps_shards {c.ps_shards!r}) do not offer it yet")

@@ -565,6 +565,9 @@ def test_a_shard_refuses_a_peer_without_the_secret():
         m, lg = _node(cfg, "worker", "intruder")
         with pytest.raises(ShardFailed, match="handshake with shard 1"):
             connect_shard(cfg, b"not-the-secret", m, lg, "127.0.0.1", port, 1, ROLE_WORKER, 1, "intruder")
+        deadline = time.monotonic() + 5  # the shard tells the peer (a ``refused`` frame), then records the event
+        while metrics.event_counts.get("shard_connection_refused") != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert metrics.event_counts.get("shard_connection_refused") == 1
         with pytest.raises(ShardFailed, match="shard 2's welcome|handshake"):  # a shard must prove its id too
             connect_shard(cfg, SECRET, m, lg, "127.0.0.1", port, 2, ROLE_WORKER, 1, "w1")

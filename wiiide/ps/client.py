@@ -209,11 +209,13 @@ class ShardClient:
         for p, covered in zip(params, overlaps):
             p.register_post_accumulate_grad_hook(lambda _p, covered=covered: self._grad_ready(covered))
 
-    def begin_step(self, step: int) -> None:
-        """Arm the hooks for `step` (call before backward)."""
+    def begin_step(self, step: int, micro_batches: int = 1) -> None:
+        """Arm the hooks for `step` (call before backward) of `micro_batches` backward passes (gradient
+        accumulation, ``grad_accum_steps``): each partition is pushed once, after the last pass has
+        accumulated into every parameter it overlaps."""
         self._step = step
         self._dense = not self._lossy or step < self.cfg.lossy_warmup_steps
-        self._remaining = list(self._needed)
+        self._remaining = [n * micro_batches for n in self._needed]
 
     def _grad_ready(self, covered: list[int]) -> None:
         # Tail first, as backward runs and as DDP's Reducer fills its buckets: with partition_balance

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,8 @@ from wiiide.config import RunConfig
 from wiiide.data import BatchSampler, Dataset, load_dataset
 from wiiide.errors import ProtocolError, WiiideError
 from wiiide.model import FlatParams
+from wiiide.models import check_batch, loss_mean
+from wiiide.pace.outer import gradient
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure, touch
 from wiiide.ps import link_probe
 from wiiide.ps.checkpoints import ShardsRestored, announce_step, restore_shards
@@ -395,7 +398,7 @@ def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, s
         client = ShardClient(cfg, secret, metrics, log, addresses, ROLE_WORKER, rank, worker.node_id)
         client.attach(model, flat, partitions, policy_may_be_lossy(cfg))
         conn.send([encode_message("ps_ready")])
-        _worker_steps(worker, conn, model, flat, client, data)
+        _worker_steps(worker, conn, model, flat, client, data, str((welcome_meta.get("model") or {}).get("type")))
     except ShardFailed as exc:
         _await_coordinator(conn, exc)
     finally:
@@ -480,8 +483,8 @@ def _seconds(value) -> float | None:
 
 
 def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, client: ShardClient,
-                  data: Dataset | None) -> None:
-    metrics, log = worker.metrics, worker.log
+                  data: Dataset | None, kind: str) -> None:
+    cfg, metrics, log = worker.cfg, worker.metrics, worker.log
     wait_s = 0.0
     while True:
         msg = conn.receive(["batch", "batch_indices", "stop"])
@@ -510,16 +513,16 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
             if len(msg.tensors) != 2:
                 raise ProtocolError(f"batch holds {len(msg.tensors)} tensors, expected x and y")
             x, y = from_wire(msg.tensors[0]), from_wire(msg.tensors[1])
-            if x.dim() != 2 or x.dtype != torch.float32 or y.shape != (x.shape[0],) or y.dtype != torch.int64:
-                raise ProtocolError("batch must hold x (b, f) float32 and y (b,) int64")
-        flat.grads.zero_()
-        client.begin_step(step)
         try:
-            loss = nn.functional.cross_entropy(model(x), y)
+            check_batch(kind, x, y)
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from None
+        micro_batches = min(cfg.grad_accum_steps, int(x.shape[0]))  # as `wiiide.pace.outer.gradient` cuts them
+        client.begin_step(step, micro_batches)
+        try:  # the hooks push each partition once the last micro-batch's backward has reached it
+            loss_value = gradient(model, flat, x, y, micro_batches, loss_fn=partial(loss_mean, kind))
         except (RuntimeError, IndexError) as exc:
             raise ProtocolError(f"batch does not fit the model: {exc}") from None
-        loss.backward()  # the hooks push each partition as its gradients are ready
-        loss_value = loss.item()
         compute_s = time.perf_counter() - t0
         metrics.compute_time_s += compute_s
         metrics.compute_cpu_s += time.thread_time() - cpu0
