@@ -663,8 +663,6 @@ def _validate_engine(c: RunConfig) -> None:
         for name, is_set, why in (
                 ("staleness_bound", c.staleness_bound != 0, pacing), ("local_steps", c.local_steps != 1, pacing),
                 ("adaptive_batch", c.adaptive_batch, pacing),
-                ("eval_every_s", c.eval_every_s != 0, "the parameters live on the shards between steps and the "
-                 "coordinator assembles them only at the end (pull_final)"),
                 ("sparse_embedding", c.sparse_embedding, "a shard owns a range of the flat vector and takes dense "
                  "pushes of it; pushes of touched rows are routed by the central server only")):
             if is_set:

@@ -184,13 +184,12 @@ class Coordinator:
             self._listen()
             self._accept_workers(spec, restarted=self.recovery.incarnation > 1)
             wait_for_start_gate(cfg, self.metrics, self.log)  # links shaped before any training traffic
+            self.evaluator = evaluator_for(cfg, lambda: build_model(cfg, data.num_features, data.num_classes), data)
             if self.cfg.ps_shards != "1":  # sharded servers (wiiide/ps/): the shards train, this node keeps the barrier
                 from wiiide.ps.session import run_coordinator
 
                 run_coordinator(self, data, model, flat, TRAINING_MARKER)
             else:
-                self.evaluator = evaluator_for(cfg, lambda: build_model(cfg, data.num_features, data.num_classes),
-                                               data)
                 if uses_pace(cfg):  # workers at their own pace (wiiide.pace.server)
                     touch(str(Path(cfg.metrics_dir) / TRAINING_MARKER))
                     PaceServer(self, data, flat, optimizer).run()

@@ -181,3 +181,14 @@ def test_sharded_servers_train_every_dense_model(tmp_path, node_env, node_procs,
         assert math.isfinite(coord["validation_loss"]) and coord["validation_tokens"] > 0
     for rank in (1, 2, 3):
         assert nodes[f"worker-{rank}"]["ps"]["param_max_abs_diff"] == 0.0
+
+
+def test_a_sharded_run_evaluates_snapshots_and_stops_at_its_target(tmp_path, node_env, node_procs):  # noqa: F811
+    nodes = _run(node_env, node_procs, tmp_path / "run", ps_shards="all", max_steps=400, eval_every_s=0.2,
+                 target_accuracy=0.8, stop_at_target=True)
+    coord = nodes["coordinator"]
+    held = coord["held_out"]
+    assert coord["ps"]["snapshots"]["pulls"] >= 1 and coord["ps"]["snapshots"]["error"] is None
+    assert len(held["curve"]) >= 2 and held["curve"][-1]["final"]
+    assert coord["time_to_target_s"] is not None and coord["steps"] < 400  # it stopped at the target
+    assert coord["test_accuracy"] >= 0.8

@@ -44,6 +44,7 @@ from wiiide.codecs.policy import fixed_lossy_ratio
 from wiiide.config import RunConfig
 from wiiide.data import BatchSampler, Dataset, load_dataset
 from wiiide.errors import ProtocolError, WiiideError
+from wiiide.evaluation import record_held_out, stop_at_target
 from wiiide.model import FlatParams
 from wiiide.models import check_batch, loss_mean
 from wiiide.pace.outer import gradient
@@ -63,6 +64,7 @@ from wiiide.ps.partition import (
     shard_loads_bytes,
 )
 from wiiide.ps.shard import ROLE_COORDINATOR, ROLE_WORKER, ShardServer
+from wiiide.ps.snapshots import ShardSnapshots
 from wiiide.tensors import from_wire, to_wire
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import WireTensor
@@ -172,9 +174,12 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
             "batch_handout": {str(r): h for r, h in handout.items()}})
         log.info("sharded: %d shards, %d partitions (%s bytes per shard); batch handout %s", k, len(partitions),
                  shard_loads_bytes(partitions, k), sorted(set(handout.values())))
-        _train(coord, data, workers, handout, shard, training_marker, start_step, client)
+        _train(coord, data, workers, handout, shard, training_marker, start_step, client, partitions)
         final = client.pull_final(partitions, flat.numel)
         flat.load(torch.from_numpy(final))
+        if coord.evaluator is not None:  # the final point: the exact final parameters
+            coord.evaluator.finish(metrics.steps, metrics.samples, flat.params)
+            record_held_out(metrics, coord.evaluator)
         stop = encode_message("stop", {"reason": "finished", "steps": metrics.steps}, [to_wire("params", flat.params)])
         for w in workers:
             try:
@@ -282,7 +287,7 @@ def _receive(coord, w, kind: str):
 
 
 def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardServer, training_marker: str,
-           start_step: int = 0, client: ShardClient | None = None) -> None:
+           start_step: int = 0, client: ShardClient | None = None, partitions: list[Partition] | None = None) -> None:
     """The step barrier. Batches go out `HANDOUT_AHEAD` steps ahead, so a worker whose pulls are in
     starts its next step at once, without a round trip through the coordinator; whether a step runs
     (duration_s, max_steps) is decided when its batches are sent. A restored run starts at
@@ -291,14 +296,38 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
     A step the barrier passed is on disk on every shard when it is a checkpoint step: a shard sends
     a partition's pull after writing its checkpoint (`wiiide.ps.shard.ShardServer`). With
     checkpoint_every_s, the barrier announces a step ahead of every shard through `client`
-    (`wiiide.ps.checkpoints.announce_step`) before it hands out the next batches."""
+    (`wiiide.ps.checkpoints.announce_step`) before it hands out the next batches.
+
+    With eval_every_s (the coordinator's ``evaluator``), snapshots pulled from the shards through
+    `client` on another thread (`wiiide.ps.snapshots`) are evaluated while the barrier runs, and
+    stop_at_target ends the handout once the target is reached."""
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
     timer = CheckpointSchedule(0, cfg.checkpoint_every_s if client is not None else 0.0, start_step)
     sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed + start_step)
     start = time.perf_counter()
     touch(str(Path(cfg.metrics_dir) / training_marker))
+    evaluator = coord.evaluator.start(start) if coord.evaluator is not None else None
+    snapshots = None
+    if evaluator is not None and client is not None and partitions:
+        numel = partitions[-1].stop
+        snapshots = ShardSnapshots(evaluator, client, partitions, numel,
+                                   lambda: (metrics.steps, metrics.samples)).start()
+    try:
+        _barrier(coord, data, workers, handout, shard, timer, sampler, start, start_step, client, evaluator)
+    finally:
+        if snapshots is not None:
+            snapshots.stop()
+            metrics.extra["ps"]["snapshots"] = {"pulls": snapshots.pulls, "error": snapshots.error}
+
+
+def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardServer, timer: CheckpointSchedule,
+             sampler: BatchSampler, start: float, start_step: int, client: ShardClient | None, evaluator) -> None:
+    """`_train`'s loop: hand out, wait for every worker's ``step_done``, record the step."""
+    cfg, metrics, log = coord.cfg, coord.metrics, coord.log
 
     def more(sent: int) -> bool:
+        if stop_at_target(cfg, evaluator):
+            return False
         return not (time.perf_counter() - start >= cfg.duration_s or (cfg.max_steps and sent >= cfg.max_steps))
 
     def hand_out(step: int) -> None:
