@@ -534,7 +534,11 @@ def _validate_engine(c: RunConfig) -> None:
             ("profile", c.profile, torch_engine, "engine ddp or fsdp"),
             ("compression", c.compression != default_compression, c.engine == "wiiide", "engine wiiide"),
             ("ps_shards", c.ps_shards != "1", c.engine == "wiiide", "engine wiiide"),
-            ("tls", c.tls, c.engine == "wiiide", "engine wiiide (gloo's own sockets are not wrapped)")]
+            ("tls", c.tls, c.engine == "wiiide", "engine wiiide (gloo's own sockets are not wrapped)"),
+            *((name, getattr(c, name) != 0, c.engine == "wiiide", "engine wiiide (a torch.distributed process "
+               "group has a fixed world: a lost rank ends every rank's collectives, so there is no live run to "
+               "restore a checkpoint into; the wiiide engine saves, restores and readmits)")
+              for name in ("checkpoint_every_steps", "checkpoint_every_s"))]
     for name, is_set, applies, needs in only:
         if is_set and not applies:
             raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs {needs} "
@@ -543,14 +547,18 @@ def _validate_engine(c: RunConfig) -> None:
         for name in ("checkpoint_every_steps", "checkpoint_every_s"):
             _check(getattr(c, name) == 0, name, getattr(c, name), "0 with staleness_bound, local_steps or "
                    "adaptive_batch (the pace server writes no checkpoints yet)")
-    if c.ps_shards != "1":  # the sharded servers run synchronous rounds of one batch, evaluated at the end
-        for name, is_set in (("staleness_bound", c.staleness_bound != 0), ("local_steps", c.local_steps != 1),
-                             ("adaptive_batch", c.adaptive_batch), ("grad_accum_steps", c.grad_accum_steps != 1),
-                             ("eval_every_s", c.eval_every_s != 0), ("tls", c.tls),
-                             ("model", c.model not in ("mlp", "cnn")), ("sparse_embedding", c.sparse_embedding)):
+    if c.ps_shards != "1":  # the sharded servers (wiiide/ps/): what they do not take, each with why
+        pacing = ("a shard applies a partition when every worker's push of the step is in (synchronous rounds); "
+                  "the clocks of bounded staleness, local SGD's outer step and adaptive batches run on the central "
+                  "server's connections")
+        for name, is_set, why in (
+                ("staleness_bound", c.staleness_bound != 0, pacing), ("local_steps", c.local_steps != 1, pacing),
+                ("adaptive_batch", c.adaptive_batch, pacing),
+                ("sparse_embedding", c.sparse_embedding, "a shard owns a range of the flat vector and takes dense "
+                 "pushes of it; pushes of touched rows are routed by the central server only")):
             if is_set:
                 raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs ps_shards 1 (the central "
-                                  f"server); the sharded servers (ps_shards {c.ps_shards!r}) do not offer it yet")
+                                  f"server), not ps_shards {c.ps_shards!r}: {why}")
     if c.engine == "wiiide":
         _check(c.batch_size >= c.grad_accum_steps, "grad_accum_steps", c.grad_accum_steps,
                f"at most batch_size = {c.batch_size} (every micro-batch needs a sample)")

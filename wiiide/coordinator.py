@@ -66,6 +66,7 @@ from wiiide.node import (
     touch,
     wait_for_start_gate,
 )
+from wiiide.handshake import Hello, accept_hello, refusal_reason, send_welcome
 from wiiide.pace.server import PaceServer, uses_pace
 from wiiide.ps.digest import params_digest
 from wiiide.ps.partition import resolve_shards
@@ -73,20 +74,11 @@ from wiiide.recovery import ServerRecovery, rejoin_hint
 from wiiide.sparse import SparseRows
 from wiiide.tensors import to_wire
 from wiiide.wire.admission import REASON_DEADLINE, HandshakeGate, Pending, Refusal
-from wiiide.wire.auth import (
-    HANDSHAKE_MAX_FRAME_BYTES,
-    check_nonce,
-    hello_mac,
-    load_secret,
-    new_nonce,
-    verify,
-    welcome_mac,
-)
+from wiiide.wire.auth import load_secret
 from wiiide.wire.encode import encode_message
-from wiiide.wire.format import PROTOCOL_VERSION, DeadlineExceeded
 from wiiide.wire.messages import WireTensor
 from wiiide.wire.sockets import configure_socket
-from wiiide.wire.tls import TLSHandshakeError, server_context, wrap_server
+from wiiide.wire.tls import server_context
 from wiiide.workload import sparse_comm_expected, workload_record
 
 TRAINING_MARKER = "coordinator.training"  # written into metrics_dir when the first step starts
@@ -100,13 +92,20 @@ LISTEN_BACKLOG_MARGIN = 1024
 class _Joining:
     """A connection that passed the handshake, waiting for the main thread to admit it."""
 
-    conn: Connection
-    node_id: str
-    nonce_c: str
-    nonce_w: str
-    options: dict
-    peer: str
+    hello: Hello
     rejoin: dict | None = None  # a rejoining worker's hint (wiiide.recovery.rejoin_hint)
+
+    @property
+    def conn(self) -> Connection:
+        return self.hello.conn
+
+    @property
+    def node_id(self) -> str:
+        return self.hello.node_id
+
+    @property
+    def peer(self) -> str:
+        return self.hello.peer
 
 
 @dataclass
@@ -118,6 +117,7 @@ class WorkerSlot:
     node_id: str
     batches: int = 0
     alive: bool = True
+    tls_name: str | None = None  # with tls on: the first name of its certificate (what its peers dial it as)
 
 
 class Coordinator:
@@ -184,13 +184,12 @@ class Coordinator:
             self._listen()
             self._accept_workers(spec, restarted=self.recovery.incarnation > 1)
             wait_for_start_gate(cfg, self.metrics, self.log)  # links shaped before any training traffic
+            self.evaluator = evaluator_for(cfg, lambda: build_model(cfg, data.num_features, data.num_classes), data)
             if self.cfg.ps_shards != "1":  # sharded servers (wiiide/ps/): the shards train, this node keeps the barrier
                 from wiiide.ps.session import run_coordinator
 
                 run_coordinator(self, data, model, flat, TRAINING_MARKER)
             else:
-                self.evaluator = evaluator_for(cfg, lambda: build_model(cfg, data.num_features, data.num_classes),
-                                               data)
                 if uses_pace(cfg):  # workers at their own pace (wiiide.pace.server)
                     touch(str(Path(cfg.metrics_dir) / TRAINING_MARKER))
                     PaceServer(self, data, flat, optimizer).run()
@@ -297,63 +296,27 @@ class Coordinator:
         _close_quietly(sock)
 
     def _handshake(self, sock: socket.socket, peer: str, deadline: float) -> bool:
-        """Challenge-response (wiiide.wire.auth) by `deadline` (a time.monotonic() instant: accept +
-        handshake_timeout_s, enforced on every read, whatever the peer sends and however slowly) and
-        with a 64 KiB frame limit. Returns True if the peer authenticated (it is queued for `_admit`).
+        """Challenge-response (`wiiide.handshake.accept_hello`) by `deadline` (a time.monotonic() instant:
+        accept + handshake_timeout_s, enforced on every read, whatever the peer sends and however slowly)
+        and with a 64 KiB frame limit. Returns True if the peer authenticated (it is queued for `_admit`).
 
         Never raises: any failure, an unforeseen exception included, is a refusal with its cause logged
         and recorded.
         """
         cfg = self.cfg
-        hello = conn = None
         try:
-            remaining_s = deadline - time.monotonic()
-            if remaining_s <= 0:
-                raise DeadlineExceeded("the deadline passed while the connection waited for a slot")
-            sock.settimeout(remaining_s)  # bounds the challenge's send, too
-            options = configure_socket(sock, cfg)
-            if cfg.tls:  # here on the slot thread, bounded by the same deadline (wiiide.wire.tls)
-                sock = wrap_server(sock, cfg, deadline, peer)
-                sock.settimeout(max(0.001, deadline - time.monotonic()))
-            conn = Connection(sock, cfg, self.metrics, self.log, f"peer {peer}", max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES,
-                              pool=self.policy.pool)
-            nonce_c = new_nonce()
-            conn.send([encode_message("challenge", {"protocol_version": PROTOCOL_VERSION, "nonce": nonce_c})])
-            hello = conn.receive(["hello"], deadline=deadline)
-            version = hello.meta.get("protocol_version")
-            if type(version) is not int or version != PROTOCOL_VERSION:  # noqa: E721 (True == 1)
-                raise ProtocolError(f"protocol version {version!r:.40}, this coordinator speaks {PROTOCOL_VERSION}")
-            node_id = hello.meta.get("node_id")
-            if not isinstance(node_id, str) or not 0 < len(node_id) <= 128:
-                raise ProtocolError("hello: node_id must be a string of 1..128 characters")
-            nonce_w = check_nonce(hello.meta.get("nonce"), "hello")
-            verify(hello_mac(self.secret, PROTOCOL_VERSION, nonce_c, nonce_w, node_id), hello.meta.get("mac"), "hello")
-            hint = rejoin_hint(hello.meta)
-            if time.monotonic() > deadline:
-                raise DeadlineExceeded("the hello arrived after the deadline")
-            self._joining.put(_Joining(conn, node_id, nonce_c, nonce_w, options, peer, hint))
+            hello = accept_hello(sock, cfg, self.secret, self.metrics, self.log, peer, deadline, self.policy.pool)
+            self._joining.put(_Joining(hello, rejoin_hint(hello.meta)))
             return True
-        except DeadlineExceeded as exc:
-            self._refuse(sock, peer, f"handshake not complete within handshake_timeout_s={cfg.handshake_timeout_s:g} s "
-                                     f"({exc})", REASON_DEADLINE)
         except Exception as exc:  # ProtocolError, OSError, or a bug an input found: a refusal, never a dead thread
-            if isinstance(exc, TLSHandshakeError):
-                reason = "tls"
-            elif isinstance(exc, ProtocolError):
-                reason = "auth" if "authentication failed" in str(exc) else "protocol"
-            elif isinstance(exc, OSError):
-                reason = "socket"
+            reason = refusal_reason(exc)
+            if reason == REASON_DEADLINE:
+                cause = f"handshake not complete within handshake_timeout_s={cfg.handshake_timeout_s:g} s ({exc})"
             else:
-                reason = "unexpected"
+                cause = f"{'unexpected ' if reason == 'unexpected' else ''}{type(exc).__name__}: {str(exc)[:300]}"
+            if reason == "unexpected":
                 self.log.message("handshake with %s failed unexpectedly:\n%s", peer, traceback.format_exc())
-            if hello is not None and conn is not None:  # a peer that speaks the protocol is told why, in one frame
-                try:
-                    sock.settimeout(0.5)
-                    conn.send([encode_message("refused", {"reason": str(exc)[:300]})])
-                except OSError:
-                    pass
-            self._refuse(sock, peer, f"{'unexpected ' if reason == 'unexpected' else ''}{type(exc).__name__}: "
-                                     f"{str(exc)[:300]}", reason)
+            self._refuse(sock, peer, cause, reason)
         return False
 
     def _admit(self, joining: "_Joining") -> None:
@@ -370,30 +333,25 @@ class Coordinator:
             if len(self.workers) >= cfg.num_workers:
                 old = next(w for w in self.workers if not w.alive)
         rank = old.rank if old is not None else len(self.workers) + 1
-        conn = joining.conn
         try:
-            conn.send([encode_message("welcome", {
+            conn = send_welcome(joining.hello, cfg, self.secret, rank, {
                 "rank": rank, "world_size": cfg.num_workers + 1, "num_workers": cfg.num_workers, "model": self._spec,
                 **({"ps_shards": resolve_shards(cfg.ps_shards, cfg.num_workers + 1)} if cfg.ps_shards != "1" else {}),
-                "mac": welcome_mac(self.secret, PROTOCOL_VERSION, joining.nonce_w, joining.nonce_c, rank),
-            })])
+            }, f"worker {rank}")
         except OSError as exc:
-            self._refuse(conn.sock, joining.peer, f"welcome failed: {exc}", "socket")
+            self._refuse(joining.conn.sock, joining.peer, f"welcome failed: {exc}", "socket")
             return
-        conn.name = f"worker {rank}"
         if self.recovery is not None:
             self.recovery.note_rejoin(joining.rejoin)
-        conn.reader.max_frame_bytes = cfg.max_frame_bytes
-        conn.sock.settimeout(cfg.io_timeout_s)
-        self.metrics.socket_options.append({"rank": rank, **joining.options})
+        self.metrics.socket_options.append({"rank": rank, **joining.hello.options})
         if old is not None:
-            old.conn, old.node_id, old.alive = conn, joining.node_id, True
+            old.conn, old.node_id, old.alive, old.tls_name = conn, joining.node_id, True, joining.hello.tls_name
             self.metrics.event("worker_rejoined", rank=rank, node_id=joining.node_id, peer=joining.peer,
                                step=self.metrics.steps)
             self.log.info("worker %d rejoined from %s (%s) at step %d", rank, joining.peer, joining.node_id,
                           self.metrics.steps)
         else:
-            self.workers.append(WorkerSlot(rank, conn, joining.node_id))
+            self.workers.append(WorkerSlot(rank, conn, joining.node_id, tls_name=joining.hello.tls_name))
             self.metrics.event("worker_joined", rank=rank, node_id=joining.node_id, peer=joining.peer)
             self.log.info("worker %d joined from %s (%s); %d of %d", rank, joining.peer, joining.node_id,
                           len(self.workers), cfg.num_workers)
@@ -453,11 +411,17 @@ class Coordinator:
             except queue.Empty:
                 continue
 
-    def _drop(self, worker: WorkerSlot, cause: Exception) -> None:
+    def drop(self, worker: WorkerSlot, cause: BaseException) -> None:
+        """Membership: mark `worker` lost (its connection closed, a ``worker_lost`` event with `cause`).
+        A worker of that node id that comes back is admitted again with its rank."""
         worker.alive = False
         worker.conn.close()
         self.metrics.event("worker_lost", rank=worker.rank, node_id=worker.node_id, cause=f"{type(cause).__name__}: {cause}")
         self.log.error("dropped worker %d: %s: %s", worker.rank, type(cause).__name__, cause)
+
+    def members(self) -> list[WorkerSlot]:
+        """Membership: every worker that joined, by rank (lost ones included, ``alive`` False)."""
+        return sorted(self.workers, key=lambda w: w.rank)
 
     def _live(self) -> list[WorkerSlot]:
         """The live workers; when none is left, wait up to connect_timeout_s for one to come back."""
@@ -512,7 +476,7 @@ class Coordinator:
                     w.conn.send([frame, batch_frame])
                     sent.append((w, w.conn))
                 except OSError as exc:
-                    self._drop(w, exc)
+                    self.drop(w, exc)
             if sparse is None:
                 grad_sum.zero_()
             else:  # the sparse path sums the pushed rows itself, no pass over the table
@@ -539,7 +503,7 @@ class Coordinator:
                     if sparse is not None:
                         sparse.add_gradients(msg)  # checks every tensor before adding
                 except Exception as exc:  # ProtocolError, OSError, or what else a frame can provoke: a drop with its cause
-                    self._drop(w, exc)
+                    self.drop(w, exc)
                     continue
                 if grad is not None:
                     grad_sum += torch.from_numpy(grad)
@@ -579,7 +543,7 @@ class Coordinator:
                 try:
                     w.conn.send([frame])
                 except OSError as exc:
-                    self._drop(w, exc)
+                    self.drop(w, exc)
 
 
 def main(cfg: RunConfig) -> int:

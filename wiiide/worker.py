@@ -30,6 +30,7 @@ from wiiide.errors import PeerClosed, ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.model import FlatParams, model_from_spec
+from wiiide.handshake import Refused, dial, join
 from wiiide.models import check_batch, loss_mean
 from wiiide.node import (
     EXIT_CONNECT,
@@ -43,19 +44,8 @@ from wiiide.pace.compress import PULL_KINDS, DeltaPush, WorkerCopy
 from wiiide.pace.outer import gradient, local_delta
 from wiiide.sparse import UPDATE_KIND, SparseRows
 from wiiide.tensors import from_wire, to_wire
-from wiiide.wire.auth import (
-    HANDSHAKE_MAX_FRAME_BYTES,
-    check_nonce,
-    hello_mac,
-    load_secret,
-    new_nonce,
-    verify,
-    welcome_mac,
-)
-from wiiide.wire.encode import encode_message
-from wiiide.wire.format import PROTOCOL_VERSION
-from wiiide.wire.sockets import configure_socket
-from wiiide.wire.tls import TLSHandshakeError, client_context, wrap_client
+from wiiide.wire.auth import HANDSHAKE_MAX_FRAME_BYTES, load_secret
+from wiiide.wire.tls import TLSHandshakeError, client_context
 
 # Connect retries: 50 ms, growing by half each time to at most 250 ms, until the timeout. Nine nodes
 # start within seconds of each other, so the coordinator listens soon; a long backoff (it was 2 s)
@@ -98,19 +88,12 @@ class Worker:
         delay_s, attempts, last_error = CONNECT_FIRST_DELAY_S, 0, None
         while True:
             attempts += 1
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                options = configure_socket(sock, cfg)  # before connect: the window scale is fixed at SYN
-                sock.settimeout(max(0.5, min(5.0, deadline - time.monotonic())))
-                sock.connect((cfg.coordinator_host, cfg.port))
-                if cfg.tls:  # the coordinator's certificate must name coordinator_host (wiiide.wire.tls)
-                    sock = wrap_client(sock, cfg, cfg.coordinator_host)
-                sock.settimeout(cfg.io_timeout_s)
+            try:  # with tls on, the coordinator's certificate must name coordinator_host (wiiide.handshake.dial)
+                sock, options = dial(cfg, cfg.coordinator_host, cfg.port, max(0.5, min(5.0, deadline - time.monotonic())))
                 self.metrics.socket_options.append(options)
                 self.metrics.event("connected", attempts=attempts)
                 return sock
             except OSError as exc:  # a TLS handshake timeout (DeadlineExceeded) too: the coordinator may be busy
-                sock.close()
                 last_error = exc
             except TLSHandshakeError as exc:  # its certificate is not the cluster's, or names another host
                 raise NodeFailure(f"the coordinator at {cfg.coordinator_host}:{cfg.port} failed TLS: {exc}",
@@ -168,34 +151,19 @@ class Worker:
         cfg, metrics = self.cfg, self.metrics
         heartbeats = None
         try:
-            conn.sock.settimeout(cfg.handshake_timeout_s)
-            challenge = conn.receive(["challenge"])
-            version = challenge.meta.get("protocol_version")
-            if type(version) is not int or version != PROTOCOL_VERSION:  # noqa: E721 (True == 1)
-                raise ProtocolError(f"the coordinator speaks protocol version {version!r}, this worker {PROTOCOL_VERSION}")
-            nonce_c = check_nonce(challenge.meta.get("nonce"), "challenge")
-            nonce_w = new_nonce()
-            hello = {"protocol_version": PROTOCOL_VERSION, "node_id": self.node_id[:128], "pid": os.getpid(),
-                     "nonce": nonce_w, "mac": hello_mac(secret, PROTOCOL_VERSION, nonce_c, nonce_w, self.node_id[:128])}
+            extra: dict = {"pid": os.getpid()}
             if self._last_step is not None:
-                hello["rejoin"] = {"last_step": self._last_step, "last_params_unix_s": self._last_params_unix_s}
-            conn.send([encode_message("hello", hello)])
-            welcome = conn.receive(["welcome", "refused"])
-            if welcome.kind == "refused":
-                raise NodeFailure(f"the coordinator at {cfg.coordinator_host}:{cfg.port} refused this worker: "
-                                  f"{str(welcome.meta.get('reason'))[:300]}", EXIT_CONNECT)
-            rank = welcome.meta.get("rank")
-            if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-                raise ProtocolError(f"welcome carries a bad rank {rank!r}")
-            verify(welcome_mac(secret, PROTOCOL_VERSION, nonce_w, nonce_c, rank), welcome.meta.get("mac"),
-                   "the coordinator's welcome")
+                extra["rejoin"] = {"last_step": self._last_step, "last_params_unix_s": self._last_params_unix_s}
+            try:
+                welcome = join(conn, cfg, secret, self.node_id[:128], None, "the coordinator", extra)
+            except Refused as exc:
+                raise NodeFailure(f"the coordinator at {cfg.coordinator_host}:{cfg.port}: {exc}", EXIT_CONNECT) from None
+            rank = welcome.meta["rank"]  # join checked it (an int >= 1 its MAC covers)
             spec = welcome.meta.get("model") or {}
             try:
                 model = model_from_spec(spec)
             except ValueError as exc:
                 raise ProtocolError(str(exc)) from None
-            conn.reader.max_frame_bytes = cfg.max_frame_bytes
-            conn.sock.settimeout(cfg.io_timeout_s)
             metrics.rank = rank
             self.log.info("joined as worker %d of %s", rank, welcome.meta.get("num_workers"))
             heartbeats = Heartbeats(lambda: [conn], cfg.heartbeat_interval_s).start()

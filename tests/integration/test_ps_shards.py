@@ -150,3 +150,45 @@ def test_auto_pieces_per_shard_follow_the_probed_link(tmp_path, node_env, node_p
     else:  # 64 KiB pieces and up: 4-6 a shard
         assert ps["partitions"] > 3 * 4 and ps["partition_finest_bytes"] == 64 * 1024
     assert run["coordinator"]["steps"] == run["worker-1"]["steps"] == 3
+
+
+def test_central_and_sharded_with_gradient_accumulation_reach_the_same_parameters(tmp_path, node_env,  # noqa: F811
+                                                                                   node_procs):
+    """grad_accum_steps 3: each partition is pushed once, after the last micro-batch's backward."""
+    central = _run(node_env, node_procs, tmp_path / "central", ps_shards=1, grad_accum_steps=3)
+    sharded = _run(node_env, node_procs, tmp_path / "sharded", ps_shards="all", grad_accum_steps=3)
+    c, s = central["coordinator"]["params_digest"], sharded["coordinator"]["params_digest"]
+    assert central["coordinator"]["steps"] == sharded["coordinator"]["steps"] == 20
+    for a, b in zip([c["sum"], c["l2"], *c["projections"]], [s["sum"], s["l2"], *s["projections"]]):
+        assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-4), (c, s)
+    assert sharded["worker-1"]["ps"]["param_max_abs_diff"] == 0.0
+
+
+@pytest.mark.parametrize("model", [
+    {"model": "transformer", "transformer_layers": 1, "transformer_width": 32, "transformer_heads": 2,
+     "transformer_context": 32, "batch_size": 16},
+    {"model": "embedding", "embedding_rows": 2000, "embedding_dim": 8, "embedding_fields": 3,
+     "embedding_samples": 2000}], ids=["transformer", "embedding"])
+def test_sharded_servers_train_every_dense_model(tmp_path, node_env, node_procs, model):  # noqa: F811
+    nodes = _run(node_env, node_procs, tmp_path / "run", ps_shards="all", max_steps=40, momentum=0.9,
+                 learning_rate=0.05, hidden_sizes="16", **model)
+    coord = nodes["coordinator"]
+    assert coord["steps"] == 40 and coord["ps"]["ps_shards"] == 4
+    w1 = nodes["worker-1"]
+    assert w1["loss_final"] < w1["loss_avg"], (w1["loss_final"], w1["loss_avg"])  # the loss falls
+    assert math.isfinite(coord["test_loss"]) and coord["test_loss"] > 0  # the held-out metric
+    if model["model"] == "transformer":
+        assert math.isfinite(coord["validation_loss"]) and coord["validation_tokens"] > 0
+    for rank in (1, 2, 3):
+        assert nodes[f"worker-{rank}"]["ps"]["param_max_abs_diff"] == 0.0
+
+
+def test_a_sharded_run_evaluates_snapshots_and_stops_at_its_target(tmp_path, node_env, node_procs):  # noqa: F811
+    nodes = _run(node_env, node_procs, tmp_path / "run", ps_shards="all", max_steps=400, eval_every_s=0.2,
+                 target_accuracy=0.8, stop_at_target=True)
+    coord = nodes["coordinator"]
+    held = coord["held_out"]
+    assert coord["ps"]["snapshots"]["pulls"] >= 1 and coord["ps"]["snapshots"]["error"] is None
+    assert len(held["curve"]) >= 2 and held["curve"][-1]["final"]
+    assert coord["time_to_target_s"] is not None and coord["steps"] < 400  # it stopped at the target
+    assert coord["test_accuracy"] >= 0.8

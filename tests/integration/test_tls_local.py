@@ -42,3 +42,19 @@ def test_bench_tls_tiny_local_run_writes_every_mode(tmp_path):
     assert set(report["summary"]) >= {"plain", "tls", "tls_over_plain_median_of_ratios", "meets_target",
                                       "tls_sslsocket", "tls_sslsocket_over_plain_median_of_ratios"}
     assert not list(tmp_path.glob(".bench-tls-*"))  # the certificates are gone with the scratch folder
+
+
+def test_a_sharded_run_with_tls_wraps_every_shard_connection(tmp_path):
+    spec = build_spec({"name": "tls-sharded", "base": {
+        "dataset": "digits", "num_workers": 2, "max_steps": 40, "duration_s": 60, "log_tier": "normal",
+        "tls": True, "ps_shards": "all", "partition_bytes": "8KiB"}}, "tls-sharded.yaml")
+    report = load_report(run_sweep(spec, "local", tmp_path, progress=lambda line: None))
+    rep = report["points"][0]["repeats"][0]
+    assert rep["status"] == "ok", rep["error"]
+    nodes = rep["nodes"]
+    assert nodes["coordinator"]["tls"] == "TLSv1.3" and nodes["coordinator"]["steps"] == 40
+    for name in ("coordinator", "worker-1", "worker-2"):  # each node's shard: every peer over TLS 1.3
+        shard = nodes[name]["ps"]["shard"]
+        assert shard["peer_tls"] == {"coordinator 0": "TLSv1.3", "worker 1": "TLSv1.3", "worker 2": "TLSv1.3"}, shard
+        assert not [e for e in nodes[name]["events"] if "refused" in e["event"]]
+    assert rep["totals"]["test_accuracy"] > 0.5

@@ -428,3 +428,26 @@ def test_a_section_names_a_known_group_and_ends_with_its_class():
                                                                      "unit": "bytes"}
     later = config._field(1, "any", "declared after the class's sections ended")
     assert "group" not in later.json_schema_extra
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
+@pytest.mark.parametrize("field, value", [("checkpoint_every_steps", 10), ("checkpoint_every_s", 5.0)])
+def test_the_torch_engines_refuse_checkpoints_with_the_reason(engine, field, value):
+    with pytest.raises(ConfigError, match=rf"'{field}'.*needs engine wiiide.*fixed world"):
+        RunConfig(engine=engine, **{field: value})
+    assert getattr(RunConfig(**{field: value}), field) == value  # the wiiide engine takes them
+
+
+@pytest.mark.parametrize("fields", [
+    {"model": "transformer", "transformer_width": 32, "transformer_heads": 2}, {"model": "embedding"},
+    {"grad_accum_steps": 4}, {"tls": True}, {"eval_every_s": 1.0}])
+def test_the_sharded_servers_take_every_dense_model_gradient_accumulation_and_tls(fields):
+    assert RunConfig(ps_shards="all", **fields).ps_shards == "all"
+
+
+@pytest.mark.parametrize("field, value", [("staleness_bound", 2), ("local_steps", 4), ("adaptive_batch", True),
+                                          ("sparse_embedding", True)])
+def test_the_sharded_servers_refuse_what_they_do_not_offer_with_its_message(field, value):
+    extra = {"model": "embedding", "momentum": 0.0} if field == "sparse_embedding" else {}
+    with pytest.raises(ConfigError, match=rf"'{field}'.*needs ps_shards 1"):
+        RunConfig(ps_shards="all", **{field: value}, **extra)

@@ -206,7 +206,7 @@ def test_a_worker_lost_during_the_probe_fails_the_run_naming_it(conn_pair):
     dropped = []
     slot = SimpleNamespace(rank=2, node_id="w2", conn=coord_conn, alive=True)
     coord = SimpleNamespace(cfg=RunConfig(log_tier="silent", num_workers=1), log=TieredLog(CFG, "coordinator"),
-                            _drop=lambda w, exc: dropped.append((w.rank, type(exc).__name__)))
+                            drop=lambda w, exc: dropped.append((w.rank, type(exc).__name__)))
     worker.sock.close()
     with pytest.raises(NodeFailure, match="lost worker 2 \\(w2\\) during the link probe") as info:
         _piece_rule(coord, [slot])

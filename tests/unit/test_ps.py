@@ -368,7 +368,7 @@ def _worker_clients(cfg: RunConfig, port: int, models, flats, parts, clients: li
 
     for rank, (model, flat) in enumerate(zip(models, flats), start=1):
         m, lg = _node(cfg, "worker", f"w{rank}")
-        client = ShardClient(cfg, SECRET, m, lg, [("127.0.0.1", port)], ROLE_WORKER, rank, f"w{rank}")
+        client = ShardClient(cfg, SECRET, m, lg, [("127.0.0.1", port, "")], ROLE_WORKER, rank, f"w{rank}")
         client.attach(model, flat, parts, lossy=False)
         clients.append(client)
     return clients
@@ -565,6 +565,9 @@ def test_a_shard_refuses_a_peer_without_the_secret():
         m, lg = _node(cfg, "worker", "intruder")
         with pytest.raises(ShardFailed, match="handshake with shard 1"):
             connect_shard(cfg, b"not-the-secret", m, lg, "127.0.0.1", port, 1, ROLE_WORKER, 1, "intruder")
+        deadline = time.monotonic() + 5  # the shard tells the peer (a ``refused`` frame), then records the event
+        while metrics.event_counts.get("shard_connection_refused") != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert metrics.event_counts.get("shard_connection_refused") == 1
         with pytest.raises(ShardFailed, match="shard 2's welcome|handshake"):  # a shard must prove its id too
             connect_shard(cfg, SECRET, m, lg, "127.0.0.1", port, 2, ROLE_WORKER, 1, "w1")
@@ -598,7 +601,7 @@ def test_a_worker_keeps_its_first_shard_connections_alive_while_a_later_shard_co
     client = None
     try:
         m, lg = _node(cfg, "worker", "w1")
-        client = ShardClient(cfg, SECRET, m, lg, [("127.0.0.1", p) for p in ports], ROLE_WORKER, 1, "w1")
+        client = ShardClient(cfg, SECRET, m, lg, [("127.0.0.1", p, "") for p in ports], ROLE_WORKER, 1, "w1")
         assert len(client.links) == 2
         assert servers[0].failure is None and servers[1].failure is None, (servers[0].failure, servers[1].failure)
     finally:

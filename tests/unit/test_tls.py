@@ -223,3 +223,40 @@ def test_a_server_that_closes_during_the_handshake_is_a_lost_connection_the_work
             wrap_client(connect(listener.getsockname()[1]), node_cfg(pki, "worker-1"), "127.0.0.1")
         assert not isinstance(info.value, TLSHandshakeError)
         closer.join(timeout=10)
+
+
+def test_a_shard_over_tls_serves_the_cluster_and_checks_the_name_its_peer_expects(tmp_path, pki):
+    """Worker-shard connections take the coordinator's TLS wrapping (`wiiide.handshake`): a worker
+    dialling the shard by the name on its certificate joins over TLS 1.3; one expecting another name,
+    or holding a stranger's certificate, never reaches the HMAC handshake."""
+    import numpy as np
+
+    from wiiide.log import TieredLog
+    from wiiide.metrics import NodeMetrics
+    from wiiide.ps.client import ShardFailed, connect_shard
+    from wiiide.ps.partition import partition_flat
+    from wiiide.ps.shard import ROLE_WORKER, ShardServer
+
+    fields = {"num_workers": 1, "log_tier": "silent", "handshake_timeout_s": 2, "connect_timeout_s": 2}
+    shard_cfg = node_cfg(pki, "coordinator", **fields)  # the shard's node: certificate names localhost, 127.0.0.1
+    server = ShardServer(shard_cfg, SECRET, NodeMetrics("worker", "shard"), TieredLog(shard_cfg, "shard"), 1)
+    port = server.listen()
+    server.configure(partition_flat(100, 2, 64), np.zeros(100, np.float32), lossy_pulls=False)
+    server.start()
+    try:
+        worker_cfg = node_cfg(pki, "worker-1", **fields)
+        m, lg = NodeMetrics("worker", "w1"), TieredLog(worker_cfg, "w1")
+        with pytest.raises(ShardFailed, match="failed TLS"):
+            connect_shard(worker_cfg, SECRET, m, lg, "127.0.0.1", port, 1, ROLE_WORKER, 1, "w1", tls_name="worker-9")
+        stranger = node_cfg(pki, "stranger", **fields)
+        with pytest.raises(ShardFailed):
+            connect_shard(stranger, SECRET, m, lg, "127.0.0.1", port, 1, ROLE_WORKER, 1, "w1")
+        conn = connect_shard(worker_cfg, SECRET, m, lg, "127.0.0.1", port, 1, ROLE_WORKER, 1, "w1",
+                             tls_name="localhost")
+        try:
+            assert conn.sock.version() == "TLSv1.3"
+            assert server.stats["peer_tls"] == {"worker 1": "TLSv1.3"}
+        finally:
+            conn.close()
+    finally:
+        server.close()

@@ -86,7 +86,7 @@ class Host(Protocol):
 
     def _admit_waiting(self) -> None: ...
     def _live(self) -> list: ...
-    def _drop(self, worker: Any, cause: Exception) -> None: ...
+    def drop(self, worker: Any, cause: BaseException) -> None: ...
 
 
 @dataclass
@@ -280,7 +280,7 @@ class PaceServer:
 
     def _lose(self, worker: Any, cause: Exception) -> None:
         self._unregister(worker.rank)
-        self.host._drop(worker, cause)
+        self.host.drop(worker, cause)
         if worker.rank in self.clock.live:
             self.clock.leave(worker.rank)
         self._tasks.pop(worker.rank, None)

@@ -11,7 +11,7 @@ absolute value or a delta) once backward is over and all partitions of the step 
 The coordinator uses the same client with role ``coordinator`` (no pushes) to pull the final
 parameters (``pull_final``).
 
-Handshake: the worker side of `wiiide.wire.auth`'s challenge-response; the hello's node id is
+Handshake: the dialling side of `wiiide.handshake` (TLS with ``tls`` on); the hello's node id is
 ``<role>-<rank>@<node id>`` (so the MAC covers the rank) and the shard's welcome MAC covers its shard id.
 """
 
@@ -40,17 +40,11 @@ from wiiide.ps.checkpoints import CHECKPOINT_AT
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, received_values
 from wiiide.ps.partition import Partition
 from wiiide.ps.shard import drain_outbox, frame_step
-from wiiide.wire.auth import (
-    HANDSHAKE_MAX_FRAME_BYTES,
-    check_nonce,
-    hello_mac,
-    new_nonce,
-    verify,
-    welcome_mac,
-)
+from wiiide.handshake import dial, join
+from wiiide.wire.auth import HANDSHAKE_MAX_FRAME_BYTES
 from wiiide.wire.encode import encode_message
-from wiiide.wire.format import PROTOCOL_VERSION
-from wiiide.wire.sockets import congestion_of, configure_socket, shard_congestion, tcp_cwnd_bytes
+from wiiide.wire.sockets import congestion_of, shard_congestion, tcp_cwnd_bytes
+from wiiide.wire.tls import TLSHandshakeError
 
 CONNECT_RETRY_S = 0.05
 BYE = encode_message("bye")
@@ -74,35 +68,36 @@ class _Link:
 
 
 def connect_shard(cfg: RunConfig, secret: bytes, metrics: NodeMetrics, log: TieredLog, host: str, port: int,
-                  shard: int, role: str, rank: int, node_id: str, pool=None) -> Connection:
-    """Connect (retrying for connect_timeout_s) and authenticate to shard `shard` at host:port.
+                  shard: int, role: str, rank: int, node_id: str, pool=None, tls_name: str | None = None) -> Connection:
+    """Connect (retrying for connect_timeout_s) and authenticate to shard `shard` at host:port through
+    `wiiide.handshake` (`dial`, `join`): the same socket knobs, deadlines, limits and, with ``tls`` on,
+    TLS as the connection to the coordinator; the shard's certificate must name `tls_name` (None: `host`).
 
-    A shard that accepts the connection but sends no challenge within handshake_timeout_s is taken as
-    not serving yet (its node starts it once it has its plan, and the coordinator sends the plans one
-    after the other) and is tried again until connect_timeout_s.
+    A shard that accepts the connection but is silent for handshake_timeout_s is taken as not serving
+    yet (its node starts it once it has its plan, and the coordinator sends the plans one after the
+    other) and is tried again until connect_timeout_s.
 
     Raises:
-        ShardFailed: unreachable, refused, silent until connect_timeout_s, or a welcome that does not
-            authenticate the shard.
+        ShardFailed: unreachable, refused, silent until connect_timeout_s, a certificate or a welcome
+            that does not authenticate the shard.
     """
     deadline = time.monotonic() + cfg.connect_timeout_s
     last: Exception | None = None
+    hello_id = f"{role}-{rank}@{node_id}"[:160]  # the MAC covers the rank and role
     while time.monotonic() < deadline:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            configure_socket(sock, cfg, shard_congestion(cfg))
-            sock.settimeout(cfg.handshake_timeout_s)
-            sock.connect((host, port))
-        except OSError as exc:
-            sock.close()
+            sock, _ = dial(cfg, host, port, cfg.handshake_timeout_s, shard_congestion(cfg), tls_name)
+        except TLSHandshakeError as exc:
+            raise ShardFailed(f"shard {shard} at {host}:{port} failed TLS: {exc}") from None
+        except OSError as exc:  # refused, or a TLS handshake not served yet (DeadlineExceeded)
             last = exc
             time.sleep(CONNECT_RETRY_S)
             continue
         conn = Connection(sock, cfg, metrics, log, f"shard {shard}", max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES,
                           pool=pool)
         try:
-            challenge = conn.receive(["challenge"])
-            break
+            join(conn, cfg, secret, hello_id, shard, f"shard {shard}", {"rank": rank, "role": role})
+            return conn
         except TimeoutError as exc:  # accepted by the kernel, not yet served: again
             conn.close()
             last = exc
@@ -110,25 +105,8 @@ def connect_shard(cfg: RunConfig, secret: bytes, metrics: NodeMetrics, log: Tier
             conn.close()
             raise ShardFailed(f"handshake with shard {shard} at {host}:{port} failed: {type(exc).__name__}: "
                               f"{exc}") from None
-    else:
-        raise ShardFailed(f"could not reach shard {shard} at {host}:{port} within connect_timeout_s="
-                          f"{cfg.connect_timeout_s:g} s: {last}")
-    try:
-        nonce_c = check_nonce(challenge.meta.get("nonce"), "challenge")
-        nonce_w = new_nonce()
-        hello_id = f"{role}-{rank}@{node_id}"[:160]
-        conn.send([encode_message("hello", {
-            "protocol_version": PROTOCOL_VERSION, "node_id": hello_id, "nonce": nonce_w, "rank": rank, "role": role,
-            "mac": hello_mac(secret, PROTOCOL_VERSION, nonce_c, nonce_w, hello_id)})])
-        welcome = conn.receive(["welcome"])
-        verify(welcome_mac(secret, PROTOCOL_VERSION, nonce_w, nonce_c, shard), welcome.meta.get("mac"),
-               f"shard {shard}'s welcome")
-    except (ProtocolError, OSError) as exc:
-        conn.close()
-        raise ShardFailed(f"handshake with shard {shard} at {host}:{port} failed: {type(exc).__name__}: {exc}") from None
-    conn.reader.max_frame_bytes = cfg.max_frame_bytes
-    sock.settimeout(cfg.io_timeout_s)
-    return conn
+    raise ShardFailed(f"could not reach shard {shard} at {host}:{port} within connect_timeout_s="
+                      f"{cfg.connect_timeout_s:g} s: {last}")
 
 
 def push_meta(policy: CompressionPolicy, step: int, index: int) -> dict:
@@ -142,7 +120,8 @@ def push_meta(policy: CompressionPolicy, step: int, index: int) -> dict:
 
 
 class ShardClient:
-    """Connections to every shard (`addresses[s]` = (host, port) of shard s) for a node of `role`/`rank`.
+    """Connections to every shard (`addresses[s]` = (host, port, TLS name: the name its certificate must
+    carry, "" for the host) of shard s) for a node of `role`/`rank`.
 
     Workers call `attach` (the model, the partitions), then per step `begin_step`, backward (the hooks
     push), `finish_step` (waits for and applies the pulls). The coordinator calls `pull_final`.
@@ -150,7 +129,7 @@ class ShardClient:
     """
 
     def __init__(self, cfg: RunConfig, secret: bytes, metrics: NodeMetrics, log: TieredLog,
-                 addresses: Sequence[tuple[str, int]], role: str, rank: int, node_id: str) -> None:
+                 addresses: Sequence[tuple[str, int, str]], role: str, rank: int, node_id: str) -> None:
         self.cfg, self.metrics, self.log = cfg, metrics, log
         self.links: list[_Link] = []
         self.inbox: queue.Queue = queue.Queue()
@@ -176,9 +155,10 @@ class ShardClient:
         self._heartbeats = Heartbeats(lambda: [link.conn for link in self.links], cfg.heartbeat_interval_s).start()
         policy = None
         try:
-            for shard, (host, port) in enumerate(addresses):
+            for shard, (host, port, tls_name) in enumerate(addresses):
                 policy = CompressionPolicy.from_config(cfg.replace(lossy_warmup_steps=0))
-                conn = connect_shard(cfg, secret, metrics, log, host, port, shard, role, rank, node_id, policy.pool)
+                conn = connect_shard(cfg, secret, metrics, log, host, port, shard, role, rank, node_id, policy.pool,
+                                     tls_name or None)
                 if self._ordered and hasattr(socket, "TCP_NOTSENT_LOWAT"):  # a send returns once its bytes left
                     conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, PUSH_NOTSENT_LOWAT_BYTES)
                 self.links.append(_Link(shard, conn, policy))
@@ -229,11 +209,13 @@ class ShardClient:
         for p, covered in zip(params, overlaps):
             p.register_post_accumulate_grad_hook(lambda _p, covered=covered: self._grad_ready(covered))
 
-    def begin_step(self, step: int) -> None:
-        """Arm the hooks for `step` (call before backward)."""
+    def begin_step(self, step: int, micro_batches: int = 1) -> None:
+        """Arm the hooks for `step` (call before backward) of `micro_batches` backward passes (gradient
+        accumulation, ``grad_accum_steps``): each partition is pushed once, after the last pass has
+        accumulated into every parameter it overlaps."""
         self._step = step
         self._dense = not self._lossy or step < self.cfg.lossy_warmup_steps
-        self._remaining = list(self._needed)
+        self._remaining = [n * micro_batches for n in self._needed]
 
     def _grad_ready(self, covered: list[int]) -> None:
         # Tail first, as backward runs and as DDP's Reducer fills its buckets: with partition_balance

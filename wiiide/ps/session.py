@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +44,10 @@ from wiiide.codecs.policy import fixed_lossy_ratio
 from wiiide.config import RunConfig
 from wiiide.data import BatchSampler, Dataset, load_dataset
 from wiiide.errors import ProtocolError, WiiideError
+from wiiide.evaluation import record_held_out, stop_at_target
 from wiiide.model import FlatParams
+from wiiide.models import check_batch, loss_mean
+from wiiide.pace.outer import gradient
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure, touch
 from wiiide.ps import link_probe
 from wiiide.ps.checkpoints import ShardsRestored, announce_step, restore_shards
@@ -60,6 +64,7 @@ from wiiide.ps.partition import (
     shard_loads_bytes,
 )
 from wiiide.ps.shard import ROLE_COORDINATOR, ROLE_WORKER, ShardServer
+from wiiide.ps.snapshots import ShardSnapshots
 from wiiide.tensors import from_wire, to_wire
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import WireTensor
@@ -98,21 +103,23 @@ def num_shards(cfg: RunConfig) -> int:
 def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, training_marker: str) -> None:
     """The coordinator's side of a sharded run, from the joined workers to the stop (module docstring).
 
-    `coord` is the `wiiide.coordinator.Coordinator` (its cfg, metrics, log, secret and workers);
+    `coord` is the `wiiide.coordinator.Coordinator` (its cfg, metrics, log and secret; membership through `members` and `drop`);
     `training_marker`: the file name touched in metrics_dir when the first step starts. On
     return `flat` holds the shards' final parameters. Raises NodeFailure (exit 4) when a worker or a
     shard is lost.
     """
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
     k = num_shards(cfg)
-    if len(coord.workers) < cfg.num_workers:  # a restarted coordinator some workers did not come back to
+    workers = [w for w in coord.members() if w.alive]
+    if len(workers) < cfg.num_workers:  # a restarted coordinator some workers did not come back to
         raise NodeFailure(f"sharded run (ps_shards={cfg.ps_shards}) needs all {cfg.num_workers} workers; "
-                          f"{len(coord.workers)} came back within rejoin_timeout_s", EXIT_PEER_LOST)
+                          f"{len(workers)} came back within rejoin_timeout_s", EXIT_PEER_LOST)
     shard = ShardServer(cfg, coord.secret, metrics, log, 0)
     port = shard.listen()
     fingerprint = data_fingerprint(data)
-    workers = sorted(coord.workers, key=lambda w: w.rank)
-    addresses: list[tuple[str, int]] = [("", port)] + [("", 0)] * (k - 1)
+    # (host, port, TLS name): "" for the coordinator's own (the workers' coordinator_host) and, without
+    # tls, for a worker's name (its certificate's first name, which its peers' TLS checks against)
+    addresses: list[tuple[str, int, str]] = [("", port, "")] + [("", 0, "")] * (k - 1)
     handout: dict[int, str] = {}
     client = None
     try:
@@ -122,7 +129,7 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
                 shard_port = join.meta.get("shard_port")
                 if type(shard_port) is not int or not 1 <= shard_port <= 65535:  # noqa: E721
                     raise ProtocolError(f"worker {w.rank} hosts shard {w.rank} but reports port {shard_port!r:.40}")
-                addresses[w.rank] = (_peer_host(w.conn), shard_port)
+                addresses[w.rank] = (_peer_host(w.conn), shard_port, w.tls_name or "")
             wanted = cfg.batch_handout
             handout[w.rank] = ("indices" if wanted == "indices" or (wanted == "auto" and join.meta.get("data") == fingerprint)
                                else "samples")
@@ -152,8 +159,8 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
             w.conn.send([encode_message("ps_plan", {**plan_meta, "batch_handout": handout[w.rank]}, state)])
         for w in workers:
             _receive(coord, w, "ps_ready")
-        own = [(cfg.coordinator_host if not h else h, p) for h, p in addresses]
-        own[0] = ("127.0.0.1", port)
+        own = [(cfg.coordinator_host if not h else h, p, name) for h, p, name in addresses]
+        own[0] = ("127.0.0.1", port, cfg.coordinator_host)  # its certificate names coordinator_host
         client = ShardClient(cfg, coord.secret, metrics, log, own, ROLE_COORDINATOR, 0, coord.metrics.node_id)
         metrics.extra["ps"].update({
             "ps_shards": k, "partitions": len(partitions), "partition_bytes": cfg.partition_bytes,
@@ -163,19 +170,22 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
             "partition_balance": cfg.partition_balance,
             "partition_placement": cfg.partition_placement,
             "shard_loads_bytes": shard_loads_bytes(partitions, k),
-            "shard_hosts": [f"{h or 'coordinator'}:{p}" for h, p in addresses],
+            "shard_hosts": [f"{h or 'coordinator'}:{p}" for h, p, _ in addresses],
             "batch_handout": {str(r): h for r, h in handout.items()}})
         log.info("sharded: %d shards, %d partitions (%s bytes per shard); batch handout %s", k, len(partitions),
                  shard_loads_bytes(partitions, k), sorted(set(handout.values())))
-        _train(coord, data, workers, handout, shard, training_marker, start_step, client)
+        _train(coord, data, workers, handout, shard, training_marker, start_step, client, partitions)
         final = client.pull_final(partitions, flat.numel)
         flat.load(torch.from_numpy(final))
+        if coord.evaluator is not None:  # the final point: the exact final parameters
+            coord.evaluator.finish(metrics.steps, metrics.samples, flat.params)
+            record_held_out(metrics, coord.evaluator)
         stop = encode_message("stop", {"reason": "finished", "steps": metrics.steps}, [to_wire("params", flat.params)])
         for w in workers:
             try:
                 w.conn.send([stop])
             except OSError as exc:
-                coord._drop(w, exc)
+                coord.drop(w, exc)
     except (WiiideError, OSError) as exc:
         # One loss cascades (a worker that lost a shard exits too): give the shard a moment to notice
         # every peer it lost, and name them all, so the first one (the cause) is in the message.
@@ -206,7 +216,7 @@ def _piece_rule(coord, workers) -> tuple[PieceRule, dict | None]:
         try:
             probes.append(link_probe.probe_link(w.conn))
         except Exception as exc:
-            coord._drop(w, exc)
+            coord.drop(w, exc)
             raise NodeFailure(f"lost worker {w.rank} ({w.node_id}) during the link probe: {type(exc).__name__}: "
                               f"{exc}", EXIT_PEER_LOST) from None
     rate_bps = link_probe.link_rate_bps(probes)
@@ -269,7 +279,7 @@ def _receive(coord, w, kind: str):
     try:
         msg = w.conn.receive([kind, PS_FAILED])
     except Exception as exc:
-        coord._drop(w, exc)
+        coord.drop(w, exc)
         raise NodeFailure(f"lost worker {w.rank} ({w.node_id}): {type(exc).__name__}: {exc}", EXIT_PEER_LOST) from None
     if msg.kind == PS_FAILED:
         raise NodeFailure(f"worker {w.rank}: {str(msg.meta.get('cause'))[:400]}", EXIT_PEER_LOST)
@@ -277,7 +287,7 @@ def _receive(coord, w, kind: str):
 
 
 def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardServer, training_marker: str,
-           start_step: int = 0, client: ShardClient | None = None) -> None:
+           start_step: int = 0, client: ShardClient | None = None, partitions: list[Partition] | None = None) -> None:
     """The step barrier. Batches go out `HANDOUT_AHEAD` steps ahead, so a worker whose pulls are in
     starts its next step at once, without a round trip through the coordinator; whether a step runs
     (duration_s, max_steps) is decided when its batches are sent. A restored run starts at
@@ -286,14 +296,38 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
     A step the barrier passed is on disk on every shard when it is a checkpoint step: a shard sends
     a partition's pull after writing its checkpoint (`wiiide.ps.shard.ShardServer`). With
     checkpoint_every_s, the barrier announces a step ahead of every shard through `client`
-    (`wiiide.ps.checkpoints.announce_step`) before it hands out the next batches."""
+    (`wiiide.ps.checkpoints.announce_step`) before it hands out the next batches.
+
+    With eval_every_s (the coordinator's ``evaluator``), snapshots pulled from the shards through
+    `client` on another thread (`wiiide.ps.snapshots`) are evaluated while the barrier runs, and
+    stop_at_target ends the handout once the target is reached."""
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
     timer = CheckpointSchedule(0, cfg.checkpoint_every_s if client is not None else 0.0, start_step)
     sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed + start_step)
     start = time.perf_counter()
     touch(str(Path(cfg.metrics_dir) / training_marker))
+    evaluator = coord.evaluator.start(start) if coord.evaluator is not None else None
+    snapshots = None
+    if evaluator is not None and client is not None and partitions:
+        numel = partitions[-1].stop
+        snapshots = ShardSnapshots(evaluator, client, partitions, numel,
+                                   lambda: (metrics.steps, metrics.samples)).start()
+    try:
+        _barrier(coord, data, workers, handout, shard, timer, sampler, start, start_step, client, evaluator)
+    finally:
+        if snapshots is not None:
+            snapshots.stop()
+            metrics.extra["ps"]["snapshots"] = {"pulls": snapshots.pulls, "error": snapshots.error}
+
+
+def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardServer, timer: CheckpointSchedule,
+             sampler: BatchSampler, start: float, start_step: int, client: ShardClient | None, evaluator) -> None:
+    """`_train`'s loop: hand out, wait for every worker's ``step_done``, record the step."""
+    cfg, metrics, log = coord.cfg, coord.metrics, coord.log
 
     def more(sent: int) -> bool:
+        if stop_at_target(cfg, evaluator):
+            return False
         return not (time.perf_counter() - start >= cfg.duration_s or (cfg.max_steps and sent >= cfg.max_steps))
 
     def hand_out(step: int) -> None:
@@ -307,7 +341,7 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
             try:
                 w.conn.send([frame])
             except OSError as exc:
-                coord._drop(w, exc)
+                coord.drop(w, exc)
                 raise NodeFailure(f"lost worker {w.rank}: {exc}", EXIT_PEER_LOST) from None
 
     sent = start_step
@@ -393,7 +427,7 @@ def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, s
         client = ShardClient(cfg, secret, metrics, log, addresses, ROLE_WORKER, rank, worker.node_id)
         client.attach(model, flat, partitions, policy_may_be_lossy(cfg))
         conn.send([encode_message("ps_ready")])
-        _worker_steps(worker, conn, model, flat, client, data)
+        _worker_steps(worker, conn, model, flat, client, data, str((welcome_meta.get("model") or {}).get("type")))
     except ShardFailed as exc:
         _await_coordinator(conn, exc)
     finally:
@@ -454,16 +488,18 @@ def _plan_partitions(meta: dict, numel: int, k: int) -> list[Partition]:
     return partitions
 
 
-def _plan_addresses(meta: dict, k: int, coordinator_host: str) -> list[tuple[str, int]]:
+def _plan_addresses(meta: dict, k: int, coordinator_host: str) -> list[tuple[str, int, str]]:
+    """The plan's shard addresses as (host, port, TLS name): [host, port, name] rows, "" for the
+    coordinator's host (`coordinator_host`) or for a name that is the host. Raises ProtocolError."""
     rows = meta.get("shards")
     if not isinstance(rows, list) or len(rows) != k:
         raise ProtocolError(f"ps_plan: shards must list {k} addresses")
     out = []
     for row in rows:
-        if not (isinstance(row, list) and len(row) == 2 and isinstance(row[0], str) and type(row[1]) is int  # noqa: E721
-                and 1 <= row[1] <= 65535 and len(row[0]) <= 255):
+        if not (isinstance(row, list) and len(row) == 3 and all(isinstance(v, str) and len(v) <= 255 for v in row[::2])
+                and type(row[1]) is int and 1 <= row[1] <= 65535):  # noqa: E721
             raise ProtocolError(f"ps_plan: bad shard address {row!r:.80}")
-        out.append((row[0] or coordinator_host, row[1]))
+        out.append((row[0] or coordinator_host, row[1], row[2]))
     return out
 
 
@@ -476,8 +512,8 @@ def _seconds(value) -> float | None:
 
 
 def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, client: ShardClient,
-                  data: Dataset | None) -> None:
-    metrics, log = worker.metrics, worker.log
+                  data: Dataset | None, kind: str) -> None:
+    cfg, metrics, log = worker.cfg, worker.metrics, worker.log
     wait_s = 0.0
     while True:
         msg = conn.receive(["batch", "batch_indices", "stop"])
@@ -506,16 +542,16 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
             if len(msg.tensors) != 2:
                 raise ProtocolError(f"batch holds {len(msg.tensors)} tensors, expected x and y")
             x, y = from_wire(msg.tensors[0]), from_wire(msg.tensors[1])
-            if x.dim() != 2 or x.dtype != torch.float32 or y.shape != (x.shape[0],) or y.dtype != torch.int64:
-                raise ProtocolError("batch must hold x (b, f) float32 and y (b,) int64")
-        flat.grads.zero_()
-        client.begin_step(step)
         try:
-            loss = nn.functional.cross_entropy(model(x), y)
+            check_batch(kind, x, y)
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from None
+        micro_batches = min(cfg.grad_accum_steps, int(x.shape[0]))  # as `wiiide.pace.outer.gradient` cuts them
+        client.begin_step(step, micro_batches)
+        try:  # the hooks push each partition once the last micro-batch's backward has reached it
+            loss_value = gradient(model, flat, x, y, micro_batches, loss_fn=partial(loss_mean, kind))
         except (RuntimeError, IndexError) as exc:
             raise ProtocolError(f"batch does not fit the model: {exc}") from None
-        loss.backward()  # the hooks push each partition as its gradients are ready
-        loss_value = loss.item()
         compute_s = time.perf_counter() - t0
         metrics.compute_time_s += compute_s
         metrics.compute_cpu_s += time.thread_time() - cpu0

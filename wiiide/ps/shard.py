@@ -10,8 +10,8 @@ momentum buffer lives here only) and sends the partition back to every worker at
 answered as soon as its last push arrived, not at the end of the step. Pulls are deltas against the
 workers' copy (`wiiide.ps.feedback.PullReplica`), compressed by the shard's own policy.
 
-Connections: the same frames, limits and socket knobs as the coordinator's, and the same HMAC
-challenge-response (`wiiide.wire.auth`; the welcome's MAC covers the shard id instead of a rank) behind a
+Connections: the coordinator's handshake and session set-up (`wiiide.handshake`: the same frames,
+limits, deadlines, socket knobs and TLS; the welcome's MAC covers the shard id instead of a rank) behind a
 `wiiide.wire.admission.HandshakeGate`. Each peer has a receiver thread (pushes in) and a sender thread
 (pulls out): full duplex.
 
@@ -37,6 +37,7 @@ from wiiide.config import RunConfig
 from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
+from wiiide.handshake import accept_hello, send_welcome, tell_refused
 from wiiide.model import MomentumSGD
 from wiiide.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
@@ -44,16 +45,7 @@ from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_del
 from wiiide.ps.partition import Partition
 from wiiide.recovery import momentum_from_flat
 from wiiide.wire.admission import HandshakeGate, Pending
-from wiiide.wire.auth import (
-    HANDSHAKE_MAX_FRAME_BYTES,
-    check_nonce,
-    hello_mac,
-    new_nonce,
-    verify,
-    welcome_mac,
-)
 from wiiide.wire.encode import encode_message, with_meta
-from wiiide.wire.format import PROTOCOL_VERSION
 from wiiide.wire.messages import Frame, WireTensor
 from wiiide.wire.sockets import configure_socket, shard_congestion
 
@@ -230,46 +222,38 @@ class ShardServer:
                                  daemon=True).start()
 
     def _handshake(self, pending: Pending) -> _Peer:
-        """The coordinator's challenge-response, bounded by the pending connection's deadline.
+        """`wiiide.handshake.accept_hello` (TLS first with ``tls`` on), bounded by the pending connection's
+        deadline, then the hello's role and rank; the welcome's MAC covers the shard id.
 
         Raises:
-            ProtocolError: a bad version, node id, nonce, MAC, rank or role; OSError / DeadlineExceeded.
+            ProtocolError: a bad version, node id, nonce, MAC, rank or role (the peer is told, in a
+                ``refused`` frame); TLSHandshakeError, OSError, DeadlineExceeded.
         """
-        sock, cfg = pending.sock, self.cfg
-        sock.settimeout(max(0.01, pending.deadline - time.monotonic()))
-        configure_socket(sock, cfg, shard_congestion(cfg))
-        conn = Connection(sock, cfg, self.metrics, self.log, f"shard peer {pending.peer}",
-                          max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES, pool=self.policy.pool)
-        nonce_c = new_nonce()
-        conn.send([encode_message("challenge", {"protocol_version": PROTOCOL_VERSION, "nonce": nonce_c})])
-        hello = conn.receive(["hello"], deadline=pending.deadline)
-        meta = hello.meta
-        if meta.get("protocol_version") != PROTOCOL_VERSION or type(meta.get("protocol_version")) is not int:  # noqa: E721
-            raise ProtocolError(f"protocol version {meta.get('protocol_version')!r:.40}, this shard speaks {PROTOCOL_VERSION}")
-        node_id = meta.get("node_id")
-        if not isinstance(node_id, str) or not 0 < len(node_id) <= 160:
-            raise ProtocolError("hello: node_id must be a string of 1..160 characters")
-        nonce_w = check_nonce(meta.get("nonce"), "hello")
-        verify(hello_mac(self.secret, PROTOCOL_VERSION, nonce_c, nonce_w, node_id), meta.get("mac"), "hello")
-        rank, role = meta.get("rank"), meta.get("role")
-        if role not in (ROLE_WORKER, ROLE_COORDINATOR) or type(rank) is not int:  # noqa: E721
-            raise ProtocolError(f"hello: role {role!r:.40} / rank {rank!r:.40}: expected worker 1..{self.num_workers} "
-                                "or coordinator 0")
-        if not node_id.startswith(f"{role}-{rank}@"):
-            raise ProtocolError("hello: node_id must start with '<role>-<rank>@' (the MAC covers it)")
-        if (role == ROLE_WORKER and not 1 <= rank <= self.num_workers) or (role == ROLE_COORDINATOR and rank != 0):
-            raise ProtocolError(f"hello: rank {rank} out of range for a {role}")
-        with self._lock:
-            if any(p.rank == rank and p.role == role for p in self.peers):
-                raise ProtocolError(f"{role} {rank} is already connected to shard {self.shard_id}")
-            conn.send([encode_message("welcome", {
-                "shard": self.shard_id, "mac": welcome_mac(self.secret, PROTOCOL_VERSION, nonce_w, nonce_c, self.shard_id)})])
-            conn.reader.max_frame_bytes = cfg.max_frame_bytes
-            conn.sock.settimeout(cfg.io_timeout_s)
-            conn.name = f"{role} {rank}"
-            peer = _Peer(conn, rank, role)
-            self.peers.append(peer)
-        return peer
+        cfg = self.cfg
+        hello = accept_hello(pending.sock, cfg, self.secret, self.metrics, self.log, pending.peer, pending.deadline,
+                             self.policy.pool, shard_congestion(cfg), node_id_max_chars=160)
+        try:
+            meta, node_id = hello.meta, hello.node_id
+            rank, role = meta.get("rank"), meta.get("role")
+            if role not in (ROLE_WORKER, ROLE_COORDINATOR) or type(rank) is not int:  # noqa: E721
+                raise ProtocolError(f"hello: role {role!r:.40} / rank {rank!r:.40}: expected worker "
+                                    f"1..{self.num_workers} or coordinator 0")
+            if not node_id.startswith(f"{role}-{rank}@"):
+                raise ProtocolError("hello: node_id must start with '<role>-<rank>@' (the MAC covers it)")
+            if (role == ROLE_WORKER and not 1 <= rank <= self.num_workers) or (role == ROLE_COORDINATOR and rank != 0):
+                raise ProtocolError(f"hello: rank {rank} out of range for a {role}")
+            with self._lock:
+                if any(p.rank == rank and p.role == role for p in self.peers):
+                    raise ProtocolError(f"{role} {rank} is already connected to shard {self.shard_id}")
+                conn = send_welcome(hello, cfg, self.secret, self.shard_id, {"shard": self.shard_id}, f"{role} {rank}")
+                peer = _Peer(conn, rank, role)
+                self.peers.append(peer)
+                version = getattr(conn.sock, "version", None)  # a TLSStream's, with tls on
+                self.stats.setdefault("peer_tls", {})[f"{role} {rank}"] = version() if version else None
+            return peer
+        except ProtocolError as exc:
+            tell_refused(hello.conn, str(exc))
+            raise
 
     # --- serving ----------------------------------------------------------------------------------
     def _send_loop(self, peer: _Peer) -> None:

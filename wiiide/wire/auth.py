@@ -87,12 +87,13 @@ def hello_mac(secret: bytes, version: int, nonce_c: str, nonce_w: str, node_id: 
     return _mac(secret, "wiiide-hello", version, nonce_c, nonce_w, node_id)
 
 
-def hello_frame(secret: bytes, nonce_c: str, node_id: str) -> tuple[Frame, str]:
+def hello_frame(secret: bytes, nonce_c: str, node_id: str, extra: dict | None = None) -> tuple[Frame, str]:
     """A worker's hello to a challenge with nonce `nonce_c`: (the frame to send, its fresh nonce_w,
-    which the welcome's MAC covers). Raises nothing for any str `node_id` (see `_mac`)."""
+    which the welcome's MAC covers). `extra`: more JSON fields of the hello (outside the MAC: put what
+    must be authenticated into `node_id`). Raises nothing for any str `node_id` (see `_mac`)."""
     nonce_w = new_nonce()
     return encode_message("hello", {
-        "protocol_version": PROTOCOL_VERSION, "node_id": node_id, "nonce": nonce_w,
+        **(extra or {}), "protocol_version": PROTOCOL_VERSION, "node_id": node_id, "nonce": nonce_w,
         "mac": hello_mac(secret, PROTOCOL_VERSION, nonce_c, nonce_w, node_id)}), nonce_w
 
 
