@@ -41,3 +41,11 @@ def test_local_sgd_workers_take_the_inner_rate_of_their_task(tmp_path, node_env,
     coord = _run(node_env, node_procs, tmp_path / "local_sgd", local_steps=2)["coordinator"]
     assert coord["lr_applied_by"] == "worker inner steps"
     assert coord["lr_per_step"] == pytest.approx(EXPECTED, abs=1e-6)
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
+def test_every_torch_rank_applies_the_scheduled_rate(tmp_path, node_env, node_procs, engine):  # noqa: F811
+    nodes = _run(node_env, node_procs, tmp_path / engine, engine=engine)
+    assert len(nodes) == 3  # world size: the coordinator (rank 0) and 2 workers
+    for name, node in nodes.items():
+        assert node["steps"] == STEPS and node["lr_per_step"] == pytest.approx(EXPECTED, abs=1e-6), name
