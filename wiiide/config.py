@@ -296,6 +296,9 @@ class RunConfig(BaseSettings):
     ddp_comm_hook: Literal["none", "fp16", "powersgd", "post_local_sgd"] = _field(
         "none", " | ".join(DDP_COMM_HOOKS), "ddp: none | fp16 | powersgd | post_local_sgd (local SGD, parameters "
         "averaged every local_steps steps: PostLocalSGDOptimizer)")
+    ddp_find_unused_parameters: Bool = _field(
+        False, "a boolean", "ddp: find_unused_parameters (DDP walks the autograd graph after every forward to mark "
+        "parameters without a gradient; the guide's tip: off unless the model leaves some unused)")
     powersgd_rank: Int = _field(1, "1..64", "ddp with powersgd: matrix approximation rank", ge=1, le=64)
     fsdp_reshard_after_forward: Bool = _field(True, "a boolean",
                                               "fsdp: True is FULL_SHARD, False SHARD_GRAD_OP-like")
@@ -640,6 +643,7 @@ def _validate_engine(c: RunConfig) -> None:
     torch_engine = c.engine in ("ddp", "fsdp")
     default_compression = type(c).model_fields["compression"].default
     only = [("ddp_comm_hook", c.ddp_comm_hook != "none", c.engine == "ddp", "engine ddp"),
+            ("ddp_find_unused_parameters", c.ddp_find_unused_parameters, c.engine == "ddp", "engine ddp"),
             ("powersgd_rank", c.powersgd_rank != 1, c.ddp_comm_hook == "powersgd", "ddp_comm_hook powersgd"),
             ("fsdp_reshard_after_forward", not c.fsdp_reshard_after_forward, c.engine == "fsdp", "engine fsdp"),
             ("staleness_bound", c.staleness_bound != 0, c.engine == "wiiide", "engine wiiide"),

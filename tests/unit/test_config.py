@@ -162,6 +162,7 @@ BAD_VALUES = [
     ("partition_balance", "flows"), ("partition_placement", "striped"), ("tcp_congestion", "cu bic"), ("shard_tcp_congestion", "re no"), ("tcp_congestion", "x" * 16),
     ("warmup_steps", -1), ("warmup_steps", 100_001), ("engine", "horovod"), ("ddp_comm_hook", "int8"),
     ("ddp_comm_hook", "fp16"),  # needs engine ddp
+    ("ddp_find_unused_parameters", True), ("ddp_find_unused_parameters", "maybe"),  # True: needs engine ddp
     ("powersgd_rank", 0), ("powersgd_rank", 2),  # 2: needs ddp_comm_hook powersgd
     ("fsdp_reshard_after_forward", False),  # needs engine fsdp
     ("grad_accum_steps", 0), ("grad_accum_steps", 33),  # 33: more micro-batches than batch_size (32) samples

@@ -355,9 +355,10 @@ class TorchNode:
                 # (gloo: "Received data size doesn't match expected size ... collective mismatch", or
                 # every rank waiting forever). DDP's default caps give a 1 MiB first bucket, so the
                 # README's 1.2 MB digits MLP had two. An explicit cap also sets the first bucket's.
-                ddp = DistributedDataParallel(model, bucket_cap_mb=powersgd_bucket_cap_mb(model))
+                ddp = DistributedDataParallel(model, bucket_cap_mb=powersgd_bucket_cap_mb(model),
+                                              find_unused_parameters=cfg.ddp_find_unused_parameters)
             else:
-                ddp = DistributedDataParallel(model)
+                ddp = DistributedDataParallel(model, find_unused_parameters=cfg.ddp_find_unused_parameters)
             if cfg.ddp_comm_hook == "powersgd":
                 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
@@ -480,6 +481,7 @@ class TorchNode:
             "rank_batch": mine.stop - mine.start, "micro_batches": [s.stop - s.start for s in micro],
             "grad_accum_steps": cfg.grad_accum_steps, "mixed_precision": cfg.mixed_precision,
             "ddp_comm_hook": cfg.ddp_comm_hook if cfg.engine == "ddp" else None,
+            "ddp_find_unused_parameters": cfg.ddp_find_unused_parameters if cfg.engine == "ddp" else None,
             "fsdp_reshard_after_forward": cfg.fsdp_reshard_after_forward if cfg.engine == "fsdp" else None,
             **workload_record(cfg, data, model),
         })
