@@ -47,6 +47,7 @@ from wiiide.config_types import (
     _section,
 )
 from wiiide.errors import ConfigError
+from wiiide.lr_schedule import LR_SCHEDULES
 from wiiide.units import MIB as _MIB
 
 ENV_PREFIX = "WIIIIIDE_"
@@ -130,6 +131,17 @@ class RunConfig(BaseSettings):
                                     "changed rows; ddp uses nn.Embedding(sparse=True); fsdp cannot")
     batch_size: Int = _field(32, "1..65536", "samples per worker per step", unit="samples", ge=1, le=65536)
     learning_rate: Float = _field(0.1, "0 < x <= 100", "SGD learning rate", gt=0.0, le=100.0)
+    lr_schedule: Literal["constant", "linear", "cosine"] = _field(
+        "constant", " | ".join(LR_SCHEDULES), "learning rate per optimizer step, applied where the optimizer lives "
+        "(the central server, every shard, the pace server, every ddp/fsdp rank): constant | linear | cosine decay "
+        "after lr_warmup_steps (wiiide.lr_schedule)")
+    lr_warmup_steps: Int = _field(0, "0..10000000", "linear warm-up of the learning rate from 0 over this many "
+                                  "optimizer steps (not warmup_steps, the timings' warm-up)", ge=0, le=10_000_000)
+    lr_decay_steps: Int = _field(0, "0..100000000 (0: max_steps - lr_warmup_steps)",
+                                 "lr_schedule linear/cosine: steps of decay after the warm-up; then the rate stays "
+                                 "at lr_min_ratio x learning_rate", ge=0, le=100_000_000)
+    lr_min_ratio: Float = _field(0.0, "0 <= x <= 1", "lr_schedule linear/cosine: the rate at the end of the decay, "
+                                 "as a fraction of learning_rate", ge=0.0, le=1.0)
     momentum: Float = _field(0.0, "0 <= x < 1", "SGD momentum", ge=0.0, lt=1.0)
     seed: Int = _field(0, "any integer", "seed of the model's initial weights and of the data")
     torch_threads: Int = _field(1, "0 (torch default) .. 256",
@@ -165,6 +177,9 @@ class RunConfig(BaseSettings):
     ddp_comm_hook: Literal["none", "fp16", "powersgd", "post_local_sgd"] = _field(
         "none", " | ".join(DDP_COMM_HOOKS), "ddp: none | fp16 | powersgd | post_local_sgd (local SGD, parameters "
         "averaged every local_steps steps: PostLocalSGDOptimizer)")
+    ddp_find_unused_parameters: Bool = _field(
+        False, "a boolean", "ddp: find_unused_parameters (DDP walks the autograd graph after every forward to mark "
+        "parameters without a gradient; the guide's tip: off unless the model leaves some unused)")
     powersgd_rank: Int = _field(1, "1..64", "ddp with powersgd: matrix approximation rank", ge=1, le=64)
     fsdp_reshard_after_forward: Bool = _field(True, "a boolean",
                                               "fsdp: True is FULL_SHARD, False SHARD_GRAD_OP-like")
@@ -394,6 +409,7 @@ class RunConfig(BaseSettings):
         _check(not self.stop_at_target or self.target_accuracy > 0 or self.target_loss > 0, "stop_at_target",
                self.stop_at_target, "false unless target_accuracy or target_loss is set (there is no target to stop at)")
         _validate_engine(self)
+        _validate_lr_schedule(self)
         nodes = self.num_workers + 1
         _check(self.ps_shards == "all" or int(self.ps_shards) <= nodes, "ps_shards", self.ps_shards,
                f"1, all, or an integer 1..{nodes} (coordinator + {self.num_workers} workers)")
@@ -518,6 +534,7 @@ def _validate_engine(c: RunConfig) -> None:
     torch_engine = c.engine in ("ddp", "fsdp")
     default_compression = type(c).model_fields["compression"].default
     only = [("ddp_comm_hook", c.ddp_comm_hook != "none", c.engine == "ddp", "engine ddp"),
+            ("ddp_find_unused_parameters", c.ddp_find_unused_parameters, c.engine == "ddp", "engine ddp"),
             ("powersgd_rank", c.powersgd_rank != 1, c.ddp_comm_hook == "powersgd", "ddp_comm_hook powersgd"),
             ("fsdp_reshard_after_forward", not c.fsdp_reshard_after_forward, c.engine == "fsdp", "engine fsdp"),
             ("staleness_bound", c.staleness_bound != 0, c.engine == "wiiide", "engine wiiide"),
@@ -579,6 +596,18 @@ def _validate_engine(c: RunConfig) -> None:
         _check(global_batch >= (c.num_workers + 1) * c.grad_accum_steps, "grad_accum_steps", c.grad_accum_steps,
                f"at most num_workers x batch_size / world size = {global_batch // (c.num_workers + 1)} "
                "(every rank needs a sample per micro-batch)")
+
+
+def _validate_lr_schedule(c: RunConfig) -> None:
+    """The learning-rate schedule's fields (`wiiide.lr_schedule`): every engine and pacing applies them; a
+    decay needs a length, and a decay's knob without a decay would be ignored, so it is an error."""
+    decaying = c.lr_schedule != "constant"
+    _check(not decaying or c.lr_decay_steps > 0 or c.max_steps > c.lr_warmup_steps, "lr_schedule", c.lr_schedule,
+           f"constant unless lr_decay_steps > 0 or max_steps > lr_warmup_steps = {c.lr_warmup_steps} (a decay needs "
+           "a length in steps; a run bounded by duration_s alone has none)")
+    for name in ("lr_decay_steps", "lr_min_ratio"):
+        _check(decaying or getattr(c, name) == 0, name, getattr(c, name),
+               "0 unless lr_schedule is linear or cosine (it shapes the decay)")
 
 
 _add_units(RunConfig)

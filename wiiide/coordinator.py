@@ -52,6 +52,7 @@ from wiiide.errors import ProtocolError
 from wiiide.evaluation import evaluator_for, record_held_out, stop_at_target
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
+from wiiide.lr_schedule import LrRecord, LrSchedule
 from wiiide.model import FlatParams, MomentumSGD, evaluate, num_parameters
 from wiiide.models import build_model, model_spec
 from wiiide.node import (
@@ -445,6 +446,7 @@ class Coordinator:
         with seed + start_step."""
         cfg, metrics = self.cfg, self.metrics
         sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed + start_step)
+        lrs = LrRecord(LrSchedule.from_config(cfg), start_step)  # step t's rate: a pure function of t
         grad_sum = torch.zeros(flat.numel if self.sparse is None else 0, dtype=torch.float32)
         start = time.perf_counter() - trained_s
         step = start_step
@@ -472,7 +474,7 @@ class Coordinator:
                 batch_frame = self.policy.encode("batch", {"step": step, **self.policy.feedback_meta(w.node_id)}, batch)
                 try:
                     frame = params_frame if sparse is None else sparse.params_frame(
-                        w.conn, step, flat.params, cfg.learning_rate, params_frame)
+                        w.conn, step, flat.params, lrs.schedule.lr(step - 1), params_frame)
                     w.conn.send([frame, batch_frame])
                     sent.append((w, w.conn))
                 except OSError as exc:
@@ -513,11 +515,13 @@ class Coordinator:
             if contributors == 0:
                 self._live()  # waits for a worker to come back (admitted for the next step), or raises
                 continue
+            optimizer.lr = lrs.schedule.lr(step)
+            lrs.applied(step, optimizer.lr)
             if sparse is None:
                 flat.grads.copy_(grad_sum).div_(contributors)
                 optimizer.step()
             else:  # plain SGD on the touched rows and the MLP (momentum is refused with sparse rows)
-                sparse.step(flat.params, flat.grads, contributors, cfg.learning_rate)
+                sparse.step(flat.params, flat.grads, contributors, optimizer.lr)
             step += 1
             metrics.steps = step
             metrics.batches += contributors
@@ -532,6 +536,7 @@ class Coordinator:
                           contributors, metrics.batches / (time.perf_counter() - start - trained_s))
         metrics.train_time_s = time.perf_counter() - start - trained_s  # this incarnation's, as its batches
         metrics.extra["epochs"] = sampler.epochs_done
+        metrics.extra.update(lrs.to_dict())
         if evaluator:
             evaluator.finish(step, metrics.samples, flat.params)
             record_held_out(metrics, evaluator)

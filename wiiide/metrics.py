@@ -385,6 +385,15 @@ class NodeMetrics:
             by_reason[reason] = by_reason.get(reason, 0) + 1
             return False
 
+    def training_summary(self, peak_rss_bytes: int | None = None) -> dict[str, Any]:
+        """The seeds' guide's Training Summary of this node's steps so far (`wiiide.summary.training_summary`:
+        warm-up steps left out of the timings); `peak_rss_bytes` None: the peak RSS sampled or getrusage's."""
+        if peak_rss_bytes is None:
+            peak_rss_bytes = max(self._rss_peak, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        return training_summary(self.step_times_s, self.losses, self.warmup_steps,
+                                self.samples_per_step or (self.samples / self.steps if self.steps else None),
+                                self.rss_samples_bytes, peak_rss_bytes, self.extra.get("tokens_per_sample"))
+
     def to_dict(self, status: str, error: str | None = None) -> dict[str, Any]:
         """The metrics file's content (JSON-ready): `status` is ``ok``, ``failed`` ...; `error` its one line.
 
@@ -449,10 +458,7 @@ class NodeMetrics:
                             if by_step} or None,
             "loss_avg": (sum(self.losses) / len(self.losses)) if self.losses else None,
             "loss_final": self.losses[-1] if self.losses else None,
-            "training_summary": training_summary(
-                self.step_times_s, self.losses, self.warmup_steps,
-                self.samples_per_step or (self.samples / self.steps if self.steps else None),
-                self.rss_samples_bytes, peak_rss, self.extra.get("tokens_per_sample")),
+            "training_summary": self.training_summary(peak_rss),
             "events": list(self.events),
             "event_counts": dict(self.event_counts),
             "events_dropped": {kind: dict(counts) for kind, counts in self.events_dropped.items()},

@@ -169,6 +169,9 @@ class NodeMetricsFile(_Record):
     pushes_per_worker: dict[str, int] | None = None
     samples_per_worker: dict[str, int] | None = None
     batch_sizes_per_worker: dict[str, list[list[float]]] | None = None  # rank -> [[t_s, samples], ...]
+    lr_schedule: dict[str, Any] | None = None  # wiiide.lr_schedule: kind, base_lr, warmup/decay steps, min_ratio
+    lr_per_step: list[float] | None = None  # the learning rate of every step this node's optimizer took
+    lr_applied_by: str | None = None  # pace server: "server", or "worker inner steps" (local SGD)
 
 
 def node_metrics_json_schema() -> dict[str, Any]:

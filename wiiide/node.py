@@ -25,6 +25,7 @@ from wiiide.config import RunConfig
 from wiiide.errors import ConfigError, ProtocolError, WiiideError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
+from wiiide.summary import format_summary
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import Frame, Message
 from wiiide.wire.reader import FrameReader
@@ -272,6 +273,9 @@ def run_node(cfg: RunConfig, metrics: NodeMetrics, log: TieredLog, main: Callabl
         code = code or EXIT_ERROR
     if error:
         log.error("%s %s: %s", metrics.role, metrics.node_id, error)
+    elif metrics.role == "coordinator" and metrics.steps and cfg.log_tier != "silent":
+        # rank 0 of every engine prints the guide's Training Summary block on stdout
+        print(format_summary(metrics.training_summary()), flush=True)
     return code
 
 

@@ -48,7 +48,8 @@ INCARNATIONS_DIR = "incarnations"
 MAX_HINT_STEP = 10**15
 # The knobs the parameters and momentum depend on: a checkpoint written under other values is refused.
 TRAINING_KNOBS = ("dataset", "synthetic_samples", "synthetic_features", "synthetic_classes", "test_fraction",
-                  "hidden_sizes", "learning_rate", "momentum", "seed")
+                  "hidden_sizes", "learning_rate", "lr_schedule", "lr_warmup_steps", "lr_decay_steps", "lr_min_ratio",
+                  "momentum", "seed")
 
 
 def checkpoint_dir(cfg: RunConfig) -> Path:

@@ -45,6 +45,7 @@ from torch import nn
 
 from wiiide.codecs.rows import check_row_ids
 from wiiide.errors import ProtocolError
+from wiiide.lr_schedule import wire_lr
 from wiiide.tensors import to_wire
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import Frame, Message, WireTensor
@@ -144,11 +145,9 @@ class SparseRows:
 
         Raises:
             ProtocolError: missing or misshaped tensors, ids out of range or not strictly increasing, or
-                a learning rate that is not a finite positive number.
+                a learning rate that is not a number 0..100 (`wiiide.lr_schedule.wire_lr`).
         """
-        lr = msg.meta.get("lr")
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < float(lr) < float("inf"):
-            raise ProtocolError(f"sparse params: 'lr' must be a positive number, got {lr!r:.40}")
+        lr = wire_lr(msg.meta.get("lr"), "sparse params")
         ids, rows = self._rows(msg, "update_ids", "update_rows")
         rest = self._tensor(msg, "params_rest", (self.rest_numel,))
         table, own_rest = self._split(params)

@@ -28,6 +28,7 @@ from wiiide.codecs.policy import CompressionPolicy
 from wiiide.config import RunConfig
 from wiiide.errors import PeerClosed, ProtocolError
 from wiiide.log import TieredLog
+from wiiide.lr_schedule import wire_lr
 from wiiide.metrics import NodeMetrics
 from wiiide.model import FlatParams, model_from_spec
 from wiiide.handshake import Refused, dial, join
@@ -229,9 +230,11 @@ class Worker:
                 raise ProtocolError(f"batch: local_steps must be an integer 1..{x.shape[0]}, got {local_steps!r:.40}")
             if sparse is not None and local_steps != 1:
                 raise ProtocolError("batch: local_steps must be 1 when the parameter server pulls sparse rows")
+            # local SGD's inner rate of this task (the pace server's schedule), else the configured one
+            lr = wire_lr(msg.meta["lr"], "batch") if "lr" in msg.meta else self.cfg.learning_rate
             try:  # wrong feature count, label out of range, a sequence too long
                 if sparse is None:
-                    update, loss_value = self._update(model, flat, x, y, local_steps, kind)
+                    update, loss_value = self._update(model, flat, x, y, local_steps, kind, lr)
                 else:  # the table's gradient as the batch's rows (wiiide.sparse)
                     ids, rows_grad, loss_value = sparse.gradient(model, flat, x, y, self.cfg.grad_accum_steps,
                                                                  partial(loss_mean, kind))
@@ -259,9 +262,10 @@ class Worker:
 
 
     def _update(self, model: nn.Module, flat: FlatParams, x: torch.Tensor, y: torch.Tensor,
-                local_steps: int, kind: str = "mlp") -> tuple[tuple[str, torch.Tensor], float]:
+                local_steps: int, kind: str = "mlp", lr: float | None = None) -> tuple[tuple[str, torch.Tensor], float]:
         """The push for one batch: (("grad", mean gradient) or ("delta", model delta after `local_steps`
-        local SGD steps), mean loss), in grad_accum_steps micro-batches each (`wiiide.pace.outer`)."""
+        local SGD steps at rate `lr`, default learning_rate), mean loss), in grad_accum_steps micro-batches
+        each (`wiiide.pace.outer`)."""
         cfg = self.cfg
         sleep_s = cfg.debug_step_sleep_s if cfg.debug_sleep_worker_rank in (0, self.metrics.rank) else 0.0
         if local_steps == 1:
@@ -269,8 +273,8 @@ class Worker:
             if sleep_s > 0:
                 time.sleep(sleep_s)
             return ("grad", flat.grads), loss_value
-        delta, loss_value = local_delta(model, flat, x, y, local_steps, cfg.learning_rate, cfg.grad_accum_steps,
-                                        sleep_s, loss_fn=partial(loss_mean, kind))
+        delta, loss_value = local_delta(model, flat, x, y, local_steps, cfg.learning_rate if lr is None else lr,
+                                        cfg.grad_accum_steps, sleep_s, loss_fn=partial(loss_mean, kind))
         return ("delta", delta), loss_value
 
 

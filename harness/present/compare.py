@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from harness.errors import HarnessError
 from harness.present.table import has_targets, render_table, report_title, target_cell
+from harness.present.time_to_train import mlperf_cell, point_time_to_train
 from harness.results.models import Point, Report
 from harness.results.report import as_report, load_report
 from wiiide.metrics import write_json_atomic
@@ -71,6 +72,7 @@ class Row:
     significant: bool | None  # None: no test possible
     extra: dict[str, float | None]
     to_target: str = "-"  # time to target, s (`harness.present.table.target_cell`): median, "(k/n)", "not reached"
+    mlperf: str = "-"  # MLPerf's reading of it (`harness.present.time_to_train.mlperf_cell`)
 
     def to_dict(self) -> dict[str, Any]:
         """The row as a JSON-ready dict (the ``--json`` output)."""
@@ -117,7 +119,8 @@ def _row(group: dict[str, Any], label: str, point: Point, ref_label: str, ref: P
     p = welch_p_value(side.values, ref_side.values)
     ratio = (side.mean / ref_side.mean) if (side.mean is not None and ref_side.mean) else None
     return Row(group, label, ref_label, side.n, side.mean, side.stdev, ref_side.mean, ratio, p,
-               None if p is None else p < alpha, {k: _mean_of(point, k) for k in EXTRA_KEYS}, target_cell(point))
+               None if p is None else p < alpha, {k: _mean_of(point, k) for k in EXTRA_KEYS}, target_cell(point),
+               mlperf_cell(point_time_to_train(point, ref)))
 
 
 def pool_points(report: Report, axis: str) -> Report:
@@ -239,7 +242,7 @@ def format_rows(rows: list[Row], metric: str, title: str, alpha: float = ALPHA, 
     with `targets` the time to target (s, `Row.to_target`)."""
     group_keys = list(rows[0].group) if rows else []
     header = [*group_keys, "engine", "n", f"{metric} mean±sd", "vs", "ratio (Welch)", "acc %", "comm %",
-              "exp MB/step", "meas MB/step", *(["to target s"] if targets else [])]
+              "exp MB/step", "meas MB/step", *(["to target s", "MLPerf s"] if targets else [])]
     table = []
     for r in rows:
         sd = f"±{_num(r.stdev)}" if r.stdev is not None else ""
@@ -249,12 +252,15 @@ def format_rows(rows: list[Row], metric: str, title: str, alpha: float = ALPHA, 
                       r.reference, verdict(r, alpha),
                       "-" if acc is None else f"{100 * acc:.1f}", "-" if share is None else f"{100 * share:.0f}",
                       "-" if exp_b is None else f"{exp_b / 1e6:.3g}", "-" if meas_b is None else f"{meas_b / 1e6:.3g}",
-                      *([r.to_target] if targets else [])])
+                      *([r.to_target, r.mlperf] if targets else [])])
     legend = (f"ratio: mean / reference mean; significant when Welch's t-test p < {alpha:g} over the repeats, "
               "'~... ns' otherwise; comm %: share of step time communicating; MB/step: expected from the "
               "model size vs measured on the nodes' interfaces (docker backend)")
     target_legend = ["to target s: wall time to the first held-out evaluation reaching the target, median over "
-                     "the repeats that reached it, (k/n) when only k of n did; --metric time_to_target_s tests it"]
+                     "the repeats that reached it, (k/n) when only k of n did; --metric time_to_target_s tests it",
+                     "MLPerf s: mean after dropping the fastest and slowest repeat (a repeat that never reached the "
+                     "target counts as slowest; more than one makes it invalid), [median, 95 % bootstrap CI of the "
+                     "mean], runs outside the reference's fastest..slowest flagged"]
     return render_table(title, header, table, footer=[legend, *(target_legend if targets else [])])
 
 

@@ -47,6 +47,7 @@ from harness.present.table import (
     stats_cell,
     table_columns,
 )
+from harness.present.time_to_train import MLPERF_LEGEND, mlperf_cell, point_time_to_train
 from harness.results.models import Point, Report
 from harness.results.report import as_report, load_report
 from wiiide.metrics import write_text_atomic
@@ -117,15 +118,17 @@ def _table(report: Report) -> dict[str, Any]:
     buffers = {p.index: socket_buffers(p) for p in report.points}
     show_buffers = any(buffers.values())
     columns = table_columns(report)
-    head = ["#", *params, "status", "n ok", *[c[0] for c in columns],
+    targets = has_targets(report)
+    head = ["#", *params, "status", "n ok", *[c[0] for c in columns], *(["MLPerf s"] if targets else []),
             *(["socket buffers, requested → effective"] if show_buffers else []), "error"]
     text_columns = {*params, "status", "error"}
     rows = [{"index": p.index, "status": p.status, "params": [param_text(p.params.get(n)) for n in params],
              "n_ok": f"{len(p.ok_repeats)}/{len(p.repeats)}",
-             "cells": [stats_cell(p, key, kind, sep=" ") for _, key, kind in columns],
+             "cells": [*(stats_cell(p, key, kind, sep=" ") for _, key, kind in columns),
+                       *([mlperf_cell(point_time_to_train(p))] if targets else [])],
              "buffers": buffers[p.index] or "-", "error": _short_error(p)} for p in report.points]
     return {"head": [(h, h in text_columns) for h in head], "rows": rows, "show_buffers": show_buffers,
-            "target_note": TARGET_LEGEND if has_targets(report) else None}
+            "target_note": f"{TARGET_LEGEND}. {MLPERF_LEGEND}" if targets else None}
 
 
 def _failures(report: Report) -> list[dict[str, Any]]:

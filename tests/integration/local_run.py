@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -43,3 +44,16 @@ def run_local(cfg: RunConfig, out: Path, fault: Callable[[Any], None] | None = N
     status, error = judge(nodes, collected.exit_codes, cfg.num_workers)
     assert status == "ok", error  # every node ended ok: nobody was left behind
     return nodes
+
+
+def run_nodes(node_env, node_procs, metrics_dir: Path, fields: dict) -> dict:
+    """Run a coordinator and ``fields["num_workers"]`` workers as ``python -m wiiide`` subprocesses (the
+    `node_env` / `node_procs` fixtures), assert every one exits 0 within 120 s, and return their metrics
+    files by name (``coordinator``, ``worker-1`` ...)."""
+    fields = {**fields, "metrics_dir": metrics_dir}
+    coord = node_procs.start("coordinator", node_env(node_id="coord", **fields), name=f"{metrics_dir.name}-coord")
+    workers = [node_procs.start("worker", node_env(node_id=f"w{i}", **fields), name=f"{metrics_dir.name}-w{i}")
+               for i in range(1, fields["num_workers"] + 1)]
+    codes = [node_procs.wait(p, 120) for p in (coord, *workers)]
+    assert codes == [0] * len(codes), [node_procs.stderr(p)[-1500:] for p in (coord, *workers)]
+    return {p.stem: json.loads(p.read_text()) for p in metrics_dir.glob("*.json")}

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.local_run import run_nodes
 from tests.unit.conftest import free_port, node_env, node_procs  # noqa: F401  (fixtures)
 
 RUN = {"num_workers": 3, "hidden_sizes": "64,64", "max_steps": 20, "duration_s": 120, "momentum": 0.9,
@@ -22,13 +23,7 @@ RUN = {"num_workers": 3, "hidden_sizes": "64,64", "max_steps": 20, "duration_s":
 
 
 def _run(node_env, node_procs, metrics_dir: Path, **fields) -> dict:  # noqa: F811
-    fields = {**RUN, "metrics_dir": metrics_dir, **fields}
-    coord = node_procs.start("coordinator", node_env(node_id="coord", **fields), name=f"{metrics_dir.name}-coord")
-    workers = [node_procs.start("worker", node_env(node_id=f"w{i}", **fields), name=f"{metrics_dir.name}-w{i}")
-               for i in range(1, fields["num_workers"] + 1)]
-    codes = [node_procs.wait(p, 120) for p in (coord, *workers)]
-    assert codes == [0] * len(codes), [node_procs.stderr(p)[-1500:] for p in (coord, *workers)]
-    return {p.stem: json.loads(p.read_text()) for p in metrics_dir.glob("*.json")}
+    return run_nodes(node_env, node_procs, metrics_dir, {**RUN, **fields})
 
 
 @pytest.mark.parametrize("balance, schedule, placement", [

@@ -147,7 +147,10 @@ BAD_VALUES = [
     ("port", 0), ("port", 65536), ("num_workers", 0), ("num_workers", 257), ("dataset", "mnist"),
     ("synthetic_samples", 19), ("synthetic_features", 0), ("synthetic_classes", 1), ("test_fraction", 0.0),
     ("test_fraction", 1.0), ("test_fraction", float("nan")), ("batch_size", 0), ("learning_rate", 0.0),
-    ("learning_rate", 101.0), ("momentum", 1.0), ("momentum", -0.1), ("torch_threads", -1),
+    ("learning_rate", 101.0), ("lr_schedule", "step"), ("lr_schedule", "cosine"),  # cosine: needs a decay length
+    ("lr_warmup_steps", -1), ("lr_decay_steps", -1), ("lr_decay_steps", 5),  # 5: needs lr_schedule linear/cosine
+    ("lr_min_ratio", 1.5), ("lr_min_ratio", 0.5),  # 0.5: needs lr_schedule linear/cosine
+    ("momentum", 1.0), ("momentum", -0.1), ("torch_threads", -1),
     ("torch_threads", 257), ("duration_s", 0.0), ("duration_s", float("nan")), ("max_steps", -1),
     ("sndbuf_bytes", 100), ("sndbuf_bytes", 4095), ("rcvbuf_bytes", 100), ("rcvbuf_bytes", 2 * 1024 * MIB),
     ("recv_chunk_bytes", 1023), ("recv_chunk_bytes", 0), ("max_frame_bytes", 1000), ("compression", "zlib-0"),
@@ -159,6 +162,7 @@ BAD_VALUES = [
     ("partition_balance", "flows"), ("partition_placement", "striped"), ("tcp_congestion", "cu bic"), ("shard_tcp_congestion", "re no"), ("tcp_congestion", "x" * 16),
     ("warmup_steps", -1), ("warmup_steps", 100_001), ("engine", "horovod"), ("ddp_comm_hook", "int8"),
     ("ddp_comm_hook", "fp16"),  # needs engine ddp
+    ("ddp_find_unused_parameters", True), ("ddp_find_unused_parameters", "maybe"),  # True: needs engine ddp
     ("powersgd_rank", 0), ("powersgd_rank", 2),  # 2: needs ddp_comm_hook powersgd
     ("fsdp_reshard_after_forward", False),  # needs engine fsdp
     ("grad_accum_steps", 0), ("grad_accum_steps", 33),  # 33: more micro-batches than batch_size (32) samples

@@ -37,14 +37,15 @@ def _nodes(values: list[float], every_s: float = 0.5, target: float | None = 0.9
     return {"coordinator": coord}
 
 
-def _report(tmp_path):
-    """engine wiiide reaches 0.9 in both repeats (at 1.0 s and 1.5 s), ddp in one of two (at 2.0 s),
-    fsdp in neither."""
-    runs = {"wiiide": [[0.1, 0.7, 0.92, 0.95], [0.1, 0.6, 0.85, 0.91]],
-            "ddp": [[0.1, 0.5, 0.8, 0.88, 0.93], [0.1, 0.4, 0.7, 0.8, 0.85]],
-            "fsdp": [[0.1, 0.3, 0.5], [0.1, 0.2, 0.6]]}
+def _report(tmp_path, runs: dict[str, list[list[float]]] | None = None):
+    """By default engine wiiide reaches 0.9 in both repeats (at 1.0 s and 1.5 s), ddp in one of two (at
+    2.0 s), fsdp in neither; `runs`: engine -> each repeat's held-out accuracies (every 0.5 s)."""
+    runs = runs or {"wiiide": [[0.1, 0.7, 0.92, 0.95], [0.1, 0.6, 0.85, 0.91]],
+                    "ddp": [[0.1, 0.5, 0.8, 0.88, 0.93], [0.1, 0.4, 0.7, 0.8, 0.85]],
+                    "fsdp": [[0.1, 0.3, 0.5], [0.1, 0.2, 0.6]]}
     path = tmp_path / "ttt-1" / "report.json"
-    writer = ReportWriter(path, HEADER)
+    repeats = max(len(r) for r in runs.values())
+    writer = ReportWriter(path, {**HEADER, "spec": {**HEADER["spec"], "repeats": repeats}})
     for index, (engine, repeats) in enumerate(runs.items()):
         point = writer.start_point(index, {"engine": engine}, {"engine": engine})
         for r, values in enumerate(repeats):

@@ -63,6 +63,7 @@ from wiiide.engines.comm import IntervalTimer, estimate
 from wiiide.errors import ConfigError
 from wiiide.evaluation import evaluator_for, record_held_out, stop_at_target
 from wiiide.log import TieredLog
+from wiiide.lr_schedule import LrRecord, LrSchedule
 from wiiide.metrics import NodeMetrics, summarize
 from wiiide.model import evaluate
 from wiiide.models import build_model, shard_units
@@ -354,9 +355,10 @@ class TorchNode:
                 # (gloo: "Received data size doesn't match expected size ... collective mismatch", or
                 # every rank waiting forever). DDP's default caps give a 1 MiB first bucket, so the
                 # the 1.2 MB digits MLP had two. An explicit cap also sets the first bucket's.
-                ddp = DistributedDataParallel(model, bucket_cap_mb=powersgd_bucket_cap_mb(model))
+                ddp = DistributedDataParallel(model, bucket_cap_mb=powersgd_bucket_cap_mb(model),
+                                              find_unused_parameters=cfg.ddp_find_unused_parameters)
             else:
-                ddp = DistributedDataParallel(model)
+                ddp = DistributedDataParallel(model, find_unused_parameters=cfg.ddp_find_unused_parameters)
             if cfg.ddp_comm_hook == "powersgd":
                 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
@@ -463,6 +465,10 @@ class TorchNode:
         wrapped = self._wrap(model)
         trim_heap()  # FSDP: the full-size parameters the shards were cut from are free now
         optimizer = self._optimizer(model)
+        # the schedule (wiiide.lr_schedule) as torch's LambdaLR on the SGD itself (PostLocalSGDOptimizer wraps it)
+        sgd = getattr(optimizer, "optim", optimizer)
+        lrs = LrRecord(LrSchedule.from_config(cfg))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(sgd, lrs.schedule.factor)
         bf16_autocast = cfg.mixed_precision == "bf16" and cfg.engine == "ddp"
         half_bytes = 2 if cfg.mixed_precision == "bf16" else 4
         expected = estimate(cfg.engine, shapes, cfg.num_workers, ddp_comm_hook=cfg.ddp_comm_hook,
@@ -475,6 +481,7 @@ class TorchNode:
             "rank_batch": mine.stop - mine.start, "micro_batches": [s.stop - s.start for s in micro],
             "grad_accum_steps": cfg.grad_accum_steps, "mixed_precision": cfg.mixed_precision,
             "ddp_comm_hook": cfg.ddp_comm_hook if cfg.engine == "ddp" else None,
+            "ddp_find_unused_parameters": cfg.ddp_find_unused_parameters if cfg.engine == "ddp" else None,
             "fsdp_reshard_after_forward": cfg.fsdp_reshard_after_forward if cfg.engine == "fsdp" else None,
             **workload_record(cfg, data, model),
         })
@@ -529,7 +536,9 @@ class TorchNode:
                     loss = summed_loss(cfg.model, logits, y[part])
                     (loss * scale).backward()
                 loss_sum += loss.item()
+            lrs.applied(step, sgd.param_groups[0]["lr"])
             optimizer.step()
+            scheduler.step()
             m.record_step_time(time.perf_counter() - t0)
             comm_s.append(self.timer.take_step())
             loss_sums.append(loss_sum)
@@ -550,6 +559,7 @@ class TorchNode:
         m.batches = step * cfg.num_workers if rank == 0 else step  # rank 0: in WIIIIIDE's unit, batch_size samples
         m.samples = step * global_batch if rank == 0 else step * (mine.stop - mine.start)
         m.losses = self._global_losses(loss_sums, global_batch)
+        m.extra.update(lrs.to_dict())
         self._record_comm(expected, comm_s, net0, net1)
         eval_model = self._full_model(model, data, rank) if cfg.engine == "fsdp" else model
         if evaluator:

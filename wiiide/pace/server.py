@@ -56,6 +56,7 @@ from wiiide.config import RunConfig
 from wiiide.data import BatchSampler
 from wiiide.errors import ProtocolError
 from wiiide.evaluation import record_held_out, stop_at_target
+from wiiide.lr_schedule import LrRecord, LrSchedule
 from wiiide.model import FlatParams, MomentumSGD
 from wiiide.pace.adaptive import AdaptiveBatch
 from wiiide.pace.compress import ReplicaPulls
@@ -144,6 +145,9 @@ class PaceServer:
         self.adaptive = (AdaptiveBatch(cfg.num_workers * self.sampler.batch_size, cfg.adaptive_smoothing,
                                        clock_gain=cfg.adaptive_clock_gain) if cfg.adaptive_batch else None)
         self.record = PaceRecord()
+        # the rate of version v (wiiide.lr_schedule): the server's step for gradients; for local SGD the
+        # workers' inner rate in the tasks handed out at version v (the outer step keeps its own rate)
+        self.lrs = LrRecord(LrSchedule.from_config(cfg))
         self.version = 0
         self._selector = selectors.DefaultSelector()
         self._receivers: dict[int, Any] = {}  # rank -> the connection registered with the selector
@@ -194,6 +198,7 @@ class PaceServer:
                 metrics.train_time_s = time.perf_counter() - self._start
             metrics.extra["epochs"] = self.sampler.epochs_done
             metrics.extra.update(self.record.to_extra())
+            metrics.extra.update(self.lrs.to_dict(), lr_applied_by="worker inner steps" if self.outer else "server")
             metrics.extra["pace"] = {"staleness_bound": cfg.staleness_bound, "local_steps": cfg.local_steps,
                                      "ssp_cache": cfg.ssp_cache, "tasks_with_params": self.params_sent,
                                      "tasks_without_params": self.params_skipped,
@@ -336,7 +341,10 @@ class PaceServer:
         idx = self.sampler.next_indices(rows)
         task_id, self._next_task = self._next_task, self._next_task + 1
         batch = [WireTensor("x", data.x_train[idx]), WireTensor("y", data.y_train[idx])]
-        batch_frame = host.policy.encode("batch", {"step": task_id, "local_steps": self.local_steps}, batch)
+        meta = {"step": task_id, "local_steps": self.local_steps}
+        if self.outer is not None:  # local SGD: the inner steps' rate (a gradient is scaled by the server)
+            meta["lr"] = self.lrs.schedule.lr(self.version)
+        batch_frame = host.policy.encode("batch", meta, batch)
         now = time.perf_counter()
         try:
             worker.conn.send([batch_frame] if params_frame is None else [params_frame, batch_frame])
@@ -421,10 +429,13 @@ class PaceServer:
         for part in parts:
             part.worker.batches += self.local_steps
             self.record.applied(part.worker.rank, part.staleness, part.samples)
+        lr = self.lrs.schedule.lr(self.version)
+        self.lrs.applied(self.version, lr)
         if self.outer is not None:
             self.outer.step(update)
         else:
             self.flat.grads.copy_(update)
+            self.optimizer.lr = lr
             self.optimizer.step()
         self.version += 1
         now = time.perf_counter()

@@ -36,6 +36,7 @@ from wiiide.codecs.policy import CompressionPolicy
 from wiiide.config import RunConfig
 from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
+from wiiide.lr_schedule import LrRecord, LrSchedule
 from wiiide.metrics import NodeMetrics
 from wiiide.handshake import accept_hello, send_welcome, tell_refused
 from wiiide.model import MomentumSGD
@@ -112,6 +113,7 @@ class ShardServer:
         self._delta_pulls = False
         self.stats: dict = {"shard": shard_id}
         self.checkpointer: ShardCheckpointer | None = None  # made by configure
+        self.lrs = LrRecord(LrSchedule.from_config(cfg))  # step t's rate, the same on every shard; configure restarts it
         metrics.extra.setdefault("ps", {})["shard"] = self.stats
 
     # --- set-up -----------------------------------------------------------------------------------
@@ -150,6 +152,7 @@ class ShardServer:
             self.owned[p.index] = _Owned(p, values, optimizer, PullReplica(values.numpy()), step=start_step)
         self.checkpointer = ShardCheckpointer(cfg, self.shard_id, max(p.shard for p in partitions) + 1,
                                               [o.part for o in self.owned.values()], self.metrics, self.stats, self.log)
+        self.lrs = LrRecord(self.lrs.schedule, start_step)
         self._lossy = lossy_pulls
         self._delta_pulls = lossy_pulls or pulls_as_deltas(cfg)
         self.stats.update({"partitions": len(self.owned), "bytes": sum(o.part.nbytes for o in self.owned.values())})
@@ -171,7 +174,7 @@ class ShardServer:
             peer.outbox.put(None)
             peer.conn.close()
         self.stats.update({"updates": self.updates, "update_s": round(self.update_s, 4),
-                           "push_spread_s": round(self.push_spread_s, 4)})
+                           "push_spread_s": round(self.push_spread_s, 4), **self.lrs.to_dict()})
         self.stats["pull_policy"] = self.policy.record["choices"]
         self.stats["pull_uplink_bps_reported"] = self.policy.uplink.bps
         with self._lock:
@@ -343,9 +346,11 @@ class ShardServer:
         for rank in sorted(owned.pushes):
             grad += torch.from_numpy(owned.pushes[rank])
         grad.div_(len(owned.pushes))
+        step = owned.step
+        owned.optimizer.lr = self.lrs.schedule.lr(step)
+        self.lrs.applied(step, owned.optimizer.lr)
         owned.optimizer.step()
         owned.pushes.clear()
-        step = owned.step
         owned.step += 1
         self.updates += 1
         index = owned.part.index
