@@ -113,3 +113,70 @@ def test_a_bad_impairment_stops_the_spec_naming_file_and_field(link, needle):
     with pytest.raises(SpecError) as info:
         build_spec({"name": "bad", "base": {"num_workers": 1, "link": link}}, "bad.yaml")
     assert needle in str(info.value)
+
+
+# ------------------------------------------------------------------------------- the plan without netem
+
+def _caps(statistic: bool, nfqueue: bool = False):
+    from harness.links.plan import Capabilities
+    return Capabilities(netem=False, tbf=True, htb=True, ifb=True, statistic=statistic, nfqueue=nfqueue,
+                        errors={"netem": "Error: Specified qdisc kind is unknown."})
+
+
+def test_plan_applies_loss_through_the_fallback_and_records_the_mechanism():
+    from harness.links.plan import plan_shaping
+    plan = plan_shaping(LinkProfile(rate_bps=100_000_000, loss_pct=1), _caps(statistic=True))
+    assert plan.mechanisms == {"loss": "iptables-statistic"} and plan.unsupported == ()
+    assert plan.applied.loss_pct == 1.0 and plan.to_dict()["mechanisms"] == {"loss": "iptables-statistic"}
+    assert not any("netem" in c for c in plan.commands)  # tc gets the rate alone
+    assert plan.commands[0][:3] == ("tc", "qdisc", "replace") and plan.commands[-1][:4] == ("iptables", "-w", "-t", "mangle")
+    assert plan.devices == ("eth0",)
+
+
+def test_plan_without_a_delay_line_fails_naming_only_the_delay_or_records_it():
+    from harness.errors import LinkShapingError
+    from harness.links.plan import plan_shaping
+    profile = LinkProfile(delay_ms=20, loss_pct=1)
+    with pytest.raises(LinkShapingError, match=r"asks for delay 20 ms but this kernel has no netem"):
+        plan_shaping(profile, _caps(statistic=True))
+    plan = plan_shaping(profile, _caps(statistic=True), allow_partial=True)
+    assert plan.unsupported[0].startswith("delay 20 ms: this kernel has no netem")
+    assert plan.mechanisms == {"loss": "iptables-statistic"}
+    assert (plan.applied.delay_ms, plan.applied.loss_pct) == (0.0, 1.0)
+    assert [c[4:6] for c in plan.commands] == [("-N", CHAIN), ("-A", CHAIN), ("-A", CHAIN), ("-I", "PREROUTING")]
+
+
+def test_plan_without_statistic_keeps_todays_partial_shaping():
+    from harness.links.plan import plan_shaping
+    plan = plan_shaping(LinkProfile(rate_bps=10**8, loss_pct=1, loss_corr_pct=25), _caps(statistic=False),
+                        allow_partial=True)
+    assert plan.unsupported == ("loss 1 %: this kernel has no netem (tc: Error: Specified qdisc kind is unknown.)",)
+    assert plan.mechanisms == {} and plan.applied.loss_pct == 0.0
+    assert all(c[0] != "iptables" for c in plan.commands)
+
+
+class _Runner:
+    """Answers the fallback's listing with a listing this kernel printed; records every command."""
+
+    def __init__(self, fail: bool = False):
+        self.calls, self.fail = [], fail
+
+    def run(self, argv):
+        from harness.run.tc_exec import TcCommandError
+        self.calls.append(list(argv))
+        if self.fail:
+            raise TcCommandError("no chain", list(argv), 1, "iptables: No chain/target/match by that name.")
+        return (FIXTURES / "iptables_fallback_chain.txt").read_text()
+
+
+def test_the_mechanisms_own_loss_count_is_read_and_reset_removes_the_rules():
+    from harness.errors import LinkShapingError
+    from harness.run.tc_exec import read_fallback_counters, reset_links
+    runner = _Runner()
+    assert read_fallback_counters(runner)["dropped_packets"] == 20
+    assert runner.calls == [rule_counters_command()]
+    with pytest.raises(LinkShapingError, match="No chain"):
+        read_fallback_counters(_Runner(fail=True))
+    gone = _Runner(fail=True)
+    reset_links(gone)  # nothing to remove is fine
+    assert all(c in gone.calls for c in rule_reset_commands())
