@@ -165,7 +165,7 @@ class _Runner:
         from harness.run.tc_exec import TcCommandError
         self.calls.append(list(argv))
         if self.fail:
-            raise TcCommandError("no chain", list(argv), 1, "iptables: No chain/target/match by that name.")
+            raise TcCommandError("iptables failed: No chain/target/match by that name.", list(argv), 1, "iptables: No chain/target/match by that name.")
         return (FIXTURES / "iptables_fallback_chain.txt").read_text()
 
 
