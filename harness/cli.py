@@ -1,5 +1,5 @@
-"""``python -m harness VERB``: up, down, status, sweep, report, image, compare, bench-wire, bench-handshake,
-bench-tls, bench-overlay.
+"""``python -m harness VERB``: up, down, status, sweep, report, export, image, compare, bench-wire,
+bench-handshake, bench-tls, bench-overlay.
 
 Errors the harness raises on purpose (bad spec, no engine, a failed Compose call) end as one line on
 stderr and exit code 2 (bad input) or 1 (anything else), not a traceback.
@@ -147,6 +147,14 @@ def up_point(args: argparse.Namespace):
     return spec.points[index]
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """`export REPORT --format csv|parquet [--table T] [--out DIR]`: the report's tables as files, their
+    paths printed (`harness.results.export`). Raises HarnessError for an unreadable report."""
+    from harness.results.export import main
+
+    return main(args)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from harness.run.backend import PhaseClock
     from harness.run.select import select_backend
@@ -284,6 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "compare-<others>.html next to the first for several) and print its path last")
     p.add_argument("--out", help="where the HTML page goes (with --html)")
     p.set_defaults(func=cmd_report)
+
+    from harness.results.export import add_arguments as export_arguments
+    p = sub.add_parser("export", help="a report's tables (repeats, nodes, stats, evals) as CSV or Parquet files "
+                                      "for pandas and notebooks")
+    export_arguments(p)
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("up", help="start a long-running cluster in containers with a sweep point's knobs "
                                   "(1 coordinator + N workers, links shaped, limits set, then training)")

@@ -381,8 +381,8 @@ class RunConfig(BaseSettings):
         "auto", "auto | '' (as tcp_congestion) | an available congestion control (reno, cubic, bbr, ...)",
         "ps_shards > 1: TCP_CONGESTION on the sharded servers' connections (pushes and pulls); auto: "
         "tcp_congestion if set, else reno where this process may set it (net.ipv4.tcp_allowed_congestion_control), "
-        "else the system's; '': as tcp_congestion (wiiide.sockets.shard_congestion)")
-    # 64 MiB (wiiide.protocol.DEFAULT_RECV_CHUNK_BYTES), not seed 001's 256 KiB: see bench-wire in the README
+        "else the system's; '': as tcp_congestion (wiiide.wire.sockets.shard_congestion)")
+    # 64 MiB (wiiide.wire.format.DEFAULT_RECV_CHUNK_BYTES), not seed 001's 256 KiB: see bench-wire in the README
     recv_chunk_bytes: SizeBytes = _field(64 * MIB, "1 KiB..256 MiB", "the most one recv_into asks for",
                                          ge=1024, le=256 * MIB)
     max_frame_bytes: SizeBytes = _field(1024 * MIB, "64 KiB..8 GiB",
@@ -451,14 +451,14 @@ class RunConfig(BaseSettings):
                                      "coordinator needs its start-up time); restarted coordinator: wait this long for "
                                      "the workers to come back", ge=0.0, le=MAX_TIMEOUT_S)
 
-    # --- who may connect (the secret itself is never a config field: see wiiide.auth) ---------
+    # --- who may connect (the secret itself is never a config field: see wiiide.wire.auth) ---------
     handshake_timeout_s: Float = _field(5.0, "0 < x <= 300 seconds",
                                         "a peer must complete the authenticated handshake within this",
                                         gt=0.0, le=300.0)
     max_handshakes: Int = _field(8, "1..1024", "connections handshaking at once, at most half from one address; "
-                                 "more wait for a slot until their deadline (wiiide.admission)",
+                                 "more wait for a slot until their deadline (wiiide.wire.admission)",
                                  ge=1, le=1024)
-    # TLS 1.3 on every connection (wiiide.tls): mutual authentication against a per-cluster CA, the HMAC
+    # TLS 1.3 on every connection (wiiide.wire.tls): mutual authentication against a per-cluster CA, the HMAC
     # handshake inside it. The harness writes the files per cluster and sets the three paths.
     tls: Bool = _field(False, "a boolean", "TLS 1.3 with mutual certificate authentication on every connection "
                        "(engine wiiide; needs tls_ca_file, tls_cert_file, tls_key_file)")

@@ -22,11 +22,11 @@ Checkpoints (`wiiide.recovery`, off unless checkpoint_every_steps / checkpoint_e
 the parameters and momentum may be written; a restarted coordinator restores the newest checkpoint
 that verifies, waits rejoin_timeout_s for its workers and trains on from that step.
 
-Joining: an acceptor thread accepts connections for the whole run and a `wiiide.admission.HandshakeGate`
+Joining: an acceptor thread accepts connections for the whole run and a `wiiide.wire.admission.HandshakeGate`
 decides which handshake now (on a slot thread), which wait and which are refused at once; each
 handshake must be complete `handshake_timeout_s` after accept, an absolute deadline enforced on every
 read (with ``tls`` on, the TLS handshake runs first on the slot thread, within the same deadline:
-`wiiide.tls`). Any failure in a handshake, an unforeseen exception included, is a ``connection_refused`` event
+`wiiide.wire.tls`). Any failure in a handshake, an unforeseen exception included, is a ``connection_refused`` event
 with a short ``reason`` and its ``cause``, never a dead thread.
 """
 
@@ -45,16 +45,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from wiiide.admission import REASON_DEADLINE, HandshakeGate, Pending, Refusal
-from wiiide.auth import (
-    HANDSHAKE_MAX_FRAME_BYTES,
-    check_nonce,
-    hello_mac,
-    load_secret,
-    new_nonce,
-    verify,
-    welcome_mac,
-)
 from wiiide.codecs.policy import CompressionPolicy
 from wiiide.config import RunConfig
 from wiiide.data import BatchSampler, load_dataset
@@ -77,19 +67,26 @@ from wiiide.node import (
     wait_for_start_gate,
 )
 from wiiide.pace.server import PaceServer, uses_pace
-from wiiide.protocol import (
-    PROTOCOL_VERSION,
-    DeadlineExceeded,
-    WireTensor,
-    encode_message,
-)
 from wiiide.ps.digest import params_digest
 from wiiide.ps.partition import resolve_shards
 from wiiide.recovery import ServerRecovery, rejoin_hint
-from wiiide.sockets import configure_socket
 from wiiide.sparse import SparseRows
 from wiiide.tensors import to_wire
-from wiiide.tls import TLSHandshakeError, server_context, wrap_server
+from wiiide.wire.admission import REASON_DEADLINE, HandshakeGate, Pending, Refusal
+from wiiide.wire.auth import (
+    HANDSHAKE_MAX_FRAME_BYTES,
+    check_nonce,
+    hello_mac,
+    load_secret,
+    new_nonce,
+    verify,
+    welcome_mac,
+)
+from wiiide.wire.encode import encode_message
+from wiiide.wire.format import PROTOCOL_VERSION, DeadlineExceeded
+from wiiide.wire.messages import WireTensor
+from wiiide.wire.sockets import configure_socket
+from wiiide.wire.tls import TLSHandshakeError, server_context, wrap_server
 from wiiide.workload import sparse_comm_expected, workload_record
 
 TRAINING_MARKER = "coordinator.training"  # written into metrics_dir when the first step starts
@@ -241,7 +238,7 @@ class Coordinator:
 
     # --- joining: an acceptor thread authenticates, the main thread admits ------------------------
     def _accept_loop(self) -> None:
-        """Accept connections for the whole run; the gate (`wiiide.admission`) decides which handshake
+        """Accept connections for the whole run; the gate (`wiiide.wire.admission`) decides which handshake
         now (each on a slot thread), which wait and which are refused at once."""
         assert self.listener is not None
         self.listener.settimeout(0.5)
@@ -300,7 +297,7 @@ class Coordinator:
         _close_quietly(sock)
 
     def _handshake(self, sock: socket.socket, peer: str, deadline: float) -> bool:
-        """Challenge-response (wiiide.auth) by `deadline` (a time.monotonic() instant: accept +
+        """Challenge-response (wiiide.wire.auth) by `deadline` (a time.monotonic() instant: accept +
         handshake_timeout_s, enforced on every read, whatever the peer sends and however slowly) and
         with a 64 KiB frame limit. Returns True if the peer authenticated (it is queued for `_admit`).
 
@@ -315,7 +312,7 @@ class Coordinator:
                 raise DeadlineExceeded("the deadline passed while the connection waited for a slot")
             sock.settimeout(remaining_s)  # bounds the challenge's send, too
             options = configure_socket(sock, cfg)
-            if cfg.tls:  # here on the slot thread, bounded by the same deadline (wiiide.tls)
+            if cfg.tls:  # here on the slot thread, bounded by the same deadline (wiiide.wire.tls)
                 sock = wrap_server(sock, cfg, deadline, peer)
                 sock.settimeout(max(0.001, deadline - time.monotonic()))
             conn = Connection(sock, cfg, self.metrics, self.log, f"peer {peer}", max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES,

@@ -337,7 +337,7 @@ class NodeMetrics:
         return rss
 
     def record_sent(self, frame: Any, seconds: float) -> None:
-        """Account one sent `wiiide.protocol.Frame` and the seconds its send took."""
+        """Account one sent `wiiide.wire.messages.Frame` and the seconds its send took."""
         self.frames_sent += 1
         self.payload_bytes_sent += frame.raw_nbytes
         self.encoded_bytes_sent += frame.payload_nbytes
@@ -353,7 +353,7 @@ class NodeMetrics:
             sent[1] += frame.payload_nbytes
 
     def record_received(self, msg: Any, seconds: float) -> None:
-        """Account one received `wiiide.protocol.Message` and the seconds its receive took."""
+        """Account one received `wiiide.wire.messages.Message` and the seconds its receive took."""
         self.frames_received += 1
         self.payload_bytes_received += msg.raw_nbytes
         self.encoded_bytes_received += msg.payload_nbytes

@@ -25,7 +25,10 @@ from wiiide.config import RunConfig
 from wiiide.errors import ConfigError, ProtocolError, WiiideError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.protocol import Frame, FrameReader, Message, encode_message, send_frames
+from wiiide.wire.encode import encode_message
+from wiiide.wire.messages import Frame, Message
+from wiiide.wire.reader import FrameReader
+from wiiide.wire.send import send_frames
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -132,7 +135,7 @@ class Connection:
     def receive(self, expected_kinds: Sequence[str] | None = None, deadline: float | None = None) -> Message:
         """Read one message, passing over heartbeats; raises ProtocolError if its kind is not one of
         `expected_kinds`, socket.timeout after `io_timeout_s` of silence, and
-        `wiiide.protocol.DeadlineExceeded` (a TimeoutError) once `deadline` (a `time.monotonic()`
+        `wiiide.wire.format.DeadlineExceeded` (a TimeoutError) once `deadline` (a `time.monotonic()`
         instant, e.g. the handshake's) has passed, however slowly the peer's bytes trickle in."""
         while True:
             t0 = time.perf_counter()
@@ -148,7 +151,7 @@ class Connection:
 
     def buffered_nbytes(self) -> int:
         """Bytes this connection already read from its socket and not yet returned: a TLS connection
-        reads ahead (`wiiide.tls.TLSStream.pending`) and a reader with `whole_frames` may have taken
+        reads ahead (`wiiide.wire.tls_stream.TLSStream.pending`) and a reader with `whole_frames` may have taken
         bytes past its last frame (`FrameReader.buffered_nbytes`), so a frame may wait here while
         `select` on the socket says nothing is readable."""
         pending = getattr(self.sock, "pending", None)

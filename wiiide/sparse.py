@@ -45,8 +45,9 @@ from torch import nn
 
 from wiiide.codecs.rows import check_row_ids
 from wiiide.errors import ProtocolError
-from wiiide.protocol import Frame, Message, WireTensor, encode_message
 from wiiide.tensors import to_wire
+from wiiide.wire.encode import encode_message
+from wiiide.wire.messages import Frame, Message, WireTensor
 
 UPDATE_KIND = "rows"  # the ``update`` meta of a params frame that carries a sparse update
 

@@ -1,4 +1,4 @@
-"""Conversions between torch tensors and the wire's numpy arrays (`wiiide.protocol.WireTensor`).
+"""Conversions between torch tensors and the wire's numpy arrays (`wiiide.wire.messages.WireTensor`).
 
 No pickle: a tensor becomes its dtype name, shape and raw bytes. bfloat16, which numpy lacks, travels
 as its 16-bit patterns in a uint16 array (seed 004, "Handle special types (bfloat16)").
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from wiiide.protocol import WireTensor
+from wiiide.wire.messages import WireTensor
 
 _TORCH_TO_WIRE = {
     torch.float64: "float64", torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",

@@ -24,15 +24,6 @@ from functools import partial
 import torch
 from torch import nn
 
-from wiiide.auth import (
-    HANDSHAKE_MAX_FRAME_BYTES,
-    check_nonce,
-    hello_mac,
-    load_secret,
-    new_nonce,
-    verify,
-    welcome_mac,
-)
 from wiiide.codecs.policy import CompressionPolicy
 from wiiide.config import RunConfig
 from wiiide.errors import PeerClosed, ProtocolError
@@ -50,11 +41,21 @@ from wiiide.node import (
 )
 from wiiide.pace.compress import PULL_KINDS, DeltaPush, WorkerCopy
 from wiiide.pace.outer import gradient, local_delta
-from wiiide.protocol import PROTOCOL_VERSION, encode_message
-from wiiide.sockets import configure_socket
 from wiiide.sparse import UPDATE_KIND, SparseRows
 from wiiide.tensors import from_wire, to_wire
-from wiiide.tls import TLSHandshakeError, client_context, wrap_client
+from wiiide.wire.auth import (
+    HANDSHAKE_MAX_FRAME_BYTES,
+    check_nonce,
+    hello_mac,
+    load_secret,
+    new_nonce,
+    verify,
+    welcome_mac,
+)
+from wiiide.wire.encode import encode_message
+from wiiide.wire.format import PROTOCOL_VERSION
+from wiiide.wire.sockets import configure_socket
+from wiiide.wire.tls import TLSHandshakeError, client_context, wrap_client
 
 # Connect retries: 50 ms, growing by half each time to at most 250 ms, until the timeout. Nine nodes
 # start within seconds of each other, so the coordinator listens soon; a long backoff (it was 2 s)
@@ -102,7 +103,7 @@ class Worker:
                 options = configure_socket(sock, cfg)  # before connect: the window scale is fixed at SYN
                 sock.settimeout(max(0.5, min(5.0, deadline - time.monotonic())))
                 sock.connect((cfg.coordinator_host, cfg.port))
-                if cfg.tls:  # the coordinator's certificate must name coordinator_host (wiiide.tls)
+                if cfg.tls:  # the coordinator's certificate must name coordinator_host (wiiide.wire.tls)
                     sock = wrap_client(sock, cfg, cfg.coordinator_host)
                 sock.settimeout(cfg.io_timeout_s)
                 self.metrics.socket_options.append(options)

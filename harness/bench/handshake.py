@@ -47,18 +47,14 @@ import numpy as np
 
 from harness import REPO_ROOT
 from harness.run.machine import commit_info, machine_info
-from wiiide.auth import generate_secret, hello_frame, verify, welcome_mac
 from wiiide.config import RunConfig
 from wiiide.metrics import write_json_atomic
-from wiiide.protocol import (
-    MAGIC,
-    PREFIX,
-    PROTOCOL_VERSION,
-    FrameReader,
-    WireTensor,
-    encode_message,
-    send_frames,
-)
+from wiiide.wire.auth import generate_secret, hello_frame, verify, welcome_mac
+from wiiide.wire.encode import encode_message
+from wiiide.wire.format import MAGIC, PREFIX, PROTOCOL_VERSION
+from wiiide.wire.messages import WireTensor
+from wiiide.wire.reader import FrameReader
+from wiiide.wire.send import send_frames
 
 Log = Callable[[str], None]
 

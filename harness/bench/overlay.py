@@ -64,7 +64,8 @@ def sink_main(port: int) -> None:
 def source_main(port: int, plan: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]:
     """The interleaved trials against ``sink-plain`` and ``sink-encrypted``; ``{"trials": [...]}``."""
     from harness.bench.tls import _connect, run_trials
-    from wiiide.protocol import encode_message, send_frames
+    from wiiide.wire.encode import encode_message
+    from wiiide.wire.send import send_frames
 
     cfg = _plain_cfg()
     connectors = {mode: (lambda host=f"sink-{mode}": _connect(host, port, cfg, False, "")) for mode in MODES}

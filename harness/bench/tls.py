@@ -1,11 +1,11 @@
-"""``bench-tls``: what TLS 1.3 (the ``tls`` knob, `wiiide.tls`) costs in goodput, against plaintext.
+"""``bench-tls``: what TLS 1.3 (the ``tls`` knob, `wiiide.wire.tls`) costs in goodput, against plaintext.
 
 Two peers, a sink and a source, as two containers of the node image on a bridge (``--backend docker``)
 or two processes over 127.0.0.1 (``local``). The sink listens on three ports: one plaintext, one TLS
-(`wiiide.tls.wrap_server`, mutual authentication against a CA made for this run by
+(`wiiide.wire.tls.wrap_server`, mutual authentication against a CA made for this run by
 `harness.run.certs`), one TLS over `ssl.SSLSocket` (``--with-sslsocket``). Each trial opens a fresh connection of one mode, sends ``count`` WIIIIIDE frames
-of ``size_bytes`` (one float32 tensor each, `wiiide.protocol.send_frames`: ``sendmsg`` on plaintext,
-`wiiide.tls.TLSStream.send_buffers` on TLS) and waits for the sink's ``ack`` once it has read them all
+of ``size_bytes`` (one float32 tensor each, `wiiide.wire.send.send_frames`: ``sendmsg`` on plaintext,
+`wiiide.wire.tls_stream.TLSStream.send_buffers` on TLS) and waits for the sink's ``ack`` once it has read them all
 with a `FrameReader` (``recv_chunk_bytes`` reads, as the nodes read). Goodput = payload bytes /
 (first send -> ack); the connection's setup (TCP connect, TLS handshake) is timed apart, as ``connect_s``.
 
@@ -16,7 +16,7 @@ of the receiving thread: user + system), which, unlike goodput, does not depend 
 machine runs. The JSON keeps every raw trial, `machine_info` and `commit_info`.
 
 ``--with-sslsocket`` adds a third mode, ``tls_sslsocket``: TLS over `ssl.SSLSocket` on both sides (the
-transport before `wiiide.tls.TLSStream`), interleaved with the other two, so the two TLS transports
+transport before `wiiide.wire.tls_stream.TLSStream`), interleaved with the other two, so the two TLS transports
 are compared in one run.
 
 ``python -m harness bench-tls --backend docker [--size 1MiB --bytes-per-trial-mib 256 --repeats 7 --with-sslsocket]``
@@ -42,7 +42,7 @@ SOCKET_BUFFER_BYTES = 8 * 1024 * 1024  # the nodes' default sndbuf/rcvbuf
 CONNECT_TIMEOUT_S = 60.0
 TARGET_RATIO = 0.8  # issue 12: TLS goodput >= 0.8x plaintext for 1 MiB frames between containers
 MODES = ("plain", "tls")
-SSLSOCKET_MODE = "tls_sslsocket"  # --with-sslsocket: TLS over ssl.SSLSocket, the transport before wiiide.tls.TLSStream
+SSLSOCKET_MODE = "tls_sslsocket"  # --with-sslsocket: TLS over ssl.SSLSocket, the transport before wiiide.wire.tls_stream.TLSStream
 
 
 def _node_cfg(tls_dir: str | None):
@@ -59,10 +59,12 @@ def _node_cfg(tls_dir: str | None):
 def _serve(listener: socket.socket, cfg, tls: bool, memory_bio: bool = True) -> None:
     """Serve trials on `listener` one connection at a time until a ``done`` frame; each connection
     carries one trial: a ``trial`` frame (``count``), ``count`` frames, then this side's ``ack``.
-    `memory_bio`: with `tls`, `wiiide.tls.TLSStream` (False: an `ssl.SSLSocket`)."""
-    from wiiide.protocol import FrameReader, encode_message, send_frames
-    from wiiide.sockets import configure_socket
-    from wiiide.tls import wrap_server
+    `memory_bio`: with `tls`, `wiiide.wire.tls_stream.TLSStream` (False: an `ssl.SSLSocket`)."""
+    from wiiide.wire.encode import encode_message
+    from wiiide.wire.reader import FrameReader
+    from wiiide.wire.send import send_frames
+    from wiiide.wire.sockets import configure_socket
+    from wiiide.wire.tls import wrap_server
 
     while True:
         conn, _ = listener.accept()
@@ -101,8 +103,8 @@ def sink_main(host: str, tls_dir: str, plain_port: int, tls_port: int, tls_sslso
 
 
 def _connect(host: str, port: int, cfg, tls: bool, server_name: str, memory_bio: bool = True) -> socket.socket:
-    from wiiide.sockets import configure_socket
-    from wiiide.tls import wrap_client
+    from wiiide.wire.sockets import configure_socket
+    from wiiide.wire.tls import wrap_client
 
     deadline = time.monotonic() + CONNECT_TIMEOUT_S
     while True:
@@ -126,7 +128,8 @@ def source_main(host: str, tls_dir: str, plain_port: int, tls_port: int, tls_ssl
                 plan: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any]:
     """Run the interleaved trials of ``plan["modes"]`` (default plain, tls) against the sink; returns
     ``{"trials": [...]}`` (raw values)."""
-    from wiiide.protocol import encode_message, send_frames
+    from wiiide.wire.encode import encode_message
+    from wiiide.wire.send import send_frames
 
     plain_cfg, tls_cfg = _node_cfg(None), _node_cfg(tls_dir)
     ports = {"plain": (plain_port, False, True), "tls": (tls_port, True, True),
@@ -156,7 +159,10 @@ def run_trials(connectors: dict[str, Callable[[], socket.socket]], plan: dict[st
     """
     import numpy as np
 
-    from wiiide.protocol import FrameReader, WireTensor, encode_message, send_frames
+    from wiiide.wire.encode import encode_message
+    from wiiide.wire.messages import WireTensor
+    from wiiide.wire.reader import FrameReader
+    from wiiide.wire.send import send_frames
 
     modes = list(connectors)
     size_bytes, count = int(plan["size_bytes"]), int(plan["count"])
@@ -262,7 +268,7 @@ def run_bench(backend: str, size_bytes: int, bytes_per_trial: int, repeats: int,
               progress: Callable[[str], None] = print, with_sslsocket: bool = False) -> Path:
     """Make the certificates, run the trials on `backend`, write ``bench-tls-<stamp>.json``; return its path.
     `with_sslsocket`: a third mode, ``tls_sslsocket`` (TLS over `ssl.SSLSocket`, the transport before
-    `wiiide.tls.TLSStream`), interleaved with the other two.
+    `wiiide.wire.tls_stream.TLSStream`), interleaved with the other two.
 
     The certificates live in a scratch folder of `results_dir`, removed at the end.
 

@@ -14,8 +14,9 @@ them; README "Reading a report")::
                      summary: {<Totals field>: Stats}, unstable: [<Totals field>...]]
 
 Every model keeps keys it does not know (``extra="allow"``): a report written by a newer harness, or
-a node's own metrics (whose schema is wiiide's, `wiiide.metrics`), load and save unchanged. What is
-not a harness figure stays a plain ``dict[str, Any]``: a node's metrics, the links stage's records
+a node's own metrics (whose schema is wiiide's, `wiiide.metrics_model.NodeMetricsFile`), load and save
+unchanged. What is not a harness figure stays a plain ``dict[str, Any]``: a node's metrics (kept as the
+node wrote them; the report's JSON Schema refers to the node's for them), the links stage's records
 (`harness.run.shaping`), CPU/memory limits, faults, the point's config.
 
 Units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_bytes_per_s`` bytes per second,
@@ -24,9 +25,20 @@ Units are in the names: ``_s`` seconds, ``_bytes`` bytes, ``_bytes_per_s`` bytes
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+from wiiide.metrics_model import ValueSummary
+
+# The tables of `harness.results.frames.to_dataframe`: one row per repeat, node of a repeat,
+# stats sample of a container, held-out evaluation
+TableName = Literal["repeats", "nodes", "stats", "evals"]
+TABLES: tuple[TableName, ...] = ("repeats", "nodes", "stats", "evals")
+
+# The published schema of a node's metrics file (`wiiide.metrics_model.NodeMetricsFile`, shipped as
+# harness/results/node_metrics.schema.json); the report's schema refers to it for ``nodes``
+NODE_METRICS_SCHEMA_ID = "https://wiiide.invalid/schemas/node_metrics.schema.json"  # a name: nothing is fetched
 
 # A figure whose stdev is above this fraction of its mean over a point's repeats is "unstable" (pyperf's rule).
 UNSTABLE_CV = 0.10
@@ -102,17 +114,10 @@ class SpecInfo(_Model):
     source: str | None = None
 
 
-class Stats(_Model):
+class Stats(ValueSummary):
     """Statistics of one figure over a point's ok repeats, from the raw values (`wiiide.metrics.summarize`):
-    count, mean, sample stdev (0 for one value), median, min, max, p95 (nearest rank); units: the figure's."""
-
-    count: int = 0
-    mean: float | None = None
-    stdev: float | None = None
-    median: float | None = None
-    min: float | None = None
-    max: float | None = None
-    p95: float | None = None
+    count, mean, sample stdev (0 for one value), median, min, max, p95 (nearest rank); units: the figure's.
+    The fields are the node's own summaries' (`wiiide.metrics_model.ValueSummary`)."""
 
     @property
     def unstable(self) -> bool:
@@ -276,7 +281,9 @@ class Repeat(_Model):
     # stop, collect, teardown); empty in reports written before they were recorded
     phases_s: dict[str, float] = Field(default_factory=dict)
     totals: Totals = Field(default_factory=Totals)
-    nodes: dict[str, dict[str, Any]] = Field(default_factory=dict)  # each node's own metrics (wiiide.metrics)
+    # each node's own metrics file by node name, kept as written (its schema: wiiide.metrics_model.NodeMetricsFile)
+    nodes: Annotated[dict[str, dict[str, Any]], WithJsonSchema(
+        {"type": "object", "additionalProperties": {"$ref": NODE_METRICS_SCHEMA_ID}})] = Field(default_factory=dict)
     containers: dict[str, Container] = Field(default_factory=dict)
     links: dict[str, Any] = Field(default_factory=dict)  # capabilities, per container: requested, applied...
     limits: dict[str, Any] = Field(default_factory=dict)  # per container: cpus, mem_limit_bytes

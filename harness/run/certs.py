@@ -1,4 +1,4 @@
-"""A per-cluster CA and one certificate per node, for runs with ``tls: true`` (`wiiide.tls`).
+"""A per-cluster CA and one certificate per node, for runs with ``tls: true`` (`wiiide.wire.tls`).
 
 Made fresh for every run with `cryptography` (harness side only: the nodes read PEM with the standard
 library's `ssl`) into the run's folder, one sub-folder per node holding exactly what that node needs::

@@ -48,8 +48,8 @@ from harness.run.tc_exec import ContainerExec, probe_capabilities, reset_links
 from harness.run.zygote_pool import ZygotePool, pool_key, results_root
 from harness.spec.cluster import ClusterSettings
 from harness.spec.faults import Fault
-from wiiide.auth import generate_secret
 from wiiide.config import RunConfig
+from wiiide.wire.auth import generate_secret
 
 PROJECT = os.environ.get("WIIIIIDE_PROJECT", "wiiide")
 COMPOSE_FILE = REPO_ROOT / "compose.yaml"
@@ -96,7 +96,7 @@ def write_docker_tls(cfg: RunConfig, results_dir: Path) -> tuple[RunConfig, Path
 
 
 def write_cluster_secret() -> Path:
-    """A fresh shared secret for the next cluster (wiiide.auth), in a 0600 file Compose mounts as a
+    """A fresh shared secret for the next cluster (wiiide.wire.auth), in a 0600 file Compose mounts as a
     Docker secret. It stays out of the reports and out of `docker inspect`."""
     SECRET_FILE.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(SECRET_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

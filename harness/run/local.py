@@ -34,8 +34,8 @@ from harness.run.faults import Controller
 from harness.run.stats import summarize_samples
 from harness.spec.cluster import ClusterSettings
 from harness.spec.faults import Fault
-from wiiide.auth import generate_secret
 from wiiide.config import RunConfig
+from wiiide.wire.auth import generate_secret
 
 SAMPLE_INTERVAL_S = 0.5  # seconds between psutil samples of each node process
 STOP_GRACE_S = 5.0  # seconds a node has to exit after SIGTERM before SIGKILL

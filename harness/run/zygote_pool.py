@@ -33,7 +33,7 @@ def pool_key(image: str, num_workers: int, cluster: ClusterSettings, results_roo
     containers (their nodes' knobs differ only in what each run's request carries).
 
     `route_congestion`: the congestion control a run sets on its containers' routes (the ddp and fsdp
-    engines' ``tcp_congestion``, `wiiide.sockets.set_route_congestion`; '' for none). The routes outlive a
+    engines' ``tcp_congestion``, `wiiide.wire.sockets.set_route_congestion`; '' for none). The routes outlive a
     run in a kept container, so a run that sets none must not inherit one."""
     return json.dumps({"image": image, "num_workers": num_workers, "cluster": cluster.to_dict(),
                        "results_root": str(results_root), "route_congestion": route_congestion},

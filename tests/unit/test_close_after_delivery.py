@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from wiiide.node import HEARTBEAT, close_after_delivery, unsent_nbytes
-from wiiide.protocol import WireTensor, encode_message
+from wiiide.wire.encode import encode_message
+from wiiide.wire.messages import WireTensor
 
 PARAMS_BYTES = 8 << 20  # more than the kernel's default buffers of a loopback pair hold
 

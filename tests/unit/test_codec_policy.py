@@ -14,7 +14,7 @@ from wiiide.codecs.policy import (
     parse_policy_name,
 )
 from wiiide.config import RunConfig
-from wiiide.protocol import WireTensor
+from wiiide.wire.messages import WireTensor
 
 MB = 1_000_000
 GRAD = 1_204_264  # the digits MLP 64-512-512-10's gradient, bytes
@@ -222,7 +222,7 @@ def test_one_slow_sample_does_not_change_a_codecs_speed():
 
 
 class _Received:
-    """What `CompressionPolicy.observe_received` reads of a `wiiide.protocol.Message`."""
+    """What `CompressionPolicy.observe_received` reads of a `wiiide.wire.messages.Message`."""
 
     def __init__(self, payload_nbytes: int, rate_bps: float, meta: dict | None = None) -> None:
         self.payload_nbytes, self.payload_recv_s = payload_nbytes, 8 * payload_nbytes / rate_bps

@@ -22,19 +22,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from wiiide import protocol
-from wiiide.auth import hello_mac, verify
 from wiiide.config import RunConfig
 from wiiide.errors import ProtocolError
-from wiiide.protocol import (
-    MAGIC,
-    PREFIX,
-    PROTOCOL_VERSION,
-    FrameReader,
-    decode_payload,
-    encode_message,
-    parse_header,
-)
+from wiiide.wire.auth import hello_mac, verify
+from wiiide.wire.decode import decode_payload, parse_header
+from wiiide.wire.encode import encode_message
+from wiiide.wire.format import DTYPES, MAGIC, MAX_HEADER_BYTES, PREFIX, PROTOCOL_VERSION
+from wiiide.wire.reader import FrameReader
 
 EXAMPLES = int(os.environ.get("WIIIIIDE_FUZZ_EXAMPLES", "100"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -47,7 +41,7 @@ json_values = st.recursive(
 )
 tensor_entries = st.fixed_dictionaries({}, optional={
     "name": st.one_of(st.text(max_size=10), st.integers()),
-    "dtype": st.one_of(st.sampled_from(sorted(protocol.DTYPES)), st.text(max_size=8), st.none()),
+    "dtype": st.one_of(st.sampled_from(sorted(DTYPES)), st.text(max_size=8), st.none()),
     "shape": st.one_of(st.lists(st.integers(-3, 2**40), max_size=10), json_values),
 })
 headers = st.fixed_dictionaries({}, optional={
@@ -87,7 +81,7 @@ def test_random_bytes_only_raise_protocol_error(data):
 @given(headers, st.binary(max_size=2048))
 def test_random_headers_and_payloads_only_raise_protocol_error(header, payload):
     header_bytes = json.dumps(header).encode()
-    if len(header_bytes) > protocol.MAX_HEADER_BYTES:
+    if len(header_bytes) > MAX_HEADER_BYTES:
         return
     frame = PREFIX.pack(MAGIC, PROTOCOL_VERSION, 0, len(header_bytes), len(payload)) + header_bytes + payload
     for message in _read_all(frame):
@@ -232,7 +226,7 @@ shape_texts = st.one_of(
     st.lists(st.integers(300, 4000).map(lambda n: "1" + "0" * n), min_size=2, max_size=8),
 ).map(lambda dims: "[" + ",".join(dims) + "]")
 tensor_texts = st.tuples(st.one_of(json_strings, json_texts),
-                         st.one_of(st.sampled_from(sorted(protocol.DTYPES)).map(json.dumps), json_strings),
+                         st.one_of(st.sampled_from(sorted(DTYPES)).map(json.dumps), json_strings),
                          st.one_of(shape_texts, json_texts)).map(
     lambda t: '{"name":' + t[0] + ',"dtype":' + t[1] + ',"shape":' + t[2] + "}")
 header_texts = st.tuples(

@@ -1,7 +1,7 @@
 """The coordinator's accept and handshake path under attack (issue 12), on loopback only.
 
 Attackers connect from 127.0.0.2 (Linux routes all of 127.0.0.0/8 to lo), the real worker from
-127.0.0.1, so the per-address defences of `wiiide.admission` can tell them apart. The coordinator is
+127.0.0.1, so the per-address defences of `wiiide.wire.admission` can tell them apart. The coordinator is
 run in-process up to its acceptor (`_listen` + `_accept_loop`), and the test admits what it
 authenticated with `_admit`, as the main loop does. No timing is asserted: outcomes, event order, and
 deadlines with margins of 5-10x.
@@ -18,26 +18,22 @@ from typing import Iterator
 
 import pytest
 
-from wiiide.admission import (
+from wiiide.config import RunConfig
+from wiiide.coordinator import Coordinator
+from wiiide.errors import PeerClosed, ProtocolError
+from wiiide.metrics import MAX_EVENTS_PER_KIND, NodeMetrics
+from wiiide.wire.admission import (
     REASON_BUSY,
     REASON_DEADLINE,
     REASON_PENALIZED,
     HandshakeGate,
     Pending,
 )
-from wiiide.auth import hello_frame, hello_mac, verify, welcome_mac
-from wiiide.config import RunConfig
-from wiiide.coordinator import Coordinator
-from wiiide.errors import PeerClosed, ProtocolError
-from wiiide.metrics import MAX_EVENTS_PER_KIND, NodeMetrics
-from wiiide.protocol import (
-    MAGIC,
-    PREFIX,
-    PROTOCOL_VERSION,
-    FrameReader,
-    parse_header,
-    send_frames,
-)
+from wiiide.wire.auth import hello_frame, hello_mac, verify, welcome_mac
+from wiiide.wire.decode import parse_header
+from wiiide.wire.format import MAGIC, PREFIX, PROTOCOL_VERSION
+from wiiide.wire.reader import FrameReader
+from wiiide.wire.send import send_frames
 
 SECRET = b"handshake-tests-shared-secret-0123456789"
 ATTACKER = "127.0.0.2"
@@ -332,7 +328,7 @@ def test_bad_unicode_and_huge_integers_give_a_logged_refusal_and_the_coordinator
 
 def test_a_read_deadline_bounds_a_frame_that_trickles_in(sock_pair):
     """One byte per 0.2 s would take 3.2 s for a prefix; the read gives up at its 0.5 s deadline."""
-    from wiiide.protocol import DeadlineExceeded
+    from wiiide.wire.format import DeadlineExceeded
 
     writer, reader_sock = sock_pair
     sent: list[int] = []

@@ -2,7 +2,7 @@
 
 Subprocess tests run ``python -m wiiide coordinator|worker`` configured by WIIIIIDE_* variables, each bounded
 by a timeout. In-process tests run the coordinator in the main thread (run_node installs a SIGTERM handler)
-and scripted peers in threads; the peers speak the authenticated handshake of `wiiide.auth`
+and scripted peers in threads; the peers speak the authenticated handshake of `wiiide.wire.auth`
 (challenge -> hello with an HMAC -> welcome with an HMAC) with the test's shared secret.
 """
 
@@ -25,7 +25,6 @@ import pytest
 import torch
 from torch import nn
 
-from wiiide.auth import hello_mac, new_nonce, verify, welcome_mac
 from wiiide.config import RunConfig
 from wiiide.coordinator import Coordinator
 from wiiide.errors import ConfigError, PeerClosed, ProtocolError
@@ -41,16 +40,12 @@ from wiiide.node import (
     NodeFailure,
     run_node,
 )
-from wiiide.protocol import (
-    MAGIC,
-    PREFIX,
-    PROTOCOL_VERSION,
-    FrameReader,
-    Message,
-    WireTensor,
-    encode_message,
-    send_frames,
-)
+from wiiide.wire.auth import hello_mac, new_nonce, verify, welcome_mac
+from wiiide.wire.encode import encode_message
+from wiiide.wire.format import MAGIC, PREFIX, PROTOCOL_VERSION
+from wiiide.wire.messages import Message, WireTensor
+from wiiide.wire.reader import FrameReader
+from wiiide.wire.send import send_frames
 
 MIB = 1024 * 1024
 SECRET = "unit-tests-shared-secret-0123456789"  # what node_env gives the subprocesses, too
@@ -59,7 +54,7 @@ SECRET_BYTES = SECRET.encode()
 
 @pytest.fixture(autouse=True)
 def shared_secret(monkeypatch):
-    """In-process nodes read the shared secret from the environment (wiiide.auth.load_secret)."""
+    """In-process nodes read the shared secret from the environment (wiiide.wire.auth.load_secret)."""
     monkeypatch.setenv("WIIIIIDE_SECRET", SECRET)
 
 

@@ -14,7 +14,8 @@ import torch
 from wiiide.codecs.policy import CompressionPolicy
 from wiiide.errors import ProtocolError
 from wiiide.pace.compress import PULL_KINDS, DeltaPush, ReplicaPulls, WorkerCopy
-from wiiide.protocol import FrameReader, send_frames
+from wiiide.wire.reader import FrameReader
+from wiiide.wire.send import send_frames
 
 NUMEL = 20_000
 

@@ -1,4 +1,4 @@
-"""wiiide.protocol: frames over a real socket pair, every dtype and codec, and every malformed frame."""
+"""wiiide.wire (format, encode, send, decode, reader): frames over a real socket pair, every dtype and codec, and every malformed frame."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from wiiide import protocol
 from wiiide.codecs import NoCodec, ZlibCodec
 from wiiide.errors import PeerClosed, ProtocolError
-from wiiide.protocol import (
-    DeadlineExceeded,
+from wiiide.tensors import from_wire, to_wire
+from wiiide.wire import encode as wire_encode
+from wiiide.wire.decode import parse_header
+from wiiide.wire.encode import encode_message, with_meta
+from wiiide.wire.format import (
     DTYPES,
     MAGIC,
     MAX_HEADER_BYTES,
@@ -25,13 +27,11 @@ from wiiide.protocol import (
     PREFIX,
     PREFIX_NBYTES,
     PROTOCOL_VERSION,
-    FrameReader,
-    WireTensor,
-    encode_message,
-    send_frames,
-    with_meta,
+    DeadlineExceeded,
 )
-from wiiide.tensors import from_wire, to_wire
+from wiiide.wire.messages import Frame, Message, WireTensor
+from wiiide.wire.reader import FrameReader
+from wiiide.wire.send import send_frames
 
 MIB = 1024 * 1024
 CODECS = {"none": NoCodec(), "zlib-1": ZlibCodec(1), "zlib-9": ZlibCodec(9)}
@@ -229,11 +229,11 @@ def test_header_from_a_template_is_the_whole_header_encoded(codec_name):
 def test_header_templates_are_keyed_by_shape_and_bounded():
     """Frames of one name and kind but other shapes get their own shapes in the header, and the template
     cache never holds more than its bound however many shapes pass."""
-    for n in range(1, protocol._TEMPLATES_MAX + 20):
+    for n in range(1, wire_encode._TEMPLATES_MAX + 20):
         frame = encode_message("pull", {"step": n}, [WireTensor("p", np.zeros(n, np.float32))])
         assert frame.header["tensors"] == [{"name": "p", "dtype": "float32", "shape": [n]}]
         assert json.loads(bytes(frame.buffers[0])[PREFIX.size:])["tensors"][0]["shape"] == [n]
-        assert len(protocol._TEMPLATES) <= protocol._TEMPLATES_MAX
+        assert len(wire_encode._TEMPLATES) <= wire_encode._TEMPLATES_MAX
 
 
 class _TrickleSocket:
@@ -269,7 +269,7 @@ def test_send_frames_finishes_partial_sends_in_order(step, nframes):
 def test_byte_view_of_any_layout_is_its_c_order_bytes():
     """`byte_view` gives an array's bytes in C order for C-contiguous, Fortran-ordered, zero-dim and
     empty arrays alike."""
-    from wiiide.codecs.base import byte_view
+    from wiiide.wire.format import byte_view
 
     for array in (np.arange(12, dtype=np.float32).reshape(3, 4), np.asfortranarray(np.arange(12.0).reshape(3, 4)),
                   np.asarray(np.float32(2.5)), np.zeros((2, 0), np.float32), np.arange(5, dtype=np.uint8)):
@@ -325,7 +325,7 @@ def test_with_meta_adds_meta_and_shares_the_payload(sock_pair):
     for m in msgs:
         assert m.codec == frame.wire_id
         assert_same(m.tensor("p0"), a)
-    hand_made = protocol.Frame(buffers=[head, *frame.buffers[1:]], kind="pull", codec="zlib-1",
+    hand_made = Frame(buffers=[head, *frame.buffers[1:]], kind="pull", codec="zlib-1",
                                raw_nbytes=a.nbytes, payload_nbytes=frame.payload_nbytes, encode_s=0.0)
     with pytest.raises(ValueError, match="keeps no header"):
         with_meta(hand_made, {"rx_bps": 1.0})
@@ -384,7 +384,7 @@ def test_large_payload_small_chunks_from_thread(sock_pair, codec_name):
 
 
 def test_message_tensor_lookup_missing_name_raises():
-    msg = protocol.Message(kind="x", tensors=[WireTensor("a", np.zeros(1, np.uint8))])
+    msg = Message(kind="x", tensors=[WireTensor("a", np.zeros(1, np.uint8))])
     assert msg.tensor("a").tolist() == [0]
     with pytest.raises(ProtocolError, match="no tensor 'b'"):
         msg.tensor("b")
@@ -622,9 +622,9 @@ def test_truncation_control_full_frame_is_read(sock_pair):
 def test_parse_header_returns_validated_header():
     hdr = header([F32_4, {"name": "s", "dtype": "bool", "shape": []}])
     assert hdr["raw_nbytes"] == 17
-    assert protocol.parse_header(json.dumps(hdr).encode(), 1024) == hdr
+    assert parse_header(json.dumps(hdr).encode(), 1024) == hdr
     with pytest.raises(ProtocolError, match="raw_nbytes"):
-        protocol.parse_header(json.dumps(hdr).encode(), 16)
+        parse_header(json.dumps(hdr).encode(), 16)
 
 
 def test_the_reader_says_how_much_of_a_payload_was_already_queued():

@@ -11,7 +11,6 @@ from wiiide.codecs.policy import CompressionPolicy, fixed_lossy_ratio
 from wiiide.config import RunConfig
 from wiiide.errors import ConfigError
 from wiiide.model import FlatParams, build_mlp
-from wiiide.protocol import WireTensor
 from wiiide.ps.digest import params_digest
 from wiiide.ps.feedback import ErrorFeedback, PullReplica, decoded_values, pulls_as_deltas, received_values
 from wiiide.ps.partition import (
@@ -26,6 +25,7 @@ from wiiide.ps.partition import (
 )
 from wiiide.ps.session import _seconds, partition_finest_bytes, policy_may_be_lossy
 from wiiide.units import MIB
+from wiiide.wire.messages import WireTensor
 
 DIGITS_MLP_NUMEL = 64 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10  # 301,066: 1.2 MB
 
@@ -423,7 +423,8 @@ def test_a_shard_averages_pushes_steps_its_optimizer_slice_and_answers_every_wor
 @pytest.mark.parametrize("codec", ["none", "zstd-1", "int8", "int2", "lloyd2", "fp16", "topk-0.5"])
 def test_received_values_outlive_the_readers_buffer_and_lossy_ones_are_not_copied_again(codec):
     from wiiide.codecs.registry import codec_from_name
-    from wiiide.protocol import decode_payload, encode_message, parse_header
+    from wiiide.wire.decode import decode_payload, parse_header
+    from wiiide.wire.encode import encode_message
 
     g = np.linspace(-1, 1, 1000, dtype=np.float32)
     frame = encode_message("gradients", {"step": 0}, [WireTensor("p0", g)], codec_from_name(codec))
@@ -632,9 +633,9 @@ class _RecordingConn:
 def test_drain_outbox_reports_each_sent_frame_and_its_send_cpu_by_step():
     import queue
 
-    from wiiide.protocol import encode_message
     from wiiide.ps.feedback import DENSE_KIND
     from wiiide.ps.shard import drain_outbox, frame_step
+    from wiiide.wire.encode import encode_message
 
     push = encode_message(DENSE_KIND, {"step": 7, "partition": 2}, [WireTensor("p2", np.ones(4, np.float32))])
     bye = encode_message("bye", {"step": 9})

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from referencing import Registry, Resource
 
 from harness.errors import HarnessError
 from harness.present.table import format_table, render_table
@@ -19,7 +20,14 @@ from harness.results.report import (
     load_report_json,
     parse_report,
 )
-from harness.results.schema import SCHEMA_PATH, report_json_schema, schema_text
+from harness.results.schema import (
+    NODE_METRICS_SCHEMA_PATH,
+    SCHEMA_PATH,
+    main as schema_main,
+    node_metrics_schema,
+    report_json_schema,
+    schema_text,
+)
 from harness.results.totals import point_summary, repeat_totals, summary_stats
 from tests.report_samples import buffers_report
 
@@ -209,8 +217,25 @@ def test_shipped_schema_is_the_one_the_models_generate():
     assert "goodput_bytes_per_s" in schema["$defs"]["Totals"]["properties"]
 
 
+def _report_validator() -> jsonschema.Draft202012Validator:
+    """A validator of the shipped report schema that resolves its reference to the shipped node schema."""
+    node = json.loads(NODE_METRICS_SCHEMA_PATH.read_text())
+    registry = Registry().with_resource(node["$id"], Resource.from_contents(node))
+    return jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()), registry=registry)
+
+
+def test_shipped_node_metrics_schema_is_fresh_and_the_report_refers_to_it(capsys):
+    assert NODE_METRICS_SCHEMA_PATH.parent == SCHEMA_PATH.parent
+    assert json.loads(NODE_METRICS_SCHEMA_PATH.read_text()) == node_metrics_schema()
+    assert schema_main(["--check"]) == 0 and capsys.readouterr().err == ""
+    node = node_metrics_schema()
+    assert {"goodput_bps", "payload_bytes_sent", "training_summary", "held_out"} <= set(node["properties"])
+    nodes = report_json_schema()["$defs"]["Repeat"]["properties"]["nodes"]
+    assert nodes["additionalProperties"] == {"$ref": node["$id"]}
+
+
 def test_written_and_upgraded_reports_validate_against_the_shipped_schema(tmp_path):
-    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+    validator = _report_validator()
     path = tmp_path / "report.json"
     writer = ReportWriter(path, HEADER)
     point = writer.start_point(0, {"compression": "none"}, {"num_workers": 2})
@@ -223,6 +248,9 @@ def test_written_and_upgraded_reports_validate_against_the_shipped_schema(tmp_pa
     broken = json.loads(path.read_text())
     broken["points"][0]["repeats"][0]["totals"]["batches_per_s"] = "fast"
     assert not validator.is_valid(broken)  # the schema does check the figures' types
+    broken = json.loads(path.read_text())
+    broken["points"][0]["repeats"][0]["nodes"]["worker-1"]["steps"] = "many"
+    assert not validator.is_valid(broken)  # and the nodes' own metrics, through the node schema
 
 
 # --- the text table --------------------------------------------------------------------------------

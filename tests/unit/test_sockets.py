@@ -1,4 +1,4 @@
-"""wiiide.sockets.configure_socket on real TCP sockets: effective buffer sizes read back, TCP options."""
+"""wiiide.wire.sockets.configure_socket on real TCP sockets: effective buffer sizes read back, TCP options."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from wiiide.config import RunConfig
-from wiiide.sockets import configure_socket
+from wiiide.wire.sockets import configure_socket
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="socket(7) buffer doubling is Linux's")
 
@@ -126,7 +126,7 @@ DOCKER_ROUTES = ('[{"dst":"default","gateway":"172.18.0.1","dev":"eth0","flags":
 
 
 def test_route_congestion_changes_every_route_but_loopback_keeping_its_attributes():
-    from wiiide.sockets import set_route_congestion
+    from wiiide.wire.sockets import set_route_congestion
 
     ip = _FakeIp(DOCKER_ROUTES)
     assert set_route_congestion("cubic", ip) == ["default", "172.18.0.0/16"]
@@ -137,7 +137,7 @@ def test_route_congestion_changes_every_route_but_loopback_keeping_its_attribute
 
 
 def test_route_congestion_refused_or_unreadable_is_an_oserror_naming_it():
-    from wiiide.sockets import set_route_congestion
+    from wiiide.wire.sockets import set_route_congestion
 
     with pytest.raises(OSError, match="cubic.*Operation not permitted"):
         set_route_congestion("cubic", _FakeIp(DOCKER_ROUTES, refuse="RTNETLINK answers: Operation not permitted"))
@@ -148,7 +148,7 @@ def test_route_congestion_refused_or_unreadable_is_an_oserror_naming_it():
 def test_congestion_in_force_counts_the_connections_of_each_algorithm():
     """Read back on real sockets: one end of a loopback connection switched to reno is counted by `ss`
     under reno (no other connection of this machine's namespace runs reno)."""
-    from wiiide.sockets import congestion_in_force
+    from wiiide.wire.sockets import congestion_in_force
 
     before = congestion_in_force()
     listener = socket.socket()
@@ -169,7 +169,7 @@ def test_tcp_cwnd_bytes_is_the_congestion_window_ss_shows():
     import re
     import subprocess
 
-    from wiiide.sockets import tcp_cwnd_bytes
+    from wiiide.wire.sockets import tcp_cwnd_bytes
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -192,7 +192,7 @@ def test_tcp_cwnd_bytes_is_the_congestion_window_ss_shows():
     ("auto", "", "auto"), ("auto", "cubic", "cubic"), ("", "", ""), ("", "bbr", "bbr"), ("reno", "cubic", "reno")])
 def test_the_shard_connections_congestion_control(shard, overall, expected):
     """shard_tcp_congestion names one, or defers to tcp_congestion when that is set; auto otherwise."""
-    from wiiide.sockets import shard_congestion
+    from wiiide.wire.sockets import shard_congestion
 
     assert shard_congestion(RunConfig(shard_tcp_congestion=shard, tcp_congestion=overall)) == expected
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from wiiide.protocol import DTYPES, WireTensor
 from wiiide.tensors import from_wire, to_wire
+from wiiide.wire.format import DTYPES
+from wiiide.wire.messages import WireTensor
 
 TORCH_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
                 torch.int16, torch.int8, torch.uint8, torch.bool]

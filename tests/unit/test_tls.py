@@ -1,4 +1,4 @@
-"""TLS 1.3 on the coordinator's connections (`wiiide.tls`, issue 12), on loopback only.
+"""TLS 1.3 on the coordinator's connections (`wiiide.wire.tls`, issue 12), on loopback only.
 
 The coordinator runs in-process up to its acceptor, as in test_handshake.py; every refusal must be a
 ``connection_refused`` event with a cause, the slot freed and the next worker still admitted. No
@@ -27,13 +27,16 @@ from tests.unit.test_handshake import (
     running_acceptor,
     wait_for,
 )
-from wiiide.admission import REASON_DEADLINE
-from wiiide.auth import hello_frame, verify, welcome_mac
 from wiiide.config import RunConfig
 from wiiide.coordinator import Coordinator
 from wiiide.errors import ConfigError
-from wiiide.protocol import PROTOCOL_VERSION, FrameReader, encode_message, send_frames
-from wiiide.tls import TLSHandshakeError, client_context, wrap_client
+from wiiide.wire.admission import REASON_DEADLINE
+from wiiide.wire.auth import hello_frame, verify, welcome_mac
+from wiiide.wire.encode import encode_message
+from wiiide.wire.format import PROTOCOL_VERSION
+from wiiide.wire.reader import FrameReader
+from wiiide.wire.send import send_frames
+from wiiide.wire.tls import TLSHandshakeError, client_context, wrap_client
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The TLS transport (`wiiide.tls.TLSStream`: `ssl.SSLObject` + `ssl.MemoryBIO` over a plain socket), on
+"""The TLS transport (`wiiide.wire.tls_stream.TLSStream`: `ssl.SSLObject` + `ssl.MemoryBIO` over a plain socket), on
 loopback with real certificates from `harness.run.certs` (test_tls.py's fixture): frames of several sizes both ways, a changed
 record refused with a clear error, a heartbeat thread writing while the main thread reads, a trickled
 record cut at the read deadline, the peer's end. No timing is asserted.
@@ -21,20 +21,13 @@ from wiiide.errors import PeerClosed
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.node import Connection
-from wiiide.protocol import (
-    DeadlineExceeded,
-    FrameReader,
-    WireTensor,
-    encode_message,
-    send_frames,
-)
-from wiiide.tls import (
-    RECV_CIPHERTEXT_BYTES,
-    TLSRecordError,
-    TLSStream,
-    wrap_client,
-    wrap_server,
-)
+from wiiide.wire.encode import encode_message
+from wiiide.wire.format import DeadlineExceeded
+from wiiide.wire.messages import WireTensor
+from wiiide.wire.reader import FrameReader
+from wiiide.wire.send import send_frames
+from wiiide.wire.tls import wrap_client, wrap_server
+from wiiide.wire.tls_stream import RECV_CIPHERTEXT_BYTES, TLSRecordError, TLSStream
 
 
 @pytest.fixture

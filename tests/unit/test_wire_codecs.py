@@ -25,15 +25,12 @@ from wiiide.codecs import (
 )
 from wiiide.codecs.chunked import CodecPool
 from wiiide.errors import ProtocolError
-from wiiide.protocol import (
-    DTYPES,
-    FrameReader,
-    WireTensor,
-    decode_payload,
-    encode_message,
-    parse_header,
-    send_frames,
-)
+from wiiide.wire.decode import decode_payload, parse_header
+from wiiide.wire.encode import encode_message
+from wiiide.wire.format import DTYPES
+from wiiide.wire.messages import WireTensor
+from wiiide.wire.reader import FrameReader
+from wiiide.wire.send import send_frames
 
 LOSSLESS = ["none", "zlib-1", "zstd-1", "zstd-9", "lz4", "shuffle-zstd", "shuffle-lz4", "shuffle-zstd-5"]
 LOSSY = ["fp16", "bf16", "int8", "int8-64", "int4", "int4-64", "int3", "int3-64", "int3z", "int3z-64", "int2",

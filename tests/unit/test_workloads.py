@@ -47,14 +47,11 @@ from wiiide.models.embedding import (
     make_zipf_data,
     zipf_probabilities,
 )
-from wiiide.protocol import (
-    PREFIX,
-    WireTensor,
-    decode_payload,
-    encode_message,
-    parse_header,
-)
 from wiiide.sparse import SparseRows
+from wiiide.wire.decode import decode_payload, parse_header
+from wiiide.wire.encode import encode_message
+from wiiide.wire.format import PREFIX
+from wiiide.wire.messages import WireTensor
 from wiiide.worker import Worker
 
 TINY = {

@@ -38,11 +38,13 @@ Modules, one job each (imports run down this list, never up):
 
 - `wiiide.codecs.base`: the `Codec` interface, `NoCodec`, byte helpers;
 - `wiiide.codecs.chunked`: parallel chunks on a `CodecPool` (passed in by whoever owns it);
-- `wiiide.codecs.lossless`, `wiiide.codecs.lossy`: the codecs;
+- `wiiide.codecs.lossless`, `wiiide.codecs.lossy` (a package, one module per family): the codecs;
 - `wiiide.codecs.registry`: wire id -> codec class and decoder, codec names -> instances (checked at
   import: every wire id maps to exactly one codec class, and every class has a decoder instance);
-- `wiiide.codecs.policy`: which codec encodes a message (imports `wiiide.protocol` to build frames,
-  so this package does not re-export it: import `wiiide.codecs.policy` directly).
+- `wiiide.codecs.policy`: which codec encodes a message (builds frames with `wiiide.wire.encode`,
+  which imports no codec; this package does not re-export it: import `wiiide.codecs.policy` directly).
+
+`byte_view` lives in `wiiide.wire.format` (below the codecs) and is re-exported here.
 """
 
 from wiiide.codecs.base import (
@@ -50,7 +52,6 @@ from wiiide.codecs.base import (
     Codec,
     NoCodec,
     TensorSpecs,
-    byte_view,
     check_params,
 )
 from wiiide.codecs.lossless import (
@@ -60,7 +61,9 @@ from wiiide.codecs.lossless import (
     ZlibCodec,
     ZstdCodec,
 )
-from wiiide.codecs.lossy import Bf16Codec, Fp16Codec, Int8BlockCodec, TopKCodec
+from wiiide.codecs.lossy.blockwise import Int8BlockCodec
+from wiiide.codecs.lossy.casts import Bf16Codec, Fp16Codec
+from wiiide.codecs.lossy.topk import TopKCodec
 from wiiide.codecs.registry import (
     CODEC_CLASSES,
     CODEC_NAME_FORMS,
@@ -69,6 +72,7 @@ from wiiide.codecs.registry import (
     decoder_for,
 )
 from wiiide.codecs.rows import RowsCodec
+from wiiide.wire.format import byte_view
 
 __all__ = ["Buffer", "TensorSpecs", "Codec", "ByteCodec", "NoCodec", "ZlibCodec", "ZstdCodec", "Lz4Codec",
            "Blosc2Codec", "Fp16Codec", "Bf16Codec", "Int8BlockCodec", "TopKCodec", "RowsCodec", "CODEC_CLASSES", "REGISTRY",

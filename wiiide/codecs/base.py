@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from wiiide.errors import ProtocolError
+from wiiide.wire.format import byte_view
 
 Buffer = bytes | bytearray | memoryview
 # (wire dtype name, element count) of each tensor a header declares, in order.
@@ -124,18 +125,6 @@ class NoCodec(Codec):
         """The payload itself; raises `ProtocolError` on any codec_params or a size mismatch."""
         check_params("none", params, set())
         return self.decode(wire, raw_nbytes)
-
-
-def byte_view(array: np.ndarray) -> memoryview:
-    """The bytes of a C-contiguous array, any shape (also zero-dim or empty), as a flat memoryview (no copy).
-
-    Raises:
-        ValueError: a non-contiguous array (numpy refuses the reshape view's buffer).
-    """
-    try:
-        return memoryview(array).cast("B")  # any C-contiguous array without a zero in its shape; no reshape
-    except (TypeError, ValueError):
-        return memoryview(array.reshape(-1)).cast("B")
 
 
 def check_params(wire_id: str, params: Any, allowed: set[str], required: set[str] = frozenset()) -> None:

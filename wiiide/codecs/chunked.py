@@ -9,7 +9,7 @@ before decoding anything, decodes each chunk bounded by its own declared size, i
 into one output buffer.
 
 The pool is passed in, never global: a node's `wiiide.codecs.policy.CompressionPolicy` owns one and
-hands it to its frame readers (`wiiide.protocol.FrameReader(pool=...)`); without a pool every chunk
+hands it to its frame readers (`wiiide.wire.reader.FrameReader(pool=...)`); without a pool every chunk
 is done in the calling thread.
 """
 
@@ -21,8 +21,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from wiiide.codecs.base import Buffer, Codec, byte_view, check_params
+from wiiide.codecs.base import Buffer, Codec, check_params
 from wiiide.errors import ProtocolError
+from wiiide.wire.format import byte_view
 
 MAX_CHUNKS = 65536
 MIN_CHUNK_BYTES = 64 * 1024

@@ -53,7 +53,8 @@ from wiiide.codecs.base import Codec, NoCodec
 from wiiide.codecs.chunked import CodecPool, default_threads
 from wiiide.codecs.lossless import ZlibCodec, _blosc2
 from wiiide.codecs.registry import codec_from_name, decoder_for
-from wiiide.protocol import Frame, Message, WireTensor, encode_message
+from wiiide.wire.encode import encode_message
+from wiiide.wire.messages import Frame, Message, WireTensor
 
 GRADIENT_KINDS = frozenset({"gradients"})
 LOSSLESS_CANDIDATES = ("none", "lz4", "zstd-1", "shuffle-lz4", "shuffle-zstd")
@@ -348,12 +349,12 @@ class CompressionPolicy:
     # ------------------------------------------------------------------------------------------
     def encode(self, kind: str, meta: dict[str, Any] | None, tensors: Sequence[WireTensor],
                stream: str | None = None, decoded_values: bool = False) -> Frame:
-        """Choose a codec, build the frame (`wiiide.protocol.encode_message`, chunks on `pool`) and learn from it.
+        """Choose a codec, build the frame (`wiiide.wire.encode.encode_message`, chunks on `pool`) and learn from it.
 
         `decoded_values`: ask the codec for `Frame.decoded` (error feedback's use).
 
         Raises:
-            ValueError: a header above `wiiide.protocol.MAX_HEADER_BYTES`.
+            ValueError: a header above `wiiide.wire.format.MAX_HEADER_BYTES`.
         """
         arrays = [t.array for t in tensors]
         raw_nbytes = sum(a.nbytes for a in arrays)
@@ -413,7 +414,7 @@ class CompressionPolicy:
         s["samples"] += 1
 
     def observe_received(self, msg: Message, peer: Any = None) -> None:
-        """Learn from a received `wiiide.protocol.Message` of `peer` (any hashable naming the connection;
+        """Learn from a received `wiiide.wire.messages.Message` of `peer` (any hashable naming the connection;
         None for a node with one peer): the rate it arrived at (reported back by `feedback_meta`) and,
         from its meta's `FEEDBACK_META_KEY`, the rate this node's own messages reached that peer.
         A report that is not a finite positive number is ignored (the meta is the peer's to fill).

@@ -1,8 +1,8 @@
 """The codec registry: every codec class by its wire id, the decoder of a wire id, codecs by name.
 
 The registry is checked at import: every wire id maps to exactly one codec class, and every class
-has a decoder instance (after hivemind's ``hivemind/compression/``). Both the wire protocol
-(`wiiide.protocol`, which decodes by wire id) and the compression policy (`wiiide.codecs.policy`,
+has a decoder instance (after hivemind's ``hivemind/compression/``). Both the wire's decoding
+(`wiiide.wire.decode`, which decodes by wire id) and the compression policy (`wiiide.codecs.policy`,
 which builds codecs by name) import this module; it imports only the codec implementations.
 """
 
@@ -10,18 +10,11 @@ from __future__ import annotations
 
 from wiiide.codecs.base import Codec, NoCodec
 from wiiide.codecs.lossless import Blosc2Codec, Lz4Codec, ZlibCodec, ZstdCodec
-from wiiide.codecs.lossy import (
-    Bf16Codec,
-    Fp16Codec,
-    Int2BlockCodec,
-    Int3BlockCodec,
-    Int3ZstdBlockCodec,
-    Int4BlockCodec,
-    Int8BlockCodec,
-    Lloyd2BlockCodec,
-    Lloyd3BlockCodec,
-    TopKCodec,
-)
+from wiiide.codecs.lossy.blockwise import Int8BlockCodec
+from wiiide.codecs.lossy.casts import Bf16Codec, Fp16Codec
+from wiiide.codecs.lossy.lloyd import Lloyd2BlockCodec, Lloyd3BlockCodec
+from wiiide.codecs.lossy.packed import Int2BlockCodec, Int3BlockCodec, Int3ZstdBlockCodec, Int4BlockCodec
+from wiiide.codecs.lossy.topk import TopKCodec
 from wiiide.codecs.rows import RowsCodec
 from wiiide.errors import ProtocolError
 

@@ -23,8 +23,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from wiiide.codecs.base import Buffer, Codec, TensorSpecs, byte_view, check_params
+from wiiide.codecs.base import Buffer, Codec, TensorSpecs, check_params
 from wiiide.errors import ProtocolError
+from wiiide.wire.format import byte_view
 
 _DENSE = -1
 _ID_DTYPES = {4: np.dtype("<i4"), 8: np.dtype("<i8")}

@@ -77,7 +77,7 @@ from wiiide.node import (
     wait_for_start_gate,
 )
 from wiiide.progress import ProgressBeat
-from wiiide.sockets import congestion_in_force, set_route_congestion
+from wiiide.wire.sockets import congestion_in_force, set_route_congestion
 from wiiide.workload import workload_record
 
 RANK_KEY = "wiiide/next_rank"
@@ -89,7 +89,7 @@ PROFILE_ACTIVE_STEPS = 5
 # the periodic parameter averaging start at step 1.
 POST_LOCAL_SGD_START_STEP = 1
 # WIIIIIDE's own socket knobs, which gloo's sockets do not take: recorded as not applied (tcp_congestion
-# when it is '': when set, it goes on the routes, `wiiide.sockets.set_route_congestion`).
+# when it is '': when set, it goes on the routes, `wiiide.wire.sockets.set_route_congestion`).
 NOT_APPLIED = ("sndbuf_bytes", "rcvbuf_bytes", "tcp_nodelay", "tcp_quickack", "keepalive", "tcp_congestion",
                "recv_chunk_bytes",
                "max_frame_bytes", "compression")

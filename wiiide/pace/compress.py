@@ -33,8 +33,8 @@ import torch
 
 from wiiide.codecs.policy import CompressionPolicy
 from wiiide.errors import ProtocolError
-from wiiide.protocol import Frame
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, PullReplica
+from wiiide.wire.messages import Frame
 
 PULL_KINDS = (DENSE_KIND, LOSSY_KIND)  # what a worker receives as a pull from the pace server
 PULL_TENSOR = "params"

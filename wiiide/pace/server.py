@@ -62,9 +62,9 @@ from wiiide.pace.compress import ReplicaPulls
 from wiiide.pace.outer import OuterOptimizer
 from wiiide.pace.record import PaceRecord
 from wiiide.pace.staleness import SSPClock, staleness_scale
-from wiiide.protocol import WireTensor
 from wiiide.ps.feedback import policy_may_be_lossy
 from wiiide.tensors import to_wire
+from wiiide.wire.messages import WireTensor
 
 POLL_S = 0.2  # how often the loop looks at the clock, at silent and at joining workers when no frame arrives
 

@@ -11,7 +11,7 @@ absolute value or a delta) once backward is over and all partitions of the step 
 The coordinator uses the same client with role ``coordinator`` (no pushes) to pull the final
 parameters (``pull_final``).
 
-Handshake: the worker side of `wiiide.auth`'s challenge-response; the hello's node id is
+Handshake: the worker side of `wiiide.wire.auth`'s challenge-response; the hello's node id is
 ``<role>-<rank>@<node id>`` (so the MAC covers the rank) and the shard's welcome MAC covers its shard id.
 """
 
@@ -29,14 +29,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from wiiide.auth import (
-    HANDSHAKE_MAX_FRAME_BYTES,
-    check_nonce,
-    hello_mac,
-    new_nonce,
-    verify,
-    welcome_mac,
-)
 from wiiide.codecs.policy import CompressionPolicy
 from wiiide.config import RunConfig
 from wiiide.errors import ProtocolError
@@ -44,12 +36,21 @@ from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.model import FlatParams
 from wiiide.node import Connection, Heartbeats, NodeFailure
-from wiiide.protocol import PROTOCOL_VERSION, encode_message
 from wiiide.ps.checkpoints import CHECKPOINT_AT
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, received_values
 from wiiide.ps.partition import Partition
 from wiiide.ps.shard import drain_outbox, frame_step
-from wiiide.sockets import congestion_of, configure_socket, shard_congestion, tcp_cwnd_bytes
+from wiiide.wire.auth import (
+    HANDSHAKE_MAX_FRAME_BYTES,
+    check_nonce,
+    hello_mac,
+    new_nonce,
+    verify,
+    welcome_mac,
+)
+from wiiide.wire.encode import encode_message
+from wiiide.wire.format import PROTOCOL_VERSION
+from wiiide.wire.sockets import congestion_of, configure_socket, shard_congestion, tcp_cwnd_bytes
 
 CONNECT_RETRY_S = 0.05
 BYE = encode_message("bye")
@@ -419,7 +420,7 @@ class ShardClient:
 
     def push_cwnd_record(self) -> dict[str, int] | None:
         """The congestion window of the pushes' connections as each push started (TCP_INFO,
-        `wiiide.sockets.tcp_cwnd_bytes`), over the latest `PUSH_CWND_SAMPLES` pushes to other nodes:
+        `wiiide.wire.sockets.tcp_cwnd_bytes`), over the latest `PUSH_CWND_SAMPLES` pushes to other nodes:
         ``median_bytes``, ``p90_bytes`` and ``samples``; None before any. The round model
         (`harness.present.round_model`) takes the median as how far ordered pushes run ahead of the link."""
         samples = list(self._push_cwnd_bytes)

@@ -23,7 +23,7 @@ import numpy as np
 
 from wiiide.codecs.policy import CompressionPolicy, parse_policy_name
 from wiiide.codecs.registry import codec_from_name, decoder_for
-from wiiide.protocol import Frame, WireTensor
+from wiiide.wire.messages import Frame, WireTensor
 
 LOSSY_KIND = "gradients"  # the policies' lossy codecs apply to this kind only (after warm-up)
 DENSE_KIND = "ps_dense"  # warm-up steps: lossless whatever the policy
@@ -57,7 +57,7 @@ def decoded_values(frame: Frame, name: str, numel: int) -> np.ndarray:
 
 
 def received_values(msg: Any) -> np.ndarray:
-    """The one tensor of a received push or pull `msg` (a `wiiide.protocol.Message`), flat, as an array
+    """The one tensor of a received push or pull `msg` (a `wiiide.wire.messages.Message`), flat, as an array
     that outlives the connection's next read: a lossy codec's decoded array as it is (always new, see
     `wiiide.codecs.lossy`), anything else copied (an uncompressed tensor views the reader's reused buffer).
     Saves a copy of every lossy push and pull (26 MB a step per worker on the 26 MB model)."""

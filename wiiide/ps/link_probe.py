@@ -71,8 +71,9 @@ import numpy as np
 
 from wiiide.errors import ProtocolError
 from wiiide.node import Connection
-from wiiide.protocol import Message, WireTensor, encode_message
 from wiiide.ps.partition import PER_SHARD_FINEST_BYTES
+from wiiide.wire.encode import encode_message
+from wiiide.wire.messages import Message, WireTensor
 
 PROBE = "ps_probe"  # coordinator -> worker, before the plan: {"round", "reply_bytes"}, an optional uint8 fill
 PROBE_ACK = "ps_probe_ack"  # worker -> coordinator: {"bytes": the fill's length}, a fill of reply_bytes

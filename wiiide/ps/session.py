@@ -45,12 +45,11 @@ from wiiide.data import BatchSampler, Dataset, load_dataset
 from wiiide.errors import ProtocolError, WiiideError
 from wiiide.model import FlatParams
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure, touch
-from wiiide.protocol import WireTensor, encode_message
+from wiiide.ps import link_probe
 from wiiide.ps.checkpoints import ShardsRestored, announce_step, restore_shards
 from wiiide.ps.client import ShardClient, ShardFailed
 from wiiide.ps.digest import params_digest
 from wiiide.ps.feedback import policy_may_be_lossy
-from wiiide.ps import link_probe
 from wiiide.ps.link_probe import PieceRule
 from wiiide.ps.partition import (
     PER_SHARD_FINEST_BYTES,
@@ -62,6 +61,8 @@ from wiiide.ps.partition import (
 )
 from wiiide.ps.shard import ROLE_COORDINATOR, ROLE_WORKER, ShardServer
 from wiiide.tensors import from_wire, to_wire
+from wiiide.wire.encode import encode_message
+from wiiide.wire.messages import WireTensor
 
 HANDOUT_AHEAD = 1  # batches handed out this many steps ahead of the barrier
 PS_FAILED = "ps_failed"  # worker -> coordinator: one of my shards failed ({"cause"}); the coordinator stops the run

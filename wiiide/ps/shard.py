@@ -11,8 +11,8 @@ answered as soon as its last push arrived, not at the end of the step. Pulls are
 workers' copy (`wiiide.ps.feedback.PullReplica`), compressed by the shard's own policy.
 
 Connections: the same frames, limits and socket knobs as the coordinator's, and the same HMAC
-challenge-response (`wiiide.auth`; the welcome's MAC covers the shard id instead of a rank) behind a
-`wiiide.admission.HandshakeGate`. Each peer has a receiver thread (pushes in) and a sender thread
+challenge-response (`wiiide.wire.auth`; the welcome's MAC covers the shard id instead of a rank) behind a
+`wiiide.wire.admission.HandshakeGate`. Each peer has a receiver thread (pushes in) and a sender thread
 (pulls out): full duplex.
 
 Shard loss: a sharded run needs every worker's push for every partition, so a peer that disconnects
@@ -32,15 +32,6 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from wiiide.admission import HandshakeGate, Pending
-from wiiide.auth import (
-    HANDSHAKE_MAX_FRAME_BYTES,
-    check_nonce,
-    hello_mac,
-    new_nonce,
-    verify,
-    welcome_mac,
-)
 from wiiide.codecs.policy import CompressionPolicy
 from wiiide.config import RunConfig
 from wiiide.errors import ProtocolError
@@ -48,12 +39,23 @@ from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.model import MomentumSGD
 from wiiide.node import Connection, Heartbeats
-from wiiide.protocol import PROTOCOL_VERSION, Frame, WireTensor, encode_message, with_meta
 from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas, received_values
 from wiiide.ps.partition import Partition
 from wiiide.recovery import momentum_from_flat
-from wiiide.sockets import configure_socket, shard_congestion
+from wiiide.wire.admission import HandshakeGate, Pending
+from wiiide.wire.auth import (
+    HANDSHAKE_MAX_FRAME_BYTES,
+    check_nonce,
+    hello_mac,
+    new_nonce,
+    verify,
+    welcome_mac,
+)
+from wiiide.wire.encode import encode_message, with_meta
+from wiiide.wire.format import PROTOCOL_VERSION
+from wiiide.wire.messages import Frame, WireTensor
+from wiiide.wire.sockets import configure_socket, shard_congestion
 
 ROLE_WORKER = "worker"
 ROLE_COORDINATOR = "coordinator"
@@ -309,7 +311,7 @@ class ShardServer:
     def _to_worker(self, frame: Frame, rank: int) -> Frame:
         """The pull `frame` as sent to worker `rank`: with network-aware, its meta also carries the rate that
         worker's pushes arrived at here (`CompressionPolicy.feedback_meta`), for its codec choice on this
-        link; the payload buffers are shared by every worker's copy (`wiiide.protocol.with_meta`)."""
+        link; the payload buffers are shared by every worker's copy (`wiiide.wire.encode.with_meta`)."""
         if not self.policy.learns_uplink:
             return frame
         return with_meta(frame, self.policy.feedback_meta(("worker", rank)))

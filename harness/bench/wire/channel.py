@@ -2,7 +2,7 @@
 
 A trial starts with a ``trial`` control frame from the source (its ``mode``, ``count`` and ``size``
 in bytes) and ends with the sink's ``ack``; ``done`` ends the session. Control frames are WIIIIIDE
-frames (`wiiide.protocol`), uncompressed, with their fields in the header's ``meta``.
+frames (`wiiide.wire`), uncompressed, with their fields in the header's ``meta``.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ import socket
 import time
 from typing import Any
 
-from wiiide.protocol import FrameReader, encode_message, send_frames
 from wiiide.units import MIB
+from wiiide.wire.encode import encode_message
+from wiiide.wire.reader import FrameReader
+from wiiide.wire.send import send_frames
 
 PORT = 29611  # the sink's port in the docker backend (the local backend picks a free one)
 SOCKET_BUFFER_BYTES = 8 * MIB  # SO_SNDBUF and SO_RCVBUF asked of both ends (the kernel may cap them)

@@ -10,15 +10,11 @@ import numpy as np
 
 from wiiide.codecs import codec_from_name
 from wiiide.codecs.chunked import CodecPool
-from wiiide.protocol import (
-    PREFIX,
-    PREFIX_NBYTES,
-    WireTensor,
-    decode_payload,
-    encode_message,
-    parse_header,
-)
 from wiiide.units import MIB
+from wiiide.wire.decode import decode_payload, parse_header
+from wiiide.wire.encode import encode_message
+from wiiide.wire.format import PREFIX, PREFIX_NBYTES
+from wiiide.wire.messages import WireTensor
 
 CHUNK_BYTES = MIB  # parallel chunks of the codec pool
 BUDGET_S = 6.0  # per (gradient, codec, threads): slow codecs on the big gradient get fewer repeats

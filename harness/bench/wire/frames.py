@@ -31,8 +31,11 @@ from harness.bench.wire.payloads import payload_of
 from harness.bench.wire.raw import RAW_CHUNK_BYTES, RAW_VARIANTS, RawVariant, send_raw
 from wiiide.codecs import codec_from_name
 from wiiide.codecs.chunked import CodecPool
-from wiiide.protocol import FrameReader, WireTensor, encode_message, send_frames
 from wiiide.units import MIB
+from wiiide.wire.encode import encode_message
+from wiiide.wire.messages import WireTensor
+from wiiide.wire.reader import FrameReader
+from wiiide.wire.send import send_frames
 
 MIN_COUNT, MAX_COUNT = 2, 4096  # messages per trial
 # Each timed trial (raw variant or frames) follows an untimed one of the same kind, 1/8 as long: the same

@@ -16,7 +16,9 @@ import numpy as np
 from harness.bench.wire.channel import read_ack, send_control
 from harness.bench.wire.paced import PacedSocket
 from wiiide.codecs.policy import CompressionPolicy
-from wiiide.protocol import FrameReader, WireTensor, send_frames
+from wiiide.wire.messages import WireTensor
+from wiiide.wire.reader import FrameReader
+from wiiide.wire.send import send_frames
 
 PROBE_EVERY = 20  # network-aware's probe interval here (messages)
 

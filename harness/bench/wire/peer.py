@@ -25,8 +25,8 @@ from harness.bench.wire.plan import FRAME_READERS, WirePlan
 from harness.bench.wire.raw import RAW_CHUNK_BYTES, recv_raw
 from wiiide.codecs.chunked import CodecPool
 from wiiide.metrics import write_json_atomic
-from wiiide.protocol import FrameReader
 from wiiide.units import MIB
+from wiiide.wire.reader import FrameReader
 
 MAX_FRAME_BYTES = 1 << 31
 CONNECT_TIMEOUT_S = 60.0

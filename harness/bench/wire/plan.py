@@ -72,7 +72,7 @@ class WirePlan:
     codec_threads: int = 1
     table_threads: tuple[int, ...] = (1, 2)
     small: bool = False
-    recv_chunk_bytes: int = 64 * MIB  # the nodes' (wiiide.protocol.DEFAULT_RECV_CHUNK_BYTES)
+    recv_chunk_bytes: int = 64 * MIB  # the nodes' (wiiide.wire.format.DEFAULT_RECV_CHUNK_BYTES)
     read_ahead_bytes: int = 0
     sections: tuple[str, ...] = SECTIONS
     frame_readers: tuple[str, ...] = ("whole",)

@@ -15,7 +15,7 @@ bytes are handed to the kernel and taken from it:
 - sender ``sendmsg-split`` and receiver ``framed``: the raw loop with a frame's shape and none of its
   work, to tell where frames lose time: the sender hands the first `FRAME_HEAD_BYTES` and the rest as
   two buffers of one `sendmsg` (a frame's prefix + header, then its payload); the receiver reads 16
-  bytes, then up to `FRAME_HEAD_BYTES`, then the rest, each exactly (`wiiide.protocol.FrameReader`'s
+  bytes, then up to `FRAME_HEAD_BYTES`, then the rest, each exactly (`wiiide.wire.reader.FrameReader`'s
   three reads). Messages of at most `FRAME_HEAD_BYTES` go whole.
 
 `RAW_VARIANTS` lists those measured; the frames section keeps, per size, the variant with the highest

@@ -1,6 +1,6 @@
 """Who may talk to the coordinator: a shared secret and a mutual HMAC-SHA256 challenge-response.
 
-Handshake, before any other frame (each message is a control frame of `wiiide.protocol`, read with a
+Handshake, before any other frame (each message is a control frame of `wiiide.wire`, read with a
 small frame limit, `HANDSHAKE_MAX_FRAME_BYTES`, and within `handshake_timeout_s`)::
 
     coordinator -> worker   challenge {protocol_version, nonce_c}
@@ -26,12 +26,12 @@ import os
 import secrets
 from hashlib import sha256
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 from wiiide.errors import ConfigError, ProtocolError
-
-if TYPE_CHECKING:
-    from wiiide.protocol import Frame
+from wiiide.wire.encode import encode_message
+from wiiide.wire.format import PROTOCOL_VERSION
+from wiiide.wire.messages import Frame
 
 NONCE_BYTES = 32
 MIN_SECRET_BYTES = 16
@@ -87,11 +87,9 @@ def hello_mac(secret: bytes, version: int, nonce_c: str, nonce_w: str, node_id: 
     return _mac(secret, "wiiide-hello", version, nonce_c, nonce_w, node_id)
 
 
-def hello_frame(secret: bytes, nonce_c: str, node_id: str) -> tuple["Frame", str]:
+def hello_frame(secret: bytes, nonce_c: str, node_id: str) -> tuple[Frame, str]:
     """A worker's hello to a challenge with nonce `nonce_c`: (the frame to send, its fresh nonce_w,
     which the welcome's MAC covers). Raises nothing for any str `node_id` (see `_mac`)."""
-    from wiiide.protocol import PROTOCOL_VERSION, encode_message
-
     nonce_w = new_nonce()
     return encode_message("hello", {
         "protocol_version": PROTOCOL_VERSION, "node_id": node_id, "nonce": nonce_w,
