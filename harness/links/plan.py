@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from harness.errors import LinkShapingError
+from harness.links.fallback import UNSUPPORTED, FallbackCapabilities, choose_mechanisms, rule_commands
 from harness.links.tc import DEFAULT_DEV, profile_commands, shaped_devices
 from harness.spec.links import LinkProfile
 from wiiide.units import format_rate
@@ -30,6 +31,8 @@ class Capabilities:
     htb: bool
     ifb: bool
     errors: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    statistic: bool = False  # iptables' statistic match with DROP, in the node image (harness.links.fallback)
+    nfqueue: bool = False  # the NFQUEUE target and the delay line's consumer in the node image
 
     def has(self, kind: str) -> bool:
         """Whether the kernel has `kind` (``netem``, ``tbf``, ``htb`` or ``ifb``).
@@ -41,7 +44,13 @@ class Capabilities:
 
     def to_dict(self) -> dict[str, Any]:
         """The report's ``capabilities`` record: one bool per kind and tc's message for each missing one."""
-        return {"netem": self.netem, "tbf": self.tbf, "htb": self.htb, "ifb": self.ifb, "errors": dict(self.errors)}
+        return {"netem": self.netem, "tbf": self.tbf, "htb": self.htb, "ifb": self.ifb,
+                "statistic": self.statistic, "nfqueue": self.nfqueue, "errors": dict(self.errors)}
+
+    @property
+    def fallback(self) -> FallbackCapabilities:
+        """What the fallback without netem can use (`harness.links.fallback`)."""
+        return FallbackCapabilities(statistic=self.statistic, nfqueue=self.nfqueue)
 
 
 ALL_CAPABILITIES = Capabilities(netem=True, tbf=True, htb=True, ifb=True)
@@ -78,6 +87,7 @@ class ShapingPlan:
     commands: tuple[tuple[str, ...], ...]
     devices: tuple[str, ...]
     unsupported: tuple[str, ...]
+    mechanisms: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The report's record of the plan: ``requested`` and ``applied_profile`` (profile dicts or None),
@@ -85,7 +95,7 @@ class ShapingPlan:
         return {"requested": self.requested.to_dict() if self.requested else None,
                 "applied_profile": self.applied.to_dict() if self.applied else None,
                 "summary": describe(self.applied), "commands": [list(c) for c in self.commands],
-                "unsupported": list(self.unsupported)}
+                "unsupported": list(self.unsupported), "mechanisms": dict(self.mechanisms)}
 
 
 def _missing(caps: Capabilities, kind: str) -> str:
@@ -100,6 +110,10 @@ def plan_shaping(profile: LinkProfile | None, caps: Capabilities, allow_partial:
     Raises:
         LinkShapingError: the profile needs netem, ifb or its root qdisc and the kernel lacks it, and
         `allow_partial` is false. With `allow_partial`, the missing parts are left out and listed.
+
+    Without netem, each impairment key takes the mechanism `harness.links.fallback.choose_mechanisms`
+    gives it from ``caps.statistic`` and ``caps.nfqueue``: its iptables rules follow the tc commands,
+    and the plan's ``mechanisms`` records which one applies each key (``netem`` where the kernel has it).
     """
     if profile is None:
         return ShapingPlan(None, None, (), (dev,), ())
@@ -114,17 +128,33 @@ def plan_shaping(profile: LinkProfile | None, caps: Capabilities, allow_partial:
                 + (", or run on a kernel with sch_netem" if kind == "netem" else ""))
         unsupported.append(f"{what}: {_missing(caps, kind)}")
 
+    mechanisms = choose_mechanisms(profile, caps.netem, caps.fallback)
+    fallback_commands: list[list[str]] = []
     if profile.needs_netem and not caps.netem:
-        asked = [f"delay {profile.delay_ms:g} ms"] if profile.delay_ms else []
-        asked += [f"jitter {profile.jitter_ms:g} ms"] if profile.jitter_ms else []
-        asked += [f"loss {profile.loss_pct:g} %"] if profile.loss_pct else []
-        drop(", ".join(asked), "netem")
-        applied = profile.without_netem()
+        missing = {key for key, how in mechanisms.items() if how == UNSUPPORTED}
+        asked = [f"delay {profile.delay_ms:g} ms"] if "delay" in missing else []
+        asked += [f"jitter {profile.jitter_ms:g} ms"] if "jitter" in missing else []
+        asked += [f"loss {profile.loss_pct:g} %"] if "loss" in missing else []
+        if "loss" not in missing and "loss_correlation" in missing:
+            asked.append(f"loss correlation {profile.loss_corr_pct:g} %")
+        if asked:
+            drop(", ".join(asked), "netem")
+        kept = {"delay_ms": 0.0, "jitter_ms": 0.0, "jitter_distribution": None} if "delay" in missing else {}
+        kept.update({"loss_pct": 0.0} if "loss" in missing else {})
+        kept.update({"loss_corr_pct": 0.0} if "loss_correlation" in missing or "loss" in missing else {})
+        kept.update({"jitter_ms": 0.0, "jitter_distribution": None} if "jitter" in missing else {})
+        mechanisms = {key: how for key, how in mechanisms.items() if how != UNSUPPORTED}
+        fallback_commands = rule_commands(profile, mechanisms, dev)
+        # the applied profile keeps what the fallback applies; tc gets its rate part alone (tc_part below)
+        applied = profile.replace(**kept) if fallback_commands else profile.without_netem()
     if applied is not None and applied.rate_bps is not None and not caps.has(applied.root_qdisc):
         drop(f"rate {format_rate(applied.rate_bps)} ({applied.root_qdisc})", applied.root_qdisc)
         applied = None if not applied.needs_netem else applied.replace(rate_bps=None)
     if applied is not None and applied.ingress and not caps.ifb:
         drop("ingress shaping (ifb)", "ifb")
         applied = applied.replace(ingress=False)
-    commands = tuple(tuple(c) for c in profile_commands(applied, dev)) if applied is not None else ()
-    return ShapingPlan(profile, applied, commands, tuple(shaped_devices(applied, dev)), tuple(unsupported))
+    tc_part = applied.without_netem() if applied is not None and fallback_commands else applied
+    commands = tuple(tuple(c) for c in [*(profile_commands(tc_part, dev) if tc_part is not None else []),
+                                        *fallback_commands])
+    return ShapingPlan(profile, applied, commands, tuple(shaped_devices(tc_part, dev)), tuple(unsupported),
+                       mechanisms)

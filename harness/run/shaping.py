@@ -30,7 +30,14 @@ from harness.errors import ClusterError, LinkShapingError
 from harness.links.plan import Capabilities, ShapingPlan, plan_shaping
 from harness.links.readback import rate_in_force_bps
 from harness.run.backend import PhaseClock, Sampler
-from harness.run.tc_exec import ContainerExec, HostNetnsExec, apply_plan, host_netns_runner, read_back
+from harness.run.tc_exec import (
+    ContainerExec,
+    HostNetnsExec,
+    apply_plan,
+    host_netns_runner,
+    read_back,
+    read_fallback_counters,
+)
 from harness.spec.cluster import ClusterSettings
 from wiiide.config import RunConfig
 
@@ -185,6 +192,7 @@ class ClusterConditions:
             "applied_rate_bps": rate_in_force_bps(applied.get(plan.devices[0], [])),
             "applied_at_s": round(time.monotonic() - t0, 3), "end_counters": None, "end_counters_at_s": None,
             "counter_reads": 0, "counter_reader": "exec" if counters is None else "host-netns",
+            "fallback_counters": read_fallback_counters(runner) if _uses_rules(plan) else None,
         }
         self._shaped[c.name] = (counters or runner, plan.devices)
 
@@ -195,6 +203,11 @@ class ClusterConditions:
             except LinkShapingError:
                 continue  # the container has exited: its last reading stands
             record = self.links["containers"][name]
+            if record.get("fallback_counters") is not None:
+                try:
+                    record["fallback_counters"] = read_fallback_counters(runner)
+                except LinkShapingError:
+                    continue
             record.update(end_counters=counters, end_counters_at_s=round(time.monotonic() - t0, 3),
                           counter_reads=record["counter_reads"] + 1)
 
@@ -203,6 +216,11 @@ class ClusterConditions:
         if self._sampler is not None:
             self._sampler.stop()
             self._sampler = None
+
+
+def _uses_rules(plan: ShapingPlan) -> bool:
+    """Whether the plan installs the fallback's iptables rules (a key applied without netem)."""
+    return any(how != "netem" for how in plan.mechanisms.values())
 
 
 def _engine_is_local(container) -> bool:

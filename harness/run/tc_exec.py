@@ -16,6 +16,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from harness.errors import LinkShapingError
 from harness.links.plan import Capabilities, ShapingPlan
 from harness.links.readback import parse_classes, parse_tc_json, show_commands
+from harness.links.fallback import parse_rule_counters, rule_counters_command, rule_reset_commands
 from harness.links.tc import ingress_commands, reset_commands
 
 
@@ -190,7 +191,7 @@ def reset_links(runner: ContainerExec) -> None:
     """Remove any shaping from the container's interface (`harness.links.tc.reset_commands`): nothing
     there is fine. Makes shaping a reused container idempotent: its qdiscs live in its network
     namespace and outlive the run that made them. Raises nothing."""
-    for argv in reset_commands():
+    for argv in [*reset_commands(), *rule_reset_commands()]:
         try:
             runner.run(argv)
         except LinkShapingError:
@@ -214,6 +215,21 @@ def read_back(runner: ContainerExec, devices: Iterable[str]) -> dict[str, list[d
     return records
 
 
+def read_fallback_counters(runner: ContainerExec) -> dict[str, Any]:
+    """The fallback's own loss count in the container (`harness.links.fallback.parse_rule_counters`:
+    ``seen_packets``, ``dropped_packets``, ``loss_pct``), read from its iptables chain.
+
+    Raises:
+        LinkShapingError: the listing failed (no chain, no iptables, the container has exited) or a
+        counter was not a number.
+    """
+    text = runner.run(rule_counters_command())
+    try:
+        return parse_rule_counters(text)
+    except ValueError as exc:
+        raise LinkShapingError(f"cannot read the fallback's counters: {exc}") from None
+
+
 def apply_plan(runner: ContainerExec, plan: ShapingPlan) -> dict[str, list[dict[str, Any]]]:
     """Run the plan's commands in order in the container, then read back every shaped device
     (`read_back`: ``{dev: [records]}``, rates in bit/s, sizes in bytes, times in ms).
@@ -233,6 +249,9 @@ PROBE_DEV = "lo"  # the probe container has no network: only its own loopback
 PROBE_IFB = "ifbprobe"
 
 
+PROBE_CHAIN = "WIIIIIDE-PROBE"
+
+
 PROBES: dict[str, list[list[str]]] = {
     "netem": [["tc", "qdisc", "add", "dev", PROBE_DEV, "root", "handle", "1:", "netem", "delay", "1ms"]],
     "tbf": [["tc", "qdisc", "add", "dev", PROBE_DEV, "root", "handle", "1:", "tbf", "rate", "1mbit",
@@ -240,11 +259,16 @@ PROBES: dict[str, list[list[str]]] = {
     "htb": [["tc", "qdisc", "add", "dev", PROBE_DEV, "root", "handle", "1:", "htb", "default", "1"],
             ["tc", "class", "add", "dev", PROBE_DEV, "parent", "1:", "classid", "1:1", "htb", "rate", "1mbit"]],
     "ifb": ingress_commands(PROBE_DEV, PROBE_IFB),
+    # the fallback's loss (harness.links.fallback): iptables in the image and the statistic match in the kernel
+    "statistic": [["iptables", "-w", "-t", "mangle", "-N", PROBE_CHAIN],
+                  ["iptables", "-w", "-t", "mangle", "-A", PROBE_CHAIN, "-m", "statistic", "--mode", "random",
+                   "--probability", "0.5", "-j", "DROP"]],
 }
 
 
 PROBE_CLEANUP = [["tc", "qdisc", "del", "dev", PROBE_DEV, "root"], ["tc", "qdisc", "del", "dev", PROBE_DEV, "ingress"],
-                 ["ip", "link", "del", PROBE_IFB]]
+                 ["ip", "link", "del", PROBE_IFB], ["iptables", "-w", "-t", "mangle", "-F", PROBE_CHAIN],
+                 ["iptables", "-w", "-t", "mangle", "-X", PROBE_CHAIN]]
 
 
 def probe_with(runner: ContainerExec) -> Capabilities:

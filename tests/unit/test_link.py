@@ -410,7 +410,8 @@ def test_probe_reports_what_the_kernel_lacks_and_cleans_up():
     assert (caps.netem, caps.tbf, caps.htb, caps.ifb) == (False, True, True, True)
     assert caps.errors == {"netem": "Error: Specified qdisc kind is unknown."}
     assert ["ip", "link", "del", "ifbprobe"] in container.calls
-    assert probe_with(ContainerExec(FakeContainer())) == Capabilities(True, True, True, True)
+    assert ["iptables", "-w", "-t", "mangle", "-X", "WIIIIIDE-PROBE"] in container.calls
+    assert probe_with(ContainerExec(FakeContainer())) == Capabilities(True, True, True, True, statistic=True)
 
 
 # ---------------------------------------------------------------------------------------- report

@@ -1,0 +1,182 @@
+"""harness.links.fallback: the mechanism chosen for each impairment key from a probed kernel, the
+fallback's iptables rules and their read-back (a listing this kernel printed), the delay line's argv,
+and bad impairment values refused in a spec before anything starts, naming the file and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.errors import SpecError
+from harness.links.fallback import (
+    CHAIN,
+    DELAY_LINE,
+    FallbackCapabilities,
+    choose_mechanisms,
+    delay_line_argv,
+    parse_rule_counters,
+    rule_commands,
+    rule_counters_command,
+    rule_reset_commands,
+)
+from harness.links.tc import netem_args
+from harness.spec.links import LinkProfile
+from harness.spec.points import build_spec
+
+FIXTURES = Path(__file__).parent / "tc_fixtures"
+BOTH = FallbackCapabilities(statistic=True, nfqueue=True)
+WAN = LinkProfile(rate_bps=100_000_000, delay_ms=20, jitter_ms=2, jitter_distribution="normal", loss_pct=1,
+                  loss_corr_pct=25)
+
+
+def test_netem_applies_every_key_where_the_kernel_has_it():
+    assert choose_mechanisms(WAN, netem=True, fallback=BOTH) == {
+        "delay": "netem", "jitter": "netem", "loss": "netem", "loss_correlation": "netem"}
+
+
+@pytest.mark.parametrize("fallback, expected", [
+    (BOTH, {"delay": "delay-line", "jitter": "delay-line", "loss": "iptables-statistic",
+            "loss_correlation": "unsupported"}),
+    (FallbackCapabilities(statistic=True, nfqueue=False),
+     {"delay": "unsupported", "jitter": "unsupported", "loss": "iptables-statistic", "loss_correlation": "unsupported"}),
+    (FallbackCapabilities(statistic=False, nfqueue=False),
+     {"delay": "unsupported", "jitter": "unsupported", "loss": "unsupported", "loss_correlation": "unsupported"}),
+])
+def test_without_netem_each_key_takes_what_the_kernel_has(fallback, expected):
+    assert choose_mechanisms(WAN, netem=False, fallback=fallback) == expected
+
+
+def test_a_rate_alone_needs_no_impairment_mechanism():
+    assert choose_mechanisms(LinkProfile(rate_bps=10**9), netem=False, fallback=BOTH) == {}
+    assert rule_commands(LinkProfile(rate_bps=10**9), {}) == []
+
+
+def test_rules_count_then_drop_then_queue_on_arrival():
+    profile = LinkProfile(delay_ms=10, loss_pct=5)
+    commands = rule_commands(profile, choose_mechanisms(profile, False, BOTH), dev="eth0", queue_num=3)
+    assert all(c[:4] == ["iptables", "-w", "-t", "mangle"] for c in commands)
+    assert commands[0][4:] == ["-N", CHAIN]
+    assert commands[1][4:] == ["-A", CHAIN, "-m", "comment", "--comment", "seen"]
+    assert commands[2][4:] == ["-A", CHAIN, "-m", "statistic", "--mode", "random", "--probability", "0.05",
+                               "-m", "comment", "--comment", "loss", "-j", "DROP"]
+    assert commands[3][4:] == ["-A", CHAIN, "-j", "NFQUEUE", "--queue-num", "3", "--queue-bypass"]
+    assert commands[-1][4:] == ["-I", "PREROUTING", "1", "-i", "eth0", "-j", CHAIN]  # the jump last: all or nothing
+    assert not any("OUTPUT" in c for c in commands)  # a DROP on OUTPUT fails the sender's send, not the network
+
+
+def test_small_loss_probabilities_keep_their_digits_and_ingress_drops_twice():
+    profile = LinkProfile(loss_pct=0.1, ingress=True)
+    commands = rule_commands(profile, choose_mechanisms(profile, False, BOTH))
+    drops = [c for c in commands if c[-1] == "DROP"]
+    assert len(drops) == 2 and all(c[c.index("--probability") + 1] == "0.001" for c in drops)
+    assert not any("NFQUEUE" in c for c in commands)  # no delay asked: no queue, no delay line
+
+
+def test_loss_without_statistic_installs_no_rule():
+    profile = LinkProfile(loss_pct=1)
+    assert rule_commands(profile, choose_mechanisms(profile, False, FallbackCapabilities(False, True))) == []
+
+
+def test_reset_removes_the_jump_and_the_chain():
+    commands = rule_reset_commands("eth0")
+    assert commands[0][4:] == ["-D", "PREROUTING", "-i", "eth0", "-j", CHAIN]
+    assert [c[4:] for c in commands[1:]] == [["-F", CHAIN], ["-X", CHAIN]]
+    assert rule_counters_command()[4:] == ["-L", CHAIN, "-v", "-x", "-n"]
+
+
+def test_counters_read_back_from_a_real_listing():
+    counters = parse_rule_counters((FIXTURES / "iptables_fallback_chain.txt").read_text())
+    assert counters == {"seen_packets": 388, "dropped_packets": 20, "loss_pct": pytest.approx(20 / 388 * 100)}
+    assert parse_rule_counters("Chain WIIIIIDE-LINK (1 references)\n")["loss_pct"] is None
+
+
+def test_delay_line_argv_in_microseconds_with_netems_distribution():
+    assert delay_line_argv(WAN, queue_num=0, limit_packets=2500) == [
+        DELAY_LINE, "--queue", "0", "--delay-us", "20000", "--jitter-us", "2000", "--distribution", "normal",
+        "--draws", "1", "--max-len", "2500"]
+    argv = delay_line_argv(LinkProfile(delay_ms=0.25, ingress=True))
+    assert argv[argv.index("--delay-us") + 1] == "250" and argv[argv.index("--distribution") + 1] == "uniform"
+    assert argv[argv.index("--draws") + 1] == "2"
+
+
+def test_netem_builder_keeps_the_same_keys():
+    assert netem_args(WAN)[2:] == ["delay", "20000us", "2000us", "distribution", "normal", "loss", "1%", "25%"]
+
+
+@pytest.mark.parametrize("link, needle", [
+    ({"delay": 20}, "bad.yaml: base.link: link profile 'inline': delay: 20 needs a unit"),
+    ({"loss": "120%"}, "bad.yaml: base.link: link profile 'inline': loss: 120 %; allowed: 0..100 %"),
+    ({"delay": "5ms", "jitter": "9ms"}, "bad.yaml: base.link: link profile 'inline': jitter: 9 ms"),
+])
+def test_a_bad_impairment_stops_the_spec_naming_file_and_field(link, needle):
+    with pytest.raises(SpecError) as info:
+        build_spec({"name": "bad", "base": {"num_workers": 1, "link": link}}, "bad.yaml")
+    assert needle in str(info.value)
+
+
+# ------------------------------------------------------------------------------- the plan without netem
+
+def _caps(statistic: bool, nfqueue: bool = False):
+    from harness.links.plan import Capabilities
+    return Capabilities(netem=False, tbf=True, htb=True, ifb=True, statistic=statistic, nfqueue=nfqueue,
+                        errors={"netem": "Error: Specified qdisc kind is unknown."})
+
+
+def test_plan_applies_loss_through_the_fallback_and_records_the_mechanism():
+    from harness.links.plan import plan_shaping
+    plan = plan_shaping(LinkProfile(rate_bps=100_000_000, loss_pct=1), _caps(statistic=True))
+    assert plan.mechanisms == {"loss": "iptables-statistic"} and plan.unsupported == ()
+    assert plan.applied.loss_pct == 1.0 and plan.to_dict()["mechanisms"] == {"loss": "iptables-statistic"}
+    assert not any("netem" in c for c in plan.commands)  # tc gets the rate alone
+    assert plan.commands[0][:3] == ("tc", "qdisc", "replace") and plan.commands[-1][:4] == ("iptables", "-w", "-t", "mangle")
+    assert plan.devices == ("eth0",)
+
+
+def test_plan_without_a_delay_line_fails_naming_only_the_delay_or_records_it():
+    from harness.errors import LinkShapingError
+    from harness.links.plan import plan_shaping
+    profile = LinkProfile(delay_ms=20, loss_pct=1)
+    with pytest.raises(LinkShapingError, match=r"asks for delay 20 ms but this kernel has no netem"):
+        plan_shaping(profile, _caps(statistic=True))
+    plan = plan_shaping(profile, _caps(statistic=True), allow_partial=True)
+    assert plan.unsupported[0].startswith("delay 20 ms: this kernel has no netem")
+    assert plan.mechanisms == {"loss": "iptables-statistic"}
+    assert (plan.applied.delay_ms, plan.applied.loss_pct) == (0.0, 1.0)
+    assert [c[4:6] for c in plan.commands] == [("-N", CHAIN), ("-A", CHAIN), ("-A", CHAIN), ("-I", "PREROUTING")]
+
+
+def test_plan_without_statistic_keeps_todays_partial_shaping():
+    from harness.links.plan import plan_shaping
+    plan = plan_shaping(LinkProfile(rate_bps=10**8, loss_pct=1, loss_corr_pct=25), _caps(statistic=False),
+                        allow_partial=True)
+    assert plan.unsupported == ("loss 1 %: this kernel has no netem (tc: Error: Specified qdisc kind is unknown.)",)
+    assert plan.mechanisms == {} and plan.applied.loss_pct == 0.0
+    assert all(c[0] != "iptables" for c in plan.commands)
+
+
+class _Runner:
+    """Answers the fallback's listing with a listing this kernel printed; records every command."""
+
+    def __init__(self, fail: bool = False):
+        self.calls, self.fail = [], fail
+
+    def run(self, argv):
+        from harness.run.tc_exec import TcCommandError
+        self.calls.append(list(argv))
+        if self.fail:
+            raise TcCommandError("iptables failed: No chain/target/match by that name.", list(argv), 1, "iptables: No chain/target/match by that name.")
+        return (FIXTURES / "iptables_fallback_chain.txt").read_text()
+
+
+def test_the_mechanisms_own_loss_count_is_read_and_reset_removes_the_rules():
+    from harness.errors import LinkShapingError
+    from harness.run.tc_exec import read_fallback_counters, reset_links
+    runner = _Runner()
+    assert read_fallback_counters(runner)["dropped_packets"] == 20
+    assert runner.calls == [rule_counters_command()]
+    with pytest.raises(LinkShapingError, match="No chain"):
+        read_fallback_counters(_Runner(fail=True))
+    gone = _Runner(fail=True)
+    reset_links(gone)  # nothing to remove is fine
+    assert all(c in gone.calls for c in rule_reset_commands())
