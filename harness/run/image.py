@@ -7,7 +7,7 @@ Steps, each logged with the seconds it took:
    ``build/wheelhouse/requirements-node.txt``) into ``build/wheelhouse`` on the host, so that the image installs its Python packages with ``--no-index`` (no network, and no
    HTTPS, needed inside the build).
 2. Base image: ``python:3.11-slim`` if it is present or can be pulled; otherwise (no registry) a
-   local Debian bookworm base ``wiiide-base:bookworm`` made with ``debootstrap`` and ``docker import``.
+   local Debian bookworm base ``wiiide-base:bookworm-<digest of its package list>`` made with ``debootstrap`` and ``docker import``.
 3. ``docker/Dockerfile`` built with the repo root as context (kept small by ``.dockerignore``).
 
 Needs a running engine: ``bash docker/engine.sh start`` (root; it also installs docker.io,
@@ -47,10 +47,14 @@ NODE_REQUIREMENTS = WHEELHOUSE / "requirements-node.txt"  # derived from PYPROJE
 DEFAULT_TAG = os.environ.get("WIIIIIDE_IMAGE") or "wiiide:latest"
 IMAGE_LABEL = "org.wiiide-lab.image"  # on every node image this project builds (replaced ones are pruned by it)
 DEFAULT_BASE = "python:3.11-slim"
-LOCAL_BASE = "wiiide-base:bookworm"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = os.environ.get("WIIIIIDE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-DEBOOTSTRAP_PACKAGES = "python3,python3-venv,iproute2,iperf3,ca-certificates"
+# iptables: the link fallback's loss rules (harness/links/fallback.py) where the kernel has no netem
+DEBOOTSTRAP_PACKAGES = "python3,python3-venv,iproute2,iperf3,iptables,ca-certificates"
+# the local base's tag carries a digest of its suite and package list, so that a base made from an
+# older list is never reused: e.g. wiiide-base:bookworm-3f2a9c01
+LOCAL_BASE = "wiiide-base:{}-{}".format(
+    DEBIAN_SUITE, hashlib.sha256(f"{DEBIAN_SUITE}:{DEBOOTSTRAP_PACKAGES}".encode()).hexdigest()[:8])
 # The image's Python must match the wheels: bookworm's python3 and python:3.11-slim are both 3.11.
 IMAGE_PYTHON = (3, 11)
 
@@ -267,7 +271,7 @@ def _remove_rootfs(log: Log) -> None:
 
 
 def build_local_base(force: bool = False, log: Log = print) -> str:
-    """Makes LOCAL_BASE (Debian bookworm minbase + python3, venv, iproute2, iperf3) without any registry."""
+    """Makes LOCAL_BASE (Debian bookworm minbase + DEBOOTSTRAP_PACKAGES) without any registry."""
     client = docker_client()
     if not force and _image_exists(client, LOCAL_BASE):
         log(f"[image] local base {LOCAL_BASE} exists")
