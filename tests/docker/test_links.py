@@ -49,13 +49,16 @@ while True:
     last = time.perf_counter(); first = first or last; n += k
 print(json.dumps({"bytes": n, "seconds": last - first}))
 """
-SEND = """
+# Sender's start: connect to argv[1]:argv[2] as `s`, retrying while the receiver is not yet listening.
+CONNECT = """
 import socket, sys, time
 for _ in range(100):
     try:
         s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5); break
     except OSError:
         time.sleep(0.1)
+"""
+SEND = CONNECT + """
 data = b"\\0" * (1 << 20); end = time.perf_counter() + float(sys.argv[3])
 while time.perf_counter() < end:
     s.sendall(data)
