@@ -1,0 +1,148 @@
+"""``bench-link``: loss fidelity of the link fallback without netem (`harness.links.fallback`, iptables
+``statistic`` on the packets a container receives), between a coordinator and a worker container held
+at the start gate (no training traffic).
+
+For each loss asked, the coordinator's arriving packets are dropped through the fallback (netem taken as
+absent, even where the kernel has it), the worker sends numbered UDP datagrams (small, one packet each:
+no GRO), and the report keeps, beside the loss asked, the mechanism's own count (dropped / seen packets
+of the chain) and the UDP count (1 - distinct datagrams received / sent). Writes
+``bench-link-<stamp>.json`` with `machine_info` and `commit_info`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import tempfile
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+REPORT_NAME = "bench-link"
+PORT = 5021
+# Receiver: distinct sequence numbers until 2 s of silence after the first datagram; prints JSON.
+RECEIVE = """
+import json, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+s.bind(("0.0.0.0", int(sys.argv[1]))); s.settimeout(60); got = set()
+try:
+    while True:
+        got.add(int.from_bytes(s.recv(64)[:8], "big")); s.settimeout(2)
+except socket.timeout:
+    pass
+print(json.dumps({"received": len(got)}))
+"""
+# Sender: argv[3] datagrams of 64 bytes, paced by a 1 ms pause every 200 (no receive-buffer overflow).
+SEND = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); addr = (sys.argv[1], int(sys.argv[2])); pad = bytes(56)
+for i in range(int(sys.argv[3])):
+    s.sendto(i.to_bytes(8, "big") + pad, addr)
+    if i % 200 == 199:
+        time.sleep(0.001)
+"""
+
+
+def measure(coordinator, worker, loss_pct: float, packets: int, caps, progress: Callable[[str], None]) -> dict[str, Any]:
+    """One loss setting: apply it on the coordinator, send `packets` datagrams from the worker, read the
+    chain's counters, reset. Returns the asked, counted and UDP loss in percent with the raw counts."""
+    from harness.links.plan import plan_shaping
+    from harness.run.tc_exec import ContainerExec, apply_plan, read_fallback_counters, reset_links
+    from harness.spec.links import LinkProfile
+
+    runner = ContainerExec(coordinator)
+    reset_links(runner)
+    plan = plan_shaping(LinkProfile(loss_pct=loss_pct), dataclasses.replace(caps, netem=False))
+    apply_plan(runner, plan)
+    try:
+        result: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: result.update(
+            exec=coordinator.exec_run(["python", "-c", RECEIVE, str(PORT)], demux=True)))
+        thread.start()
+        code, out = worker.exec_run(["python", "-c", "import time; time.sleep(0.5)\n" + SEND, "coordinator",
+                                     str(PORT), str(packets)])
+        thread.join(timeout=120)
+        if code != 0 or "exec" not in result or result["exec"][0] != 0:
+            raise RuntimeError(f"bench-link: the UDP trial at {loss_pct:g} % failed: {out!r} {result.get('exec')!r}")
+        received = json.loads(result["exec"][1][0])["received"]
+        counters = read_fallback_counters(runner)
+    finally:
+        reset_links(runner)
+    trial = {"loss_asked_pct": loss_pct, "mechanisms": plan.mechanisms, "sent_datagrams": packets,
+             "received_datagrams": received, "udp_loss_pct": round(100 * (1 - received / packets), 6),
+             "seen_packets": counters["seen_packets"], "dropped_packets": counters["dropped_packets"],
+             "counted_loss_pct": counters["loss_pct"]}
+    progress(f"[bench-link] asked {loss_pct:g} %: counted {counters['loss_pct']} % "
+             f"({counters['dropped_packets']}/{counters['seen_packets']}), UDP {trial['udp_loss_pct']:.4f} %")
+    return trial
+
+
+def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress: Callable[[str], None]) -> Path:
+    """Start the pair, measure each of `losses_pct`, remove the pair, write the JSON; return its path.
+
+    Raises:
+        ClusterError: the pair cannot start. LinkShapingError: the image or kernel has no statistic match.
+    """
+    from harness.errors import LinkShapingError
+    from harness.run.compose import cluster_down, cluster_up
+    from harness.run.docker_client import docker_client
+    from harness.run.image import DEFAULT_TAG, ensure_image
+    from harness.run.machine import commit_info, machine_info
+    from harness.run.shaping import START_GATE_FILE, container_identity
+    from harness.run.tc_exec import probe_capabilities
+    from wiiide.config import RunConfig
+    from wiiide.metrics import write_json_atomic
+
+    image = ensure_image(os.environ.get("WIIIIIDE_IMAGE", DEFAULT_TAG), log=progress)
+    caps = probe_capabilities(docker_client(), image)
+    if not caps.statistic:
+        raise LinkShapingError(f"bench-link: no iptables statistic match in {image} or the kernel: {caps.errors}")
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    cfg = RunConfig(num_workers=1, duration_s=600, connect_timeout_s=600, start_gate_file=START_GATE_FILE,
+                    log_tier="silent")
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-link-") as scratch:
+            by_role = {container_identity(c)[0]: c for c in cluster_up(cfg, Path(scratch), image)}
+            trials = [measure(by_role["coordinator"], by_role["worker"], pct, packets, caps, progress)
+                      for pct in losses_pct]
+    finally:
+        cluster_down(progress)
+    report = {"name": REPORT_NAME, "created_at_utc": started,
+              "finished_at_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine_info": machine_info(), "commit_info": commit_info(), "image": image,
+              "plan": {"losses_pct": losses_pct, "datagrams": packets}, "trials": trials}
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = results_dir / f"{REPORT_NAME}-{stamp}.json"
+    write_json_atomic(path, report)
+    return path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The verb's options (the ``bench-link`` subparser of ``python -m harness``)."""
+    p.add_argument("--loss", default="0.1,1,5", help="losses asked in percent, comma-separated (default 0.1,1,5)")
+    p.add_argument("--datagrams", type=int, default=100_000, help="UDP datagrams per loss (default 100000)")
+    p.add_argument("--results-dir", help=f"where {REPORT_NAME}-<stamp>.json goes (default results/)")
+
+
+def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = print) -> int:
+    """The CLI verb: parse the options, run, print the JSON's path; return 0.
+
+    Raises:
+        SpecError: a loss that is not a number in (0, 100), or fewer than 1 datagram.
+    """
+    from harness.errors import SpecError
+    from harness import REPO_ROOT
+
+    try:
+        losses = [float(part) for part in args.loss.split(",") if part.strip()]
+    except ValueError:
+        raise SpecError(f"bench-link: --loss must be percentages separated by commas, got {args.loss!r}") from None
+    if not losses or not all(0 < pct < 100 for pct in losses) or args.datagrams < 1:
+        raise SpecError("bench-link: every --loss must be in (0, 100) percent and --datagrams >= 1")
+    results_dir = Path(args.results_dir) if args.results_dir else REPO_ROOT / "results"
+    results_dir.mkdir(parents=True, exist_ok=True)
+    print(run_bench(losses, args.datagrams, results_dir, progress))
+    return 0
