@@ -1,4 +1,4 @@
-"""The wire codecs of issue 3: round trips through the protocol's encode/decode, error bounds of the
+"""The wire codecs: round trips through the protocol's encode/decode, error bounds of the
 lossy codecs, bounded decoding (decompression bombs, lying headers), error feedback, chunking."""
 
 from __future__ import annotations
