@@ -26,6 +26,7 @@ from typing import Any, Literal, Mapping
 from pydantic import ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from wiiide.config_rules import _check, _validate_engine, _validate_lr_schedule
 from wiiide.config_types import (
     CONFIG_GROUPS,
     MAX_STALENESS_BOUND,
@@ -46,7 +47,6 @@ from wiiide.config_types import (
     _field,
     _section,
 )
-from wiiide.config_rules import _check, _validate_engine, _validate_lr_schedule
 from wiiide.errors import ConfigError
 from wiiide.lr_schedule import LR_SCHEDULES
 from wiiide.units import MIB as _MIB
