@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -164,3 +165,16 @@ def compression_report() -> dict[str, Any]:
         points.append(point)
     report["points"] = points
     return report
+
+
+def report_validator():
+    """A jsonschema validator of the shipped report schema (harness/results/report.schema.json) that
+    resolves its ``$ref`` to the shipped node metrics schema offline (no fetch of the ``$id`` URL)."""
+    import jsonschema
+    from referencing import Registry, Resource
+
+    from harness.results.schema import NODE_METRICS_SCHEMA_PATH, SCHEMA_PATH
+
+    node = json.loads(NODE_METRICS_SCHEMA_PATH.read_text())
+    registry = Registry().with_resource(node["$id"], Resource.from_contents(node))
+    return jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()), registry=registry)

@@ -41,7 +41,7 @@ Field units are in their names. Sources:
   its pulls: what follows a pull's arrival). Sends and reads of a blocked socket take no CPU while
   they wait. The coordinator's barrier and batch handout are in none. A codec with ``codec_threads``
   > 1 encodes and decodes large lossless payloads on its pool's threads, which are not counted.
-  Reports before session 23 have four stages: ``push_receive`` and ``pull_receive`` then included the
+  Reports before 2026-11-28 (commit 5f11ce3) have four stages: ``push_receive`` and ``pull_receive`` then included the
   decoding, and the sends were in none.
 - ``host_cpu_s`` (the coordinator; None elsewhere): the whole machine's CPU seconds over the timed steps
   by kind (``psutil.cpu_times``: the kernel's ``/proc/stat``, which a container shares with its host),

@@ -56,7 +56,7 @@ def _error_cell(error: float) -> str:
 
 
 def render_markdown(rows: Sequence[ModelRow], row_param: str = "engine") -> str:
-    """Rows as a Markdown table, the README's form: one line per value of `row_param` (the engine), one
+    """Rows as a Markdown table, the form of studies/round-model/NOTE.md: one line per value of `row_param` (the engine), one
     column per setting of the other parameters (in the order the rows first show them), each cell the
     model's error in % against the measured step, bold within `TARGET_ERROR`; for a traced run (``sweep
     --sched-trace``) the error had the scheduler lost no core after a slash and the lost cores in

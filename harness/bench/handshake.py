@@ -1,5 +1,5 @@
 """``python -m harness.bench.handshake`` (also ``wiiide-lab bench-handshake``): a worker's admission
-time and the run's samples/s while strangers attack the coordinator's handshake (issue 12).
+time and the run's samples/s while strangers attack the coordinator's handshake (docs/faults.md).
 
 Each run, on loopback: a coordinator and one real worker (``python -m wiiide``, as the local backend
 starts them; digits, ``--duration-s`` seconds of training), an attacker subprocess bound to
@@ -323,7 +323,7 @@ def measure_run(scenario: str, params: dict[str, Any], work_dir: Path, log: Log)
 def summarize(runs: list[dict[str, Any]], handshake_timeout_s: float) -> dict[str, Any]:
     """Per scenario: median (and max) admission_s; for attacked scenarios, per pair the ratio of
     samples/s to the unattacked twin's and the peak RSS growth over it (MB), their medians, and
-    whether the issue's targets hold (admission within 2 x handshake_timeout_s in every run, median
+    whether the targets hold (admission within 2 x handshake_timeout_s in every run, median
     samples/s ratio >= 0.9, median RSS growth < 20 MB)."""
     def median(values: list[Any]) -> float | None:
         values = [v for v in values if v is not None]

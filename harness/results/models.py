@@ -338,7 +338,7 @@ class Report(_Model):
     complete: bool = False
     note: str | None = None
     resumed_at_utc: list[str] = Field(default_factory=list)
-    # the commit each resume ran (one per resumed_at_utc entry; reports from before session 13 have none)
+    # the commit each resume ran (one per resumed_at_utc entry; reports from before 2026-11-24, commit b2afacf, have none)
     resumed_commit_info: list[CommitInfo] = Field(default_factory=list)
     machine_info: MachineInfo = Field(default_factory=MachineInfo)
     commit_info: CommitInfo = Field(default_factory=CommitInfo)

@@ -185,7 +185,7 @@ def cluster_up(cfg: RunConfig, results_dir: Path, image: str = DEFAULT_IMAGE,
 
 DOWN_GRACE_S = 5  # seconds a running node has after SIGTERM before SIGKILL, as `compose down --timeout 5`
 # A network the engine will not remove for "active endpoints" once no container is left: dockerd (20.10
-# here, session 19) kept an endpoint of a removed container, and only its restart dropped it ("Fixing
+# on the harness machine, 2026-11-25) kept an endpoint of a removed container, and only its restart dropped it ("Fixing
 # inconsistent endpoint_cnt for network ..." in its log). The harness does not restart an engine.
 STALE_ENDPOINT_HINT = (". The engine still counts an endpoint of a removed container on that network: restart it "
                        "(`make docker-engine-stop docker-engine` when `make docker-engine` started it) and run "

@@ -176,8 +176,8 @@ def _wait_for_exit(backend: Backend, cfg: RunConfig, timeout_s: float, progress:
 def timed_core_loss(tracer: SchedTrace, nodes: dict[str, dict]) -> dict:
     """`harness.analysis.sched_trace.core_loss` of `tracer`'s events over the coordinator's timed steps (its
     ``host_cpu_s`` window on CLOCK_MONOTONIC) as a report's ``sched``; ``{"error": ...}`` when the
-    coordinator recorded no window (a failed run, or a node from before session 24) or the trace could
-    not be read."""
+    coordinator recorded no window (a failed run, or a node from before 2026-11-28, commit 30005ab) or
+    the trace could not be read."""
     window = (nodes.get("coordinator") or {}).get("host_cpu_s") or {}
     start, end = window.get("start_monotonic_s"), window.get("end_monotonic_s")
     if not isinstance(start, (int, float)) or not isinstance(end, (int, float)) or end <= start:

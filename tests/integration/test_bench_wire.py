@@ -21,7 +21,7 @@ KIB, MIB = 1024, 1024 * 1024
 # float32 parameters of the MLPs, counted from their layer widths (weights + biases) x 4 bytes
 DIGITS_MLP_BYTES = 4 * (64 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10)  # 1,204,264
 SMALL_SYNTHETIC_MLP_BYTES = 4 * (256 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 10 + 10)  # 5,292,072
-INT8_BLOCK_OVERHEAD = 1.05  # int8: one byte per element plus a scale per block (ratio 3.94 in the README)
+INT8_BLOCK_OVERHEAD = 1.05  # int8: one byte per element plus a scale per block (ratio 3.938 in docs/benchmarks.md)
 
 
 def _keys(value) -> set[str]:
@@ -89,7 +89,7 @@ def test_bench_wire_tiny_local_run_writes_the_report(tmp_path):
         assert r["frames"]["none/prebuilt"]["wire_nbytes"] == r["frames"]["none"]["wire_nbytes"]
         # int8: one byte per float32 element plus per-block scales, and the same header
         assert size // 4 < r["frames"]["int8"]["wire_nbytes"] < size // 4 * INT8_BLOCK_OVERHEAD + 4 * KIB
-        # zstd-1 is lossless on float32 gradients: ratio about 1.09 (README), never below raw by much
+        # zstd-1 is lossless on float32 gradients: ratio about 1.09 (docs/benchmarks.md), never below raw by much
         assert 0.8 * size < r["frames"]["zstd-1"]["wire_nbytes"] < size + 4 * KIB
 
     rows = {(c["gradient"], c["codec"], c["threads"]): c for c in report["codecs"]}

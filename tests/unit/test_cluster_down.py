@@ -41,7 +41,7 @@ def _down_with(monkeypatch, error: str) -> str:
 
 
 def test_a_stale_endpoint_gets_the_engine_restart_as_its_remedy(monkeypatch):
-    """dockerd refused the network for an endpoint of a container already gone (session 19): the error
+    """dockerd refused the network for an endpoint of a container already gone (dockerd 20.10): the error
     names the network, gives the engine's words, and says to restart the engine."""
     message = _down_with(monkeypatch, '403 Client Error: Forbidden ("error while removing network: network '
                                       'wiiide_wiiide id 87cb has active endpoints")')

@@ -64,7 +64,7 @@ def test_unknown_service_key_is_refused(tmp_path: Path):
 
 def test_an_empty_shard_congestion_is_kept_and_an_unset_one_is_auto():
     """shard_tcp_congestion '' (as tcp_congestion) is a choice of its own, not the default: compose.yaml
-    uses ``${VAR-auto}``, which only an unset variable turns into auto (a run of session 9 with '' in
+    uses ``${VAR-auto}``, which only an unset variable turns into auto (a run with '' in
     its spec ran Reno under ``${VAR:-auto}``, its workers' ps.tcp_congestion said so)."""
     assert _project(WIIIIIDE_SHARD_TCP_CONGESTION="").create_kwargs("worker", 1)["environment"][
         "WIIIIIDE_SHARD_TCP_CONGESTION"] == ""

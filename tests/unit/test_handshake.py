@@ -1,4 +1,4 @@
-"""The coordinator's accept and handshake path under attack (issue 12), on loopback only.
+"""The coordinator's accept and handshake path under attack, on loopback only.
 
 Attackers connect from 127.0.0.2 (Linux routes all of 127.0.0.0/8 to lo), the real worker from
 127.0.0.1, so the per-address defences of `wiiide.wire.admission` can tell them apart. The coordinator is

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from referencing import Registry, Resource
 
 from harness.errors import HarnessError
 from harness.present.table import format_table, render_table
@@ -29,7 +28,7 @@ from harness.results.schema import (
     schema_text,
 )
 from harness.results.totals import point_summary, repeat_totals, summary_stats
-from tests.report_samples import buffers_report
+from tests.report_samples import buffers_report, report_validator
 
 HEADER = {"name": "tiny", "machine_info": {"cpu_count_logical": 2, "memory_total_bytes": 2**33, "kernel": "6.1"},
           "commit_info": {"id": "0123456789abcdef", "dirty": False}, "backend": {"name": "local"},
@@ -217,13 +216,6 @@ def test_shipped_schema_is_the_one_the_models_generate():
     assert "goodput_bytes_per_s" in schema["$defs"]["Totals"]["properties"]
 
 
-def _report_validator() -> jsonschema.Draft202012Validator:
-    """A validator of the shipped report schema that resolves its reference to the shipped node schema."""
-    node = json.loads(NODE_METRICS_SCHEMA_PATH.read_text())
-    registry = Registry().with_resource(node["$id"], Resource.from_contents(node))
-    return jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()), registry=registry)
-
-
 def test_shipped_node_metrics_schema_is_fresh_and_the_report_refers_to_it(capsys):
     assert NODE_METRICS_SCHEMA_PATH.parent == SCHEMA_PATH.parent
     assert json.loads(NODE_METRICS_SCHEMA_PATH.read_text()) == node_metrics_schema()
@@ -235,7 +227,7 @@ def test_shipped_node_metrics_schema_is_fresh_and_the_report_refers_to_it(capsys
 
 
 def test_written_and_upgraded_reports_validate_against_the_shipped_schema(tmp_path):
-    validator = _report_validator()
+    validator = report_validator()
     path = tmp_path / "report.json"
     writer = ReportWriter(path, HEADER)
     point = writer.start_point(0, {"compression": "none"}, {"num_workers": 2})

@@ -199,7 +199,7 @@ def test_point_model_uses_the_ok_repeats_median_and_skips_what_it_cannot_model()
 def test_an_ordered_run_is_simulated_with_its_workers_measured_congestion_window():
     """push_schedule ordered: the window is the median of the workers' ``ps.push_cwnd.median_bytes``;
     one above every push gives the concurrent model, a small one a longer round; a report without the
-    figure (before session 9) is simulated as concurrent."""
+    figure (an older report) is simulated as concurrent."""
     loads = shard_loads_bytes(plan_partitions(_NUMEL, 3, 2, 64 * 1024, "egress"), 3)  # the coordinator's last
 
     def model_s(**kw):
@@ -299,7 +299,7 @@ def test_the_cores_bound_is_the_nodes_cpu_per_step_over_the_machines_cores():
 
 def _with_compute_cpu(point: dict, per_worker_s: float | None) -> dict:
     """`point` with every worker's forward and backward given `per_worker_s` CPU seconds a step (None: left
-    out of worker-2, as in reports before session 20)."""
+    out of worker-2, as in older reports)."""
     for rep in point["repeats"]:
         for name, node in rep["nodes"].items():
             if name.startswith("worker") and not (per_worker_s is None and name == "worker-2"):
@@ -470,7 +470,7 @@ def test_the_compute_of_a_step_is_the_timed_steps_median_worker_when_recorded():
 
 def _with_stages(point: dict, per_stage_s: float, pull_decode_s: float | None = None, eight: bool = True) -> dict:
     """`point` with every node's ``stage_cpu_s`` (`per_stage_s` a stage a step; the four stages of the
-    reports before session 23 when not `eight`) and each timed step's slowest and median worker (5 ms)."""
+    reports before 2026-11-28 when not `eight`) and each timed step's slowest and median worker (5 ms)."""
     stages = (("push_encode", "push_send", "push_receive", "push_decode", "update", "pull_send", "pull_receive",
                "pull_decode") if eight else ("push_encode", "push_receive", "update", "pull_receive"))
     for rep in point["repeats"]:
@@ -486,7 +486,7 @@ def test_the_model_is_at_least_the_schedule_of_the_timed_stages_when_the_nodes_r
     """With little CPU the simulated schedule is the compute (5 ms) and the links' round, as the closed
     forms have it. A decode of 0.2 s a step on each worker's pulls (two workers, two cores), which the
     nodes' ``step_cpu_s`` of 1 ms does not show to the cores' bound, comes after the links in the
-    schedule, and the model is that schedule. Reports whose nodes timed four stages (before session 23),
+    schedule, and the model is that schedule. Reports whose nodes timed four stages (before 2026-11-28),
     or a model without one machine's cores, have none, and the closed forms stand alone."""
     def point(**stages) -> dict:
         return _with_stages(_with_compute_cpu(_with_step_cpu(_point(), [0.001, 0.001, 0.001]), 0.0001), **stages)

@@ -130,7 +130,7 @@ def test_the_trace_of_this_machine_sees_two_busy_processes_and_leaves_nothing_be
 
 def test_a_run_is_measured_over_its_coordinators_timed_window_or_says_why_not():
     """`timed_core_loss` cuts the trace to the coordinator's ``host_cpu_s`` bounds on CLOCK_MONOTONIC; a
-    run without them (failed, or nodes from before session 24) or an unreadable trace gets an error."""
+    run without them (failed, or nodes from before 2026-11-28) or an unreadable trace gets an error."""
     from harness.run.loop import timed_core_loss
 
     class Trace:

@@ -9,15 +9,13 @@ import io
 import json
 import re
 
-import jsonschema
 import pytest
 
 from harness.present.compare import compare, compare_engines
 from harness.present.table import format_table
 from harness.results.report import ReportWriter, load_report, parse_report
-from harness.results.schema import SCHEMA_PATH
 from harness.results.totals import repeat_held_out, repeat_totals
-from tests.report_samples import buffers_report
+from tests.report_samples import buffers_report, report_validator
 from wiiide.evaluation import Evaluation, HeldOutCurve
 
 HEADER = {"name": "ttt", "machine_info": {"cpu_count_logical": 2}, "commit_info": {"id": "abc"},
@@ -75,7 +73,7 @@ def test_round_trip_schema_and_reports_without_curves(tmp_path):
     path = _report(tmp_path)
     report = load_report(path)
     assert parse_report(json.loads(json.dumps(report.to_json_dict()))) == report
-    jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text())).validate(json.loads(path.read_text()))
+    report_validator().validate(json.loads(path.read_text()))
     old = parse_report({**buffers_report(), "schema_version": 2})  # written before curves existed
     assert all(r.held_out is None and r.totals.time_to_target_s is None for p in old.points for r in p.repeats)
     assert "to target" not in format_table(old)  # no column when no point asked for a target

@@ -1,4 +1,4 @@
-"""TLS 1.3 on the coordinator's connections (`wiiide.wire.tls`, issue 12), on loopback only.
+"""TLS 1.3 on the coordinator's connections (`wiiide.wire.tls`), on loopback only.
 
 The coordinator runs in-process up to its acceptor, as in test_handshake.py; every refusal must be a
 ``connection_refused`` event with a cause, the slot freed and the next worker still admitted. No

@@ -1,4 +1,4 @@
-"""The wire codecs of issue 3: round trips through the protocol's encode/decode, error bounds of the
+"""The wire codecs: round trips through the protocol's encode/decode, error bounds of the
 lossy codecs, bounded decoding (decompression bombs, lying headers), error feedback, chunking."""
 
 from __future__ import annotations
@@ -355,7 +355,7 @@ def test_3_bit_codes_structure_beats_squared_error():
     """On Gaussian blocks lloyd3's relative squared error is Max's 0.03454 (eight levels) and int3's (seven
     linear levels to the block's max) about 0.09, at the same 10.2x size; yet int3 sends a block's largest
     value exactly where lloyd3 cuts it to its outer level (2.6971 mean |x|, about 2.15 sigma): the property
-    the README's accuracy runs point at."""
+    the accuracy runs of studies/lossy-accuracy/ point at."""
     g = np.random.default_rng(3).standard_normal(781 * 256).astype(np.float32)
     errors, outs = {}, {}
     for name in ("lloyd3", "int3"):

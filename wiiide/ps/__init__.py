@@ -1,4 +1,4 @@
-"""Sharded parameter servers colocated with the workers (issue 11).
+"""Sharded parameter servers colocated with the workers (``ps_shards`` > 1).
 
 - `partition`: cut the flat parameter vector into partitions and assign them to shards by bytes.
 - `feedback`: error-feedback residuals of a lossy direction (push: worker -> shard, pull: shard -> worker).

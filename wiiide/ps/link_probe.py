@@ -15,15 +15,16 @@ on the probed link or more: ``rate_bps`` / 8 x ``piece_link_s`` bytes on the wir
 of two between `PER_SHARD_FINEST_BYTES` (64 KiB) and `MAX_FINEST_WIRE_BYTES` (`auto_piece_rule`). A piece
 pays a frame's CPU on every node it passes; what it buys, a shard answering one piece while the next is
 still on its way, scales with its time on the link. On the 100 and 200 Mbit/s links that is 64 KiB (8
-pieces, as session 16 measured best); on the unshaped bridge (6-14 Gbit/s probed) 2-4 MiB, one piece a
-shard for the digits model (its 0.2-0.4 MB ranges; 1.85x / 1.82x DDP against 1.61x / 1.39x with 2 pieces,
-`results/unshaped-pieces-20261125T092939Z`) and one or two for the 26 MB model (1.41x / 1.35x with two
-against 1.46x / 1.30x with one).
+pieces, as `studies/ordered-tail/` and `studies/partitions-per-shard/` measured best); on the unshaped
+bridge (6-14 Gbit/s probed) 2-4 MiB, one piece a shard for the digits model (its 0.2-0.4 MB ranges;
+1.85x / 1.82x DDP against 1.61x / 1.39x with 2 pieces, `results/unshaped-pieces-20261125T092939Z`) and
+one or two for the 26 MB model (1.41x / 1.35x with two against 1.46x / 1.30x with one).
 
-Between the two, a piece's bytes grow with the rate rather than at one threshold. Sessions 18 and 20
-forced 8 pieces of 64 KiB and up (the slow rule) against 2 of 1 MiB and up (the fast rule), 2 repeats each
-(`studies/auto-partitions/link-crossover.yaml`; docs/engines.md, "Pieces per shard"). The fast rule against the slow
-one, digits 4 / 8 workers, 26 MB 4 / 8 workers:
+Between the two, a piece's bytes grow with the rate rather than at one threshold.
+`studies/auto-partitions/link-crossover.yaml` (commit 0796c20, `results/link-crossover-20261125T131011Z`;
+docs/engines.md, "Pieces per shard") forced 8 pieces of 64 KiB and up (the slow rule) against 2 of 1 MiB
+and up (the fast rule), 2 repeats each. The fast rule against the slow one, digits 4 / 8 workers, 26 MB
+4 / 8 workers:
 
 - 500 Mbit/s: ~0.99x / ~0.94x, 0.87x / 0.94x;
 - 600 Mbit/s: 1.32x / ~0.98x, 0.88x / 0.95x;
@@ -50,13 +51,13 @@ look slower (more pieces).
 
 A shaper's burst would make it look faster. tc's token buckets let their burst through at the wire's
 speed (the harness sets one timer tick of the rate, `harness.links.tc.burst_bytes`: 500 kB at 1 Gbit/s,
-1.25 MB at 2.5 Gbit/s): 1 MiB, 8.4 ms at 1 Gbit/s, crosses in about 4.5 ms, and session 18 read htb links
-1.7-1.8x high at 1 Gbit/s, 1.5-2.3x at 2.5 Gbit/s and 1.2x at 500 Mbit/s (0.98-1.08x at 100 and 200
-Mbit/s, where the burst is 50-100 kB). So a direction whose `PROBE_BYTES` crossed in less than
-`SLOPE_BELOW_S` is probed again, as many rounds, with `PROBE_GROWTH` times the bytes (at most
-`MAX_REPLY_BYTES`), and its rate is the extra bytes over the extra time between the two best round
-trips: a burst (and the round trip) is in both and cancels out. Links slower than about 400 Mbit/s
-cost no second probe.
+1.25 MB at 2.5 Gbit/s): 1 MiB, 8.4 ms at 1 Gbit/s, crosses in about 4.5 ms, and a probe of one size
+(before 2026-11-25) read htb links 1.7-1.8x high at 1 Gbit/s, 1.5-2.3x at 2.5 Gbit/s and 1.2x at 500
+Mbit/s (0.98-1.08x at 100 and 200 Mbit/s, where the burst is 50-100 kB). So a direction whose
+`PROBE_BYTES` crossed in less than `SLOPE_BELOW_S` is probed again, as many rounds, with `PROBE_GROWTH`
+times the bytes (at most `MAX_REPLY_BYTES`), and its rate is the extra bytes over the extra time between
+the two best round trips: a burst (and the round trip) is in both and cancels out. Links slower than
+about 400 Mbit/s cost no second probe.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Which accepted connections may handshake with the coordinator now, which wait, which are refused.
 
-A stranger who cannot authenticate can still connect, slowly or often (issue 12). Three defences,
-all per peer address (the IP, without the port), so one address never takes every handshake slot
-and a worker with the secret connecting from another address is still served:
+A stranger who cannot authenticate can still connect, slowly or often (docs/faults.md, the threat
+model). Three defences, all per peer address (the IP, without the port), so one address never takes
+every handshake slot and a worker with the secret connecting from another address is still served:
 
 - **slots**: at most `max_active` handshakes at once (``max_handshakes``), at most
   `max_active_per_address` of them from one address;

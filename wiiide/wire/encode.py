@@ -143,7 +143,7 @@ class _HeaderTemplate:
 # Recent header templates, keyed by kind, codec and (name, dtype, shape) of every tensor: a node sends the
 # same shapes step after step, and encoding a header's JSON whole took 2.0 of encode_message's 5.4 us;
 # that time between two sends cost 1 MiB frames about 20 % of their throughput between two containers
-# (bench-wire and a scratch loop with a 6 us busy loop per frame, session 8). Cleared when full; shared by
+# (bench-wire, and a loop with a 6 us busy wait per frame between the sends). Cleared when full; shared by
 # threads (a dict's get and set are atomic under the GIL; a race builds one entry twice).
 _TEMPLATES: dict[tuple[Any, ...], _HeaderTemplate] = {}
 _TEMPLATES_MAX = 512

@@ -40,7 +40,7 @@ from wiiide.wire.send import send_frames
 MIN_COUNT, MAX_COUNT = 2, 4096  # messages per trial
 # Each timed trial (raw variant or frames) follows an untimed one of the same kind, 1/8 as long: the same
 # frames trial run twice in a row in one repeat gave 0.90x / 0.86x of the raw loop in its first slot and
-# 1.08x / 0.96x in the second (loopback, two runs, session 6), so the order of the trials was part of the
+# 1.08x / 0.96x in the second (loopback, two runs, 2026-11-23), so the order of the trials was part of the
 # ratios. Between two containers the warm-up changed little (0.66x first slot, 0.73x second, with it).
 WARMUP_FRACTION = 1 / 8
 
@@ -102,7 +102,7 @@ def trial_orders(kinds: int, repeats: int) -> list[list[int]]:
     kind r mod `kinds` and goes round (0 1 2, 1 2 0, 2 0 1, ...), so that over `kinds` repeats every kind
     runs once in every slot. With one fixed order, whatever a slot does to its trial (the one right after
     iperf3, say) fell on the same kind in every repeat and could not be told from the kind's own speed:
-    until session 19 the uncompressed frames always ran right after iperf3."""
+    before 2026-11-25 (commit aaeaba4) the uncompressed frames always ran right after iperf3."""
     return [[(r + k) % kinds for k in range(kinds)] for r in range(repeats)]
 
 

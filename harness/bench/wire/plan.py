@@ -41,7 +41,7 @@ class WirePlan:
         frame_codecs: codec names (`wiiide.codecs.codec_from_name`) for the frames section.
         table_codecs: codec names for the in-process codec table.
         link_rates_bps: paced link rates (bit/s, SI); 0 = unpaced.
-        link_policies: compression policy names (`wiiide.codecs.CompressionPolicy`) for the links section.
+        link_policies: compression policy names (`wiiide.codecs.policy.CompressionPolicy`) for the links section.
         repeats: interleaved repeats of every frame trial and codec-table measurement (>= 1).
         bytes_per_trial: bytes moved per raw / uncompressed frame trial (>= 1).
         link_messages: synchronous round trips per policy and rate (>= 1).

@@ -1,4 +1,4 @@
-"""The issue's targets, computed from the raw values a bench-wire report keeps.
+"""bench-wire's targets, computed from the raw values a bench-wire report keeps.
 
 - uncompressed frames of 1 MiB and up at >= 0.90x the raw socket (`FRAMES_TARGET_VS_RAW`);
 - on each paced link, ``network-aware`` within 5 % of the best fixed codec (`WITHIN_BEST_FIXED`) and

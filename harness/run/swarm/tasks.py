@@ -70,7 +70,7 @@ def parse_endpoints(text: str) -> dict[str, str]:
 
 class TaskContainer:
     """One task's container, presented as the link-shaping, limits and fault code knows a Compose
-    container (`harness.run.shaping.container_identity`, `harness.run.compose._ContainerController`):
+    container (`harness.run.shaping.container_identity`, `harness.run.faults.ContainerController`):
     ``name`` ``<stack>_<service>_<slot>``, and ``labels`` with Compose's service and number labels.
     Everything else (``exec_run``, ``kill``, ``pause``, ``update``, ``stats``, ``attrs``...) is the
     docker SDK container's own. `node_id` / `node` are the swarm node that runs the task."""
