@@ -47,6 +47,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError
 
 from harness.errors import SpecError
 from harness.spec.base import SpecModel, fail, shown, validate
@@ -62,6 +63,7 @@ from harness.spec.cluster import (
 )
 from harness.spec.faults import Fault, RandomFaults, check_targets, expand_random
 from harness.spec.links import LinkProfile
+from harness.spec.timeline import is_timed, parse_timed
 from harness.spec.sysctls import HostSysctls
 from harness.spec.yaml_file import load_yaml_file
 from wiiide.config import RunConfig
@@ -131,7 +133,12 @@ def _axes(axes: dict[str, Any]) -> dict[str, list[Any]]:
 def _presets(presets: dict[str, Any]) -> dict[str, Any]:
     for name, profile in presets.items():
         try:
-            LinkProfile.from_mapping(profile, name)
+            if is_timed(profile):  # a schedule or a trace (harness.spec.timeline)
+                parse_timed(profile, name)
+            else:
+                LinkProfile.from_mapping(profile, name)
+        except PydanticCustomError as exc:
+            raise fail(exc.message(), name, *(exc.context or {}).get("path", ())) from None
         except SpecError as exc:
             raise fail(str(exc), name) from None
     return presets
