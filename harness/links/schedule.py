@@ -18,9 +18,11 @@ With ``ingress: true`` every change is made on the ifb device too. Nothing here 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from harness.errors import LinkShapingError
+from harness.links.plan import Capabilities, ShapingPlan, plan_shaping
 from harness.links.tc import (
     DEFAULT_DEV,
     IFB_DEV,
@@ -102,3 +104,18 @@ def check_timeline(profile: TimedProfile, netem: bool, allow_partial: bool) -> t
         raise LinkShapingError(f"link profile {profile.name!r}: {what} needs netem (tc qdisc change ... netem) and "
                                f"this kernel has none; set allow_partial: true to change the rate alone")
     return profile.without_changes_of(netem_changes), [f"{what}: this kernel has no netem"]
+
+
+def plan_timed_shaping(profile: LinkProfile | None, caps: Capabilities, allow_partial: bool = False) -> ShapingPlan:
+    """`harness.links.plan.plan_shaping` for a profile that may change while training: the changes
+    this kernel cannot make are dropped first (`check_timeline`) and listed with the plan's
+    ``unsupported``; any other profile goes to `plan_shaping` as it is.
+
+    Raises:
+        LinkShapingError: as `plan_shaping` and `check_timeline`.
+    """
+    missing: list[str] = []
+    if isinstance(profile, TimedProfile):
+        profile, missing = check_timeline(profile, caps.netem, allow_partial)
+    plan = plan_shaping(profile, caps, allow_partial)
+    return dataclasses.replace(plan, unsupported=(*plan.unsupported, *missing)) if missing else plan

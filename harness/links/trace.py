@@ -99,7 +99,7 @@ def period_ms(opportunities: list[int]) -> int:
 def rate_steps(opportunities: list[int], window_ms: float = DEFAULT_WINDOW_MS) -> list[tuple[float, int]]:
     """The trace as a rate timeline: ``[(at_s, rate_bps), ...]`` from 0 s, one entry per change.
 
-    Window k covers [k x window, (k+1) x window) ms of one period (`period_ms`; the last window may be
+    Window k covers (k x window, (k+1) x window] ms of one period (ms 0 counts in the first) (`period_ms`; the last window may be
     shorter, and its rate is taken over its own length); its rate is its opportunities x `PACKET_BYTES`
     x 8 bits over its length, at least `MIN_RATE_BPS`. Neighbouring windows of the same rate are one
     entry. `window_ms` > 0.
@@ -113,7 +113,7 @@ def rate_steps(opportunities: list[int], window_ms: float = DEFAULT_WINDOW_MS) -
     n_windows = max(1, math.ceil(period / window_ms))
     counts = [0] * n_windows
     for ms in opportunities:
-        counts[min(int(ms // window_ms), n_windows - 1)] += 1
+        counts[min(max(0, math.ceil(ms / window_ms) - 1), n_windows - 1)] += 1
     steps: list[tuple[float, int]] = []
     for k, count in enumerate(counts):
         length_ms = min(window_ms, period - k * window_ms) if k == n_windows - 1 else window_ms
