@@ -32,10 +32,11 @@ def container_ip(container) -> str | None:
 
 
 def node_ips(containers: list, identity) -> dict[str, str]:
-    """``{node name: IPv4 address}`` of `containers` (docker SDK containers, reloaded);
+    """``{node name: IPv4 address}`` of `containers` (docker SDK containers, reloaded here);
     `identity(container)` gives its (role, worker index). Containers without an address are left out."""
     out = {}
     for c in containers:
+        c.reload()  # the address comes with the start; attrs from before it have none
         address = container_ip(c)
         if address:
             out[node_name(*identity(c))] = address

@@ -141,7 +141,7 @@ class LinkSetting(SpecModel):
         """``{"label", "allow_partial", "profiles": {key: LinkProfile.to_dict() or None}}``, and
         ``"topology"`` (`Topology.to_dict`) for links by pair."""
         return {"label": self.label, "allow_partial": self.allow_partial,
-                "profiles": self.profiles.to_dict(LinkProfile.to_dict),
+                "profiles": self.profiles.to_dict(lambda p: p.to_dict()),
                 **({"topology": self.topology.to_dict()} if self.topology is not None else {})}
 
 
