@@ -48,6 +48,7 @@ from pydantic_core import PydanticCustomError
 from harness import REPO_ROOT
 from harness.errors import SpecError
 from harness.spec.base import SpecModel, fail, join_path, shown, unit, validate
+from harness.spec.link_forms import ScheduledProfile, TopologyForm, TraceProfile
 from harness.spec.links import PROFILE_KEYS, LinkProfile
 from harness.spec.pairs import Topology, is_topology, parse_topology
 from harness.spec.timeline import is_timed, parse_timed
@@ -303,9 +304,9 @@ class LinkByRole(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=lambda s: s.update(patternProperties={
         r"^worker-[1-9][0-9]*$": {"anyOf": s["properties"]["worker"]["anyOf"]}}))
-    all: str | LinkProfile | None = None
-    coordinator: str | LinkProfile | None = None
-    worker: str | LinkProfile | None = None
+    all: str | LinkProfile | ScheduledProfile | TraceProfile | None = None
+    coordinator: str | LinkProfile | ScheduledProfile | TraceProfile | None = None
+    worker: str | LinkProfile | ScheduledProfile | TraceProfile | None = None
     allow_partial: bool = False
 
 
@@ -317,7 +318,7 @@ class InlineLink(LinkProfile):
 
 
 LinkValue = Annotated[LinkSetting | None, PlainValidator(_link, json_schema_input_type=(
-    str | None | InlineLink | LinkByRole))]
+    str | None | InlineLink | ScheduledProfile | TraceProfile | TopologyForm | LinkByRole))]
 """A ``link`` value: a preset name, none, an inline profile or a mapping by role (context: ``presets``)."""
 CpusValue = Annotated[PerContainer[float] | None, PlainValidator(
     lambda v: _none_if_empty(_per_container(v, _cpus)), json_schema_input_type=_Cpus | dict[RoleKey, _Cpus]),

@@ -62,6 +62,7 @@ from harness.spec.cluster import (
     parse_cluster,
 )
 from harness.spec.faults import Fault, RandomFaults, check_targets, expand_random
+from harness.spec.link_forms import ScheduledProfile, TraceProfile
 from harness.spec.links import LinkProfile
 from harness.spec.timeline import is_timed, parse_timed
 from harness.spec.sysctls import HostSysctls
@@ -192,7 +193,8 @@ class SweepSpec(SpecModel):
     timeout_s: Annotated[StrictFloat | None, AfterValidator(_positive_s),
                          Field(json_schema_extra={"exclusiveMinimum": 0})] = None
     link_presets: Annotated[dict[str, dict[str, Any]], _or_empty(dict), AfterValidator(_presets),
-                            BeforeValidator(lambda v: v, json_schema_input_type=dict[str, LinkProfile])] = {}
+                            BeforeValidator(lambda v: v, json_schema_input_type=dict[
+                                str, LinkProfile | ScheduledProfile | TraceProfile])] = {}
     faults: Annotated[list[Fault], BeforeValidator(expand_random, json_schema_input_type=list[Fault] | RandomFaults),
                       _or_empty(list)] = []
     host_sysctls: Annotated[HostSysctls, _or_empty(dict)] = {}
