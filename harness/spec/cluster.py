@@ -47,8 +47,8 @@ from pydantic_core import PydanticCustomError
 
 from harness import REPO_ROOT
 from harness.errors import SpecError
-from harness.spec.base import SpecModel, fail, join_path, shown, unit, validate
-from harness.spec.link_forms import ScheduledProfile, TopologyForm, TraceProfile
+from harness.spec.base import SpecModel, fail, shown, unit, validate
+from harness.spec.link_forms import ScheduledProfile, TopologyForm, TraceProfile, form_label
 from harness.spec.links import PROFILE_KEYS, LinkProfile
 from harness.spec.pairs import Topology, is_topology, parse_topology
 from harness.spec.timeline import is_timed, parse_timed
@@ -165,8 +165,6 @@ def _profile(value: Any, presets: Mapping[str, Any]) -> LinkProfile | None:
     """A preset name, ``none``/null (unshaped) or an inline mapping of profile keys. Raises ValueError."""
     if _is_none(value):
         return None
-    if is_timed(value):
-        return parse_timed(value)
     if isinstance(value, str):
         if value not in presets:
             raise ValueError(f"unknown link preset {value!r}; known: {', '.join(sorted(presets)) or 'none'}"
@@ -178,12 +176,8 @@ def _profile(value: Any, presets: Mapping[str, Any]) -> LinkProfile | None:
         preset, name = value, "inline"
     else:
         raise ValueError(f"{shown(value)}: expected a preset name or a mapping of profile keys")
-    if is_timed(preset):
-        try:
-            return parse_timed(preset, name)
-        except PydanticCustomError as exc:
-            raise ValueError(f"link preset {name!r}: {join_path(*(exc.context or {}).get('path', ()))}: "
-                             f"{exc.message()}") from None
+    if is_timed(preset):  # a schedule or a trace: its errors name their path below the value
+        return parse_timed(preset, name)
     try:
         return LinkProfile.from_mapping(preset, name)
     except SpecError as exc:
@@ -233,17 +227,8 @@ def param_label(value: Any) -> Any:
     parts = []
     for key, leaf in value.items():
         shown_leaf = "inline" if isinstance(leaf, dict) else leaf
-        if key == "schedule" and isinstance(leaf, list):  # schedule(0s:200mbit 20s:100mbit)
-            shown_leaf = "(" + " ".join(f"{s.get('at')}:" + "/".join(str(v) for k, v in s.items() if k != "at")
-                                        for s in leaf if isinstance(s, dict)) + ")"
-            parts.append(f"schedule{shown_leaf}")
-            continue
-        if key == "trace" and isinstance(leaf, str):
-            parts.append(f"trace={Path(leaf).name}")
-            continue
-        if isinstance(leaf, list):  # pairs: [...] -> pairs(2)
-            shown_leaf = f"({len(leaf)})"
-            parts.append(f"{key}{shown_leaf}")
+        if (form := form_label(key, leaf)) is not None:  # a schedule, a trace, pairs
+            parts.append(form)
             continue
         if key == "allow_partial":
             continue

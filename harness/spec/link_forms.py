@@ -1,10 +1,11 @@
-"""Schema only: the YAML forms of changing profiles and of links by pair, for the JSON Schema of a sweep
-spec (`harness.spec.schema`). The validators are `harness.spec.timeline` and `harness.spec.pairs`;
-these models are never built from a spec."""
+"""The YAML forms of changing profiles and of links by pair: schema-only models for the JSON Schema of
+a sweep spec (`harness.spec.schema`), never built from a spec (the validators are
+`harness.spec.timeline` and `harness.spec.pairs`), and `form_label`, their part of a point's label."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -64,3 +65,17 @@ class TopologyForm(BaseModel):
     wan: _PROFILE = None
     default: _PROFILE = None
     allow_partial: bool = False
+
+
+def form_label(key: str, leaf: Any) -> str | None:
+    """What a point's params show for one key of a ``link`` mapping in these forms, e.g.
+    ``schedule(0s:200mbit 15s:100mbit)``, ``trace=walk-1.trace``, ``pairs(2)``; None for any other key."""
+    if key == "schedule" and isinstance(leaf, list):
+        steps = " ".join(f"{s.get('at')}:" + "/".join(str(v) for k, v in s.items() if k != "at")
+                         for s in leaf if isinstance(s, dict))
+        return f"schedule({steps})"
+    if key == "trace" and isinstance(leaf, str):
+        return f"trace={Path(leaf).name}"
+    if isinstance(leaf, list):
+        return f"{key}({len(leaf)})"
+    return None
