@@ -164,10 +164,11 @@ class FakeRunner:
         return ""
 
 
-def test_the_timeline_runs_each_change_and_records_it():
+def run_two_changes(runner) -> list[dict]:
+    """A schedule of two changes 10 ms apart run to its end with `runner`; its records."""
     profile = profile_of({"schedule": [{"at": "0s", "rate": "200mbit"}, {"at": "10ms", "rate": "100mbit"},
                                        {"at": "20ms", "rate": "50mbit"}]})
-    runner, records = FakeRunner(), []
+    records: list[dict] = []
     timeline = LinkTimeline()
     timeline.add(TimelineTarget("w1", runner, profile, records))
     timeline.start(time.monotonic())
@@ -176,21 +177,16 @@ def test_the_timeline_runs_each_change_and_records_it():
             break
         time.sleep(0.01)
     timeline.stop()
+    return records
+
+
+def test_the_timeline_runs_each_change_and_records_it():
+    records = run_two_changes(FakeRunner())
     assert [r["at_s"] for r in records] == [0.01, 0.02]
     assert [r["read_back_rate_bps"] for r in records] == [100_000_000, 50_000_000]
     assert all(r["applied_at_s"] >= r["at_s"] and "error" not in r for r in records)
 
 
 def test_a_failed_change_is_recorded_and_the_timeline_goes_on():
-    profile = profile_of({"schedule": [{"at": "0s", "rate": "200mbit"}, {"at": "10ms", "rate": "100mbit"},
-                                       {"at": "20ms", "rate": "50mbit"}]})
-    runner, records = FakeRunner(fail_on="100000000bit"), []
-    timeline = LinkTimeline()
-    timeline.add(TimelineTarget("w1", runner, profile, records))
-    timeline.start(time.monotonic())
-    for _ in range(500):
-        if len(records) == 2:
-            break
-        time.sleep(0.01)
-    timeline.stop()
+    records = run_two_changes(FakeRunner(fail_on="100000000bit"))
     assert "No such file" in records[0]["error"] and records[1]["read_back_rate_bps"] == 50_000_000
