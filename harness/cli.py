@@ -1,5 +1,5 @@
 """``python -m harness VERB``: up, down, status, sweep, report, export, knobs, image, compare, round-model,
-bench-wire, bench-handshake, bench-tls, bench-overlay.
+predict, bench-wire, bench-handshake, bench-tls, bench-overlay.
 
 Errors the harness raises on purpose (bad spec, no engine, a failed Compose call) end as one line on
 stderr and exit code 2 (bad input) or 1 (anything else), not a traceback.
@@ -273,6 +273,13 @@ def cmd_round_model(args: argparse.Namespace) -> int:
     return main_from_args(args)
 
 
+def cmd_predict(args: argparse.Namespace) -> int:
+    """`predict REPORT --workers 16,64`: step time and samples/s at more workers from a measured run
+    (`harness.analysis.predict_cli`); exit 2 when REPORT is unreadable or has nothing to calibrate on."""
+    from harness.analysis.predict_cli import main_from_args
+    return main_from_args(args)
+
+
 def cmd_knobs(args: argparse.Namespace) -> int:
     """`knobs [--group G] [--markdown]`: the knobs reference (`harness.present.knobs`): rich tables on a
     terminal, one tab-separated line per knob otherwise, docs/knobs.md's Markdown with --markdown.
@@ -400,6 +407,12 @@ def build_parser() -> argparse.ArgumentParser:
                                            "their measured steps (sharded servers, DDP)")
     round_model_arguments(p)
     p.set_defaults(func=cmd_round_model)
+
+    from harness.analysis.predict_cli import add_arguments as predict_arguments
+    p = sub.add_parser("predict", help="step time and samples/s at more workers (central, sharded, ring "
+                                       "all-reduce, local SGD) from a measured report; --validate: against it")
+    predict_arguments(p)
+    p.set_defaults(func=cmd_predict)
     return parser
 
 
