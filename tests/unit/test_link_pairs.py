@@ -151,3 +151,11 @@ def test_filters_and_classes_are_read_back_per_pair():
     assert wrong["coordinator->worker-1"]["filter_ok"] is False and wrong["coordinator->worker-1"]["sent_bytes"] is None
     with pytest.raises(LinkShapingError, match="not JSON"):
         parse_filters("filter parent 1: protocol ip")
+
+
+def test_the_report_table_shows_the_pairs_rates():
+    from harness.present.links_text import applied_rates_text
+    links = {"containers": {"c": {"role": "coordinator", "applied_rate_bps": None}},
+             "pairs": {"coordinator->worker-3": {"rate_bps": 10**7}, "coordinator->worker-1": {"rate_bps": 10**9},
+                       "worker-1->coordinator": {"rate_bps": 10**9}}}
+    assert applied_rates_text(links) == "pairs 10Mbit/1Gbit"

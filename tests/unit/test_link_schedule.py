@@ -190,3 +190,12 @@ def test_the_timeline_runs_each_change_and_records_it():
 def test_a_failed_change_is_recorded_and_the_timeline_goes_on():
     records = run_two_changes(FakeRunner(fail_on="100000000bit"))
     assert "No such file" in records[0]["error"] and records[1]["read_back_rate_bps"] == 50_000_000
+
+
+def test_the_report_table_shows_where_a_schedule_ended():
+    from harness.present.links_text import applied_rates_text
+    halved = {"role": "worker", "worker_index": 1, "applied_rate_bps": 2 * 10**8,
+              "timeline_changes": [{"at_s": 15.0, "changes": {"rate_bps": 10**8}}]}
+    assert applied_rates_text({"containers": {"w": halved}}) == "200Mbit -> 100Mbit"
+    traced = {**halved, "timeline_changes": [{"changes": {"rate_bps": r}} for r in (1, 2, 3)]}
+    assert applied_rates_text({"containers": {"w": traced}}) == "200Mbit (3 changes)"
