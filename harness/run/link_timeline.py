@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.errors import LinkShapingError
-from harness.links.readback import parse_classes, parse_tc_json
 from harness.links.schedule import change_commands, profile_after
+from harness.run.tc_exec import read_back
 from harness.spec.timeline import TimedProfile
 
 READ_BACK_MAX_CHANGES = 50
@@ -51,13 +51,9 @@ class TimelineTarget:
 
 def _rate_read_back(runner: Any, target: TimelineTarget) -> int | None:
     """The rate (bit/s) tc reports for the target's class (htb) or root (tbf), or None."""
-    if target.profile.root_qdisc == "tbf":
-        records = parse_tc_json(runner.run(["tc", "-j", "qdisc", "show", "dev", target.dev]), "qdisc", target.dev)
-        handle = "1:"
-    else:
-        records = parse_classes(runner.run(["tc", "-j", "class", "show", "dev", target.dev]), target.dev)
-        handle = target.classid
-    return next((r.get("rate_bps") for r in records if r.get("handle") == handle), None)
+    handle = "1:" if target.profile.root_qdisc == "tbf" else target.classid
+    records = read_back(runner, [target.dev])[target.dev]
+    return next((r.get("rate_bps") for r in records if r.get("handle") == handle and r.get("rate_bps")), None)
 
 
 class LinkTimeline:

@@ -16,9 +16,9 @@ from typing import Any, Mapping
 
 from harness.links.pairs import PairPlan, filter_show_command, node_name, pair_commands, pair_records, parse_filters
 from harness.links.plan import ShapingPlan
-from harness.links.readback import parse_classes
 from harness.links.tc import DEFAULT_DEV
 from harness.run.link_timeline import TimelineTarget
+from harness.run.tc_exec import read_back
 from harness.spec.timeline import TimedProfile
 
 def container_ip(container) -> str | None:
@@ -55,7 +55,7 @@ def shape_pairs(runner, plan: PairPlan, ips: Mapping[str, str], record: dict[str
     commands = pair_commands(plan, ips)
     for argv in commands:
         runner.run(argv)
-    classes = parse_classes(runner.run(["tc", "-j", "-s", "class", "show", "dev", DEFAULT_DEV]), DEFAULT_DEV)
+    classes = read_back(runner, [DEFAULT_DEV])[DEFAULT_DEV]  # read again if an exec's output was lost
     filters = parse_filters(runner.run(filter_show_command()), DEFAULT_DEV) if commands else {}
     record["commands"] = [*record.get("commands", []), *commands]
     record["unsupported"] = [*record.get("unsupported", []), *plan.unsupported]

@@ -158,7 +158,9 @@ class FakeRunner:
         self.ran.append(list(argv))
         if self.fail_on and self.fail_on in argv:
             raise LinkShapingError("tc: RTNETLINK answers: No such file or directory")
-        if argv[:3] == ["tc", "-j", "class"]:
+        if argv[:4] == ["tc", "-j", "-s", "qdisc"]:
+            return '[{"kind": "htb", "handle": "1:", "root": true, "options": {}}]'
+        if argv[:4] == ["tc", "-j", "-s", "class"]:  # iproute2 6.1 prints classes as text
             rate = next(a for a in reversed([c for c in self.ran if "change" in c]))
             return f"class htb 1:1 root prio 0 rate {rate[rate.index('rate') + 1]} ceil 1Mbit burst 16Kb cburst 16Kb\n"
         return ""
