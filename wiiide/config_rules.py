@@ -55,9 +55,7 @@ def _validate_engine(c: Any) -> None:
                   "server's connections")
         for name, is_set, why in (
                 ("staleness_bound", c.staleness_bound != 0, pacing), ("local_steps", c.local_steps != 1, pacing),
-                ("adaptive_batch", c.adaptive_batch, pacing),
-                ("sparse_embedding", c.sparse_embedding, "a shard owns a range of the flat vector and takes dense "
-                 "pushes of it; pushes of touched rows are routed by the central server only")):
+                ("adaptive_batch", c.adaptive_batch, pacing)):
             if is_set:
                 raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs ps_shards 1 (the central "
                                   f"server), not ps_shards {c.ps_shards!r}: {why}")
