@@ -46,7 +46,7 @@ from wiiide.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas, received_values
 from wiiide.ps.partition import Partition
-from wiiide.ps.sparse_rows import ROWS_PUSH_KIND, RowTable, RowUpdate
+from wiiide.ps.sparse_rows import ROWS_PULL_KIND, ROWS_PUSH_KIND, RowTable, RowUpdate
 from wiiide.recovery import momentum_from_flat
 from wiiide.wire.admission import HandshakeGate, Pending
 from wiiide.wire.encode import encode_message, with_meta
@@ -86,6 +86,8 @@ class _Peer:
     rank: int
     role: str
     outbox: "queue.Queue" = field(default_factory=queue.Queue)
+    push_wire_bytes: int = 0  # the pushes received from it, whole frames (its receiver thread counts)
+    pull_wire_bytes: int = 0  # the pulls sent to it (its sender thread counts)
 
 
 class ShardServer:
@@ -180,6 +182,9 @@ class ShardServer:
             peer.conn.close()
         self.stats.update({"updates": self.updates, "update_s": round(self.update_s, 4),
                            "push_spread_s": round(self.push_spread_s, 4), **self.lrs.to_dict()})
+        links = [p for p in self.peers if p.role == ROLE_WORKER and p.rank != self.shard_id]  # not one's own (loopback)
+        self.stats["link_wire_bytes"] = {"pushes_received": sum(p.push_wire_bytes for p in links),
+                                         "pulls_sent": sum(p.pull_wire_bytes for p in links)}
         self.stats["pull_policy"] = self.policy.record["choices"]
         self.stats["pull_uplink_bps_reported"] = self.policy.uplink.bps
         with self._lock:
@@ -266,7 +271,11 @@ class ShardServer:
     # --- serving ----------------------------------------------------------------------------------
     def _send_loop(self, peer: _Peer) -> None:
         drain_outbox(peer.outbox, peer.conn, lambda frame: frame, lambda exc: self._fail(peer, exc),
-                     lambda frame, cpu_s: self.metrics.add_stage_cpu("pull_send", frame_step(frame), cpu_s))
+                     lambda frame, cpu_s: self._pull_sent(peer, frame, cpu_s))
+
+    def _pull_sent(self, peer: _Peer, frame: Frame, cpu_s: float) -> None:
+        self.metrics.add_stage_cpu("pull_send", frame_step(frame), cpu_s)
+        peer.pull_wire_bytes += frame.wire_nbytes if frame.kind in (DENSE_KIND, LOSSY_KIND, ROWS_PULL_KIND) else 0
 
     def _serve(self, peer: _Peer) -> None:
         try:
@@ -290,6 +299,7 @@ class ShardServer:
                 if peer.role != ROLE_WORKER:
                     raise ProtocolError("only workers push")
                 self.policy.observe_received(msg, ("worker", peer.rank))  # network-aware's link estimate
+                peer.push_wire_bytes += msg.wire_nbytes
                 self.metrics.add_stage_cpu("push_receive", msg.meta.get("step"),
                                            time.thread_time() - cpu0 - msg.decode_cpu_s)
                 frame = self._on_push(peer.rank, msg)
@@ -320,8 +330,7 @@ class ShardServer:
             raise ProtocolError(f"push for partition {index!r:.40}, which shard {self.shard_id} does not own")
         cpu0 = time.thread_time()
         if self._is_rows(owned) != (msg.kind == ROWS_PUSH_KIND):
-            raise ProtocolError(f"a {msg.kind} push of partition {index}, which takes "
-                                f"{ROWS_PUSH_KIND if self._is_rows(owned) else 'dense'} pushes")
+            raise ProtocolError(f"partition {index} takes {'row' if self._is_rows(owned) else 'dense'} pushes, not {msg.kind}")
         if self._is_rows(owned):
             values = self.table.check(msg, owned.part)  # (ids, rows), copied off the reader's buffer
         else:
