@@ -383,6 +383,8 @@ class ShardServer:
         self.updates += 1
         self.update_s += time.perf_counter() - t0
         self.metrics.add_stage_cpu("update", step, time.thread_time() - cpu0)
+        if self.metrics.trace is not None:
+            self.metrics.trace.add("update", "update", step, time.perf_counter() - t0, partition=index)
         return frame
 
     def _is_rows(self, owned: _Owned) -> bool:
