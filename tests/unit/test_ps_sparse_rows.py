@@ -15,7 +15,7 @@ from wiiide.errors import ProtocolError
 from wiiide.model import FlatParams
 from wiiide.models.embedding import build_embedding, make_zipf_data
 from wiiide.ps.partition import Partition, align_to_rows, plan_partitions
-from wiiide.ps.sparse_rows import ROWS_PUSH_KIND, RowTable, RowUpdate, WorkerRows, rows_frame
+from wiiide.ps.sparse_rows import ROWS_PUSH_KIND, RowTable, WorkerRows, apply_rows, rows_frame
 
 ROWS, DIM, FIELDS = 100_000, 16, 8
 
@@ -91,7 +91,7 @@ def test_the_shard_update_and_the_pull_equal_a_dense_sgd_step_on_both_copies():
         grads = rng.standard_normal((len(ids), DIM)).astype(np.float32)
         pushes[rank] = (ids, grads)
         dense[torch.from_numpy(ids.astype(np.int64))] += torch.from_numpy(grads)
-    frame = RowUpdate(table).apply(part, shard_param, pushes, 0.1, {"step": 3, "partition": part.index})
+    frame = apply_rows(table, part, shard_param, pushes, 0.1, {"step": 3, "partition": part.index})
     expected = start.view(-1, DIM) - 0.1 * dense / 3
     torch.testing.assert_close(shard_param.view(-1, DIM), expected, rtol=1e-6, atol=1e-6)
     worker = WorkerRows(table, build_embedding(ROWS, DIM, FIELDS, seed=0), flat.numel, parts)

@@ -9,8 +9,7 @@ averages the gradients (summed in rank order, as the central server sums them, s
 momentum buffer lives here only) and sends the partition back to every worker at once: a partition is
 answered as soon as its last push arrived, not at the end of the step. Pulls are deltas against the
 workers' copy (`wiiide.ps.feedback.PullReplica`), compressed by the shard's own policy. With sparse rows
-(`wiiide.ps.sparse_rows`) a partition of the embedding table is whole rows: its pushes and pulls carry
-only the rows touched, and it takes plain SGD on them.
+(`wiiide.ps.sparse_rows`) a table partition is whole rows, pushed and pulled as the rows touched.
 
 Connections: the coordinator's handshake and session set-up (`wiiide.handshake`: the same frames,
 limits, deadlines, socket knobs and TLS; the welcome's MAC covers the shard id instead of a rank) behind a
@@ -46,7 +45,7 @@ from wiiide.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas, received_values
 from wiiide.ps.partition import Partition
-from wiiide.ps.sparse_rows import ROWS_PULL_KIND, ROWS_PUSH_KIND, RowTable, RowUpdate
+from wiiide.ps.sparse_rows import ROWS_PULL_KIND, ROWS_PUSH_KIND, RowTable, apply_rows
 from wiiide.recovery import momentum_from_flat
 from wiiide.wire.admission import HandshakeGate, Pending
 from wiiide.wire.encode import encode_message, with_meta
@@ -120,7 +119,6 @@ class ShardServer:
         self.checkpointer: ShardCheckpointer | None = None  # made by configure
         self.lrs = LrRecord(LrSchedule.from_config(cfg))  # step t's rate, the same on every shard; configure restarts it
         self.table = RowTable.from_config(cfg)  # sparse rows: the table's partitions take rows (wiiide.ps.sparse_rows)
-        self._rows = RowUpdate(self.table) if self.table is not None else None
         metrics.extra.setdefault("ps", {})["shard"] = self.stats
 
     # --- set-up -----------------------------------------------------------------------------------
@@ -365,7 +363,7 @@ class ShardServer:
         owned.optimizer.lr = self.lrs.schedule.lr(step)
         self.lrs.applied(step, owned.optimizer.lr)
         if self._is_rows(owned):  # the touched rows' SGD, and a pull of those rows
-            frame = self._rows.apply(owned.part, owned.param, owned.pushes, owned.optimizer.lr,
+            frame = apply_rows(self.table, owned.part, owned.param, owned.pushes, owned.optimizer.lr,
                                      {"step": step, "partition": index})
         else:
             grad = owned.param.grad

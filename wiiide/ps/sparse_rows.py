@@ -11,7 +11,7 @@ ever. Per step, for a row partition:
   below 2^31 rows, strictly increasing) and ``rows`` (float32 ``u x dim``), raw, in a ``ps_rows``
   frame; a partition none of its rows touched gets an empty one (the shard counts every worker's push).
   The MLP's partitions are pushed by the backward hooks as before (`wiiide.ps.client`).
-- the shard (`RowUpdate`): once every worker's push is in, the rows are summed per id in rank order
+- the shard (`apply_rows`): once every worker's push is in, the rows are summed per id in rank order
   (`wiiide.sparse.sum_rows`, as the central server sums them), divided by the workers, and plain SGD
   runs on those rows only (`wiiide.sparse.sgd_rows`; momentum is refused with sparse rows, as on the
   central server, since it would move every row every step).
@@ -128,21 +128,16 @@ def rows_frame(kind: str, meta: dict[str, Any], table: RowTable, ids: np.ndarray
                                        to_wire("rows", rows)])
 
 
-class RowUpdate:
-    """A shard's step of one row partition: `add` each worker's push, then `apply` (see the module docstring)."""
-
-    def __init__(self, table: RowTable) -> None:
-        self.table = table
-
-    def apply(self, part: Partition, param: torch.Tensor, pushes: dict[int, tuple[np.ndarray, np.ndarray]],
-              lr: float, meta: dict[str, Any]) -> Frame:
-        """SGD at rate `lr` on `param` (the partition's float32 values, flat) from the workers' `pushes`
-        (rank -> (ids, rows), summed in rank order, averaged over the pushes); returns the pull frame
-        (``ps_rows_update`` with `meta` and the rate)."""
-        ids, summed = sum_rows([pushes[rank] for rank in sorted(pushes)], self.table.dim)
-        summed.div_(len(pushes))
-        sgd_rows(param.view(-1, self.table.dim), ids, summed, lr)
-        return rows_frame(ROWS_PULL_KIND, {**meta, "lr": lr}, self.table, ids, summed)
+def apply_rows(table: RowTable, part: Partition, param: torch.Tensor,
+               pushes: dict[int, tuple[np.ndarray, np.ndarray]], lr: float, meta: dict[str, Any]) -> Frame:
+    """A shard's step of row partition `part`: SGD at rate `lr` on `param` (its float32 values, flat)
+    from the workers' `pushes` (rank -> (ids, rows) as `RowTable.check` returns them, summed per id in
+    rank order, averaged over the pushes); returns the pull frame (``ps_rows_update`` with `meta` and
+    the rate)."""
+    ids, summed = sum_rows([pushes[rank] for rank in sorted(pushes)], table.dim)
+    summed.div_(len(pushes))
+    sgd_rows(param.view(-1, table.dim), ids, summed, lr)
+    return rows_frame(ROWS_PULL_KIND, {**meta, "lr": lr}, table, ids, summed)
 
 
 class WorkerRows:
