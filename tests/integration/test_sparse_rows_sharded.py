@@ -30,8 +30,8 @@ def test_sharded_sparse_rows_train_and_match_the_central_sparse_server(tmp_path,
     # the same sums in the same order on both placements: the same bits
     assert s["params_digest"]["sha256"] == c["params_digest"]["sha256"], (c["params_digest"], s["params_digest"])
     assert s["loss_final"] == c["loss_final"]
-    ps = s["ps"]  # the 64 KB table in 8 KiB partitions: row partitions on every shard, then the MLP's
-    assert ps["ps_shards"] == 4 and ps["partitions"] >= 8 and min(ps["shard_loads_bytes"]) > 0
+    ps = s["ps"]  # the 64 KB table: one row partition per shard, then the MLP's in 8 KiB pieces
+    assert ps["ps_shards"] == 4 and ps["partitions"] >= 4 + 2 and min(ps["shard_loads_bytes"]) > 0
     for rank in (1, 2, 3):
         worker = sharded[f"worker-{rank}"]
         assert worker["ps"]["param_max_abs_diff"] == 0.0  # the worker's copy is the shards' to the bit

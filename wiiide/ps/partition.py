@@ -326,7 +326,9 @@ def align_to_rows(partitions: Sequence[Partition], table_numel: int, row_numel: 
     """`partitions` (in vector order, tiling it) with every cut inside a table of `table_numel` values at
     the head of the vector moved to the nearest row boundary (a multiple of `row_numel`), and a cut at
     the table's end, so that each partition is whole rows of the table or lies after it. A partition
-    that shrinks to nothing is dropped; the others keep their shard, and are numbered again.
+    that shrinks to nothing is dropped; the others keep their shard, and are numbered again. Neighbours
+    in the table owned by one shard are merged: a row partition's push and pull are its touched rows
+    (a few KB however many rows it has), so cutting a range buys no overlap and costs two frames a step.
 
     Raises:
         ValueError: the table does not fit the vector or is not whole rows, or a shard that owned a
@@ -336,14 +338,21 @@ def align_to_rows(partitions: Sequence[Partition], table_numel: int, row_numel: 
     if row_numel < 1 or table_numel % row_numel or not 0 < table_numel <= numel:
         raise ValueError(f"a table of {table_numel} values in rows of {row_numel} does not fit {numel} values")
     pieces: list[tuple[int, int, int]] = []  # (start, stop, shard) after the cuts move
+
+    def add(start: int, stop: int, shard: int) -> None:
+        if stop <= table_numel and pieces and pieces[-1][2] == shard:  # the same shard's rows: one partition
+            pieces[-1] = (pieces[-1][0], stop, shard)
+        else:
+            pieces.append((start, stop, shard))
+
     start = 0
     for p in partitions:
         stop = p.stop if p.stop >= table_numel else min(round(p.stop / row_numel) * row_numel, table_numel)
         if start < table_numel < stop:  # the table's end cuts this one
-            pieces.append((start, table_numel, p.shard))
+            add(start, table_numel, p.shard)
             start = table_numel
         if stop > start:
-            pieces.append((start, stop, p.shard))
+            add(start, stop, p.shard)
             start = stop
     lost = {p.shard for p in partitions} - {shard for _, _, shard in pieces}
     if lost:
