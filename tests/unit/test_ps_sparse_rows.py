@@ -42,6 +42,8 @@ def test_the_plan_cuts_the_table_at_row_boundaries_and_keeps_every_shard():
     assert any(p.start == table.numel for p in parts)  # the MLP starts a partition of its own
     assert {p.shard for p in inside} == {0, 1, 2, 3}
     assert len(inside) == 4  # one row partition per shard: its pieces merged (a push is its touched rows)
+    dealt = plan_partitions(flat.numel, 4, 3, 1 << 20, per_shard=8, placement="interleaved", table=(ROWS, DIM))
+    assert len([p for p in dealt if table.owns(p)]) == 4  # in contiguous ranges whatever the placement
     # cuts move to the nearest row boundary; a shard's share under one row leaves it nothing: refused
     moved = align_to_rows([Partition(0, 0, 20, 0), Partition(1, 20, 40, 1), Partition(2, 40, 50, 2)], 32, 16)
     assert [(p.start, p.stop, p.shard) for p in moved] == [(0, 16, 0), (16, 32, 1), (32, 40, 1), (40, 50, 2)]

@@ -297,14 +297,16 @@ def plan_partitions(numel: int, num_shards: int, num_workers: int, partition_byt
     ``interleaved`` (dealt in turns, `partition_by_weights`), pieces no finer than `finest_bytes`
     (`finest_raw_bytes`). `table`: (rows, dim) of an embedding table at the head of the vector whose
     rows travel sparse (`wiiide.ps.sparse_rows`): the cuts are then moved to its row boundaries
-    (`align_to_rows`).
+    (`align_to_rows`), in contiguous ranges whatever `placement` (interleaving deals a backward's dense
+    pieces to different shards; a row partition's push is its touched rows, and one range per shard
+    makes it one row partition, two frames a step instead of two a piece).
 
     Raises:
         ValueError: an unknown `balance` or `placement`, or a count or size `partition_flat` refuses.
     """
     if table is not None:
         return align_to_rows(plan_partitions(numel, num_shards, num_workers, partition_bytes, balance, per_shard,
-                                             placement, finest_bytes), table[0] * table[1], table[1])
+                                             "contiguous", finest_bytes), table[0] * table[1], table[1])
     if placement not in ("contiguous", "interleaved"):
         raise ValueError(f"partition_placement {placement!r}: one of contiguous, interleaved")
     interleaved = placement == "interleaved"
