@@ -27,7 +27,8 @@ delay d per link, M the model's float32 bytes and r the codec's ratio (M' = M / 
   post-local-SGD's one all-reduce every H steps), scaling as (P-1)/P; ``latency_s = 2 (P-1) d`` (a
   ring all-reduce's 2 (P-1) steps; Patarasuk and Yuan 2009), over H for post-local-SGD.
 - ``cores_s``: where the nodes share one machine's cores (as every run of this harness on one host),
-  the CPU of a step of every node over the cores: ``(cpu_0(W) + W cpu_w(W)) / cores``, each role's CPU a
+  the CPU of a step of every node over the cores the machine's other processes and the hypervisor's
+  steal left them (`harness.analysis.point_model.host_cpu_shares`, as the round model reads them): ``(cpu_0(W) + W cpu_w(W)) / cores``, each role's CPU a
   step linear in W (fitted: the central server's coordinator does W decodes a step, a shard serves W - 1
   pulls); with ``machine_per_node`` each node has a machine of its own and the term is the busiest node's
   CPU a step (its work taken as serial: the nodes run one training thread, ``torch_threads``).
@@ -47,6 +48,7 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
+from harness.analysis.point_model import MIN_NODE_CORE_SHARE, host_cpu_shares
 from harness.analysis.round_model import TCP_PAYLOAD_SHARE
 from harness.errors import HarnessError
 from wiiide.codecs.policy import fixed_lossy_ratio
@@ -83,6 +85,7 @@ class Measured:
     samples_per_worker_step: float
     cores: float
     exchanges_per_step: float = 1.0  # ring: all-reduces a step (post-local-SGD: 1 / local_steps)
+    node_cores: float | None = None  # the cores the machine's other processes and steal left the nodes
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,9 @@ def measured_point(point: Mapping[str, Any], report_cores: float) -> Measured | 
         return None
     rate_bps, delay_s = _link(point)
     family = _family(config)
+    host = host_cpu_shares(repeats)
+    node_cores = (max(report_cores - host.other_cores - host.steal_cores, MIN_NODE_CORE_SHARE * report_cores)
+                  if host is not None else None)
     return Measured(
         engine=str(params.get("engine", config.get("engine"))), family=family,
         link=str(params.get("link", "none")), workers=workers, shards=_shards(config, workers),
@@ -190,7 +196,7 @@ def measured_point(point: Mapping[str, Any], report_cores: float) -> Measured | 
         ring_bytes=_median(ring) if family == "ring" else 0.0, rate_bps=rate_bps, delay_s=delay_s,
         samples_per_worker_step=_median(samples) or float(config.get("batch_size") or 0), cores=report_cores,
         exchanges_per_step=1.0 / max(1, int(config.get("local_steps") or 1))
-        if config.get("ddp_comm_hook") == "post_local_sgd" else 1.0)
+        if config.get("ddp_comm_hook") == "post_local_sgd" else 1.0, node_cores=node_cores)
 
 
 def _links_s(m: Measured, workers: int) -> tuple[float, float]:
@@ -221,7 +227,8 @@ def _terms(m: Measured, cal_cpu: tuple[tuple[float, float], tuple[float, float]]
     links_s, latency_s = _links_s(m, workers)
     (a0, b0), (aw, bw) = cal_cpu
     coord, worker = max(0.0, a0 + b0 * workers), max(0.0, aw + bw * workers)
-    cores_s = max(coord, worker) if machine_per_node else (coord + workers * worker) / (m.cores if m.cores > 0 else 1.0)
+    cores = m.node_cores or m.cores or 1.0
+    cores_s = max(coord, worker) if machine_per_node else (coord + workers * worker) / cores
     return links_s, latency_s, cores_s
 
 
@@ -243,12 +250,15 @@ def calibrate(points: Sequence[Measured]) -> Calibration:
 
 
 def predict(cal: Calibration, workers: int, *, rate_bps: float | None = None, delay_s: float | None = None,
-            link: str | None = None, machine_per_node: bool = False) -> Prediction:
+            link: str | None = None, machine_per_node: bool = False, node_cores: float | None = None) -> Prediction:
     """The model of `cal` at `workers` (>= 1), on the calibration's link or on another one (`rate_bps`,
-    `delay_s`; `link` labels it). Raises HarnessError for workers < 1."""
+    `delay_s`; `link` labels it); `node_cores`: the cores the nodes have (default: what the calibration
+    run's other processes left them). Raises HarnessError for workers < 1."""
     if workers < 1:
         raise HarnessError(f"predict: workers must be >= 1, got {workers}")
     m = cal.base
+    if node_cores is not None:
+        m = replace(m, node_cores=node_cores)
     if rate_bps is not None or delay_s is not None:
         m = replace(m, rate_bps=rate_bps, delay_s=delay_s or 0.0)
     links_s, latency_s, cores_s = _terms(m, (cal.cpu_coordinator, cal.cpu_worker), workers, machine_per_node)
@@ -273,8 +283,9 @@ def _groups(measured: Sequence[Measured]) -> dict[tuple[str, str], list[Measured
 
 def validate(measured: Sequence[Measured], calibrate_on: Sequence[int]) -> list[Prediction]:
     """Calibrate every (engine, link) on its points at `calibrate_on` worker counts and predict its
-    other points; each prediction carries the measured step. Groups without a calibration point or
-    without another point are left out."""
+    other points; each prediction carries the measured step. The cores a predicted point's nodes had
+    (what the machine's other processes left them during its run) are an input of its prediction, as its
+    link is. Groups without a calibration point or without another point are left out."""
     rows = []
     for (_, _), points in sorted(_groups(measured).items()):
         train = [p for p in points if p.workers in calibrate_on]
@@ -282,7 +293,8 @@ def validate(measured: Sequence[Measured], calibrate_on: Sequence[int]) -> list[
         if not train or not test:
             continue
         cal = calibrate(train)
-        rows += [replace(predict(cal, p.workers), measured_step_s=p.step_s) for p in sorted(test, key=lambda p: p.workers)]
+        rows += [replace(predict(cal, p.workers, node_cores=p.node_cores), measured_step_s=p.step_s)
+                 for p in sorted(test, key=lambda p: p.workers)]
     return rows
 
 
