@@ -28,7 +28,9 @@ from typing import Any, Callable
 
 from harness.errors import ClusterError, LinkShapingError
 from harness.links.plan import Capabilities, ShapingPlan, plan_shaping
+from harness.links.fallback import DELAY_LINE_MECHANISM
 from harness.links.readback import rate_in_force_bps
+from harness.links import rtt
 from harness.run.backend import PhaseClock, Sampler
 from harness.run.tc_exec import (
     ContainerExec,
@@ -36,6 +38,7 @@ from harness.run.tc_exec import (
     apply_plan,
     host_netns_runner,
     read_back,
+    read_delay_line_stats,
     read_fallback_counters,
 )
 from harness.spec.cluster import ClusterSettings
@@ -135,6 +138,7 @@ class ClusterConditions:
         for rec in self.links.get("containers", {}).values():
             for item in rec["unsupported"]:
                 progress(f"    link NOT APPLIED ({rec['role']}): {item}")
+        self._probe_rtt(containers, progress)
         if self._shaped:
             self._sampler = Sampler(lambda t_s: self._read_counters(t0), COUNTER_INTERVAL_S).start()
 
@@ -193,8 +197,31 @@ class ClusterConditions:
             "applied_at_s": round(time.monotonic() - t0, 3), "end_counters": None, "end_counters_at_s": None,
             "counter_reads": 0, "counter_reader": "exec" if counters is None else "host-netns",
             "fallback_counters": read_fallback_counters(runner) if _uses_rules(plan) else None,
+            "delay_line": read_delay_line_stats(runner) if _uses_delay_line(plan) else None,
         }
         self._shaped[c.name] = (counters or runner, plan.devices)
+
+    def _probe_rtt(self, containers: list, progress: Progress) -> None:
+        """The measured read-back of the delay (`harness.links.rtt`): TCP round trips from worker 1 to
+        the coordinator, recorded as ``links.rtt_probe`` (median and p99 beside the round trip asked),
+        when either's profile asks for a delay. A probe that fails is recorded with its ``error``."""
+        first = {container_identity(c): c for c in containers}
+        server, client = first.get(("coordinator", None)), first.get(("worker", 1))
+        profiles = [self.plans.get(key) for key in (("coordinator", None), ("worker", 1))]
+        if server is None or client is None or not any(p and p.applied and p.applied.delay_ms for p in profiles):
+            return
+        asked = rtt.asked_rtt_ms(*(p.applied if p else None for p in profiles))
+        host = server.attrs.get("Config", {}).get("Hostname") or "coordinator"
+        record: dict[str, Any] = {"between": [client.name, server.name], "asked_rtt_ms": asked,
+                                  "message_bytes": rtt.MESSAGE_BYTES}
+        try:
+            record.update(rtt.summarize(rtt.measure_rtt(server, client, host, rtt.probe_count(asked)), asked))
+            progress(f"    link round trip {client.name} -> {server.name}: median {record['median_rtt_ms']:.3f} ms, "
+                     f"p99 {record['p99_rtt_ms']:.3f} ms (asked {asked:g} ms)")
+        except (RuntimeError, ValueError) as exc:
+            record["error"] = str(exc)
+            progress(f"    link round trip NOT MEASURED: {exc}")
+        self.links["rtt_probe"] = record
 
     def _read_counters(self, t0: float) -> None:
         for name, (runner, devices) in list(self._shaped.items()):
@@ -206,6 +233,11 @@ class ClusterConditions:
             if record.get("fallback_counters") is not None:
                 try:
                     record["fallback_counters"] = read_fallback_counters(runner)
+                except LinkShapingError:
+                    continue
+            if record.get("delay_line") is not None:
+                try:
+                    record["delay_line"] = read_delay_line_stats(runner)
                 except LinkShapingError:
                     continue
             record.update(end_counters=counters, end_counters_at_s=round(time.monotonic() - t0, 3),
@@ -221,6 +253,11 @@ class ClusterConditions:
 def _uses_rules(plan: ShapingPlan) -> bool:
     """Whether the plan installs the fallback's iptables rules (a key applied without netem)."""
     return any(how != "netem" for how in plan.mechanisms.values())
+
+
+def _uses_delay_line(plan: ShapingPlan) -> bool:
+    """Whether the plan starts the delay line (delay or jitter applied without netem)."""
+    return DELAY_LINE_MECHANISM in plan.mechanisms.values()
 
 
 def _engine_is_local(container) -> bool:

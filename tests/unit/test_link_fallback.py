@@ -20,7 +20,8 @@ from harness.links.fallback import (
     rule_counters_command,
     rule_reset_commands,
 )
-from harness.links.tc import netem_args
+from harness.links.delayline import parse_stats, runs_in_background
+from harness.links.tc import netem_args, netem_limit_packets
 from harness.spec.links import LinkProfile
 from harness.spec.points import build_spec
 
@@ -55,12 +56,15 @@ def test_a_rate_alone_needs_no_impairment_mechanism():
 def test_rules_count_then_drop_then_queue_on_arrival():
     profile = LinkProfile(delay_ms=10, loss_pct=5)
     commands = rule_commands(profile, choose_mechanisms(profile, False, BOTH), dev="eth0", queue_num=3)
-    assert all(c[:4] == ["iptables", "-w", "-t", "mangle"] for c in commands)
+    assert all(c[:4] == ["iptables", "-w", "-t", "mangle"] for c in commands if c[0] != DELAY_LINE)
     assert commands[0][4:] == ["-N", CHAIN]
     assert commands[1][4:] == ["-A", CHAIN, "-m", "comment", "--comment", "seen"]
     assert commands[2][4:] == ["-A", CHAIN, "-m", "statistic", "--mode", "random", "--probability", "0.05",
                                "-m", "comment", "--comment", "loss", "-j", "DROP"]
     assert commands[3][4:] == ["-A", CHAIN, "-j", "NFQUEUE", "--queue-num", "3", "--queue-bypass"]
+    # the delay line starts (detached) on queue 3 and is bound before the jump puts the chain in the path
+    assert commands[4][:3] == [DELAY_LINE, "--queue", "3"] and runs_in_background(commands[4])
+    assert commands[5][:2] == [DELAY_LINE, "--wait-ready"] and not runs_in_background(commands[5])
     assert commands[-1][4:] == ["-I", "PREROUTING", "1", "-i", "eth0", "-j", CHAIN]  # the jump last: all or nothing
     assert not any("OUTPUT" in c for c in commands)  # a DROP on OUTPUT fails the sender's send, not the network
 
@@ -78,10 +82,11 @@ def test_loss_without_statistic_installs_no_rule():
     assert rule_commands(profile, choose_mechanisms(profile, False, FallbackCapabilities(False, True))) == []
 
 
-def test_reset_removes_the_jump_and_the_chain():
+def test_reset_removes_the_jump_then_stops_the_delay_line_then_the_chain():
     commands = rule_reset_commands("eth0")
     assert commands[0][4:] == ["-D", "PREROUTING", "-i", "eth0", "-j", CHAIN]
-    assert [c[4:] for c in commands[1:]] == [["-F", CHAIN], ["-X", CHAIN]]
+    assert commands[1] == [DELAY_LINE, "--stop"]  # nothing queued any more: what it holds goes out, then it exits
+    assert [c[4:] for c in commands[2:]] == [["-F", CHAIN], ["-X", CHAIN]]
     assert rule_counters_command()[4:] == ["-L", CHAIN, "-v", "-x", "-n"]
 
 
@@ -98,6 +103,10 @@ def test_delay_line_argv_in_microseconds_with_netems_distribution():
     argv = delay_line_argv(LinkProfile(delay_ms=0.25, ingress=True))
     assert argv[argv.index("--delay-us") + 1] == "250" and argv[argv.index("--distribution") + 1] == "uniform"
     assert argv[argv.index("--draws") + 1] == "2"
+    # by default the delay line holds as many packets as netem's limit for the profile (1.5 x BDP, >= 1000)
+    fat = LinkProfile(rate_bps=10**9, delay_ms=25)
+    limit = delay_line_argv(fat)[-1]
+    assert limit == str(netem_limit_packets(fat)) and int(limit) > 3000
 
 
 def test_netem_builder_keeps_the_same_keys():
