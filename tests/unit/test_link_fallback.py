@@ -189,3 +189,65 @@ def test_the_mechanisms_own_loss_count_is_read_and_reset_removes_the_rules():
     gone = _Runner(fail=True)
     reset_links(gone)  # nothing to remove is fine
     assert all(c in gone.calls for c in rule_reset_commands())
+
+
+# ------------------------------------------------------------------------------- the delay line
+
+STATS = ('{"pid": 41, "running": true, "realtime": false, "nice": 0, "queue": 0, "delay_us": 5000, "jitter_us": 0, '
+         '"distribution": "uniform", "draws": 1, "max_len_packets": 1000, "queued_packets": 509, '
+         '"accepted_packets": 509, "held_packets": 0, "max_held_packets": 2, "dropped_full_packets": 0, '
+         '"kernel_queue_dropped_packets": 0, "kernel_user_dropped_packets": 0, "late_mean_us": 461.8, '
+         '"late_max_us": 30415.1, "cpu_user_s": 0.003011, "cpu_system_s": 0.062916}\n')
+
+
+def test_the_delay_lines_stats_are_read_and_a_bad_file_refused():
+    stats = parse_stats(STATS)  # as the binary wrote it (docker/delayline/wiiide-delayline.c, write_stats)
+    assert stats["accepted_packets"] == 509 and stats["cpu_s"] == pytest.approx(0.065927)
+    for bad in ("", "[1]", STATS.replace('"queued_packets": 509', '"queued_packets": "509"'),
+                STATS.replace('"running": true', '"running": 1'), STATS.replace('"pid": 41, ', "")):
+        with pytest.raises(ValueError, match="delay line's stats"):
+            parse_stats(bad)
+
+
+def test_plan_with_a_delay_line_starts_it_detached_and_keeps_the_delay():
+    from harness.links.plan import plan_shaping
+    from harness.run.tc_exec import ContainerExec, apply_plan
+    profile = LinkProfile(rate_bps=10**9, delay_ms=12.5, jitter_ms=1, jitter_distribution="pareto")
+    plan = plan_shaping(profile, _caps(statistic=True, nfqueue=True))
+    assert plan.mechanisms == {"delay": "delay-line", "jitter": "delay-line"} and plan.unsupported == ()
+    assert (plan.applied.delay_ms, plan.applied.jitter_distribution) == (12.5, "pareto")
+    assert not any("netem" in c for c in plan.commands)
+
+    class Container:
+        name = "c"
+
+        def __init__(self):
+            self.calls = []
+
+        def exec_run(self, argv, demux=False, detach=False):
+            self.calls.append((list(argv), detach))
+            return (None, None) if detach else (0, (b"[]" if argv[0] == "tc" else b"", None))
+
+    container = Container()
+    apply_plan(ContainerExec(container), plan)
+    detached = [argv for argv, detach in container.calls if detach]
+    assert detached == [delay_line_argv(profile)]  # only the delay line's own run goes on in the background
+    order = [argv[0] if argv[0] != "iptables" else argv[5] for argv, _ in container.calls]
+    assert order.index(DELAY_LINE) < order.index("PREROUTING")  # bound before the chain is in the path
+
+
+def test_round_trips_summarised_beside_what_was_asked():
+    from harness.links.rtt import WARMUP_SAMPLES, asked_rtt_ms, parse_ping_output, probe_count, summarize
+    assert asked_rtt_ms(LinkProfile(delay_ms=5), LinkProfile(delay_ms=20, ingress=True)) == 45
+    assert asked_rtt_ms(LinkProfile(delay_ms=5), None) == 5
+    samples = [50.0] * WARMUP_SAMPLES + [10.0 + i / 100 for i in range(100)]  # 10.00 .. 10.99 ms
+    out = summarize(samples, asked_ms=10)
+    assert (out["samples"], out["min_rtt_ms"], out["max_rtt_ms"]) == (100, 10.0, 10.99)  # warm-up left out
+    assert out["median_rtt_ms"] == pytest.approx(10.495) and out["p99_rtt_ms"] == pytest.approx(10.98)
+    assert 20 < probe_count(100) < probe_count(2) <= 200 + WARMUP_SAMPLES
+    assert parse_ping_output('{"rtt_ms": [1.5, 2]}\n') == [1.5, 2.0]
+    for bad in ("", "Traceback", '{"rtt_ms": ["1"]}', '{"rtt": []}'):
+        with pytest.raises(ValueError, match="round-trip probe"):
+            parse_ping_output(bad)
+    with pytest.raises(ValueError):
+        summarize([1.0] * WARMUP_SAMPLES)
