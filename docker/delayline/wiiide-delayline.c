@@ -43,6 +43,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -60,6 +61,7 @@
 #define DIST_MAX 16384
 #define RCVBUF_BYTES (16 << 20)
 #define MAX_MSGS_PER_ROUND 512
+#define SLICE_US 100 /* EEVDF's smallest slice */
 
 struct held { uint64_t due_ns; uint64_t seq; uint32_t id; };
 
@@ -76,7 +78,7 @@ static struct {
     uint64_t rng;
     struct nfq_q_handle *qh;
     volatile sig_atomic_t stop;
-    int realtime, nice;
+    int realtime, nice, slice_us;
 } S;
 
 static uint64_t now_ns(void) {
@@ -224,12 +226,12 @@ static void write_stats(int running) {
     char tmp[] = STATS_FILE ".tmp";
     FILE *f = fopen(tmp, "w");
     if (!f) return;
-    fprintf(f, "{\"pid\": %d, \"running\": %s, \"realtime\": %s, \"nice\": %d, \"queue\": %d, \"delay_us\": %lld, \"jitter_us\": %lld, "
+    fprintf(f, "{\"pid\": %d, \"running\": %s, \"realtime\": %s, \"nice\": %d, \"slice_us\": %d, \"queue\": %d, \"delay_us\": %lld, \"jitter_us\": %lld, "
             "\"distribution\": \"%s\", \"draws\": %d, \"max_len_packets\": %d, \"queued_packets\": %llu, "
             "\"accepted_packets\": %llu, \"held_packets\": %zu, \"max_held_packets\": %llu, "
             "\"dropped_full_packets\": %llu, \"kernel_queue_dropped_packets\": %llu, "
             "\"kernel_user_dropped_packets\": %llu, \"late_mean_us\": %.1f, \"late_max_us\": %.1f, \"cpu_user_s\": %.6f, \"cpu_system_s\": %.6f}\n",
-            (int)getpid(), running ? "true" : "false", S.realtime ? "true" : "false", S.nice, S.queue, (long long)(S.delay_ns / 1000),
+            (int)getpid(), running ? "true" : "false", S.realtime ? "true" : "false", S.nice, S.slice_us, S.queue, (long long)(S.delay_ns / 1000),
             (long long)(S.jitter_ns / 1000), S.distribution ? S.distribution : "uniform", S.draws, S.max_len,
             (unsigned long long)S.queued, (unsigned long long)S.accepted, S.heap_len,
             (unsigned long long)S.max_held, (unsigned long long)S.dropped_full, qd, ud,
@@ -327,6 +329,22 @@ static int wait_ready(double timeout_s) {
     return 1;
 }
 
+/* EEVDF (Linux 6.12+): a fair task's own slice, sched_attr.sched_runtime; a short one gives the task an
+   early virtual deadline, so it runs soon after it wakes (PREEMPT_SHORT) without real-time rights */
+struct sched_attr_v0 { uint32_t size, policy; uint64_t flags; int32_t nice; uint32_t priority;
+                       uint64_t runtime, deadline, period; };
+
+static int short_slice(unsigned us) {
+#ifdef SYS_sched_setattr
+    struct sched_attr_v0 attr = {.size = sizeof attr, .policy = SCHED_OTHER,
+                                 .nice = getpriority(PRIO_PROCESS, 0), .runtime = (uint64_t)us * 1000};
+    return syscall(SYS_sched_setattr, 0, &attr, 0) == 0;
+#else
+    (void)us;
+    return 0;
+#endif
+}
+
 static void usage(void) {
     fprintf(stderr, "usage: wiiide-delayline --queue N --delay-us D [--jitter-us J] [--distribution "
                     "uniform|normal|pareto|paretonormal] [--draws K] [--max-len P]\n"
@@ -396,7 +414,10 @@ int main(int argc, char **argv) {
        else the nicest value it may take; the stats say which */
     struct sched_param sp = {.sched_priority = 10};
     S.realtime = sched_setscheduler(0, SCHED_FIFO, &sp) == 0;
-    if (!S.realtime) setpriority(PRIO_PROCESS, 0, -10);
+    if (!S.realtime) {
+        setpriority(PRIO_PROCESS, 0, -10);
+        S.slice_us = short_slice(SLICE_US) ? SLICE_US : 0;
+    }
     S.nice = getpriority(PRIO_PROCESS, 0);
     struct nfq_handle *h = bind_queue(err, sizeof err);
     if (!h) fail_start(err);
