@@ -20,7 +20,7 @@
  *   wiiide-delayline --stop                 stop the running instance (SIGTERM, wait, SIGKILL)
  *   wiiide-delayline --check [--queue N]    bind and unbind the queue once (the harness's probe)
  *
- * Files (inside the container): the pid file, the stats file (JSON, rewritten every second and at
+ * Files (inside the container): the pid file, the stats file (JSON, rewritten every 250 ms and at
  * exit: packets held, accepted and dropped, the most held at once, CPU seconds of this process,
  * the kernel queue's own drop counters) and the error file of a start that failed.
  * On SIGTERM it accepts every packet it still holds, unbinds and removes its pid file.
@@ -62,6 +62,7 @@
 #define RCVBUF_BYTES (16 << 20)
 #define MAX_MSGS_PER_ROUND 512
 #define SLICE_US 100 /* EEVDF's smallest slice */
+#define STATS_EVERY_NS 250000000ull /* the stats file's age at most: a read right after a trial is current */
 
 struct held { uint64_t due_ns; uint64_t seq; uint32_t id; };
 
@@ -434,11 +435,11 @@ int main(int argc, char **argv) {
 
     int fd = nfq_fd(h);
     static char buf[65536] __attribute__((aligned));
-    uint64_t next_stats = now_ns() + 1000000000ull;
+    uint64_t next_stats = now_ns() + STATS_EVERY_NS;
     while (!S.stop) {
         uint64_t now = now_ns();
         release(now, 0);
-        if (now >= next_stats) { write_stats(1); next_stats = now + 1000000000ull; }
+        if (now >= next_stats) { write_stats(1); next_stats = now + STATS_EVERY_NS; }
         uint64_t wake = next_stats;
         if (S.heap_len && S.heap[0].due_ns < wake) wake = S.heap[0].due_ns;
         now = now_ns();

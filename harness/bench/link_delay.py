@@ -82,7 +82,8 @@ def measure_delay(by_role: dict, rtt_ms: float, round_trips: int, caps, progress
 
 def iperf_flow(by_role: dict, seconds: float) -> dict[str, Any]:
     """One iperf3 TCP flow from the worker to the coordinator for `seconds`: ``throughput_bps`` (what the
-    receiver got), ``retransmits`` and the duration. Raises RuntimeError when iperf3 fails."""
+    receiver got), ``retransmits``, the duration, and the sender's largest congestion and send windows
+    (``max_snd_cwnd_bytes``, ``max_snd_wnd_bytes``) and mean smoothed RTT (``mean_rtt_ms``). Raises RuntimeError when iperf3 fails."""
     result: dict[str, Any] = {}
     server = threading.Thread(target=lambda: result.update(exec=by_role["coordinator"].exec_run(
         ["iperf3", "-s", "-1", "-p", str(IPERF_PORT)], demux=True)), daemon=True)
@@ -94,8 +95,12 @@ def iperf_flow(by_role: dict, seconds: float) -> dict[str, Any]:
     out = (output[0] if isinstance(output, tuple) else output) or b""
     try:
         end = json.loads(out)["end"]
+        sender = (end.get("streams") or [{}])[0].get("sender", {})
         return {"throughput_bps": round(end["sum_received"]["bits_per_second"]),
-                "retransmits": end["sum_sent"].get("retransmits"), "duration_s": end["sum_received"]["seconds"]}
+                "retransmits": end["sum_sent"].get("retransmits"), "duration_s": end["sum_received"]["seconds"],
+                # the sender's TCP_INFO as iperf3 sampled it: what bounded the window (bytes, rtt in us)
+                "max_snd_cwnd_bytes": sender.get("max_snd_cwnd"), "max_snd_wnd_bytes": sender.get("max_snd_wnd"),
+                "mean_rtt_ms": sender["mean_rtt"] / 1000 if isinstance(sender.get("mean_rtt"), (int, float)) else None}
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise RuntimeError(f"bench-link: iperf3 failed (exit {code}, {exc}): {out[-300:]!r}") from None
 

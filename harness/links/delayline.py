@@ -11,7 +11,7 @@ died, it was stopped): a dead delay line does not blackhole the container. Its l
    that stays as the exec's own process, reaped by the engine when it ends; `runs_in_background`
    tells the runner so), then `wait_ready_argv` waits until it has bound its queue, or prints why it
    could not (its error file), exit status 1;
-2. run: it rewrites `STATS_FILE` (JSON, `parse_stats`) every second: packets queued, accepted and
+2. run: it rewrites `STATS_FILE` (JSON, `parse_stats`) every 250 ms: packets queued, accepted and
    held, the most held at once, its lateness (verdict time minus due time) and its CPU seconds;
 3. stop: `stop_argv` sends SIGTERM (SIGKILL after 5 s), which accepts every packet still held, unbinds
    the queue and removes the pid file; a container that exits takes it along.
@@ -25,12 +25,12 @@ import json
 from typing import Any
 
 DELAY_LINE = "wiiide-delayline"  # the consumer's binary in the node image (/usr/local/bin)
-STATS_FILE = "/tmp/wiiide-delayline.json"  # inside the container; rewritten every second and at exit
+STATS_FILE = "/tmp/wiiide-delayline.json"  # inside the container; rewritten every 250 ms and at exit
 READY_TIMEOUT_S = 5.0
 
 # the stats file's keys and their types; a file missing one, or with another type, is refused
 _STATS_KEYS: dict[str, type | tuple[type, ...]] = {
-    "pid": int, "running": bool, "realtime": bool, "nice": int, "queue": int, "delay_us": int, "jitter_us": int,
+    "pid": int, "running": bool, "realtime": bool, "nice": int, "slice_us": int, "queue": int, "delay_us": int, "jitter_us": int,
     "distribution": str, "draws": int, "max_len_packets": int, "queued_packets": int, "accepted_packets": int,
     "held_packets": int, "max_held_packets": int, "dropped_full_packets": int, "kernel_queue_dropped_packets": int,
     "kernel_user_dropped_packets": int, "late_mean_us": (int, float), "late_max_us": (int, float),
@@ -66,7 +66,8 @@ def stats_command(path: str = STATS_FILE) -> list[str]:
 
 def parse_stats(text: str) -> dict[str, Any]:
     """The delay line's stats file -> its record, with ``cpu_s`` (user + system seconds) added: ``pid``,
-    ``running``, ``realtime`` (SCHED_FIFO granted), ``delay_us``, ``jitter_us``, ``distribution``,
+    ``running``, ``realtime`` (SCHED_FIFO granted), ``nice``, ``slice_us`` (its EEVDF slice where it
+    was set, else 0), ``delay_us``, ``jitter_us``, ``distribution``,
     ``draws``, packet counts (``queued_packets``, ``accepted_packets``, ``held_packets``,
     ``max_held_packets``, ``dropped_full_packets``; the kernel queue's own ``kernel_queue_dropped_packets``
     and ``kernel_user_dropped_packets``), lateness ``late_mean_us``/``late_max_us`` (verdict minus due

@@ -8,8 +8,10 @@ Order, for the docker backend (`harness.run.compose.ComposeBackend`):
 2. Compose starts the cluster with the coordinator's start gate set (`START_GATE_FILE`): the workers
    connect, and the coordinator waits before its first step.
 3. `ClusterConditions.apply`: per-worker CPU/memory limits through the Engine API, the tc commands in
-   each container, a read-back of ``tc -j -s qdisc/class show`` per interface; then `open_gate` touches
-   the gate file in the coordinator: training traffic only ever sees the shaped links.
+   each container (with the fallback's iptables rules and delay line where the kernel has no netem), a
+   read-back of ``tc -j -s qdisc/class show`` per interface, and, when a profile asks for a delay, a TCP
+   round-trip probe from worker 1 to the coordinator (`harness.links.rtt`, ``links.rtt_probe``); then
+   `open_gate` touches the gate file in the coordinator: training traffic only ever sees the shaped links.
 4. While the run goes on, the qdisc counters are read every `COUNTER_INTERVAL_S` seconds; the last
    reading before each container exits is its end counters (a container's qdiscs go with its network
    namespace when it exits, so they cannot be read after the run). Where the engine runs on this host
@@ -17,7 +19,8 @@ Order, for the docker backend (`harness.run.compose.ComposeBackend`):
    (`harness.run.tc_exec.HostNetnsExec`, once its first reading matched the exec's read-back), not by an
    Engine API exec each time; the report's ``counter_reader`` says which (``host-netns`` or ``exec``).
 
-Teardown is Compose's: qdiscs and the ifb device live in the containers' network namespaces.
+Teardown is Compose's: qdiscs, the ifb device, the fallback's rules and the delay line live in the
+containers' network namespaces (and process trees) and go with them.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ and bad impairment values refused in a spec before anything starts, naming the f
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -193,7 +194,7 @@ def test_the_mechanisms_own_loss_count_is_read_and_reset_removes_the_rules():
 
 # ------------------------------------------------------------------------------- the delay line
 
-STATS = ('{"pid": 41, "running": true, "realtime": false, "nice": 0, "queue": 0, "delay_us": 5000, "jitter_us": 0, '
+STATS = ('{"pid": 41, "running": true, "realtime": false, "nice": 0, "slice_us": 100, "queue": 0, "delay_us": 5000, "jitter_us": 0, '
          '"distribution": "uniform", "draws": 1, "max_len_packets": 1000, "queued_packets": 509, '
          '"accepted_packets": 509, "held_packets": 0, "max_held_packets": 2, "dropped_full_packets": 0, '
          '"kernel_queue_dropped_packets": 0, "kernel_user_dropped_packets": 0, "late_mean_us": 461.8, '
@@ -251,3 +252,32 @@ def test_round_trips_summarised_beside_what_was_asked():
             parse_ping_output(bad)
     with pytest.raises(ValueError):
         summarize([1.0] * WARMUP_SAMPLES)
+
+
+def test_a_run_records_the_measured_round_trip_beside_the_one_asked():
+    from harness.links.plan import plan_shaping
+    from harness.links.rtt import PING
+    from harness.run.shaping import ClusterConditions
+
+    class Container:
+        def __init__(self, name, service, number, answer):
+            self.name, self.answer = name, answer
+            self.labels = {"com.docker.compose.service": service, "com.docker.compose.container-number": number}
+            self.attrs = {"Config": {"Hostname": service}}
+
+        def exec_run(self, argv, demux=False):
+            return self.answer if argv[2] == PING else (0, (b"", None))  # the echo just ends
+
+    pings = json.dumps({"rtt_ms": [9.0] * 3 + [5.1, 5.2, 5.3]}).encode()
+    caps = _caps(statistic=True, nfqueue=True)
+    conditions = ClusterConditions(None, probe=lambda: caps)
+    conditions.plans = {("coordinator", None): plan_shaping(LinkProfile(delay_ms=2), caps),
+                        ("worker", 1): plan_shaping(LinkProfile(delay_ms=3), caps)}
+    lines = []
+    coordinator = Container("c", "coordinator", "1", None)
+    conditions._probe_rtt([coordinator, Container("w1", "worker", "1", (0, (pings, None)))], lines.append)
+    probe = conditions.links["rtt_probe"]
+    assert (probe["asked_rtt_ms"], probe["median_rtt_ms"], probe["samples"], probe["between"]) == (5, 5.2, 3, ["w1", "c"])
+    assert "median 5.200 ms" in lines[0]
+    conditions._probe_rtt([coordinator, Container("w1", "worker", "1", (1, (b"", b"refused")))], lines.append)
+    assert "refused" in conditions.links["rtt_probe"]["error"] and "NOT MEASURED" in lines[-1]
