@@ -300,6 +300,7 @@ static int alive(int pid) { /* running, not a zombie */
 }
 
 static int stop_running(void) {
+    unlink(ERROR_FILE); /* a failed start's message must not answer the next start's --wait-ready */
     int pid = read_pid();
     if (pid <= 0 || !alive(pid)) { unlink(PID_FILE); return 0; }
     kill(pid, SIGTERM);
