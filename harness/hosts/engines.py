@@ -88,6 +88,18 @@ def hosts_down(progress: Progress, project: str = PROJECT) -> None:
                  f"{len(objs['networks'])} network(s) of {project}'s hosts (their swarm state went with them)")
 
 
+def _run_host(client, plan: HostsPlan, host: HostSpec, image: str):
+    """Create and start `host`'s container through the low-level API (its host config needs keys the
+    SDK's ``containers.run`` has no argument for); return it as a docker SDK container."""
+    create, host_args = plan.host_container(host, image)
+    raw = host_args.pop("raw")
+    host_config = client.api.create_host_config(**host_args)
+    host_config.update(raw)
+    created = client.api.create_container(host_config=host_config, **create)
+    client.api.start(created["Id"])
+    return client.containers.get(created["Id"])
+
+
 def _wait_dockerd(host: HostSpec, container, deadline: float):
     """A docker client of `host`'s dockerd once it answers. Raises ClusterError with its log otherwise."""
     while True:
@@ -209,7 +221,7 @@ def hosts_up(count: int, progress: Progress, project: str = PROJECT, node_image:
         for host in plan.hosts:
             host.socket_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             client.volumes.create(host.volume, labels=plan.labels("host", host.index))
-            containers.append(client.containers.run(**plan.host_container(host, image)))
+            containers.append(_run_host(client, plan, host, image))
         deadline = time.monotonic() + DOCKERD_WAIT_S
         clients = [_wait_dockerd(host, c, deadline) for host, c in zip(plan.hosts, containers)]
         _form_swarm(plan, clients, containers, progress)

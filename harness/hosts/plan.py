@@ -34,9 +34,10 @@ CAPABILITIES = ("AUDIT_CONTROL", "AUDIT_READ", "AUDIT_WRITE", "BLOCK_SUSPEND", "
                 "NET_BROADCAST", "NET_RAW", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYSLOG", "SYS_ADMIN",
                 "SYS_BOOT", "SYS_CHROOT", "SYS_MODULE", "SYS_NICE", "SYS_PACCT", "SYS_PTRACE", "SYS_RAWIO",
                 "SYS_TIME", "SYS_TTY_CONFIG", "WAKE_ALARM")
-# seccomp and AppArmor off, /proc and /sys unmasked: what --privileged also does (dockerd mounts, makes
-# bridges and VXLAN devices, writes /proc/sys); the host's entry point remounts /sys and cgroups rw.
-SECURITY_OPT = ("seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined")
+# seccomp and AppArmor off, and (`host_container`'s empty MaskedPaths / ReadonlyPaths, the CLI's
+# `--security-opt systempaths=unconfined`) /proc and /sys unmasked: what --privileged also does (dockerd
+# mounts, makes bridges and VXLAN devices, writes /proc/sys); the host's entry point remounts /sys and cgroups rw.
+SECURITY_OPT = ("seccomp=unconfined", "apparmor=unconfined")
 
 
 def parse_host_count(value: object) -> int:
@@ -57,9 +58,12 @@ def parse_host_count(value: object) -> int:
 
 
 def max_replicas_per_node(num_workers: int, num_hosts: int) -> int:
-    """``deploy.placement.max_replicas_per_node`` of the workers on `num_hosts` hosts:
-    ceil(workers / hosts), so that Swarm's spread leaves no host without a worker when there are at
-    least as many workers as hosts (2 workers on 2 hosts: 1 each; 4 on 3: 2, 1, 1)."""
+    """``deploy.placement.max_replicas_per_node`` of the workers on `num_hosts` hosts: ceil(workers /
+    hosts), the smallest cap that holds them all. Swarm's spread strategy then balances the rest (2
+    workers on 2 hosts: 1 each, forced; 4 on 3: 2, 1, 1 as spread places them).
+
+    Raises:
+        ValueError: fewer than 1 worker or host."""
     if num_workers < 1 or num_hosts < 1:
         raise ValueError(f"need >= 1 worker and host, got {num_workers} and {num_hosts}")
     return math.ceil(num_workers / num_hosts)
@@ -125,13 +129,17 @@ class HostsPlan:
         return ["dockerd", "-H", f"unix://{SOCKET_DIR}/{SOCKET_NAME}", "--insecure-registry", self.registry_address,
                 "--default-address-pool", "base=192.168.128.0/17,size=24"]
 
-    def host_container(self, host: HostSpec, image: str) -> dict[str, Any]:
-        """Keyword arguments of ``client.containers.run`` for `host` (docker SDK)."""
-        return {"image": image, "command": self.dockerd_command(), "name": host.name, "hostname": host.name,
-                "detach": True, "cap_add": list(CAPABILITIES), "security_opt": list(SECURITY_OPT),
-                "network": self.network, "labels": self.labels("host", host.index),
-                "volumes": {host.volume: {"bind": "/var/lib/docker", "mode": "rw"},
-                            str(host.socket_dir): {"bind": SOCKET_DIR, "mode": "rw"}}}
+    def host_container(self, host: HostSpec, image: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The Engine API's create request for `host`, as (keyword arguments of the docker SDK's
+        ``api.create_container`` without ``host_config``, keyword arguments of ``api.create_host_config``,
+        plus the keys the SDK has no argument for: ``MaskedPaths``, ``ReadonlyPaths``)."""
+        create = {"image": image, "command": self.dockerd_command(), "name": host.name, "hostname": host.name,
+                  "detach": True, "labels": self.labels("host", host.index)}
+        host_config = {"cap_add": list(CAPABILITIES), "security_opt": list(SECURITY_OPT), "network_mode": self.network,
+                       "binds": {host.volume: {"bind": "/var/lib/docker", "mode": "rw"},
+                                 str(host.socket_dir): {"bind": SOCKET_DIR, "mode": "rw"}},
+                       "raw": {"MaskedPaths": [], "ReadonlyPaths": []}}
+        return create, host_config
 
     def registry_container(self, image: str) -> dict[str, Any]:
         """Keyword arguments of ``client.containers.run`` for the registry: Debian's docker-registry,
