@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main_from_args(args: argparse.Namespace, log: Progress) -> int:
     """Run ``hosts ACTION``; exit code 0. Raises SpecError (a bad --hosts) before anything starts,
     ClusterError when a step fails (``up`` has then removed what it made)."""
-    from harness.hosts.engines import attach, hosts_down, hosts_up, leftovers
+    from harness.hosts.engines import attach, encryption_note, hosts_down, hosts_up, leftovers
 
     if args.action == "down":
         hosts_down(log)
@@ -51,6 +51,7 @@ def main_from_args(args: argparse.Namespace, log: Progress) -> int:
             s = node.attrs.get("Status", {})
             print(f"{d.get('Hostname')}\t{node.attrs['Spec'].get('Role')}\t{s.get('State')}\t{s.get('Addr')}")
         print(f"registry\t{hosts.registry_address}\t(pushed to at {hosts.push_address})")
+        print(encryption_note())
         return 0
     count = parse_host_count(args.hosts)  # refused before anything starts
     from harness.run.image import DEFAULT_TAG, ensure_image
@@ -58,6 +59,7 @@ def main_from_args(args: argparse.Namespace, log: Progress) -> int:
     hosts = hosts_up(count, log, node_image=image)
     for name, url in hosts.urls.items():
         print(f"{name}\t{url}")
+    log(f"[hosts] {encryption_note()}")
     log(f"hosts up: {count} hosts in one swarm, {image} in the registry and on each; run on them with "
         f"`--backend swarm --hosts`; `wiiide-lab hosts down` removes everything ({sum(map(len, leftovers().values()))} "
         "objects on this engine)")

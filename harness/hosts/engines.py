@@ -241,6 +241,21 @@ def hosts_up(count: int, progress: Progress, project: str = PROJECT, node_image:
         raise
 
 
+def encryption_note() -> str:
+    """One line on whether an encrypted overlay (``overlay_encrypted: true``) could encrypt between the
+    hosts: the kernel's ESP and GCM options (`harness.bench.overlay.kernel_ipsec`). All hosts share this
+    kernel, so what it lacks, every host lacks."""
+    from harness.bench.overlay import kernel_ipsec
+    config = kernel_ipsec()["config"]
+    if config is None:
+        return "encrypted overlay: unknown (no /proc/config.gz to read CONFIG_INET_ESP from)"
+    missing = [k for k in ("CONFIG_INET_ESP", "CONFIG_CRYPTO_GCM") if config.get(k) not in ("y", "m")]
+    if missing:
+        return (f"encrypted overlay: this kernel lacks {' and '.join(missing)}: overlay_encrypted: true would "
+                "not encrypt the VXLAN traffic between these hosts (IPsec ESP, AES-GCM)")
+    return "encrypted overlay: this kernel has ESP and GCM: overlay_encrypted: true encrypts between the hosts"
+
+
 def attach(project: str = PROJECT, client=None) -> Hosts:
     """The hosts of `project` that run now, found by their labels on the outer engine.
 

@@ -124,3 +124,15 @@ def test_stack_on_the_hosts_caps_workers_per_host(tmp_path, monkeypatch):
     assert worker["replicas"] == 4 and worker["placement"] == {"max_replicas_per_node": 2}
     _, override = write_stack_files(tmp_path, 4)
     assert "placement" not in yaml.safe_load(override.read_text())["services"]["worker"]["deploy"]
+
+
+@pytest.mark.parametrize("config, says", [
+    ({"CONFIG_INET_ESP": "not set", "CONFIG_CRYPTO_GCM": "y"}, "lacks CONFIG_INET_ESP: "),
+    ({"CONFIG_INET_ESP": "m", "CONFIG_CRYPTO_GCM": "y"}, "has ESP and GCM"),
+    (None, "unknown"),
+])
+def test_the_encryption_probe_names_what_the_kernel_lacks(config, says, monkeypatch):
+    import harness.bench.overlay as overlay
+    from harness.hosts.engines import encryption_note
+    monkeypatch.setattr(overlay, "kernel_ipsec", lambda: {"config": config, "xfrm_stat": None})
+    assert says in encryption_note()
