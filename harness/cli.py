@@ -31,11 +31,6 @@ def _use_image(args: argparse.Namespace) -> None:
         os.environ["WIIIIIDE_IMAGE"] = args.image
 
 
-def _use_hosts(args: argparse.Namespace) -> None:
-    from harness.hosts.cli import use_hosts
-    use_hosts(args)
-
-
 def cmd_sweep(args: argparse.Namespace) -> int:
     """`sweep SPEC`: validate the spec, run every point and repeat, print the table and, last, the
     report's path; with --dry-run, only check and list the points with a time estimate
@@ -50,7 +45,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.only:
         select_points(spec, args.only)
     _use_image(args)
-    _use_hosts(args)
     if args.repeats:
         spec.repeats = args.repeats
     if args.dry_run:
@@ -174,7 +168,6 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     point = up_point(args)  # validated before anything starts
     _use_image(args)
-    _use_hosts(args)
     backend = select_backend(args.backend, _log)
     results = (REPO_ROOT / "results" / "cluster").resolve()
     (results / "nodes").mkdir(parents=True, exist_ok=True)
@@ -204,7 +197,6 @@ def cmd_down(args: argparse.Namespace) -> int:
     if problem:
         _log(f"no Docker engine answered ({problem}): nothing to remove")
         return 0
-    _use_hosts(args)
     if args.backend == "swarm":
         from harness.run import swarm
         swarm.cluster_down(_log)
@@ -317,9 +309,6 @@ def cmd_knobs(args: argparse.Namespace) -> int:
     return 0
 
 
-HOSTS_HELP = "with --backend swarm: on the hosts of `wiiide-lab hosts up` (their swarm, registry and engines)"
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every verb (`wiiide-lab --help`, `wiiide-lab VERB --help`)."""
     parser = argparse.ArgumentParser(prog="wiiide-lab", description="WIIIIIDE lab: run, shape, sweep and report WIIIIIDE clusters (also: python -m harness)")
@@ -330,7 +319,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["auto", "docker", "swarm", "local"], default="auto",
                    help="auto: docker when an engine answers, else local (default); swarm: a stack per run on "
                         "Docker Swarm (a single-node swarm is started and left again when the engine is in none)")
-    p.add_argument("--hosts", action="store_true", help=HOSTS_HELP)
     p.add_argument("--repeats", type=int, help="override the spec's repeats")
     p.add_argument("--only", action="append", metavar="AXIS=GLOB[,GLOB]",
                    help="run only the points whose AXIS value (or label) matches a glob, e.g. model=lm-*,mlp-*; "
@@ -381,13 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="docker: containers from compose.yaml (default); swarm: a stack on Docker Swarm")
     p.add_argument("--image", metavar="REPO:TAG", help="the node image (a registry tag the swarm's nodes can "
                                                         "pull when there are several)")
-    p.add_argument("--hosts", action="store_true", help=HOSTS_HELP)
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("down", help="remove the cluster's containers and network")
     p.add_argument("--backend", choices=["docker", "swarm"], default="docker",
                    help="swarm: remove the project's stack and leave a swarm the harness started")
-    p.add_argument("--hosts", action="store_true", help=HOSTS_HELP)
     p.set_defaults(func=cmd_down)
 
     p = sub.add_parser("status", help="show the running cluster live: every node's state, step, batches/s, "
@@ -406,12 +392,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", metavar="G", help="only this group (e.g. sockets); an unknown one lists the groups")
     p.add_argument("--markdown", action="store_true", help="print Markdown (docs/knobs.md is this output)")
     p.set_defaults(func=cmd_knobs)
-
-    from harness.hosts.cli import add_arguments as hosts_arguments
-    p = sub.add_parser("hosts", help="several Docker hosts on this machine: containers with their own dockerd in "
-                                     "one swarm, and a registry serving them the node image (up/down/status)")
-    hosts_arguments(p)
-    p.set_defaults(func=cmd_bench, bench_module="harness.hosts.cli")  # SIGTERM unwinds: a failed `up` cleans up
 
     p = sub.add_parser("image", help="build the node image (wheelhouse, local base when no registry)")
     p.add_argument("--force", action="store_true")
@@ -446,6 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "for Perfetto: per node the compute, pushes, pulls, updates and waits")
     timeline_arguments(p)
     p.set_defaults(func=cmd_timeline)
+    from harness.hosts.cli import register  # the `hosts` verb, and --hosts on sweep, up and down
+    register(sub)
     return parser
 
 

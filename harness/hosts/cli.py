@@ -6,16 +6,58 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Callable
 
 from harness.errors import SpecError
 from harness.hosts.plan import HOSTS_ENV, MAX_HOSTS, parse_host_count
-from harness.run.backend import Progress
+
+Progress = Callable[[str], None]
+
+
+ON_HOSTS_VERBS = ("sweep", "up", "down")  # the verbs that take --hosts (with --backend swarm)
+ON_HOSTS_HELP = "with --backend swarm: on the hosts of `wiiide-lab hosts up` (their swarm, registry and engines)"
+
+
+def register(sub) -> None:
+    """Add the ``hosts`` verb to the CLI's subparsers `sub` (``argparse``'s subparsers action), and
+    ``--hosts`` to `ON_HOSTS_VERBS` (already there: their handlers then call `use_hosts` first)."""
+    p = sub.add_parser("hosts", help="several Docker hosts on this machine: containers with their own dockerd in "
+                                     "one swarm, and a registry serving them the node image (up/down/status)")
+    add_arguments(p)
+    p.set_defaults(func=cmd_hosts)
+    for verb in ON_HOSTS_VERBS:
+        parser = sub.choices[verb]
+        parser.add_argument("--hosts", action="store_true", help=ON_HOSTS_HELP)
+        parser.set_defaults(func=_on_hosts(parser.get_default("func")))
+
+
+def _on_hosts(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        use_hosts(args)
+        return func(args)
+    run.__doc__ = func.__doc__
+    return run
+
+
+def cmd_hosts(args: argparse.Namespace) -> int:
+    """``hosts up|down|status`` with SIGTERM unwinding as Ctrl-C does (a failed or interrupted ``up``
+    removes what it made); log lines to stderr."""
+    import signal
+    import sys
+
+    from harness.bench import sigterm_as_interrupt
+
+    previous = signal.signal(signal.SIGTERM, sigterm_as_interrupt)
+    try:
+        return main_from_args(args, lambda line: print(line, file=sys.stderr, flush=True))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def use_hosts(args: argparse.Namespace) -> None:
     """``--hosts`` of sweep, up and down (with ``--backend swarm``): run on the hosts of ``hosts up``, by
     setting `harness.hosts.plan.HOSTS_ENV` for the swarm backend. Raises SpecError with another backend."""
-    if getattr(args, "hosts", False):
+    if getattr(args, "hosts", False) is True:
         if args.backend != "swarm":
             raise SpecError("--hosts runs a stack on the hosts of `wiiide-lab hosts up`: use it with --backend swarm")
         os.environ[HOSTS_ENV] = "1"
