@@ -79,7 +79,12 @@ def hosts_down(progress: Progress, project: str = PROJECT) -> None:
                 obj.remove()
             except docker.errors.NotFound:
                 pass
-    shutil.rmtree(HostsPlan(project, 1).socket_root / project, ignore_errors=True)
+    socket_root = HostsPlan(project, 1).socket_root
+    shutil.rmtree(socket_root / project, ignore_errors=True)
+    try:
+        socket_root.rmdir()  # only when no other project's hosts have sockets there
+    except OSError:
+        pass
     left = leftovers(project, client)
     if left:
         raise ClusterError(f"hosts down: still on the engine: {left}")
