@@ -444,12 +444,13 @@ def test_the_torch_engines_refuse_checkpoints_with_the_reason(engine, field, val
 
 @pytest.mark.parametrize("fields", [
     {"model": "transformer", "transformer_width": 32, "transformer_heads": 2}, {"model": "embedding"},
-    {"grad_accum_steps": 4}, {"tls": True}, {"eval_every_s": 1.0}])
-def test_the_sharded_servers_take_every_dense_model_gradient_accumulation_and_tls(fields):
+    {"grad_accum_steps": 4}, {"tls": True}, {"eval_every_s": 1.0}, {"local_steps": 16},
+    {"local_steps": 4, "outer_optimizer": "nesterov", "compression": "fixed:int8"}])
+def test_the_sharded_servers_take_every_dense_model_gradient_accumulation_tls_and_local_sgd(fields):
     assert RunConfig(ps_shards="all", **fields).ps_shards == "all"
 
 
-@pytest.mark.parametrize("field, value", [("staleness_bound", 2), ("local_steps", 4), ("adaptive_batch", True),
+@pytest.mark.parametrize("field, value", [("staleness_bound", 2), ("adaptive_batch", True),
                                           ("sparse_embedding", True)])
 def test_the_sharded_servers_refuse_what_they_do_not_offer_with_its_message(field, value):
     extra = {"model": "embedding", "momentum": 0.0} if field == "sparse_embedding" else {}

@@ -14,7 +14,9 @@ After the usual join (`wiiide.coordinator`, `wiiide.worker`, whose welcome carri
 4. per step the coordinator hands out the batches (``batch`` with samples, or ``batch_indices``), one
    step ahead (`HANDOUT_AHEAD`);
    each worker computes, pushes and pulls through the shards and reports ``step_done`` (its loss): the
-   coordinator's step barrier. Parameters never pass through the coordinator's link during training;
+   coordinator's step barrier. Parameters never pass through the coordinator's link during training.
+   With ``local_steps`` H > 1 a step is a round of local SGD (`wiiide.ps.local_sgd`): H batches, then a
+   model delta pushed and the shards' outer step;
 5. at the end the coordinator pulls the exact parameters from the shards (for evaluation) and sends
    them with ``stop``; each worker records the max abs difference between its copy and them.
 
@@ -55,6 +57,8 @@ from wiiide.ps.client import ShardClient, ShardFailed
 from wiiide.ps.digest import params_digest
 from wiiide.ps.feedback import policy_may_be_lossy
 from wiiide.ps.link_probe import PieceRule
+from wiiide.ps.local_sgd import LocalRounds, round_rows
+from wiiide.ps.plan import plan_addresses_of, plan_partitions_of
 from wiiide.ps.partition import (
     PER_SHARD_FINEST_BYTES,
     Partition,
@@ -330,9 +334,11 @@ def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: Shar
             return False
         return not (time.perf_counter() - start >= cfg.duration_s or (cfg.max_steps and sent >= cfg.max_steps))
 
+    rows = round_rows(cfg, sampler.batch_size, len(data.y_train))  # local SGD: H batches a round
+
     def hand_out(step: int) -> None:
         for w in workers:
-            idx = sampler.next_indices()
+            idx = sampler.next_indices(rows)
             if handout[w.rank] == "indices":
                 frame = encode_message("batch_indices", {"step": step}, [WireTensor("idx", np.asarray(idx, np.int64))])
             else:
@@ -358,7 +364,7 @@ def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: Shar
             loss = msg.meta.get("loss")
             losses.append(float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else float("nan"))
             compute_s.append(_seconds(msg.meta.get("compute_s")))
-            w.batches += 1
+            w.batches += cfg.local_steps
         if shard.failure:
             raise NodeFailure(shard.failure, EXIT_PEER_LOST)
         step += 1
@@ -369,8 +375,8 @@ def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: Shar
             hand_out(sent)
             sent += 1
         metrics.steps = step
-        metrics.batches += len(workers)
-        metrics.samples += len(workers) * sampler.batch_size
+        metrics.batches += len(workers) * cfg.local_steps
+        metrics.samples += len(workers) * rows
         now = time.perf_counter()
         metrics.record_step_time(now - t_step)  # from one step's barrier to the next
         metrics.record_workers_compute(compute_s)
@@ -409,7 +415,7 @@ def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, s
         conn.send([encode_message("ps_join", {"shard_port": shard.listen() if shard else 0, "data": fingerprint})])
         plan = link_probe.receive_answering_probes(conn, "ps_plan")
         flat = FlatParams(model)
-        partitions = _plan_partitions(plan.meta, flat.numel, k)
+        partitions = plan_partitions_of(plan.meta, flat.numel, k)
         params = plan.tensor("params")
         if params.shape != (flat.numel,) or params.dtype != np.float32:
             raise ProtocolError(f"ps_plan: params of shape {params.shape}, expected ({flat.numel},)")
@@ -423,9 +429,9 @@ def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, s
         if shard is not None:
             shard.configure(partitions, params, policy_may_be_lossy(cfg), momentum, start_step)
             shard.start()
-        addresses = _plan_addresses(plan.meta, k, cfg.coordinator_host)
+        addresses = plan_addresses_of(plan.meta, k, cfg.coordinator_host)
         client = ShardClient(cfg, secret, metrics, log, addresses, ROLE_WORKER, rank, worker.node_id)
-        client.attach(model, flat, partitions, policy_may_be_lossy(cfg))
+        client.attach(model, flat, partitions, policy_may_be_lossy(cfg), hooks=cfg.local_steps == 1)
         conn.send([encode_message("ps_ready")])
         _worker_steps(worker, conn, model, flat, client, data, str((welcome_meta.get("model") or {}).get("type")))
     except ShardFailed as exc:
@@ -472,37 +478,6 @@ def _plan_state(plan, numel: int) -> tuple[int, np.ndarray | None]:
     return start_step, momentum.copy()
 
 
-def _plan_partitions(meta: dict, numel: int, k: int) -> list[Partition]:
-    rows = meta.get("partitions")
-    if not isinstance(rows, list) or not rows:
-        raise ProtocolError("ps_plan: partitions must be a non-empty list")
-    partitions, at = [], 0
-    for i, row in enumerate(rows):
-        if (not isinstance(row, list) or len(row) != 3 or any(type(v) is not int for v in row)  # noqa: E721
-                or row[0] != at or row[1] <= row[0] or not 0 <= row[2] < k):
-            raise ProtocolError(f"ps_plan: partition {i} is {row!r:.80}; partitions must tile the vector in order")
-        partitions.append(Partition(i, row[0], row[1], row[2]))
-        at = row[1]
-    if at != numel:
-        raise ProtocolError(f"ps_plan: partitions cover {at} of {numel} parameters")
-    return partitions
-
-
-def _plan_addresses(meta: dict, k: int, coordinator_host: str) -> list[tuple[str, int, str]]:
-    """The plan's shard addresses as (host, port, TLS name): [host, port, name] rows, "" for the
-    coordinator's host (`coordinator_host`) or for a name that is the host. Raises ProtocolError."""
-    rows = meta.get("shards")
-    if not isinstance(rows, list) or len(rows) != k:
-        raise ProtocolError(f"ps_plan: shards must list {k} addresses")
-    out = []
-    for row in rows:
-        if not (isinstance(row, list) and len(row) == 3 and all(isinstance(v, str) and len(v) <= 255 for v in row[::2])
-                and type(row[1]) is int and 1 <= row[1] <= 65535):  # noqa: E721
-            raise ProtocolError(f"ps_plan: bad shard address {row!r:.80}")
-        out.append((row[0] or coordinator_host, row[1], row[2]))
-    return out
-
-
 def _seconds(value) -> float | None:
     """A worker's reported seconds (``step_done``'s ``compute_s``) when finite and >= 0, else None (a
     worker of an older version, or a bad value: the figure is left out, the step goes on)."""
@@ -515,6 +490,7 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
                   data: Dataset | None, kind: str) -> None:
     cfg, metrics, log = worker.cfg, worker.metrics, worker.log
     wait_s = 0.0
+    rounds = LocalRounds(cfg, model, flat, client, kind, metrics.rank) if cfg.local_steps > 1 else None
     while True:
         msg = conn.receive(["batch", "batch_indices", "stop"])
         if msg.kind == "stop":
@@ -546,12 +522,15 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
             check_batch(kind, x, y)
         except ValueError as exc:
             raise ProtocolError(str(exc)) from None
-        micro_batches = min(cfg.grad_accum_steps, int(x.shape[0]))  # as `wiiide.pace.outer.gradient` cuts them
-        client.begin_step(step, micro_batches)
-        try:  # the hooks push each partition once the last micro-batch's backward has reached it
-            loss_value = gradient(model, flat, x, y, micro_batches, loss_fn=partial(loss_mean, kind))
-        except (RuntimeError, IndexError) as exc:
-            raise ProtocolError(f"batch does not fit the model: {exc}") from None
+        if rounds is not None:  # local SGD: H steps, then the model delta pushed (wiiide.ps.local_sgd)
+            loss_value = rounds.push_round(step, x, y)
+        else:
+            micro_batches = min(cfg.grad_accum_steps, int(x.shape[0]))  # as `wiiide.pace.outer.gradient` cuts them
+            client.begin_step(step, micro_batches)
+            try:  # the hooks push each partition once the last micro-batch's backward has reached it
+                loss_value = gradient(model, flat, x, y, micro_batches, loss_fn=partial(loss_mean, kind))
+            except (RuntimeError, IndexError) as exc:
+                raise ProtocolError(f"batch does not fit the model: {exc}") from None
         compute_s = time.perf_counter() - t0
         metrics.compute_time_s += compute_s
         metrics.compute_cpu_s += time.thread_time() - cpu0
@@ -559,5 +538,5 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
         worker._last_step, worker._last_params_unix_s = step, time.time()  # the hello's rejoin hint
         conn.send([encode_message("step_done", {"step": step, "loss": loss_value, "samples": int(x.shape[0]),
                                                 "compute_s": compute_s})])
-        metrics.record_worker_step(int(x.shape[0]), loss_value, time.perf_counter() - t0)
+        metrics.record_worker_step(int(x.shape[0]), loss_value, time.perf_counter() - t0, batches=cfg.local_steps)
         log.step(metrics.steps, "step %s: loss %.4f", step, loss_value)

@@ -9,6 +9,8 @@ averages the gradients (summed in rank order, as the central server sums them, s
 momentum buffer lives here only) and sends the partition back to every worker at once: a partition is
 answered as soon as its last push arrived, not at the end of the step. Pulls are deltas against the
 workers' copy (`wiiide.ps.feedback.PullReplica`), compressed by the shard's own policy.
+With ``local_steps`` H > 1 a push is a worker's model delta after H local steps and the step is the
+outer step (`wiiide.pace.outer.PartitionOuterStep`: avg or Nesterov on the partition; `wiiide.ps.local_sgd`).
 
 Connections: the coordinator's handshake and session set-up (`wiiide.handshake`: the same frames,
 limits, deadlines, socket knobs and TLS; the welcome's MAC covers the shard id instead of a rank) behind a
@@ -41,6 +43,7 @@ from wiiide.metrics import NodeMetrics
 from wiiide.handshake import accept_hello, send_welcome, tell_refused
 from wiiide.model import MomentumSGD
 from wiiide.node import Connection, Heartbeats
+from wiiide.pace.outer import PartitionOuterStep
 from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas, received_values
 from wiiide.ps.partition import Partition
@@ -70,7 +73,7 @@ class _Owned:
 
     part: Partition
     param: torch.Tensor
-    optimizer: MomentumSGD
+    optimizer: MomentumSGD | PartitionOuterStep
     replica: PullReplica
     step: int = 0
     pushes: dict[int, np.ndarray] = field(default_factory=dict)
@@ -146,7 +149,9 @@ class ShardServer:
                 continue
             values = torch.from_numpy(np.array(params[p.start:p.stop], dtype=np.float32, copy=True))
             values.grad = torch.zeros_like(values)
-            optimizer = MomentumSGD([values], lr=cfg.learning_rate, momentum=cfg.momentum)
+            # local SGD: the outer step over the workers' model deltas (avg or Nesterov) on this slice
+            optimizer = (PartitionOuterStep(values, cfg.outer_optimizer, cfg.outer_learning_rate, cfg.outer_momentum)
+                         if cfg.local_steps > 1 else MomentumSGD([values], lr=cfg.learning_rate, momentum=cfg.momentum))
             if momentum is not None and cfg.momentum != 0:
                 momentum_from_flat(optimizer, momentum[p.start:p.stop])
             self.owned[p.index] = _Owned(p, values, optimizer, PullReplica(values.numpy()), step=start_step)
@@ -156,6 +161,8 @@ class ShardServer:
         self._lossy = lossy_pulls
         self._delta_pulls = lossy_pulls or pulls_as_deltas(cfg)
         self.stats.update({"partitions": len(self.owned), "bytes": sum(o.part.nbytes for o in self.owned.values())})
+        if cfg.local_steps > 1:
+            self.stats["outer_optimizer"] = cfg.outer_optimizer
 
     def start(self) -> "ShardServer":
         """Accept and serve peers on daemon threads; returns self."""
