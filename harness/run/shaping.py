@@ -8,8 +8,10 @@ Order, for the docker backend (`harness.run.compose.ComposeBackend`):
 2. Compose starts the cluster with the coordinator's start gate set (`START_GATE_FILE`): the workers
    connect, and the coordinator waits before its first step.
 3. `ClusterConditions.apply`: per-worker CPU/memory limits through the Engine API, the tc commands in
-   each container, a read-back of ``tc -j -s qdisc/class show`` per interface; then `open_gate` touches
-   the gate file in the coordinator: training traffic only ever sees the shaped links.
+   each container (with the fallback's iptables rules and delay line where the kernel has no netem), a
+   read-back of ``tc -j -s qdisc/class show`` per interface, and, when a profile asks for a delay, a TCP
+   round-trip probe from worker 1 to the coordinator (`harness.links.rtt`, ``links.rtt_probe``); then
+   `open_gate` touches the gate file in the coordinator: training traffic only ever sees the shaped links.
 4. While the run goes on, the qdisc counters are read every `COUNTER_INTERVAL_S` seconds; the last
    reading before each container exits is its end counters (a container's qdiscs go with its network
    namespace when it exits, so they cannot be read after the run). Where the engine runs on this host
@@ -17,7 +19,8 @@ Order, for the docker backend (`harness.run.compose.ComposeBackend`):
    (`harness.run.tc_exec.HostNetnsExec`, once its first reading matched the exec's read-back), not by an
    Engine API exec each time; the report's ``counter_reader`` says which (``host-netns`` or ``exec``).
 
-Teardown is Compose's: qdiscs and the ifb device live in the containers' network namespaces.
+Teardown is Compose's: qdiscs, the ifb device, the fallback's rules and the delay line live in the
+containers' network namespaces (and process trees) and go with them.
 """
 
 from __future__ import annotations
@@ -27,15 +30,22 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from harness.errors import ClusterError, LinkShapingError
-from harness.links.plan import Capabilities, ShapingPlan, plan_shaping
+from harness.links import rtt
+from harness.links.fallback import DELAY_LINE_MECHANISM
+from harness.links.pairs import PairPlan, node_name, plan_pairs
+from harness.links.plan import Capabilities, ShapingPlan
 from harness.links.readback import rate_in_force_bps
+from harness.links.schedule import plan_timed_shaping
 from harness.run.backend import PhaseClock, Sampler
+from harness.run.link_timeline import LinkTimeline
+from harness.run.pair_shaping import node_ips, shape_pairs, timeline_targets, update_pair_counters
 from harness.run.tc_exec import (
     ContainerExec,
     HostNetnsExec,
     apply_plan,
     host_netns_runner,
     read_back,
+    read_delay_line_stats,
     read_fallback_counters,
 )
 from harness.spec.cluster import ClusterSettings
@@ -83,6 +93,9 @@ class ClusterConditions:
         self.limits: dict[str, Any] = {}
         self._shaped: dict[str, tuple[ContainerExec | HostNetnsExec, tuple[str, ...]]] = {}
         self._sampler: Sampler | None = None
+        self.pair_plans: dict[tuple[str, int | None], PairPlan] = {}
+        self._ips: dict[str, str] = {}
+        self.timeline = LinkTimeline()  # profiles that change while training (harness.spec.timeline)
 
     @property
     def gated(self) -> bool:
@@ -98,7 +111,12 @@ class ClusterConditions:
         self.links = {"label": link.label, "allow_partial": link.allow_partial, "capabilities": self.caps.to_dict(),
                       "containers": {}}
         for key in [("coordinator", None)] + [("worker", i) for i in range(1, num_workers + 1)]:
-            self.plans[key] = plan_shaping(link.profiles.for_container(*key), self.caps, link.allow_partial)
+            self.plans[key] = plan_timed_shaping(link.profiles.for_container(*key), self.caps, link.allow_partial)
+            if link.topology is not None:  # links by pair (harness.links.pairs): checked here, built in apply
+                self.pair_plans[key] = plan_pairs(link.topology, node_name(*key), num_workers, self.caps,
+                                                  link.allow_partial)
+        if link.topology is not None:
+            self.links["pairs"] = {}
 
     def apply(self, containers: list, t0: float, progress: Progress) -> None:
         """Limits, shaping and read-back in every container (`t0`: the run's start, time.monotonic);
@@ -121,6 +139,8 @@ class ClusterConditions:
             if self.settings.link is not None:
                 self._shape(c, role, index, t0)
 
+        if self.pair_plans:  # the pair filters match on the peers' addresses
+            self._ips = node_ips(containers, container_identity)
         # every container at once (each is a few `docker exec`s): 1+8 in the time of about two, not nine
         with ThreadPoolExecutor(max_workers=max(1, min(PARALLEL_CONTAINERS, len(containers)))) as pool:
             for future in [pool.submit(one, c) for c in containers]:
@@ -135,6 +155,7 @@ class ClusterConditions:
         for rec in self.links.get("containers", {}).values():
             for item in rec["unsupported"]:
                 progress(f"    link NOT APPLIED ({rec['role']}): {item}")
+        self._probe_rtt(containers, progress)
         if self._shaped:
             self._sampler = Sampler(lambda t_s: self._read_counters(t0), COUNTER_INTERVAL_S).start()
 
@@ -178,8 +199,10 @@ class ClusterConditions:
             ContainerExec(coordinator).run(["touch", self.gate_file])
         except LinkShapingError as exc:
             raise ClusterError(f"cannot open the start gate: {exc}") from None
+        gate_s = time.monotonic()
         if self.links:
-            self.links["gate_opened_at_s"] = round(time.monotonic() - t0, 3)
+            self.links["gate_opened_at_s"] = round(gate_s - t0, 3)
+        self.timeline.start(gate_s)  # step times count from the gate's opening: training starts now
 
     def _shape(self, c, role: str, index: int | None, t0: float) -> None:
         plan = self.plans[(role, index)]
@@ -193,8 +216,37 @@ class ClusterConditions:
             "applied_at_s": round(time.monotonic() - t0, 3), "end_counters": None, "end_counters_at_s": None,
             "counter_reads": 0, "counter_reader": "exec" if counters is None else "host-netns",
             "fallback_counters": read_fallback_counters(runner) if _uses_rules(plan) else None,
+            "delay_line": read_delay_line_stats(runner) if _uses_delay_line(plan) else None,
         }
         self._shaped[c.name] = (counters or runner, plan.devices)
+        pair_plan = self.pair_plans.get((role, index))
+        if pair_plan is not None:
+            shape_pairs(runner, pair_plan, self._ips, self.links["containers"][c.name], self.links["pairs"])
+        for target in timeline_targets(c.name, counters or runner, plan, pair_plan, self.links["containers"][c.name],
+                                       self.links.get("pairs", {})):
+            self.timeline.add(target)
+
+    def _probe_rtt(self, containers: list, progress: Progress) -> None:
+        """The measured read-back of the delay (`harness.links.rtt`): TCP round trips from worker 1 to
+        the coordinator, recorded as ``links.rtt_probe`` (median and p99 beside the round trip asked),
+        when either's profile asks for a delay. A probe that fails is recorded with its ``error``."""
+        first = {container_identity(c): c for c in containers}
+        server, client = first.get(("coordinator", None)), first.get(("worker", 1))
+        profiles = [self.plans.get(key) for key in (("coordinator", None), ("worker", 1))]
+        if server is None or client is None or not any(p and p.applied and p.applied.delay_ms for p in profiles):
+            return
+        asked = rtt.asked_rtt_ms(*(p.applied if p else None for p in profiles))
+        host = server.attrs.get("Config", {}).get("Hostname") or "coordinator"
+        record: dict[str, Any] = {"between": [client.name, server.name], "asked_rtt_ms": asked,
+                                  "message_bytes": rtt.MESSAGE_BYTES}
+        try:
+            record.update(rtt.summarize(rtt.measure_rtt(server, client, host, rtt.probe_count(asked)), asked))
+            progress(f"    link round trip {client.name} -> {server.name}: median {record['median_rtt_ms']:.3f} ms, "
+                     f"p99 {record['p99_rtt_ms']:.3f} ms (asked {asked:g} ms)")
+        except (RuntimeError, ValueError) as exc:
+            record["error"] = str(exc)
+            progress(f"    link round trip NOT MEASURED: {exc}")
+        self.links["rtt_probe"] = record
 
     def _read_counters(self, t0: float) -> None:
         for name, (runner, devices) in list(self._shaped.items()):
@@ -208,11 +260,20 @@ class ClusterConditions:
                     record["fallback_counters"] = read_fallback_counters(runner)
                 except LinkShapingError:
                     continue
+            if record.get("delay_line") is not None:
+                try:
+                    record["delay_line"] = read_delay_line_stats(runner)
+                except LinkShapingError:
+                    continue
             record.update(end_counters=counters, end_counters_at_s=round(time.monotonic() - t0, 3),
                           counter_reads=record["counter_reads"] + 1)
+            if "pairs" in self.links and record.get("role") is not None:
+                update_pair_counters(self.links["pairs"], node_name(record["role"], record["worker_index"]), counters)
 
     def stop(self) -> None:
-        """Stop reading the qdisc counters; the last reading stands as each container's end counters."""
+        """Stop the link timelines and the counter reads; the last reading stands as each container's
+        end counters."""
+        self.timeline.stop()
         if self._sampler is not None:
             self._sampler.stop()
             self._sampler = None
@@ -221,6 +282,11 @@ class ClusterConditions:
 def _uses_rules(plan: ShapingPlan) -> bool:
     """Whether the plan installs the fallback's iptables rules (a key applied without netem)."""
     return any(how != "netem" for how in plan.mechanisms.values())
+
+
+def _uses_delay_line(plan: ShapingPlan) -> bool:
+    """Whether the plan starts the delay line (delay or jitter applied without netem)."""
+    return DELAY_LINE_MECHANISM in plan.mechanisms.values()
 
 
 def _engine_is_local(container) -> bool:

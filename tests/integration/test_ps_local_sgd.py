@@ -27,7 +27,7 @@ def test_central_and_sharded_local_sgd_reach_the_same_parameters(tmp_path, node_
     c, s = central["coordinator"], sharded["coordinator"]
     assert c["steps"] == s["steps"] == 12  # outer steps
     assert c["batches"] == s["batches"] == 12 * 2 * 4 and c["samples"] == s["samples"] == 12 * 2 * 4 * 16
-    assert s["ps"]["ps_shards"] == 3 and s["ps"]["shard"]["outer_optimizer"] == outer["outer_optimizer"]
+    assert s["ps"]["ps_shards"] == 3
     assert c["params_digest"]["sha256"] == s["params_digest"]["sha256"], (c["params_digest"], s["params_digest"])
     for rank in (1, 2):
         w = sharded[f"worker-{rank}"]

@@ -10,7 +10,7 @@ A round of the sharded barrier (`wiiide.ps.session`) is one outer step:
    copy, `wiiide.ps.feedback.PullReplica`) and pushes the delta partition by partition to the shards
    that own them (`wiiide.ps.client.ShardClient.push_all`; a lossy policy encodes each partition with
    the push's error-feedback residual, `wiiide.ps.feedback.ErrorFeedback`);
-3. each shard averages its partitions' deltas over the workers (in rank order) and applies the outer step
+3. each shard (`shard_optimizer`) averages its partitions' deltas over the workers (in rank order) and applies the outer step
    to its slice (`wiiide.pace.outer.PartitionOuterStep`: ``avg``, or DiLoCo's Nesterov with its momentum
    buffer on the shard), then sends the slice back (a delta against the workers' copy, compressed
    both ways as the gradients of synchronous rounds are);
@@ -36,9 +36,20 @@ from torch import nn
 
 from wiiide.errors import ProtocolError
 from wiiide.lr_schedule import LrSchedule
-from wiiide.model import FlatParams
+from wiiide.model import FlatParams, MomentumSGD
 from wiiide.models import loss_mean
-from wiiide.pace.outer import local_delta
+from wiiide.pace.outer import PartitionOuterStep, local_delta
+
+
+def shard_optimizer(values: torch.Tensor, cfg: Any) -> MomentumSGD | PartitionOuterStep:
+    """The optimizer a shard (`wiiide.ps.shard`) applies to the partition `values` (float32, 1-D, with
+    ``.grad``): with ``local_steps`` > 1 the outer step over the workers' mean model delta
+    (`wiiide.pace.outer.PartitionOuterStep`: ``outer_optimizer`` avg or nesterov with ``outer_learning_rate``
+    and ``outer_momentum``), else `wiiide.model.MomentumSGD` at ``learning_rate`` and ``momentum``.
+    `cfg` is a `wiiide.config.RunConfig`."""
+    if cfg.local_steps > 1:
+        return PartitionOuterStep(values, cfg.outer_optimizer, cfg.outer_learning_rate, cfg.outer_momentum)
+    return MomentumSGD([values], lr=cfg.learning_rate, momentum=cfg.momentum)
 
 
 def round_rows(cfg: Any, batch_size: int, num_samples: int) -> int:
