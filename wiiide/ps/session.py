@@ -549,7 +549,7 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
         micro_batches = min(cfg.grad_accum_steps, int(x.shape[0]))  # as `wiiide.pace.outer.gradient` cuts them
         client.begin_step(step, micro_batches)
         try:  # the hooks push each partition once the last micro-batch's backward has reached it
-            loss_value = gradient(model, flat, x, y, micro_batches, loss_fn=partial(loss_mean, kind))
+            loss_value = gradient(model, flat, x, y, micro_batches, loss_fn=partial(loss_mean, kind), scope=worker.scope)
         except (RuntimeError, IndexError) as exc:
             raise ProtocolError(f"batch does not fit the model: {exc}") from None
         compute_s = time.perf_counter() - t0
