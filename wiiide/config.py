@@ -189,7 +189,7 @@ class RunConfig(BaseSettings):
                                               "fsdp: True is FULL_SHARD, False SHARD_GRAD_OP-like")
     grad_accum_steps: Int = _field(1, "1..64", "micro-batches per optimizer step (ddp/fsdp: one gradient sync "
                                    "per step; wiiide: per push)", ge=1, le=64)
-    mixed_precision: Literal["none", "bf16"] = _field(
+    mixed_precision: Literal["none", "bf16", "fp16"] = _field(
         "none", " | ".join(MIXED_PRECISIONS), "every engine: CPU autocast of forward and loss (wiiide: on the "
         "workers; parameters, gradients and the wire stay float32; fsdp: half-precision parameters instead)")
     profile: Bool = _field(False, "a boolean",
