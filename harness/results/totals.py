@@ -214,7 +214,8 @@ SUMMARY_KEYS = ("batches_per_s", "samples_per_s", "goodput_bytes_per_s", "wire_b
                 "container_net_bytes", "throughput_samples_per_s", "step_time_avg_s", "comm_share",
                 "comm_measured_bytes_per_step", "rss_avg_bytes", "coordinator_egress_utilisation",
                 "time_to_target_s",
-                "throughput_tokens_per_s", "validation_loss", "rss_peak_max_bytes", "comm_expected_bytes_per_step")
+                "throughput_tokens_per_s", "validation_loss", "rss_peak_max_bytes", "comm_expected_bytes_per_step",
+                "tensor_bytes_max", "activation_bytes_max")
 
 
 def summary_stats(values: Sequence[float]) -> Stats:

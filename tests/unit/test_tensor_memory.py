@@ -115,3 +115,14 @@ def test_mixed_precision_and_checkpointing_refusals(monkeypatch):
     monkeypatch.setattr(torch, "get_autocast_dtype", lambda device: torch.float32)
     with pytest.raises(ConfigError, match="CPU autocast does not support torch.float16"):
         RunConfig(mixed_precision="fp16")
+
+
+def test_the_report_keeps_the_largest_nodes_tensor_memory():
+    from harness.results.totals import repeat_totals
+
+    nodes = {"coordinator": {"steps": 4, "tensor_memory": {"total_bytes": 300, "activation_bytes": 20}},
+             "worker-1": {"steps": 4, "tensor_memory": {"total_bytes": 500, "activation_bytes": 10}},
+             "worker-2": {"steps": 4}}  # a node of an older version: no record
+    totals = repeat_totals(nodes, {})
+    assert (totals.tensor_bytes_max, totals.activation_bytes_max) == (500, 20)
+    assert repeat_totals({"coordinator": {"steps": 4}}, {}).tensor_bytes_max is None
