@@ -76,7 +76,7 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import psutil
 
@@ -85,7 +85,7 @@ from wiiide.atomic_write import (  # noqa: F401 (re-exported: the nodes and the 
     write_json_atomic,
     write_text_atomic,
 )
-from wiiide.summary import training_summary
+from wiiide.summary import summarize, training_summary  # noqa: F401 (summarize: re-exported)
 from wiiide.trace import StepTrace, message_step
 
 SCHEMA_VERSION = 1
@@ -113,23 +113,6 @@ def threads_run_delay_ns() -> tuple[int, int] | None:
         except (OSError, ValueError, IndexError):  # a thread that ended meanwhile, or no schedstats
             continue
     return (total, threads) if threads else None
-
-
-def summarize(values: Iterable[float]) -> dict[str, float | int | None]:
-    """count, mean, stdev, median, min, max, p95 of raw values (stdev 0 for one value; None if empty)."""
-    data = sorted(float(v) for v in values)
-    n = len(data)
-    if n == 0:
-        return {"count": 0, "mean": None, "stdev": None, "median": None, "min": None, "max": None, "p95": None}
-    return {
-        "count": n,
-        "mean": statistics.fmean(data),
-        "stdev": statistics.stdev(data) if n > 1 else 0.0,
-        "median": statistics.median(data),
-        "min": data[0],
-        "max": data[-1],
-        "p95": data[min(n - 1, int(round(0.95 * (n - 1))))],
-    }
 
 
 def _utc_now() -> datetime:
