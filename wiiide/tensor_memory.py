@@ -104,7 +104,11 @@ class ActivationMeter(TorchDispatchMode):
                     storage = _local(t).untyped_storage()
                 except (RuntimeError, NotImplementedError, TypeError):
                     continue
-                self._refs.setdefault(storage.data_ptr(), StorageWeakRef(storage))
+                ptr = storage.data_ptr()
+                known = self._refs.get(ptr)
+                # an address is reused once its storage is freed: the new storage replaces the dead one
+                if ptr and (known is None or known.expired()):
+                    self._refs[ptr] = StorageWeakRef(storage)
         return out
 
     def live_bytes(self, exclude: Iterable[torch.Tensor] = ()) -> int:

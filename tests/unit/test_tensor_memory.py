@@ -126,3 +126,15 @@ def test_the_report_keeps_the_largest_nodes_tensor_memory():
     totals = repeat_totals(nodes, {})
     assert (totals.tensor_bytes_max, totals.activation_bytes_max) == (500, 20)
     assert repeat_totals({"coordinator": {"steps": 4}}, {}).tensor_bytes_max is None
+
+
+def test_a_storage_at_a_freed_storages_address_is_counted():
+    meter = ActivationMeter()
+    kept = []
+    with meter:  # the allocator hands freed addresses to later tensors of the same size
+        for i in range(200):
+            t = torch.empty(1024) + i
+            if i % 2:
+                kept.append(t)
+            del t
+    assert meter.live_bytes() == 100 * 4 * 1024
