@@ -164,10 +164,7 @@ class FrameReader:
         view, end, sock = self._frame_view, self._frame_end, self.sock
         while end < need_end:
             if deadline is None:
-                try:
-                    got = sock.recv_into(view[end:ask_end])
-                except BlockingIOError:  # the kernel's receive timeout (`wiiide.wire.sockets.set_io_timeout`)
-                    raise _timed_out() from None
+                got = sock.recv_into(view[end:ask_end])
                 if not got:
                     raise _peer_closed(end, need_end, True)
             else:
@@ -291,8 +288,6 @@ def _recv_within(sock: socket.socket, recv: Any, deadline: float | None, have_nb
         sock.settimeout(remaining_s)
     try:
         got = recv()
-    except BlockingIOError:  # the kernel's receive timeout (`wiiide.wire.sockets.set_io_timeout`)
-        raise _timed_out() from None
     except socket.timeout:
         if deadline is not None and time.monotonic() >= deadline:
             raise DeadlineExceeded(f"read deadline passed with {have_nbytes} of {need_nbytes} bytes of a frame "
@@ -301,12 +296,6 @@ def _recv_within(sock: socket.socket, recv: Any, deadline: float | None, have_nb
     if not got:
         raise _peer_closed(have_nbytes, need_nbytes, at_boundary)
     return got
-
-
-def _timed_out() -> socket.timeout:
-    """The error of a receive the kernel timed out (EAGAIN on a blocking socket with SO_RCVTIMEO): the
-    `socket.timeout` a Python timeout raises, so callers treat both alike."""
-    return socket.timeout("timed out")
 
 
 def _peer_closed(have_nbytes: int, need_nbytes: int, at_boundary: bool) -> PeerClosed:
