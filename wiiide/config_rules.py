@@ -55,11 +55,12 @@ def _validate_engine(c: Any) -> None:
                    "adaptive_batch (the pace server writes no checkpoints yet)")
     if c.ps_shards != "1":  # the sharded servers (wiiide/ps/): what they do not take, each with why
         pacing = ("a shard applies a partition when every worker's push of the step is in (synchronous rounds); "
-                  "the clocks of bounded staleness, local SGD's outer step and adaptive batches run on the central "
-                  "server's connections")
+                  "local SGD's outer step runs on the central server's connections")
+        cache = ("a sharded worker's pull after each push is how its shards answer the push, spread over every "
+                 "shard's link, and the shards do not see the SSP clock that says when a copy may be skipped; "
+                 "the central server's cache skips the parameters it would send through its one link")
         for name, is_set, why in (
-                ("staleness_bound", c.staleness_bound != 0, pacing), ("local_steps", c.local_steps != 1, pacing),
-                ("adaptive_batch", c.adaptive_batch, pacing),
+                ("local_steps", c.local_steps != 1, pacing), ("ssp_cache", c.ssp_cache, cache),
                 ("sparse_embedding", c.sparse_embedding, "a shard owns a range of the flat vector and takes dense "
                  "pushes of it; pushes of touched rows are routed by the central server only")):
             if is_set:

@@ -15,6 +15,13 @@ limits, deadlines, socket knobs and TLS; the welcome's MAC covers the shard id i
 `wiiide.wire.admission.HandshakeGate`. Each peer has a receiver thread (pushes in) and a sender thread
 (pulls out): full duplex.
 
+Pacing (`wiiide.ps.paced`): with ``staleness_bound`` s >= 1 or ``async`` a shard applies every push
+as it arrives (no waiting for the other workers), scaled by its staleness (``staleness_scaling``;
+k = the partition's updates since it last sent that worker the partition), and sends the partition
+back to the pushing worker only, as a delta against that worker's own replica; the pull's meta carries
+``staleness``. With ``adaptive_batch`` in rounds (s = 0) it averages the pushes weighted by their
+``samples``, the gradient of the whole global batch.
+
 Shard loss: a sharded run needs every worker's push for every partition, so a peer that disconnects
 mid-run fails the shard (`failure`: the first cause, `lost`: every one); it tells every other peer (``shard_failed`` with the cause) and the run ends
 with that cause (the coordinator exits with code 4). It does not go on without the worker.
@@ -27,7 +34,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,9 +47,11 @@ from wiiide.lr_schedule import LrRecord, LrSchedule
 from wiiide.metrics import NodeMetrics
 from wiiide.handshake import accept_hello, send_welcome, tell_refused
 from wiiide.model import MomentumSGD
+from wiiide.pace.staleness import staleness_scale
 from wiiide.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas, received_values
+from wiiide.ps.outbox import drain_outbox, frame_step
 from wiiide.ps.partition import Partition
 from wiiide.recovery import momentum_from_flat
 from wiiide.wire.admission import HandshakeGate, Pending
@@ -75,6 +84,9 @@ class _Owned:
     step: int = 0
     pushes: dict[int, np.ndarray] = field(default_factory=dict)
     first_push_s: float = 0.0
+    samples: dict[int, int] = field(default_factory=dict)  # adaptive_batch in rounds: rank -> samples pushed
+    replicas: dict[int, PullReplica] = field(default_factory=dict)  # on arrival: each worker's own copy
+    sent: dict[int, int] = field(default_factory=dict)  # on arrival: rank -> the step of the copy sent it
 
 
 @dataclass
@@ -114,6 +126,8 @@ class ShardServer:
         self.stats: dict = {"shard": shard_id}
         self.checkpointer: ShardCheckpointer | None = None  # made by configure
         self.lrs = LrRecord(LrSchedule.from_config(cfg))  # step t's rate, the same on every shard; configure restarts it
+        self.on_arrival = cfg.staleness_bound != 0  # async / SSP: every push applied as it arrives
+        self.weighted = cfg.adaptive_batch and not self.on_arrival  # rounds of adaptive batches
         metrics.extra.setdefault("ps", {})["shard"] = self.stats
 
     # --- set-up -----------------------------------------------------------------------------------
@@ -149,7 +163,10 @@ class ShardServer:
             optimizer = MomentumSGD([values], lr=cfg.learning_rate, momentum=cfg.momentum)
             if momentum is not None and cfg.momentum != 0:
                 momentum_from_flat(optimizer, momentum[p.start:p.stop])
-            self.owned[p.index] = _Owned(p, values, optimizer, PullReplica(values.numpy()), step=start_step)
+            self.owned[p.index] = owned = _Owned(p, values, optimizer, PullReplica(values.numpy()), step=start_step)
+            if self.on_arrival:
+                owned.replicas = {r: PullReplica(values.numpy()) for r in range(1, self.num_workers + 1)}
+                owned.sent = dict.fromkeys(owned.replicas, start_step)
         self.checkpointer = ShardCheckpointer(cfg, self.shard_id, max(p.shard for p in partitions) + 1,
                                               [o.part for o in self.owned.values()], self.metrics, self.stats, self.log)
         self.lrs = LrRecord(self.lrs.schedule, start_step)
@@ -289,8 +306,8 @@ class ShardServer:
                                            time.thread_time() - cpu0 - msg.decode_cpu_s)
                 frame = self._on_push(peer.rank, msg)
                 if frame is not None:
-                    for other in list(self.peers):
-                        if other.role == ROLE_WORKER:
+                    for other in list(self.peers):  # on arrival, the pushing worker's pull only
+                        if other.role == ROLE_WORKER and (not self.on_arrival or other is peer):
                             other.outbox.put(self._to_worker(frame, other.rank))
         except Exception as exc:  # the peer is gone, or sent what it must not: the shard cannot go on
             self._fail(peer, exc)
@@ -321,6 +338,8 @@ class ShardServer:
         values = received_values(msg)  # the reader reuses its buffer for the next frame
         self.metrics.add_stage_cpu("push_decode", step, msg.decode_cpu_s + time.thread_time() - cpu0)
         with self._lock:
+            if self.on_arrival:
+                return self._apply_now(owned, rank, values, step)
             if step != owned.step:
                 raise ProtocolError(f"push of partition {index} for step {step!r:.40}, the shard is at step {owned.step}")
             if rank in owned.pushes:
@@ -328,6 +347,8 @@ class ShardServer:
             if not owned.pushes:
                 owned.first_push_s = time.perf_counter()
             owned.pushes[rank] = values
+            if self.weighted:
+                owned.samples[rank] = _push_samples(msg.meta, index)
             if len(owned.pushes) < self.num_workers:
                 return None
             frame = self._update(owned)
@@ -343,14 +364,17 @@ class ShardServer:
         self.push_spread_s += t0 - owned.first_push_s  # first to last push: how far apart the workers are
         grad = owned.param.grad
         grad.zero_()
-        for rank in sorted(owned.pushes):
-            grad += torch.from_numpy(owned.pushes[rank])
-        grad.div_(len(owned.pushes))
+        total = sum(owned.samples.values())
+        for rank in sorted(owned.pushes):  # the mean; adaptive batches: weighted by samples
+            grad.add_(torch.from_numpy(owned.pushes[rank]), alpha=owned.samples[rank] / total if self.weighted else 1)
+        if not self.weighted:
+            grad.div_(len(owned.pushes))
         step = owned.step
         owned.optimizer.lr = self.lrs.schedule.lr(step)
         self.lrs.applied(step, owned.optimizer.lr)
         owned.optimizer.step()
         owned.pushes.clear()
+        owned.samples.clear()
         owned.step += 1
         self.updates += 1
         index = owned.part.index
@@ -360,6 +384,27 @@ class ShardServer:
                                         owned.param.numpy(), dense)
         self.update_s += time.perf_counter() - t0
         self.metrics.add_stage_cpu("update", step, time.thread_time() - cpu0)
+        return frame
+
+    def _apply_now(self, owned: _Owned, rank: int, values: np.ndarray, push_step: Any) -> Frame:
+        """Async / SSP: one optimizer step on `rank`'s push scaled by its staleness, the pull for `rank`
+        (meta: the push's step, ``staleness``). Holds the lock."""
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        staleness = owned.step - owned.sent[rank]
+        owned.param.grad.copy_(torch.from_numpy(values)).mul_(staleness_scale(staleness, self.cfg.staleness_scaling))
+        step = owned.step
+        owned.optimizer.lr = self.lrs.schedule.lr(step)
+        self.lrs.applied(step, owned.optimizer.lr)
+        owned.optimizer.step()
+        owned.step += 1
+        owned.sent[rank] = owned.step
+        self.updates += 1
+        index = owned.part.index
+        dense = not self._delta_pulls or (self._lossy and step < self._warmup_steps)
+        frame = owned.replicas[rank].frame_for(self.policy, {"step": push_step, "partition": index,
+                                                             "staleness": staleness}, f"p{index}", owned.param.numpy(), dense)
+        self.update_s += time.perf_counter() - t0
+        self.metrics.add_stage_cpu("update", push_step, time.thread_time() - cpu0)
         return frame
 
     def _final_frame(self):
@@ -388,33 +433,12 @@ class ShardServer:
                 other.outbox.put(frame)
 
 
-def drain_outbox(outbox: "queue.Queue", conn: Connection, to_frame: Callable[[Any], Any],
-                 on_error: Callable[[Exception], None],
-                 on_sent: Callable[[Frame, float], None] | None = None) -> None:
-    """A sender thread's loop: send `to_frame(item)` for each item of `outbox` until a None; the first
-    error (OSError, or a codec's in `to_frame`) goes to `on_error` and ends the loop. `on_sent` is told
-    each frame sent and the thread's CPU seconds its send took (`time.thread_time`, `to_frame` not in it)."""
-    while True:
-        item = outbox.get()
-        if item is None:
-            return
-        try:
-            frame = to_frame(item)
-            cpu0 = time.thread_time()
-            conn.send([frame])
-            if on_sent is not None:
-                on_sent(frame, time.thread_time() - cpu0)
-        except Exception as exc:
-            on_error(exc)
-            return
-
-
-def frame_step(frame: Frame) -> Any:
-    """The step a push or pull `frame` carries (its header's ``meta.step``, as `encode_message` built
-    it); None for any other frame, which `NodeMetrics.add_stage_cpu` then leaves out."""
-    if frame.kind not in (DENSE_KIND, LOSSY_KIND) or frame.header is None:
-        return None
-    return (frame.header.get("meta") or {}).get("step")
+def _push_samples(meta: dict, index: int) -> int:
+    """A push's ``samples`` (adaptive batches in rounds weight the pushes by them). Raises ProtocolError."""
+    samples = meta.get("samples")
+    if type(samples) is not int or not 1 <= samples <= 2**31:  # noqa: E721
+        raise ProtocolError(f"push of partition {index}: 'samples' must be an integer >= 1, got {samples!r:.40}")
+    return samples
 
 
 def _close_quietly(sock: socket.socket) -> None:
