@@ -449,9 +449,15 @@ def test_the_sharded_servers_take_every_dense_model_gradient_accumulation_and_tl
     assert RunConfig(ps_shards="all", **fields).ps_shards == "all"
 
 
-@pytest.mark.parametrize("field, value", [("staleness_bound", 2), ("local_steps", 4), ("adaptive_batch", True),
-                                          ("sparse_embedding", True)])
+@pytest.mark.parametrize("field, value", [("local_steps", 4), ("sparse_embedding", True), ("ssp_cache", True)])
 def test_the_sharded_servers_refuse_what_they_do_not_offer_with_its_message(field, value):
-    extra = {"model": "embedding", "momentum": 0.0} if field == "sparse_embedding" else {}
+    extra = ({"model": "embedding", "momentum": 0.0} if field == "sparse_embedding"
+             else {"staleness_bound": 2} if field == "ssp_cache" else {})
     with pytest.raises(ConfigError, match=rf"'{field}'.*needs ps_shards 1"):
         RunConfig(ps_shards="all", **{field: value}, **extra)
+
+
+@pytest.mark.parametrize("fields", [{"staleness_bound": 2}, {"staleness_bound": "async", "staleness_scaling": "inverse"},
+                                    {"adaptive_batch": True}, {"staleness_bound": 2, "adaptive_batch": True}])
+def test_the_sharded_servers_take_bounded_staleness_async_and_adaptive_batches(fields):
+    assert RunConfig(ps_shards="all", **fields).ps_shards == "all"
