@@ -2,7 +2,7 @@
 pieces a shard's range is cut into (the link probe's rule), and the worker's reading of the
 coordinator's ``ps_plan`` (partitions, shard addresses, start step and momentum), and the coordinator's
 one-message receive from a worker during set-up. The loops that use
-them are `wiiide.ps.session` (set-up, barrier) and `wiiide.ps.paced` (workers at their own pace).
+them are in `wiiide.ps.session` (set-up, barrier).
 """
 
 from __future__ import annotations

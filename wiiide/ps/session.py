@@ -433,8 +433,7 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
         except (RuntimeError, IndexError) as exc:
             raise ProtocolError(f"batch does not fit the model: {exc}") from None
         compute_s = time.perf_counter() - t0
-        metrics.compute_time_s += compute_s
-        metrics.compute_cpu_s += time.thread_time() - cpu0
+        metrics.add_compute(step, compute_s, time.thread_time() - cpu0)
         wait_s += client.finish_step(step)
         worker._last_step, worker._last_params_unix_s = step, time.time()  # the hello's rejoin hint
         conn.send([encode_message("step_done", {"step": step, "loss": loss_value, "samples": int(x.shape[0]),
