@@ -1,8 +1,8 @@
 """What a sharded run's set-up decides and checks: the data set's fingerprint, the shard count, the
 pieces a shard's range is cut into (the link probe's rule), and the worker's reading of the
 coordinator's ``ps_plan`` (partitions, shard addresses, start step and momentum), and the coordinator's
-one-message receive from a worker during set-up. The loops that use
-them are in `wiiide.ps.session` (set-up, barrier).
+one-message receive from a worker during set-up and the frame of a worker's batch. The loops that
+use them are in `wiiide.ps.session` (set-up, barrier) and `wiiide.ps.paced` (workers at their own pace).
 """
 
 from __future__ import annotations
