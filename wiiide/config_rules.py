@@ -49,10 +49,6 @@ def _validate_engine(c: Any) -> None:
         if is_set and not applies:
             raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs {needs} "
                               f"(engine is {c.engine!r}, ddp_comm_hook {c.ddp_comm_hook!r})")
-    if c.staleness_bound != 0 or c.local_steps != 1 or c.adaptive_batch:  # the pace server (wiiide.pace.server)
-        for name in ("checkpoint_every_steps", "checkpoint_every_s"):
-            _check(getattr(c, name) == 0, name, getattr(c, name), "0 with staleness_bound, local_steps or "
-                   "adaptive_batch (the pace server writes no checkpoints yet)")
     if c.ps_shards != "1":  # the sharded servers (wiiide/ps/): what they do not take, each with why
         pacing = ("a shard applies a partition when every worker's push of the step is in (synchronous rounds); "
                   "local SGD's outer step runs on the central server's connections")
@@ -61,8 +57,10 @@ def _validate_engine(c: Any) -> None:
                  "the central server's cache skips the parameters it would send through its one link")
         for name, is_set, why in (
                 ("local_steps", c.local_steps != 1, pacing), ("ssp_cache", c.ssp_cache, cache),
-                ("sparse_embedding", c.sparse_embedding, "a shard owns a range of the flat vector and takes dense "
-                 "pushes of it; pushes of touched rows are routed by the central server only")):
+                *((name, getattr(c, name) != 0 and (c.staleness_bound != 0 or c.adaptive_batch),
+                   "under async and a staleness bound each shard applies pushes as they arrive, so no step is "
+                   "reached by every partition at once to cut a checkpoint at, and the paced handout does not "
+                   "restore one") for name in ("checkpoint_every_steps", "checkpoint_every_s"))):
             if is_set:
                 raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs ps_shards 1 (the central "
                                   f"server), not ps_shards {c.ps_shards!r}: {why}")

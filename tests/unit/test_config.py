@@ -449,10 +449,10 @@ def test_the_sharded_servers_take_every_dense_model_gradient_accumulation_and_tl
     assert RunConfig(ps_shards="all", **fields).ps_shards == "all"
 
 
-@pytest.mark.parametrize("field, value", [("local_steps", 4), ("sparse_embedding", True), ("ssp_cache", True)])
-def test_the_sharded_servers_refuse_what_they_do_not_offer_with_its_message(field, value):
-    extra = ({"model": "embedding", "momentum": 0.0} if field == "sparse_embedding"
-             else {"staleness_bound": 2} if field == "ssp_cache" else {})
+@pytest.mark.parametrize("field, value, extra", [
+    ("local_steps", 4, {}), ("ssp_cache", True, {"staleness_bound": 2}),
+    ("checkpoint_every_steps", 10, {"staleness_bound": "async"}), ("checkpoint_every_s", 5.0, {"adaptive_batch": True})])
+def test_the_sharded_servers_refuse_what_they_do_not_offer_with_its_message(field, value, extra):
     with pytest.raises(ConfigError, match=rf"'{field}'.*needs ps_shards 1"):
         RunConfig(ps_shards="all", **{field: value}, **extra)
 
@@ -461,3 +461,9 @@ def test_the_sharded_servers_refuse_what_they_do_not_offer_with_its_message(fiel
                                     {"adaptive_batch": True}, {"staleness_bound": 2, "adaptive_batch": True}])
 def test_the_sharded_servers_take_bounded_staleness_async_and_adaptive_batches(fields):
     assert RunConfig(ps_shards="all", **fields).ps_shards == "all"
+
+
+def test_the_sharded_servers_take_sparse_rows_and_the_pace_server_takes_checkpoints():
+    assert RunConfig(ps_shards="all", model="embedding", sparse_embedding=True, momentum=0.0).sparse_embedding
+    for pacing in ({"staleness_bound": 2}, {"local_steps": 4}, {"adaptive_batch": True}):
+        assert RunConfig(checkpoint_every_steps=10, **pacing).checkpoint_every_steps == 10
