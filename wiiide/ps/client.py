@@ -39,6 +39,7 @@ from wiiide.metrics import NodeMetrics
 from wiiide.model import FlatParams
 from wiiide.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT
+from wiiide.ps.connect import ShardFailed, connect_shard  # noqa: F401  (ShardFailed: the client's error)
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, received_values
 from wiiide.ps.partition import Partition
 from wiiide.ps.outbox import ShardFailed, connect_shard, drain_outbox, frame_step
@@ -138,10 +139,12 @@ class ShardClient:
             metrics.extra.setdefault("ps", {})["tcp_congestion"] = congestion_of(others[0].conn.sock)
 
     # --- worker -----------------------------------------------------------------------------------
-    def attach(self, model: nn.Module, flat: FlatParams, partitions: Sequence[Partition], lossy: bool) -> None:
+    def attach(self, model: nn.Module, flat: FlatParams, partitions: Sequence[Partition], lossy: bool,
+               hooks: bool = True) -> None:
         """Register the hooks that push each partition once every parameter overlapping it has its gradient.
 
-        `lossy`: the policy may choose a lossy codec (after ``lossy_warmup_steps`` steps).
+        `lossy`: the policy may choose a lossy codec (after ``lossy_warmup_steps`` steps); `hooks` False:
+        none (local SGD's backward passes push nothing: `push_all` pushes the round's model delta).
         """
         self._flat, self._partitions, self._lossy = flat, list(partitions), lossy
         table = RowTable.from_config(self.cfg)
@@ -165,7 +168,7 @@ class ShardClient:
             for i in covered:
                 self._needed[i] += 1
         self._remaining = list(self._needed)
-        for p, covered in zip(params, overlaps):
+        for p, covered in zip(params, overlaps) if hooks else ():
             p.register_post_accumulate_grad_hook(lambda _p, covered=covered: self._grad_ready(covered))
 
     def begin_step(self, step: int, micro_batches: int = 1, samples: int | None = None) -> None:
@@ -188,8 +191,19 @@ class ShardClient:
         for i in reversed(covered):
             self._remaining[i] -= 1
             if self._remaining[i] == 0:
-                part = self._partitions[i]
-                (self._pushes if self._ordered else self.links[part.shard].outbox).put((self._step, part, self._dense))
+                self._enqueue(self._partitions[i])
+
+    def _enqueue(self, part: Partition) -> None:
+        """Queue the push of `part` (its values in ``flat.grads``) for the step armed by `begin_step`."""
+        (self._pushes if self._ordered else self.links[part.shard].outbox).put((self._step, part, self._dense))
+
+    def push_all(self, step: int) -> None:
+        """Push every partition of ``flat.grads`` for `step` at once, tail first, without backward's hooks:
+        local SGD's model delta (`wiiide.ps.local_sgd`); `finish_step` then waits for the pulls. The
+        senders read ``flat.grads`` until every shard has answered: leave it unchanged until then."""
+        self.begin_step(step, 0)
+        for part in reversed(self._partitions):
+            self._enqueue(part)
 
     def finish_step(self, step: int) -> float:
         """Wait for every partition's pull of `step` and apply it; returns the seconds waited.
