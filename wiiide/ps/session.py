@@ -397,7 +397,8 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
                   data: Dataset | None, kind: str) -> None:
     cfg, metrics, log = worker.cfg, worker.metrics, worker.log
     wait_s = 0.0
-    rounds = LocalRounds(cfg, model, flat, client, kind, metrics.rank) if cfg.local_steps > 1 else None
+    rounds = (LocalRounds(cfg, model, flat, client, kind, metrics.rank, worker.scope)
+              if cfg.local_steps > 1 else None)
     while True:
         msg = conn.receive(["batch", "batch_indices", "stop"])
         if msg.kind == "stop":
@@ -437,7 +438,7 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
                 time.sleep(cfg.debug_step_sleep_s)  # a test's straggler, before its pushes
             client.begin_step(step, micro_batches, int(x.shape[0]) if cfg.adaptive_batch else None)
             try:  # the hooks push each partition once the last micro-batch's backward has reached it
-                loss_value = client.gradient(model, x, y, micro_batches, partial(loss_mean, kind))
+                loss_value = client.gradient(model, x, y, micro_batches, partial(loss_mean, kind), worker.scope)
             except (RuntimeError, IndexError) as exc:
                 raise ProtocolError(f"batch does not fit the model: {exc}") from None
         compute_s = time.perf_counter() - t0
