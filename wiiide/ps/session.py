@@ -248,8 +248,7 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
     evaluator = coord.evaluator.start(start) if coord.evaluator is not None else None
     snapshots = None
     if evaluator is not None and client is not None and partitions:
-        numel = partitions[-1].stop
-        snapshots = ShardSnapshots(evaluator, client, partitions, numel,
+        snapshots = ShardSnapshots(evaluator, client, partitions, partitions[-1].stop,
                                    lambda: (metrics.steps, metrics.samples)).start()
     try:
         if cfg.staleness_bound != 0 or cfg.adaptive_batch:  # the SSP clock's handout (wiiide.ps.paced)
