@@ -49,12 +49,19 @@ def _validate_engine(c: Any) -> None:
             raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs {needs} "
                               f"(engine is {c.engine!r}, ddp_comm_hook {c.ddp_comm_hook!r})")
     if c.ps_shards != "1":  # the sharded servers (wiiide/ps/): what they do not take, each with why
-        pacing = ("a shard applies a partition when every worker's push of the step is in (synchronous rounds, "
-                  "or local SGD's rounds); the clocks of bounded staleness and adaptive batches run on the central "
+        pacing = ("sharded local SGD applies the outer step when every worker's delta of the round is in "
+                  "(synchronous rounds); H local steps between pushes under a staleness clock run on the central "
                   "server's connections")
+        cache = ("a sharded worker's pull after each push is how its shards answer the push, spread over every "
+                 "shard's link, and the shards do not see the SSP clock that says when a copy may be skipped; "
+                 "the central server's cache skips the parameters it would send through its one link")
         for name, is_set, why in (
-                ("staleness_bound", c.staleness_bound != 0, pacing),
-                ("adaptive_batch", c.adaptive_batch, pacing)):
+                ("local_steps", c.local_steps != 1 and (c.staleness_bound != 0 or c.adaptive_batch), pacing),
+                ("ssp_cache", c.ssp_cache, cache),
+                *((name, getattr(c, name) != 0 and (c.staleness_bound != 0 or c.adaptive_batch),
+                   "under async and a staleness bound each shard applies pushes as they arrive, so no step is "
+                   "reached by every partition at once to cut a checkpoint at, and the paced handout does not "
+                   "restore one") for name in ("checkpoint_every_steps", "checkpoint_every_s"))):
             if is_set:
                 raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs ps_shards 1 (the central "
                                   f"server), not ps_shards {c.ps_shards!r}: {why}")

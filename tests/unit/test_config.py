@@ -450,10 +450,18 @@ def test_the_sharded_servers_take_every_dense_model_gradient_accumulation_tls_an
     assert RunConfig(ps_shards="all", **fields).ps_shards == "all"
 
 
-@pytest.mark.parametrize("field, value", [("staleness_bound", 2), ("adaptive_batch", True)])
-def test_the_sharded_servers_refuse_what_they_do_not_offer_with_its_message(field, value):
+@pytest.mark.parametrize("field, value, extra", [
+    ("local_steps", 4, {"staleness_bound": 2}), ("ssp_cache", True, {"staleness_bound": 2}),
+    ("checkpoint_every_steps", 10, {"staleness_bound": "async"}), ("checkpoint_every_s", 5.0, {"adaptive_batch": True})])
+def test_the_sharded_servers_refuse_what_they_do_not_offer_with_its_message(field, value, extra):
     with pytest.raises(ConfigError, match=rf"'{field}'.*needs ps_shards 1"):
-        RunConfig(ps_shards="all", **{field: value})
+        RunConfig(ps_shards="all", **{field: value}, **extra)
+
+
+@pytest.mark.parametrize("fields", [{"staleness_bound": 2}, {"staleness_bound": "async", "staleness_scaling": "inverse"},
+                                    {"adaptive_batch": True}, {"staleness_bound": 2, "adaptive_batch": True}])
+def test_the_sharded_servers_take_bounded_staleness_async_and_adaptive_batches(fields):
+    assert RunConfig(ps_shards="all", **fields).ps_shards == "all"
 
 
 def test_the_sharded_servers_take_sparse_rows_and_the_pace_server_takes_checkpoints():

@@ -312,7 +312,7 @@ def test_clock_feedback_keeps_a_bounded_run_off_its_bound():
 
 def test_a_pushs_compute_seconds_are_checked_before_they_size_batches():
     from wiiide.errors import ProtocolError
-    from wiiide.pace.server import _compute_seconds
+    from wiiide.pace.reading import compute_seconds as _compute_seconds
 
     assert _compute_seconds({"step": 3}) is None  # an older worker: the server times the round trip
     assert _compute_seconds({"compute_s": 0.025}) == 0.025 and _compute_seconds({"compute_s": 0}) == 0.0

@@ -637,7 +637,7 @@ def test_drain_outbox_reports_each_sent_frame_and_its_send_cpu_by_step():
     import queue
 
     from wiiide.ps.feedback import DENSE_KIND
-    from wiiide.ps.shard import drain_outbox, frame_step
+    from wiiide.ps.outbox import drain_outbox, frame_step
     from wiiide.wire.encode import encode_message
 
     push = encode_message(DENSE_KIND, {"step": 7, "partition": 2}, [WireTensor("p2", np.ones(4, np.float32))])

@@ -41,7 +41,6 @@ waits for them) and come back (`Coordinator._admit_waiting`; they start at the s
 
 from __future__ import annotations
 
-import math
 import selectors
 import socket
 import time
@@ -61,6 +60,7 @@ from wiiide.model import FlatParams, MomentumSGD
 from wiiide.pace.adaptive import AdaptiveBatch
 from wiiide.pace.checkpoints import checkpoint_after_update, resume_from
 from wiiide.pace.compress import ReplicaPulls
+from wiiide.pace.reading import compute_seconds, ready_connections
 from wiiide.pace.outer import OuterOptimizer
 from wiiide.pace.record import PaceRecord, pace_extra
 from wiiide.pace.staleness import SSPClock, staleness_scale
@@ -107,21 +107,6 @@ class _Part:
     samples: int
     loss: float
     staleness: int
-
-
-def _compute_seconds(meta: dict[str, Any]) -> float | None:
-    """A push's ``compute_s`` (the worker's wall seconds for the task, from the batch's arrival to the
-    push; a CPU-throttled worker's stalls included), or None when the worker sent none.
-
-    Raises:
-        ProtocolError: ``compute_s`` is not a finite number >= 0.
-    """
-    value = meta.get("compute_s")
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ProtocolError(f"gradients: 'compute_s' must be a finite number >= 0, got {value!r:.40}")
-    return float(value)
 
 
 class PaceServer:
@@ -213,13 +198,7 @@ class PaceServer:
                 self._read(worker, conn)
 
     def _ready(self, timeout_s: float) -> list[tuple[Any, Any]]:
-        """The (worker, connection) pairs with a frame to read: first those whose connection already
-        holds bytes read from its socket (TLS reads ahead: `Connection.buffered_nbytes`; `select` cannot
-        see them), then those `select` finds readable within `timeout_s` (0 when some are buffered)."""
-        buffered = [key.data for key in self._selector.get_map().values() if key.data[1].buffered_nbytes()]
-        seen = {id(conn) for _, conn in buffered}
-        return buffered + [key.data for key, _ in self._selector.select(timeout=0 if buffered else timeout_s)
-                           if id(key.data[1]) not in seen]
+        return ready_connections(self._selector, timeout_s)
 
     def _done(self) -> bool:
         cfg = self.cfg
@@ -361,7 +340,7 @@ class PaceServer:
         try:
             task = self._tasks.pop(worker.rank, None)
             update, loss = self._check(item, task)
-            compute_s = _compute_seconds(item.meta)
+            compute_s = compute_seconds(item.meta)
         except Exception as exc:  # ProtocolError, OverflowError...: a drop with its cause
             self._lose(worker, exc)
             return

@@ -42,7 +42,7 @@ from wiiide.ps.checkpoints import CHECKPOINT_AT
 from wiiide.ps.connect import ShardFailed, connect_shard  # noqa: F401  (ShardFailed: the client's error)
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, received_values
 from wiiide.ps.partition import Partition
-from wiiide.ps.shard import drain_outbox, frame_step
+from wiiide.ps.outbox import ShardFailed, connect_shard, drain_outbox, frame_step
 from wiiide.ps.sparse_rows import ROWS_PULL_KIND, RowTable, WorkerRows, step_gradient
 from wiiide.wire.encode import encode_message
 from wiiide.wire.sockets import congestion_of, tcp_cwnd_bytes
@@ -93,6 +93,8 @@ class ShardClient:
         self._flat: FlatParams | None = None
         self._rows: WorkerRows | None = None  # sparse rows: the table's partitions (wiiide.ps.sparse_rows)
         self._step = 0
+        self._samples: int | None = None  # adaptive batches: the step's samples, in every push's meta
+        self.staleness = 0  # async / SSP: the largest staleness the shards reported for the last step's pushes
         self._dense = True
         self._lossy = False
         self._ordered = cfg.push_schedule == "ordered"
@@ -169,11 +171,12 @@ class ShardClient:
         for p, covered in zip(params, overlaps) if hooks else ():
             p.register_post_accumulate_grad_hook(lambda _p, covered=covered: self._grad_ready(covered))
 
-    def begin_step(self, step: int, micro_batches: int = 1) -> None:
+    def begin_step(self, step: int, micro_batches: int = 1, samples: int | None = None) -> None:
         """Arm the hooks for `step` (call before backward) of `micro_batches` backward passes (gradient
         accumulation, ``grad_accum_steps``): each partition is pushed once, after the last pass has
-        accumulated into every parameter it overlaps."""
-        self._step = step
+        accumulated into every parameter it overlaps. `samples` (the batch's; None: not sent) goes in
+        every push's meta, for shards that weight pushes by it (adaptive batches in rounds)."""
+        self._step, self._samples = step, samples
         self._dense = not self._lossy or step < self.cfg.lossy_warmup_steps
         self._remaining = [n * micro_batches for n in self._needed]
 
@@ -216,6 +219,7 @@ class ShardClient:
                                 "without a gradient (a parameter unused by the loss?)")
         t0 = time.perf_counter()
         params = self._flat.params
+        self.staleness = 0
         for _ in range(len(self._partitions)):
             kind, meta, values = self._next()
             index = meta.get("partition")
@@ -228,6 +232,8 @@ class ShardClient:
             if values.shape != (part.numel,):
                 raise ProtocolError(f"pull of partition {index}: {values.shape}, expected ({part.numel},)")
             target = params[part.start:part.stop]
+            staleness = meta.get("staleness", 0)
+            self.staleness = max(self.staleness, staleness if type(staleness) is int else 0)  # noqa: E721
             cpu0 = time.thread_time()
             with torch.no_grad():
                 if meta.get("delta"):
@@ -257,8 +263,10 @@ class ShardClient:
         """The push of `part`'s gradient (with the push residual: `ErrorFeedback.encode`) for `link`."""
         cpu0 = time.thread_time()
         values = self._flat.grads[part.start:part.stop].numpy()
-        frame = self.feedback.encode(link.policy, push_meta(link.policy, step, part.index), f"p{part.index}",
-                                     values, dense)[0]
+        meta = push_meta(link.policy, step, part.index)
+        if self._samples is not None:
+            meta["samples"] = self._samples
+        frame = self.feedback.encode(link.policy, meta, f"p{part.index}", values, dense)[0]
         self.metrics.add_stage_cpu("push_encode", step, time.thread_time() - cpu0)
         return frame
 

@@ -1,8 +1,8 @@
 """What a sharded run's set-up decides and checks: the data set's fingerprint, the shard count, the
 pieces a shard's range is cut into (the link probe's rule), and the worker's reading of the
 coordinator's ``ps_plan`` (partitions, shard addresses, start step and momentum), and the coordinator's
-one-message receive from a worker during set-up. The loops that use
-them are in `wiiide.ps.session` (set-up, barrier).
+one-message receive from a worker during set-up and the frame of a worker's batch. The loops that
+use them are in `wiiide.ps.session` (set-up, barrier) and `wiiide.ps.paced` (workers at their own pace).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from wiiide.errors import ProtocolError
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure
 from wiiide.ps import link_probe
 from wiiide.ps.link_probe import PieceRule
+from wiiide.wire.encode import encode_message
+from wiiide.wire.messages import WireTensor
 from wiiide.ps.partition import PER_SHARD_FINEST_BYTES, Partition, finest_raw_bytes, resolve_shards
 
 PS_FAILED = "ps_failed"  # worker -> coordinator: one of my shards failed ({"cause"}); the coordinator stops the run
@@ -146,3 +148,12 @@ def _receive(coord, w, kind: str):
     if msg.kind == PS_FAILED:
         raise NodeFailure(f"worker {w.rank}: {str(msg.meta.get('cause'))[:400]}", EXIT_PEER_LOST)
     return msg
+
+
+def batch_frame(policy, data: Dataset, handout: str, step: int, idx: np.ndarray):
+    """The frame of one worker's batch for `step`: ``batch_indices`` (int64 (b,) indices into the training
+    split) when its `handout` is ``indices``, else ``batch`` with the samples (x, y), encoded by the
+    coordinator's `policy` (a `wiiide.codecs.policy.CompressionPolicy`)."""
+    if handout == "indices":
+        return encode_message("batch_indices", {"step": step}, [WireTensor("idx", np.asarray(idx, np.int64))])
+    return policy.encode("batch", {"step": step}, [WireTensor("x", data.x_train[idx]), WireTensor("y", data.y_train[idx])])

@@ -54,6 +54,7 @@ from wiiide.ps.digest import params_digest
 from wiiide.ps.feedback import policy_may_be_lossy
 from wiiide.ps.link_probe import PieceRule
 from wiiide.ps.local_sgd import LocalRounds, round_rows
+from wiiide.ps.paced import PacedHandout
 from wiiide.ps.partition import Partition, plan_partitions, shard_loads_bytes
 from wiiide.ps.plan import (
     PS_FAILED,
@@ -63,6 +64,7 @@ from wiiide.ps.plan import (
     _plan_partitions,
     _plan_state,
     _receive,
+    batch_frame,
     _seconds,
     data_fingerprint,
     num_shards,
@@ -246,11 +248,13 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
     evaluator = coord.evaluator.start(start) if coord.evaluator is not None else None
     snapshots = None
     if evaluator is not None and client is not None and partitions:
-        numel = partitions[-1].stop
-        snapshots = ShardSnapshots(evaluator, client, partitions, numel,
+        snapshots = ShardSnapshots(evaluator, client, partitions, partitions[-1].stop,
                                    lambda: (metrics.steps, metrics.samples)).start()
     try:
-        _barrier(coord, data, workers, handout, shard, timer, sampler, start, start_step, client, evaluator)
+        if cfg.staleness_bound != 0 or cfg.adaptive_batch:  # the SSP clock's handout (wiiide.ps.paced)
+            PacedHandout(coord, data, workers, handout, shard, sampler, start, evaluator).run()
+        else:
+            _barrier(coord, data, workers, handout, shard, timer, sampler, start, start_step, client, evaluator)
     finally:
         if snapshots is not None:
             snapshots.stop()
@@ -271,12 +275,7 @@ def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: Shar
 
     def hand_out(step: int) -> None:
         for w in workers:
-            idx = sampler.next_indices(rows)
-            if handout[w.rank] == "indices":
-                frame = encode_message("batch_indices", {"step": step}, [WireTensor("idx", np.asarray(idx, np.int64))])
-            else:
-                frame = coord.policy.encode("batch", {"step": step},
-                                            [WireTensor("x", data.x_train[idx]), WireTensor("y", data.y_train[idx])])
+            frame = batch_frame(coord.policy, data, handout[w.rank], step, sampler.next_indices(rows))
             try:
                 w.conn.send([frame])
             except OSError as exc:
@@ -434,7 +433,9 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
             loss_value = rounds.push_round(step, x, y)
         else:
             micro_batches = min(cfg.grad_accum_steps, int(x.shape[0]))  # as `wiiide.pace.outer.gradient` cuts them
-            client.begin_step(step, micro_batches)
+            if cfg.debug_step_sleep_s > 0 and cfg.debug_sleep_worker_rank in (0, metrics.rank):
+                time.sleep(cfg.debug_step_sleep_s)  # a test's straggler, before its pushes
+            client.begin_step(step, micro_batches, int(x.shape[0]) if cfg.adaptive_batch else None)
             try:  # the hooks push each partition once the last micro-batch's backward has reached it
                 loss_value = client.gradient(model, x, y, micro_batches, partial(loss_mean, kind), worker.scope)
             except (RuntimeError, IndexError) as exc:
@@ -444,6 +445,6 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
         wait_s += client.finish_step(step)
         worker._last_step, worker._last_params_unix_s = step, time.time()  # the hello's rejoin hint
         conn.send([encode_message("step_done", {"step": step, "loss": loss_value, "samples": int(x.shape[0]),
-                                                "compute_s": compute_s})])
+                                                "compute_s": compute_s, "staleness": client.staleness})])
         metrics.record_worker_step(int(x.shape[0]), loss_value, time.perf_counter() - t0, batches=cfg.local_steps)
         log.step(metrics.steps, "step %s: loss %.4f", step, loss_value)

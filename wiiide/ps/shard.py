@@ -16,6 +16,13 @@ limits, deadlines, socket knobs and TLS; the welcome's MAC covers the shard id i
 `wiiide.wire.admission.HandshakeGate`. Each peer has a receiver thread (pushes in) and a sender thread
 (pulls out): full duplex.
 
+Pacing (`wiiide.ps.paced`): with ``staleness_bound`` s >= 1 or ``async`` a shard applies every push
+as it arrives (no waiting for the other workers), scaled by its staleness (``staleness_scaling``;
+k = the partition's updates since it last sent that worker the partition), and sends the partition
+back to the pushing worker only, as a delta against that worker's own replica; the pull's meta carries
+``staleness``. With ``adaptive_batch`` in rounds (s = 0) it averages the pushes weighted by their
+``samples``, the gradient of the whole global batch.
+
 Shard loss: a sharded run needs every worker's push for every partition, so a peer that disconnects
 mid-run fails the shard (`failure`: the first cause, `lost`: every one); it tells every other peer (``shard_failed`` with the cause) and the run ends
 with that cause (the coordinator exits with code 4). It does not go on without the worker.
@@ -28,7 +35,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -44,7 +50,9 @@ from wiiide.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas, received_values
 from wiiide.ps.local_sgd import shard_optimizer
+from wiiide.ps.outbox import drain_outbox, frame_step
 from wiiide.ps.partition import Partition
+from wiiide.ps.shard_pacing import apply_on_arrival, push_samples
 from wiiide.ps.sparse_rows import ROWS_PULL_KIND, ROWS_PUSH_KIND, RowTable, apply_rows
 from wiiide.recovery import momentum_from_flat
 from wiiide.wire.admission import HandshakeGate, Pending
@@ -77,6 +85,9 @@ class _Owned:
     step: int = 0
     pushes: dict[int, np.ndarray] = field(default_factory=dict)
     first_push_s: float = 0.0
+    samples: dict[int, int] = field(default_factory=dict)  # adaptive_batch in rounds: rank -> samples pushed
+    replicas: dict[int, PullReplica] = field(default_factory=dict)  # on arrival: each worker's own copy
+    sent: dict[int, int] = field(default_factory=dict)  # on arrival: rank -> the step of the copy sent it
 
 
 @dataclass
@@ -118,6 +129,8 @@ class ShardServer:
         self.stats: dict = {"shard": shard_id}
         self.checkpointer: ShardCheckpointer | None = None  # made by configure
         self.lrs = LrRecord(LrSchedule.from_config(cfg))  # step t's rate, the same on every shard; configure restarts it
+        self.on_arrival = cfg.staleness_bound != 0  # async / SSP: every push applied as it arrives
+        self.weighted = cfg.adaptive_batch and not self.on_arrival  # rounds of adaptive batches
         self.table = RowTable.from_config(cfg)  # sparse rows: the table's partitions take rows (wiiide.ps.sparse_rows)
         metrics.extra.setdefault("ps", {})["shard"] = self.stats
 
@@ -154,7 +167,10 @@ class ShardServer:
             optimizer = shard_optimizer(values, cfg)  # MomentumSGD; local SGD's outer step (wiiide.ps.local_sgd)
             if momentum is not None and cfg.momentum != 0:
                 momentum_from_flat(optimizer, momentum[p.start:p.stop])
-            self.owned[p.index] = _Owned(p, values, optimizer, PullReplica(values.numpy()), step=start_step)
+            self.owned[p.index] = owned = _Owned(p, values, optimizer, PullReplica(values.numpy()), step=start_step)
+            if self.on_arrival:
+                owned.replicas = {r: PullReplica(values.numpy()) for r in range(1, self.num_workers + 1)}
+                owned.sent = dict.fromkeys(owned.replicas, start_step)
         self.checkpointer = ShardCheckpointer(cfg, self.shard_id, max(p.shard for p in partitions) + 1,
                                               [o.part for o in self.owned.values()], self.metrics, self.stats, self.log)
         self.lrs = LrRecord(self.lrs.schedule, start_step)
@@ -302,8 +318,8 @@ class ShardServer:
                                            time.thread_time() - cpu0 - msg.decode_cpu_s)
                 frame = self._on_push(peer.rank, msg)
                 if frame is not None:
-                    for other in list(self.peers):
-                        if other.role == ROLE_WORKER:
+                    for other in list(self.peers):  # on arrival, the pushing worker's pull only
+                        if other.role == ROLE_WORKER and (not self.on_arrival or other is peer):
                             other.outbox.put(self._to_worker(frame, other.rank))
         except Exception as exc:  # the peer is gone, or sent what it must not: the shard cannot go on
             self._fail(peer, exc)
@@ -339,6 +355,8 @@ class ShardServer:
             values = received_values(msg)  # the reader reuses its buffer for the next frame
         self.metrics.add_stage_cpu("push_decode", step, msg.decode_cpu_s + time.thread_time() - cpu0)
         with self._lock:
+            if self.on_arrival:
+                return apply_on_arrival(self, owned, rank, values, step)
             if step != owned.step:
                 raise ProtocolError(f"push of partition {index} for step {step!r:.40}, the shard is at step {owned.step}")
             if rank in owned.pushes:
@@ -346,6 +364,8 @@ class ShardServer:
             if not owned.pushes:
                 owned.first_push_s = time.perf_counter()
             owned.pushes[rank] = values
+            if self.weighted:
+                owned.samples[rank] = push_samples(msg.meta, index)
             if len(owned.pushes) < self.num_workers:
                 return None
             frame = self._update(owned)
@@ -368,15 +388,18 @@ class ShardServer:
         else:
             grad = owned.param.grad
             grad.zero_()
-            for rank in sorted(owned.pushes):
-                grad += torch.from_numpy(owned.pushes[rank])
-            grad.div_(len(owned.pushes))
+            total = sum(owned.samples.values())
+            for rank in sorted(owned.pushes):  # the mean; adaptive batches: weighted by samples
+                grad.add_(torch.from_numpy(owned.pushes[rank]), alpha=owned.samples[rank] / total if self.weighted else 1)
+            if not self.weighted:
+                grad.div_(len(owned.pushes))
             owned.optimizer.step()
             # Deltas whenever the policy compresses (`pulls_as_deltas`); dense through the lossy codecs' warm-up.
             dense = not self._delta_pulls or (self._lossy and step < self._warmup_steps)
             frame = owned.replica.frame_for(self.policy, {"step": step, "partition": index}, f"p{index}",
                                             owned.param.numpy(), dense)
         owned.pushes.clear()
+        owned.samples.clear()
         owned.step += 1
         self.updates += 1
         self.update_s += time.perf_counter() - t0
@@ -412,35 +435,6 @@ class ShardServer:
         for other in list(self.peers):
             if other is not peer:
                 other.outbox.put(frame)
-
-
-def drain_outbox(outbox: "queue.Queue", conn: Connection, to_frame: Callable[[Any], Any],
-                 on_error: Callable[[Exception], None],
-                 on_sent: Callable[[Frame, float], None] | None = None) -> None:
-    """A sender thread's loop: send `to_frame(item)` for each item of `outbox` until a None; the first
-    error (OSError, or a codec's in `to_frame`) goes to `on_error` and ends the loop. `on_sent` is told
-    each frame sent and the thread's CPU seconds its send took (`time.thread_time`, `to_frame` not in it)."""
-    while True:
-        item = outbox.get()
-        if item is None:
-            return
-        try:
-            frame = to_frame(item)
-            cpu0 = time.thread_time()
-            conn.send([frame])
-            if on_sent is not None:
-                on_sent(frame, time.thread_time() - cpu0)
-        except Exception as exc:
-            on_error(exc)
-            return
-
-
-def frame_step(frame: Frame) -> Any:
-    """The step a push or pull `frame` carries (its header's ``meta.step``, as `encode_message` built
-    it); None for any other frame, which `NodeMetrics.add_stage_cpu` then leaves out."""
-    if frame.kind not in (DENSE_KIND, LOSSY_KIND) or frame.header is None:
-        return None
-    return (frame.header.get("meta") or {}).get("step")
 
 
 def _close_quietly(sock: socket.socket) -> None:
