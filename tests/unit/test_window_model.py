@@ -94,3 +94,17 @@ def test_the_probe_output_is_parsed_and_bad_output_refused():
         parse_output("Traceback ...", '{"sndbuf_bytes": 1}')
     with pytest.raises(ValueError, match="not a number"):
         parse_output('{"throughput_bps": -1}', '{"sndbuf_bytes": 1}')
+
+
+def test_the_report_table_shows_the_window_probe_beside_the_model():
+    from harness.present.table import format_table
+
+    repeat = {"status": "ok", **_repeat(2 * MIB, 50.0, 150_000_000.0)}
+    del repeat["nodes"]
+    report = {"name": "buffers", "param_names": ["buffer_bytes"], "complete": True, "points": [
+        {"index": 0, "params": {"buffer_bytes": "1MiB"}, "cluster": {"link": {"label": "gbit-rtt50ms"}},
+         "status": "ok", "error": None, "repeats": [repeat], "summary": {}, "unstable": []}]}
+    text = format_table(report)
+    assert "window" in text and "150 (168)" in text  # measured 150 Mbit/s; the model: 1 MiB per 50 ms
+    report["points"][0]["repeats"][0]["links"].pop("window_probe")
+    assert "150 (168)" not in format_table(report)
