@@ -18,7 +18,10 @@ worker 1 (the probe's sender), and the measured figure the window probe's (``lin
 ``python -m harness.analysis.window_model REPORT [--json]`` prints one row per repeat that has both
 probes: buffers, window, RTT, model, measured, error and which bound the model says holds; the
 training's goodput of the same point stands beside it (its messages are 1.2 MB, so it reads the window
-only where a message needs several round trips).
+only where a message needs several round trips). A second reading takes the window the kernel itself
+keeps: the receiver's ``rcv_ssthresh`` from ``ss -tmi`` during the probe (the most it advertises; since
+Linux 6.6 the receiver scales a buffer by the measured payload share of its packets rather than by
+``tcp_adv_win_scale``), bounded by the sender's read-back buffer.
 """
 
 from __future__ import annotations
@@ -80,6 +83,9 @@ class WindowRow:
     measured_bps: float
     error: float
     training_goodput_bps: float | None
+    kernel_window_bytes: float | None = None  # min(the receiver's rcv_ssthresh (ss), the sender's read-back)
+    kernel_model_bps: float | None = None
+    kernel_error: float | None = None
 
 
 def _sender_rate_bps(links: dict[str, Any]) -> float | None:
@@ -113,6 +119,11 @@ def repeat_row(params: dict[str, Any], repeat: dict[str, Any]) -> WindowRow | No
     rate = _sender_rate_bps(links)
     model, bound = model_bps(rate, window, rtt_s)
     measured = float(probe["throughput_bps"])
+    kernel_window = kernel_model = kernel_error = None
+    if isinstance(probe.get("receiver_window_bytes"), int) and probe["receiver_window_bytes"] > 0:
+        kernel_window = float(min(probe["receiver_window_bytes"], probe["sndbuf_bytes"]))
+        kernel_model = model_bps(rate, kernel_window, rtt_s)[0]
+        kernel_error = (kernel_model / measured - 1) if measured > 0 else float("inf")
     coordinator = (repeat.get("nodes") or {}).get("coordinator") or {}
     goodput = coordinator.get("goodput_bps")
     return WindowRow(params=dict(params), repeat=int(repeat.get("repeat", 0)),
@@ -121,7 +132,8 @@ def repeat_row(params: dict[str, Any], repeat: dict[str, Any]) -> WindowRow | No
                      adv_win_scale=scale, adv_win_scale_recorded=recorded, window_bytes=window, rtt_s=rtt_s,
                      rate_bps=rate, model_bps=model, bound=bound, measured_bps=measured,
                      error=(model / measured - 1) if measured > 0 else float("inf"),
-                     training_goodput_bps=float(goodput) if isinstance(goodput, (int, float)) else None)
+                     training_goodput_bps=float(goodput) if isinstance(goodput, (int, float)) else None,
+                     kernel_window_bytes=kernel_window, kernel_model_bps=kernel_model, kernel_error=kernel_error)
 
 
 def report_rows(report: dict[str, Any]) -> list[WindowRow]:
@@ -143,7 +155,8 @@ def render(rows: Sequence[WindowRow]) -> str:
     labels = [", ".join(f"{k}={v}" for k, v in row.params.items()) for row in rows]
     width = max(24, *map(len, labels))
     lines = [f"{'point':{width}} {'snd/rcv MiB':>11} {'window MiB':>10} {'RTT ms':>7} {'rate Mbit/s':>11} "
-             f"{'model Mbit/s':>12} {'measured Mbit/s':>15} {'error':>8} {'bound':>6} {'training Mbit/s':>15}"]
+             f"{'model Mbit/s':>12} {'measured Mbit/s':>15} {'error':>8} {'bound':>6} {'training Mbit/s':>15} "
+             f"{'kernel window MiB':>17} {'its model':>9} {'error':>8}"]
     for row, label in zip(rows, labels):
         rate = f"{row.rate_bps / 1e6:11.0f}" if row.rate_bps else f"{'-':>11}"
         goodput = f"{row.training_goodput_bps / 1e6:15.1f}" if row.training_goodput_bps else f"{'-':>15}"
@@ -151,10 +164,19 @@ def render(rows: Sequence[WindowRow]) -> str:
         buffers = f"{row.sndbuf_bytes / 2**20:g}/{row.rcvbuf_bytes / 2**20:g}"
         lines.append(f"{label:{width}} {buffers:>11} {row.window_bytes / 2**20:10.2f} {row.rtt_s * 1e3:7.2f} {rate} "
                      f"{row.model_bps / 1e6:12.1f} {row.measured_bps / 1e6:15.1f} {row.error * 100:+6.1f}%{mark} "
-                     f"{row.bound:>6} {goodput}")
+                     f"{row.bound:>6} {goodput}{_kernel_cells(row)}")
     if not all(row.adv_win_scale_recorded for row in rows):
         lines.append(f"(tcp_adv_win_scale not recorded for some rows: the default {DEFAULT_ADV_WIN_SCALE} assumed)")
     return "\n".join(lines)
+
+
+def _kernel_cells(row: WindowRow) -> str:
+    """The kernel's own window (MiB), its model (Mbit/s) and error, or dashes when not recorded."""
+    if row.kernel_window_bytes is None or row.kernel_model_bps is None or row.kernel_error is None:
+        return f" {'-':>17} {'-':>9} {'-':>8}"
+    mark = "*" if abs(row.kernel_error) <= TARGET_ERROR else " "
+    return (f" {row.kernel_window_bytes / 2**20:17.2f} {row.kernel_model_bps / 1e6:9.1f} "
+            f"{row.kernel_error * 100:+6.1f}%{mark}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

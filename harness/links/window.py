@@ -13,6 +13,7 @@ it as ``links.window_probe``; `harness.analysis.window_model` compares it with m
 from __future__ import annotations
 
 import json
+import re
 import threading
 from typing import Any
 
@@ -44,6 +45,11 @@ while True:
         break
     if now - first >= warm:
         counted += n
+try:  # the kernel's own account of this connection (iproute2's ss): rb = SO_RCVBUF, rcv_ssthresh = its window bound
+    import subprocess
+    ss = subprocess.run(["ss", "-tmiH", "sport", "=", ":%d" % port], capture_output=True, text=True, timeout=5).stdout
+except (OSError, subprocess.SubprocessError):
+    ss = ""
 sysctls = {}
 for key in sys.argv[7:]:
     try:
@@ -51,7 +57,8 @@ for key in sys.argv[7:]:
     except OSError:
         sysctls[key.replace("/", ".")] = None
 print(json.dumps({"throughput_bps": counted * 8 / span, "measured_s": span, "warmup_s": warm,
-                  "rcvbuf_bytes": c.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF), "sysctls": sysctls}))
+                  "rcvbuf_bytes": c.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF), "sysctls": sysctls,
+                  "receiver_ss": ss[-600:]}))
 c.close()
 """
 # Source: argv host, port, sndbuf, rcvbuf, connect timeout s; sends until the sink closes; prints its sndbuf.
@@ -80,10 +87,18 @@ print(json.dumps({"sndbuf_bytes": c.getsockopt(socket.SOL_SOCKET, socket.SO_SNDB
 """
 
 
+def receiver_window_bytes(ss_text: str) -> int | None:
+    """The receiver's window bound from its ``ss -tmi`` line: ``rcv_ssthresh`` (the most it advertises,
+    which a bulk flow grows to ``window_clamp``, the kernel's data share of ``rb``); None when absent."""
+    found = re.search(r"\brcv_ssthresh:(\d+)", ss_text or "")
+    return int(found.group(1)) if found else None
+
+
 def parse_output(sink_text: str, source_text: str) -> dict[str, Any]:
     """The sink's and the source's JSON lines -> ``throughput_bps``, ``measured_s``, ``warmup_s``,
-    ``sndbuf_bytes`` (the source's, read back), ``rcvbuf_bytes`` (the sink's) and ``sysctls`` (key ->
-    list of fields as text, None where unreadable).
+    ``sndbuf_bytes`` (the source's, read back), ``rcvbuf_bytes`` (the sink's), ``sysctls`` (key ->
+    list of fields as text, None where unreadable), ``receiver_ss`` (the sink's ``ss -tmi`` text) and
+    ``receiver_window_bytes`` (`receiver_window_bytes` of it).
 
     Raises:
         ValueError: either printed no JSON object, or the throughput is not a number >= 0.
@@ -97,6 +112,7 @@ def parse_output(sink_text: str, source_text: str) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise ValueError(f"the window probe's {who} printed {text[-200:]!r}, not a JSON object")
         out.update(data)
+    out["receiver_window_bytes"] = receiver_window_bytes(str(out.get("receiver_ss") or ""))
     rate = out.get("throughput_bps")
     if not isinstance(rate, (int, float)) or isinstance(rate, bool) or rate < 0:
         raise ValueError(f"the window probe's throughput is not a number >= 0: {rate!r}")

@@ -147,12 +147,14 @@ WINDOW_COLUMN = "window probe (model) Mbit/s"
 
 
 def window_cell(point: Point) -> str:
-    """The point's window probe beside the window model, ``measured (model)`` in Mbit/s, from its first
-    repeat with both probes (`harness.analysis.window_model`); ``-`` when none has them."""
+    """The point's window probe beside the window model, ``measured (model)`` in Mbit/s (``measured
+    (model, kernel K)`` with the model of the kernel's own window where recorded), from its first repeat
+    with both probes (`harness.analysis.window_model`); ``-`` when none has them."""
     for repeat in point.repeats:
         row = repeat_row(point.params, {"links": repeat.links, "repeat": repeat.repeat})
         if row is not None:
-            return f"{row.measured_bps / 1e6:.0f} ({row.model_bps / 1e6:.0f})"
+            kernel = f", kernel {row.kernel_model_bps / 1e6:.0f}" if row.kernel_model_bps else ""
+            return f"{row.measured_bps / 1e6:.0f} ({row.model_bps / 1e6:.0f}{kernel})"
     return "-"
 
 

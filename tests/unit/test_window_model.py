@@ -108,3 +108,20 @@ def test_the_report_table_shows_the_window_probe_beside_the_model():
     assert "window" in text and "150 (168)" in text  # measured 150 Mbit/s; the model: 1 MiB per 50 ms
     report["points"][0]["repeats"][0]["links"].pop("window_probe")
     assert "150 (168)" not in format_table(report)
+
+
+def test_the_kernels_own_window_gives_a_second_reading():
+    # the receiver kept 2,000,000 B of its 2 MiB read-back as window: 2e6 B per 50 ms = 320 Mbit/s
+    rep = _repeat(2 * MIB, 50.0, 320_000_000.0)
+    rep["links"]["window_probe"]["receiver_window_bytes"] = 2_000_000
+    (row,) = wm.report_rows(_report(rep))
+    assert (row.kernel_window_bytes, row.kernel_model_bps) == (2_000_000, pytest.approx(3.2e8))
+    assert row.kernel_error == pytest.approx(0.0, abs=1e-12)
+    assert row.error == pytest.approx(167_772_160 / 3.2e8 - 1)  # the documented half: 1 MiB per 50 ms
+
+
+def test_the_receivers_window_is_read_from_ss():
+    from harness.links.window import receiver_window_bytes
+    line = "skmem:(r1512781,rb2097152,t0) bbr rcv_space:654830 rcv_ssthresh:1833528 minrtt:0.025"
+    assert receiver_window_bytes(line) == 1833528
+    assert receiver_window_bytes("") is None
