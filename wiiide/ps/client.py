@@ -8,6 +8,8 @@ sender thread (encodes with error feedback, `wiiide.ps.feedback.ErrorFeedback`, 
 receiver thread (decodes pulls into an inbox): full duplex. The main thread applies the pulls (an
 absolute value or a delta) once backward is over and all partitions of the step are in.
 
+Sparse rows (`wiiide.ps.sparse_rows`): a table partition's touched rows out after backward, changed rows in.
+
 The coordinator uses the same client with role ``coordinator`` (no pushes) to pull the final
 parameters (``pull_final``).
 
@@ -40,6 +42,7 @@ from wiiide.ps.checkpoints import CHECKPOINT_AT
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, received_values
 from wiiide.ps.partition import Partition
 from wiiide.ps.shard import drain_outbox, frame_step
+from wiiide.ps.sparse_rows import ROWS_PULL_KIND, RowTable, WorkerRows, step_gradient
 from wiiide.handshake import dial, join
 from wiiide.wire.auth import HANDSHAKE_MAX_FRAME_BYTES
 from wiiide.wire.encode import encode_message
@@ -137,6 +140,7 @@ class ShardClient:
         self._closing = threading.Event()
         self._partitions: list[Partition] = []
         self._flat: FlatParams | None = None
+        self._rows: WorkerRows | None = None  # sparse rows: the table's partitions (wiiide.ps.sparse_rows)
         self._step = 0
         self._dense = True
         self._lossy = False
@@ -188,6 +192,8 @@ class ShardClient:
         `lossy`: the policy may choose a lossy codec (after ``lossy_warmup_steps`` steps).
         """
         self._flat, self._partitions, self._lossy = flat, list(partitions), lossy
+        table = RowTable.from_config(self.cfg)
+        self._rows = WorkerRows(table, model, flat.numel, partitions) if table is not None else None
         starts = np.array([p.start for p in partitions])
         overlaps: list[list[int]] = []
         offset = 0
@@ -199,7 +205,8 @@ class ShardClient:
             while i < len(partitions) and partitions[i].start < offset + p.numel():
                 covered.append(i)
                 i += 1
-            overlaps.append(covered)
+            # a row partition is pushed by `gradient`, not by the hooks (the table gets no dense gradient)
+            overlaps.append([i for i in covered if table is None or not table.owns(partitions[i])])
             offset += p.numel()
         self._needed = [0] * len(partitions)
         for covered in overlaps:
@@ -216,6 +223,11 @@ class ShardClient:
         self._step = step
         self._dense = not self._lossy or step < self.cfg.lossy_warmup_steps
         self._remaining = [n * micro_batches for n in self._needed]
+
+    def gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro_batches: int, loss_fn) -> float:
+        """The batch's mean loss, its gradient pushed as it is made (`wiiide.ps.sparse_rows.step_gradient`)."""
+        return step_gradient(self._rows, model, self._flat, x, y, micro_batches, loss_fn, self._step,
+                             lambda part, frame: self.links[part.shard].outbox.put(frame))
 
     def _grad_ready(self, covered: list[int]) -> None:
         # Tail first, as backward runs and as DDP's Reducer fills its buckets: with partition_balance
@@ -244,6 +256,9 @@ class ShardClient:
             if meta.get("step") != step or type(index) is not int or not 0 <= index < len(self._partitions):  # noqa: E721
                 raise ProtocolError(f"pull for step {meta.get('step')!r:.40} partition {index!r:.40}, expected step {step}")
             part = self._partitions[index]
+            if kind == "rows":  # a row partition's changed rows (checked by the receiver: WorkerRows.read)
+                self._rows.apply(params, part, *values)
+                continue
             if values.shape != (part.numel,):
                 raise ProtocolError(f"pull of partition {index}: {values.shape}, expected ({part.numel},)")
             target = params[part.start:part.stop]
@@ -342,12 +357,15 @@ class ShardClient:
         try:
             while not self._closing.is_set():
                 cpu0 = time.thread_time()  # a blocked receive takes none
-                msg = link.conn.receive([DENSE_KIND, LOSSY_KIND, "final", "shard_failed"])
+                msg = link.conn.receive([DENSE_KIND, LOSSY_KIND, ROWS_PULL_KIND, "final", "shard_failed"])
                 if msg.kind == "shard_failed":
                     raise ShardFailed(f"shard {link.shard} failed: {str(msg.meta.get('cause'))[:500]}")
                 if msg.kind == "final":
                     arrays = {t.name: np.array(t.array, dtype=np.float32, copy=True) for t in msg.tensors}
                     self.inbox.put(("final", msg.meta, arrays))
+                    continue
+                if msg.kind == ROWS_PULL_KIND and self._rows is not None:
+                    self.inbox.put(("rows", msg.meta, self._rows.read(msg)[1:]))
                     continue
                 if len(msg.tensors) != 1 or msg.tensors[0].dtype != "float32":
                     raise ProtocolError("a pull carries one float32 tensor")
