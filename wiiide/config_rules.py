@@ -36,7 +36,6 @@ def _validate_engine(c: Any) -> None:
              "engine wiiide and local_steps > 1"),
             ("adaptive_batch", c.adaptive_batch, c.engine == "wiiide", "engine wiiide"),
             ("debug_step_sleep_s", c.debug_step_sleep_s != 0, c.engine == "wiiide", "engine wiiide"),
-            ("mixed_precision", c.mixed_precision != "none", torch_engine, "engine ddp or fsdp"),
             ("profile", c.profile, torch_engine, "engine ddp or fsdp"),
             ("compression", c.compression != default_compression, c.engine == "wiiide", "engine wiiide"),
             ("ps_shards", c.ps_shards != "1", c.engine == "wiiide", "engine wiiide"),
@@ -50,18 +49,33 @@ def _validate_engine(c: Any) -> None:
             raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs {needs} "
                               f"(engine is {c.engine!r}, ddp_comm_hook {c.ddp_comm_hook!r})")
     if c.ps_shards != "1":  # the sharded servers (wiiide/ps/): what they do not take, each with why
-        pacing = ("a shard applies a partition when every worker's push of the step is in (synchronous rounds); "
-                  "the clocks of bounded staleness, local SGD's outer step and adaptive batches run on the central "
+        pacing = ("a shard applies a partition when every worker's push of the step is in (synchronous rounds, "
+                  "or local SGD's rounds); the clocks of bounded staleness and adaptive batches run on the central "
                   "server's connections")
         for name, is_set, why in (
-                ("staleness_bound", c.staleness_bound != 0, pacing), ("local_steps", c.local_steps != 1, pacing),
+                ("staleness_bound", c.staleness_bound != 0, pacing),
                 ("adaptive_batch", c.adaptive_batch, pacing)):
             if is_set:
                 raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs ps_shards 1 (the central "
                                   f"server), not ps_shards {c.ps_shards!r}: {why}")
+        if c.local_steps > 1:  # wiiide.ps.local_sgd: a shard's file holds its parameters and MomentumSGD's buffer
+            for name in ("checkpoint_every_steps", "checkpoint_every_s"):
+                _check(getattr(c, name) == 0, name, getattr(c, name), "0 with local_steps > 1 and ps_shards > 1 "
+                       "(a shard's checkpoint holds its partitions' parameters and the synchronous optimizer's "
+                       "momentum, not the outer step's Nesterov buffer; ps_shards 1 checkpoints local SGD)")
     if c.engine == "wiiide":
         _check(c.batch_size >= c.grad_accum_steps, "grad_accum_steps", c.grad_accum_steps,
                f"at most batch_size = {c.batch_size} (every micro-batch needs a sample)")
+    _check(not c.activation_checkpointing or c.model == "transformer", "activation_checkpointing",
+           c.activation_checkpointing, f"False unless model is transformer (model {c.model!r} has no blocks to "
+           "recompute)")
+    if c.mixed_precision != "none":  # torch only when asked: the harness reads configs without it
+        from wiiide.tensor_memory import autocast_dtype
+
+        try:
+            autocast_dtype(c.mixed_precision)
+        except ValueError as exc:
+            raise ConfigError(f"config field 'mixed_precision': {exc}") from None
     _check(c.transformer_width % c.transformer_heads == 0, "transformer_width", c.transformer_width,
            f"a multiple of transformer_heads={c.transformer_heads}")
     if c.sparse_embedding:

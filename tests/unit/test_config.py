@@ -173,7 +173,7 @@ BAD_VALUES = [
     ("outer_learning_rate", 0.0), ("outer_momentum", 1.0), ("adaptive_batch", "maybe"), ("adaptive_smoothing", 0.0),
     ("adaptive_clock_gain", -0.5), ("adaptive_clock_gain", 5),
     ("debug_step_sleep_s", -1.0), ("debug_sleep_worker_rank", -1),
-    ("mixed_precision", "fp8"), ("mixed_precision", "bf16"),  # bf16: needs engine ddp or fsdp
+    ("mixed_precision", "fp8"), ("activation_checkpointing", True),  # True: needs model transformer
     ("profile", True),  # needs engine ddp or fsdp
     ("heartbeat_interval_s", 0.0), ("heartbeat_interval_s", 10.0), ("stall_timeout_s", -1.0), ("stall_timeout_s", 1e9),  # not below io_timeout_s (10 s)
     ("handshake_timeout_s", 0.0), ("handshake_timeout_s", 301.0), ("max_handshakes", 0), ("max_handshakes", 1025),
@@ -444,12 +444,13 @@ def test_the_torch_engines_refuse_checkpoints_with_the_reason(engine, field, val
 
 @pytest.mark.parametrize("fields", [
     {"model": "transformer", "transformer_width": 32, "transformer_heads": 2}, {"model": "embedding"},
-    {"grad_accum_steps": 4}, {"tls": True}, {"eval_every_s": 1.0}])
-def test_the_sharded_servers_take_every_dense_model_gradient_accumulation_and_tls(fields):
+    {"grad_accum_steps": 4}, {"tls": True}, {"eval_every_s": 1.0}, {"local_steps": 16},
+    {"local_steps": 4, "outer_optimizer": "nesterov", "compression": "fixed:int8"}])
+def test_the_sharded_servers_take_every_dense_model_gradient_accumulation_tls_and_local_sgd(fields):
     assert RunConfig(ps_shards="all", **fields).ps_shards == "all"
 
 
-@pytest.mark.parametrize("field, value", [("staleness_bound", 2), ("local_steps", 4), ("adaptive_batch", True)])
+@pytest.mark.parametrize("field, value", [("staleness_bound", 2), ("adaptive_batch", True)])
 def test_the_sharded_servers_refuse_what_they_do_not_offer_with_its_message(field, value):
     with pytest.raises(ConfigError, match=rf"'{field}'.*needs ps_shards 1"):
         RunConfig(ps_shards="all", **{field: value})
@@ -459,3 +460,8 @@ def test_the_sharded_servers_take_sparse_rows_and_the_pace_server_takes_checkpoi
     assert RunConfig(ps_shards="all", model="embedding", sparse_embedding=True, momentum=0.0).sparse_embedding
     for pacing in ({"staleness_bound": 2}, {"local_steps": 4}, {"adaptive_batch": True}):
         assert RunConfig(checkpoint_every_steps=10, **pacing).checkpoint_every_steps == 10
+
+
+def test_sharded_local_sgd_refuses_checkpoints_with_its_reason():
+    with pytest.raises(ConfigError, match=r"'checkpoint_every_steps'.*local_steps > 1 and ps_shards > 1.*Nesterov"):
+        RunConfig(ps_shards="all", local_steps=4, checkpoint_every_steps=10)

@@ -19,8 +19,9 @@ With H = 1 and ``avg`` this is synchronous SGD: ``mean(lr g_i) = lr mean(g_i)``.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 import torch
 from torch import nn
@@ -32,7 +33,7 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (model output, 
 
 
 def gradient(model: nn.Module, flat: FlatParams, x: torch.Tensor, y: torch.Tensor, micro_batches: int = 1,
-             loss_fn: LossFn = nn.functional.cross_entropy) -> float:
+             loss_fn: LossFn = nn.functional.cross_entropy, scope: Any = None) -> float:
     """The mean loss's gradient over the batch into ``flat.grads``, in `micro_batches` pieces.
 
     Args:
@@ -43,6 +44,8 @@ def gradient(model: nn.Module, flat: FlatParams, x: torch.Tensor, y: torch.Tenso
         loss_fn: (model output, y) -> the mean loss over the piece's samples (default: cross-entropy;
             a language model's `wiiide.models.loss_mean` averages over every next-byte prediction);
             each piece's mean is weighted by its rows.
+        scope: a `wiiide.tensor_memory.ForwardScope` each piece's forward and loss run under (CPU
+            autocast, the activation meter); None: plain float32.
 
     Returns:
         The mean loss over the batch (float).
@@ -55,7 +58,8 @@ def gradient(model: nn.Module, flat: FlatParams, x: torch.Tensor, y: torch.Tenso
     loss_sum = 0.0
     for xs, ys in zip(torch.tensor_split(x, min(micro_batches, max(rows, 1))),
                       torch.tensor_split(y, min(micro_batches, max(rows, 1)))):
-        loss = loss_fn(model(xs), ys) * int(xs.shape[0])  # the piece's sum over samples
+        with scope(model) if scope is not None else contextlib.nullcontext():
+            loss = loss_fn(model(xs), ys) * int(xs.shape[0])  # the piece's sum over samples
         (loss / rows).backward()  # AccumulateGrad adds in place into the flat views
         loss_sum += loss.item()
     return loss_sum / max(rows, 1)
@@ -63,13 +67,13 @@ def gradient(model: nn.Module, flat: FlatParams, x: torch.Tensor, y: torch.Tenso
 
 def local_delta(model: nn.Module, flat: FlatParams, x: torch.Tensor, y: torch.Tensor, local_steps: int, lr: float,
                 micro_batches: int = 1, step_sleep_s: float = 0.0,
-                loss_fn: LossFn = nn.functional.cross_entropy) -> tuple[torch.Tensor, float]:
+                loss_fn: LossFn = nn.functional.cross_entropy, scope: Any = None) -> tuple[torch.Tensor, float]:
     """H = `local_steps` plain SGD steps (learning rate `lr`) on the H near-equal pieces of (x, y), from
     the parameters in `flat`; returns (delta, mean loss) with ``delta = params_before - params_after``
     (float32, flat.numel) and the parameters in `flat` left at ``params_after``.
 
     `step_sleep_s`: seconds slept after every local step (a test's straggler; 0 in real runs);
-    `loss_fn`: as `gradient`.
+    `loss_fn`, `scope`: as `gradient`.
 
     Raises:
         ValueError: local_steps < 1 or more steps than rows; RuntimeError/IndexError as `gradient`.
@@ -80,7 +84,7 @@ def local_delta(model: nn.Module, flat: FlatParams, x: torch.Tensor, y: torch.Te
     before = flat.params.clone()
     losses = []
     for xs, ys in zip(torch.tensor_split(x, local_steps), torch.tensor_split(y, local_steps)):
-        losses.append(gradient(model, flat, xs, ys, micro_batches, loss_fn))
+        losses.append(gradient(model, flat, xs, ys, micro_batches, loss_fn, scope))
         flat.params.sub_(flat.grads, alpha=lr)
         if step_sleep_s > 0:
             time.sleep(step_sleep_s)
@@ -138,3 +142,36 @@ class OuterOptimizer:
             sgd([self.flat.params], [delta], buffers, has_sparse_grad=False, foreach=None, fused=None,
                 weight_decay=0.0, momentum=self.momentum, lr=self.lr, dampening=0.0, nesterov=True, maximize=False)
         self._buffer = buffers[0]
+
+
+class _Slice:
+    """What `OuterOptimizer` reads of a `FlatParams`: a flat float32 tensor and its length."""
+
+    def __init__(self, params: torch.Tensor) -> None:
+        self.params, self.numel = params, int(params.numel())
+
+
+class PartitionOuterStep:
+    """The outer step over one flat float32 slice of the parameters, with `wiiide.model.MomentumSGD`'s
+    interface for a step (``params``, ``lr``, `step`), so that a sharded server's shard
+    (`wiiide.ps.shard`) applies `OuterOptimizer` to each partition it owns: `step` takes the slice's mean
+    model delta from ``param.grad``. The outer step's formulas are elementwise, so the slices of a
+    vector stepped one by one move as the whole vector stepped at once.
+
+    Args:
+        param: the slice (float32, 1-D, with ``.grad`` of its shape), updated in place.
+        kind, lr, momentum: as `OuterOptimizer` (``lr``: the outer rate; the attribute ``lr``, which a
+            shard sets to the schedule's inner rate, does not change it).
+
+    Raises:
+        ValueError: as `OuterOptimizer`.
+    """
+
+    def __init__(self, param: torch.Tensor, kind: OuterKind, lr: float, momentum: float) -> None:
+        self.params = [param]
+        self.lr = lr
+        self.outer = OuterOptimizer(_Slice(param), kind, lr, momentum)  # type: ignore[arg-type]
+
+    def step(self) -> None:
+        """One outer step with the mean delta in ``param.grad`` (float32, the slice's shape)."""
+        self.outer.step(self.params[0].grad)

@@ -25,7 +25,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -37,25 +37,18 @@ from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.model import FlatParams
-from wiiide.node import Connection, Heartbeats, NodeFailure
+from wiiide.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT
+from wiiide.ps.connect import ShardFailed, connect_shard  # noqa: F401  (ShardFailed: the client's error)
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, received_values
 from wiiide.ps.partition import Partition
 from wiiide.ps.shard import drain_outbox, frame_step
 from wiiide.ps.sparse_rows import ROWS_PULL_KIND, RowTable, WorkerRows, step_gradient
-from wiiide.handshake import dial, join
-from wiiide.wire.auth import HANDSHAKE_MAX_FRAME_BYTES
 from wiiide.wire.encode import encode_message
-from wiiide.wire.sockets import congestion_of, shard_congestion, tcp_cwnd_bytes
-from wiiide.wire.tls import TLSHandshakeError
+from wiiide.wire.sockets import congestion_of, tcp_cwnd_bytes
 
-CONNECT_RETRY_S = 0.05
 BYE = encode_message("bye")
 PULL_FINAL = encode_message("pull_final")
-
-
-class ShardFailed(NodeFailure):
-    """A shard (or the connection to it) failed: the sharded run cannot go on."""
 
 
 PUSH_NOTSENT_LOWAT_BYTES = 16 * 1024  # push_schedule ordered: unsent bytes a push may leave behind when the next starts
@@ -68,48 +61,6 @@ class _Link:
     conn: Connection
     policy: CompressionPolicy
     outbox: "queue.Queue" = field(default_factory=queue.Queue)
-
-
-def connect_shard(cfg: RunConfig, secret: bytes, metrics: NodeMetrics, log: TieredLog, host: str, port: int,
-                  shard: int, role: str, rank: int, node_id: str, pool=None, tls_name: str | None = None) -> Connection:
-    """Connect (retrying for connect_timeout_s) and authenticate to shard `shard` at host:port through
-    `wiiide.handshake` (`dial`, `join`): the same socket knobs, deadlines, limits and, with ``tls`` on,
-    TLS as the connection to the coordinator; the shard's certificate must name `tls_name` (None: `host`).
-
-    A shard that accepts the connection but is silent for handshake_timeout_s is taken as not serving
-    yet (its node starts it once it has its plan, and the coordinator sends the plans one after the
-    other) and is tried again until connect_timeout_s.
-
-    Raises:
-        ShardFailed: unreachable, refused, silent until connect_timeout_s, a certificate or a welcome
-            that does not authenticate the shard.
-    """
-    deadline = time.monotonic() + cfg.connect_timeout_s
-    last: Exception | None = None
-    hello_id = f"{role}-{rank}@{node_id}"[:160]  # the MAC covers the rank and role
-    while time.monotonic() < deadline:
-        try:
-            sock, _ = dial(cfg, host, port, cfg.handshake_timeout_s, shard_congestion(cfg), tls_name)
-        except TLSHandshakeError as exc:
-            raise ShardFailed(f"shard {shard} at {host}:{port} failed TLS: {exc}") from None
-        except OSError as exc:  # refused, or a TLS handshake not served yet (DeadlineExceeded)
-            last = exc
-            time.sleep(CONNECT_RETRY_S)
-            continue
-        conn = Connection(sock, cfg, metrics, log, f"shard {shard}", max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES,
-                          pool=pool)
-        try:
-            join(conn, cfg, secret, hello_id, shard, f"shard {shard}", {"rank": rank, "role": role})
-            return conn
-        except TimeoutError as exc:  # accepted by the kernel, not yet served: again
-            conn.close()
-            last = exc
-        except (ProtocolError, OSError) as exc:
-            conn.close()
-            raise ShardFailed(f"handshake with shard {shard} at {host}:{port} failed: {type(exc).__name__}: "
-                              f"{exc}") from None
-    raise ShardFailed(f"could not reach shard {shard} at {host}:{port} within connect_timeout_s="
-                      f"{cfg.connect_timeout_s:g} s: {last}")
 
 
 def push_meta(policy: CompressionPolicy, step: int, index: int) -> dict:
@@ -186,10 +137,12 @@ class ShardClient:
             metrics.extra.setdefault("ps", {})["tcp_congestion"] = congestion_of(others[0].conn.sock)
 
     # --- worker -----------------------------------------------------------------------------------
-    def attach(self, model: nn.Module, flat: FlatParams, partitions: Sequence[Partition], lossy: bool) -> None:
+    def attach(self, model: nn.Module, flat: FlatParams, partitions: Sequence[Partition], lossy: bool,
+               hooks: bool = True) -> None:
         """Register the hooks that push each partition once every parameter overlapping it has its gradient.
 
-        `lossy`: the policy may choose a lossy codec (after ``lossy_warmup_steps`` steps).
+        `lossy`: the policy may choose a lossy codec (after ``lossy_warmup_steps`` steps); `hooks` False:
+        none (local SGD's backward passes push nothing: `push_all` pushes the round's model delta).
         """
         self._flat, self._partitions, self._lossy = flat, list(partitions), lossy
         table = RowTable.from_config(self.cfg)
@@ -213,7 +166,7 @@ class ShardClient:
             for i in covered:
                 self._needed[i] += 1
         self._remaining = list(self._needed)
-        for p, covered in zip(params, overlaps):
+        for p, covered in zip(params, overlaps) if hooks else ():
             p.register_post_accumulate_grad_hook(lambda _p, covered=covered: self._grad_ready(covered))
 
     def begin_step(self, step: int, micro_batches: int = 1) -> None:
@@ -224,10 +177,12 @@ class ShardClient:
         self._dense = not self._lossy or step < self.cfg.lossy_warmup_steps
         self._remaining = [n * micro_batches for n in self._needed]
 
-    def gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro_batches: int, loss_fn) -> float:
-        """The batch's mean loss, its gradient pushed as it is made (`wiiide.ps.sparse_rows.step_gradient`)."""
+    def gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro_batches: int, loss_fn,
+                 scope: Any = None) -> float:
+        """The batch's mean loss, its gradient pushed as it is made (`wiiide.ps.sparse_rows.step_gradient`;
+        `scope`: the worker's `wiiide.tensor_memory.ForwardScope`)."""
         return step_gradient(self._rows, model, self._flat, x, y, micro_batches, loss_fn, self._step,
-                             lambda part, frame: self.links[part.shard].outbox.put(frame))
+                             lambda part, frame: self.links[part.shard].outbox.put(frame), scope)
 
     def _grad_ready(self, covered: list[int]) -> None:
         # Tail first, as backward runs and as DDP's Reducer fills its buckets: with partition_balance
@@ -235,8 +190,19 @@ class ShardClient:
         for i in reversed(covered):
             self._remaining[i] -= 1
             if self._remaining[i] == 0:
-                part = self._partitions[i]
-                (self._pushes if self._ordered else self.links[part.shard].outbox).put((self._step, part, self._dense))
+                self._enqueue(self._partitions[i])
+
+    def _enqueue(self, part: Partition) -> None:
+        """Queue the push of `part` (its values in ``flat.grads``) for the step armed by `begin_step`."""
+        (self._pushes if self._ordered else self.links[part.shard].outbox).put((self._step, part, self._dense))
+
+    def push_all(self, step: int) -> None:
+        """Push every partition of ``flat.grads`` for `step` at once, tail first, without backward's hooks:
+        local SGD's model delta (`wiiide.ps.local_sgd`); `finish_step` then waits for the pulls. The
+        senders read ``flat.grads`` until every shard has answered: leave it unchanged until then."""
+        self.begin_step(step, 0)
+        for part in reversed(self._partitions):
+            self._enqueue(part)
 
     def finish_step(self, step: int) -> float:
         """Wait for every partition's pull of `step` and apply it; returns the seconds waited.

@@ -14,7 +14,9 @@ After the usual join (`wiiide.coordinator`, `wiiide.worker`, whose welcome carri
 4. per step the coordinator hands out the batches (``batch`` with samples, or ``batch_indices``), one
    step ahead (`HANDOUT_AHEAD`);
    each worker computes, pushes and pulls through the shards and reports ``step_done`` (its loss): the
-   coordinator's step barrier. Parameters never pass through the coordinator's link during training;
+   coordinator's step barrier. Parameters never pass through the coordinator's link during training.
+   With ``local_steps`` H > 1 a step is a round of local SGD (`wiiide.ps.local_sgd`): H batches, then a
+   model delta pushed and the shards' outer step;
 5. at the end the coordinator pulls the exact parameters from the shards (for evaluation) and sends
    them with ``stop``; each worker records the max abs difference between its copy and them.
 
@@ -51,6 +53,7 @@ from wiiide.ps.client import ShardClient, ShardFailed
 from wiiide.ps.digest import params_digest
 from wiiide.ps.feedback import policy_may_be_lossy
 from wiiide.ps.link_probe import PieceRule
+from wiiide.ps.local_sgd import LocalRounds, round_rows
 from wiiide.ps.partition import Partition, plan_partitions, shard_loads_bytes
 from wiiide.ps.plan import (
     PS_FAILED,
@@ -264,9 +267,11 @@ def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: Shar
             return False
         return not (time.perf_counter() - start >= cfg.duration_s or (cfg.max_steps and sent >= cfg.max_steps))
 
+    rows = round_rows(cfg, sampler.batch_size, len(data.y_train))  # local SGD: H batches a round
+
     def hand_out(step: int) -> None:
         for w in workers:
-            idx = sampler.next_indices()
+            idx = sampler.next_indices(rows)
             if handout[w.rank] == "indices":
                 frame = encode_message("batch_indices", {"step": step}, [WireTensor("idx", np.asarray(idx, np.int64))])
             else:
@@ -292,7 +297,7 @@ def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: Shar
             loss = msg.meta.get("loss")
             losses.append(float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else float("nan"))
             compute_s.append(_seconds(msg.meta.get("compute_s")))
-            w.batches += 1
+            w.batches += cfg.local_steps
         if shard.failure:
             raise NodeFailure(shard.failure, EXIT_PEER_LOST)
         step += 1
@@ -303,8 +308,8 @@ def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: Shar
             hand_out(sent)
             sent += 1
         metrics.steps = step
-        metrics.batches += len(workers)
-        metrics.samples += len(workers) * sampler.batch_size
+        metrics.batches += len(workers) * cfg.local_steps
+        metrics.samples += len(workers) * rows
         now = time.perf_counter()
         metrics.record_step_time(now - t_step)  # from one step's barrier to the next
         metrics.record_workers_compute(compute_s)
@@ -359,7 +364,7 @@ def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, s
             shard.start()
         addresses = _plan_addresses(plan.meta, k, cfg.coordinator_host)
         client = ShardClient(cfg, secret, metrics, log, addresses, ROLE_WORKER, rank, worker.node_id)
-        client.attach(model, flat, partitions, policy_may_be_lossy(cfg))
+        client.attach(model, flat, partitions, policy_may_be_lossy(cfg), hooks=cfg.local_steps == 1)
         conn.send([encode_message("ps_ready")])
         _worker_steps(worker, conn, model, flat, client, data, str((welcome_meta.get("model") or {}).get("type")))
     except ShardFailed as exc:
@@ -392,6 +397,8 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
                   data: Dataset | None, kind: str) -> None:
     cfg, metrics, log = worker.cfg, worker.metrics, worker.log
     wait_s = 0.0
+    rounds = (LocalRounds(cfg, model, flat, client, kind, metrics.rank, worker.scope)
+              if cfg.local_steps > 1 else None)
     while True:
         msg = conn.receive(["batch", "batch_indices", "stop"])
         if msg.kind == "stop":
@@ -423,17 +430,20 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
             check_batch(kind, x, y)
         except ValueError as exc:
             raise ProtocolError(str(exc)) from None
-        micro_batches = min(cfg.grad_accum_steps, int(x.shape[0]))  # as `wiiide.pace.outer.gradient` cuts them
-        client.begin_step(step, micro_batches)
-        try:  # the hooks push each partition once the last micro-batch's backward has reached it
-            loss_value = client.gradient(model, x, y, micro_batches, partial(loss_mean, kind))
-        except (RuntimeError, IndexError) as exc:
-            raise ProtocolError(f"batch does not fit the model: {exc}") from None
+        if rounds is not None:  # local SGD: H steps, then the model delta pushed (wiiide.ps.local_sgd)
+            loss_value = rounds.push_round(step, x, y)
+        else:
+            micro_batches = min(cfg.grad_accum_steps, int(x.shape[0]))  # as `wiiide.pace.outer.gradient` cuts them
+            client.begin_step(step, micro_batches)
+            try:  # the hooks push each partition once the last micro-batch's backward has reached it
+                loss_value = client.gradient(model, x, y, micro_batches, partial(loss_mean, kind), worker.scope)
+            except (RuntimeError, IndexError) as exc:
+                raise ProtocolError(f"batch does not fit the model: {exc}") from None
         compute_s = time.perf_counter() - t0
         metrics.add_compute(step, compute_s, time.thread_time() - cpu0)
         wait_s += client.finish_step(step)
         worker._last_step, worker._last_params_unix_s = step, time.time()  # the hello's rejoin hint
         conn.send([encode_message("step_done", {"step": step, "loss": loss_value, "samples": int(x.shape[0]),
                                                 "compute_s": compute_s})])
-        metrics.record_worker_step(int(x.shape[0]), loss_value, time.perf_counter() - t0)
+        metrics.record_worker_step(int(x.shape[0]), loss_value, time.perf_counter() - t0, batches=cfg.local_steps)
         log.step(metrics.steps, "step %s: loss %.4f", step, loss_value)
