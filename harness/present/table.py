@@ -11,6 +11,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from harness.analysis.window_model import repeat_row
 from harness.present.links_text import (
     LINK_COLUMNS,
     applied_rates_text,
@@ -145,6 +146,21 @@ def link_cells(point: Point) -> list[str]:
             f"{100 * utilisation.median:.0f}" if utilisation and utilisation.median is not None else "-"]
 
 
+WINDOW_COLUMN = "window probe (model) Mbit/s"
+
+
+def window_cell(point: Point) -> str:
+    """The point's window probe beside the window model, ``measured (model)`` in Mbit/s (``measured
+    (model, kernel K)`` with the model of the kernel's own window where recorded), from its first repeat
+    with both probes (`harness.analysis.window_model`); ``-`` when none has them."""
+    for repeat in point.repeats:
+        row = repeat_row(point.params, {"links": repeat.links, "repeat": repeat.repeat})
+        if row is not None:
+            kernel = f", kernel {row.kernel_model_bps / 1e6:.0f}" if row.kernel_model_bps else ""
+            return f"{row.measured_bps / 1e6:.0f} ({row.model_bps / 1e6:.0f}{kernel})"
+    return "-"
+
+
 def report_title(report: Report) -> str:
     """One line on where the numbers come from: name, backend, CPUs, commit, INCOMPLETE if not finished."""
     return (f"{report.name} | backend {report.backend.name} | {report.machine_info.cpu_count_logical} CPUs | "
@@ -163,11 +179,15 @@ def format_table(report: Report | Mapping[str, Any]) -> str:
     params = report.axes
     has_links = any((p.cluster or {}).get("link") for p in report.points)  # shaped: show what was applied
     columns = table_columns(report)
-    header = ["#", *params, *(LINK_COLUMNS if has_links else []), "status", "n", *[c[0] for c in columns]]
+    windows = [window_cell(p) for p in report.points] if has_links else []
+    has_windows = any(cell != "-" for cell in windows)
+    header = ["#", *params, *(LINK_COLUMNS if has_links else []), *([WINDOW_COLUMN] if has_windows else []),
+              "status", "n", *[c[0] for c in columns]]
     rows = []
-    for point in report.points:
+    for i, point in enumerate(report.points):
         rows.append([point.index, *[format_value(point.params.get(p)) for p in params],
-                     *(link_cells(point) if has_links else []), point.status, len(point.ok_repeats),
+                     *(link_cells(point) if has_links else []), *([windows[i]] if has_windows else []),
+                     point.status, len(point.ok_repeats),
                      *[stats_cell(point, key, kind) for _, key, kind in columns]])
     machine = report.machine_info
     title = (f"{report.name} ({report.spec.description}) | backend {report.backend.name} | "

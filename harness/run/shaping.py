@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from harness.errors import ClusterError, LinkShapingError
-from harness.links import rtt
+from harness.links import rtt, window
 from harness.links.fallback import DELAY_LINE_MECHANISM
 from harness.links.pairs import PairPlan, node_name, plan_pairs
 from harness.links.plan import Capabilities, ShapingPlan
@@ -96,6 +96,7 @@ class ClusterConditions:
         self.pair_plans: dict[tuple[str, int | None], PairPlan] = {}
         self._ips: dict[str, str] = {}
         self.timeline = LinkTimeline()  # profiles that change while training (harness.spec.timeline)
+        self.buffers_bytes = (0, 0)  # the point's SO_SNDBUF / SO_RCVBUF request, for the window probe
 
     @property
     def gated(self) -> bool:
@@ -171,6 +172,7 @@ class ClusterConditions:
                 command failed).
             ClusterError: from `create`, or a limit or the gate could not be set.
         """
+        self.buffers_bytes = (cfg.sndbuf_bytes, cfg.rcvbuf_bytes)
         with clock.phase("plan"):
             self.plan(cfg.num_workers)  # before any container starts: a profile the kernel cannot apply fails here
         if self.gated:  # the coordinator waits until links and limits are in force
@@ -247,6 +249,21 @@ class ClusterConditions:
             record["error"] = str(exc)
             progress(f"    link round trip NOT MEASURED: {exc}")
         self.links["rtt_probe"] = record
+        self._probe_window(server, client, host, progress)
+
+    def _probe_window(self, server, client, host: str, progress: Progress) -> None:
+        """What the point's socket buffers let one bulk TCP flow carry from worker 1 to the coordinator
+        (`harness.links.window`), recorded as ``links.window_probe``; a probe that fails is recorded with
+        its ``error``."""
+        record: dict[str, Any] = {"between": [client.name, server.name]}
+        try:
+            record.update(window.measure_window(server, client, host, *self.buffers_bytes))
+            progress(f"    link window {client.name} -> {server.name}: {record['throughput_bps'] / 1e6:.1f} Mbit/s "
+                     f"with SO_SNDBUF {record['sndbuf_bytes']} / SO_RCVBUF {record['rcvbuf_bytes']} bytes")
+        except RuntimeError as exc:
+            record["error"] = str(exc)
+            progress(f"    link window NOT MEASURED: {exc}")
+        self.links["window_probe"] = record
 
     def _read_counters(self, t0: float) -> None:
         for name, (runner, devices) in list(self._shaped.items()):
