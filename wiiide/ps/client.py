@@ -65,6 +65,7 @@ class _Link:
     conn: Connection
     policy: CompressionPolicy
     outbox: "queue.Queue" = field(default_factory=queue.Queue)
+    lost: bool = False  # its connection broke: `close` does not wait for its outbox
 
 
 def connect_shard(cfg: RunConfig, secret: bytes, metrics: NodeMetrics, log: TieredLog, host: str, port: int,
@@ -206,8 +207,8 @@ class ShardClient:
             for i in covered:
                 self._needed[i] += 1
         self._remaining = list(self._needed)
-        for p, covered in zip(params, overlaps):
-            p.register_post_accumulate_grad_hook(lambda _p, covered=covered: self._grad_ready(covered))
+        self._hooks = [p.register_post_accumulate_grad_hook(lambda _p, covered=covered: self._grad_ready(covered))
+                       for p, covered in zip(params, overlaps)]  # removed by close (a later incarnation attaches anew)
 
     def begin_step(self, step: int, micro_batches: int = 1) -> None:
         """Arm the hooks for `step` (call before backward) of `micro_batches` backward passes (gradient
@@ -294,6 +295,7 @@ class ShardClient:
         self.metrics.add_stage_cpu("push_send", frame_step(frame), cpu_s)
 
     def _push_failed(self, link: _Link, exc: Exception) -> None:
+        link.lost = True
         self.inbox.put(ShardFailed(f"push to shard {link.shard} failed: {type(exc).__name__}: {exc}"))
 
     def _ordered_encode_loop(self) -> None:
@@ -359,6 +361,7 @@ class ShardClient:
                 self.metrics.add_stage_cpu("pull_decode", step, msg.decode_cpu_s + time.thread_time() - cpu0)
                 self.inbox.put(("pulled", msg.meta, values))
         except Exception as exc:
+            link.lost = link.lost or not isinstance(exc, ShardFailed)  # a shard's shard_failed: its link still works
             if not self._closing.is_set():
                 cause = exc if isinstance(exc, ShardFailed) else ShardFailed(
                     f"lost shard {link.shard} ({link.conn.name}): {type(exc).__name__}: {exc}")
@@ -416,8 +419,10 @@ class ShardClient:
         return [link.policy.uplink.bps for link in self.links]
 
     def close(self) -> None:
-        """Say goodbye to every shard and stop the threads."""
+        """Say goodbye to every shard, stop the threads and remove the hooks `attach` registered."""
         self._closing.set()
+        for hook in getattr(self, "_hooks", []):
+            hook.remove()
         self._heartbeats.stop()
         self._pushes.put(None)
         for link in self.links:
@@ -426,7 +431,7 @@ class ShardClient:
         time.sleep(0)  # let the senders run
         for link in self.links:
             deadline = time.monotonic() + 1.0
-            while not link.outbox.empty() and time.monotonic() < deadline:
+            while not link.lost and not link.outbox.empty() and time.monotonic() < deadline:
                 time.sleep(0.005)
             link.conn.close()
             link.policy.close()

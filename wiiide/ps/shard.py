@@ -15,9 +15,11 @@ limits, deadlines, socket knobs and TLS; the welcome's MAC covers the shard id i
 `wiiide.wire.admission.HandshakeGate`. Each peer has a receiver thread (pushes in) and a sender thread
 (pulls out): full duplex.
 
-Shard loss: a sharded run needs every worker's push for every partition, so a peer that disconnects
-mid-run fails the shard (`failure`: the first cause, `lost`: every one); it tells every other peer (``shard_failed`` with the cause) and the run ends
-with that cause (the coordinator exits with code 4). It does not go on without the worker.
+Shard loss: an update needs every worker's push for its partition, so a peer that disconnects mid-run
+fails the shard (`failure`: the first cause, `lost`: every one); it tells every other peer
+(``shard_failed`` with the cause), and the coordinator goes on without the lost worker in a new
+incarnation with new shards (`wiiide.ps.membership`, which reads the momentum a shard kept through
+`partition_states`; `expect_workers` names the workers an incarnation's shards serve).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from wiiide.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas, received_values
 from wiiide.ps.partition import Partition
-from wiiide.recovery import momentum_from_flat
+from wiiide.recovery import momentum_from_flat, momentum_to_flat
 from wiiide.wire.admission import HandshakeGate, Pending
 from wiiide.wire.encode import encode_message, with_meta
 from wiiide.wire.messages import Frame, WireTensor
@@ -95,6 +97,7 @@ class ShardServer:
     def __init__(self, cfg: RunConfig, secret: bytes, metrics: NodeMetrics, log: TieredLog, shard_id: int) -> None:
         self.cfg, self.secret, self.metrics, self.log, self.shard_id = cfg, secret, metrics, log, shard_id
         self.num_workers = cfg.num_workers
+        self.worker_ranks = set(range(1, cfg.num_workers + 1))  # whose pushes an update waits for (expect_workers)
         self.policy = CompressionPolicy.from_config(cfg.replace(lossy_warmup_steps=0))
         self.listener: socket.socket | None = None
         self.owned: dict[int, _Owned] = {}
@@ -156,6 +159,20 @@ class ShardServer:
         self._lossy = lossy_pulls
         self._delta_pulls = lossy_pulls or pulls_as_deltas(cfg)
         self.stats.update({"partitions": len(self.owned), "bytes": sum(o.part.nbytes for o in self.owned.values())})
+
+    def expect_workers(self, ranks) -> None:
+        """Serve the workers of these ranks only (a run that lost some, `wiiide.ps.membership`): an update
+        waits for their pushes alone. Call before `start`."""
+        self.worker_ranks = set(ranks)
+        self.num_workers = len(self.worker_ranks)
+
+    def partition_states(self) -> list[tuple[int, int, np.ndarray | None, np.ndarray]]:
+        """(partition index, its step, a copy of its momentum buffer as flat float32 or None without one,
+        a copy of the averaged gradient its last update applied) for every owned partition
+        (`wiiide.ps.membership` keeps a lost run's momentum from it)."""
+        with self._lock:
+            return [(i, o.step, momentum_to_flat(o.optimizer), o.param.grad.numpy().copy())
+                    for i, o in sorted(self.owned.items())]
 
     def start(self) -> "ShardServer":
         """Accept and serve peers on daemon threads; returns self."""
@@ -243,7 +260,7 @@ class ShardServer:
                                     f"1..{self.num_workers} or coordinator 0")
             if not node_id.startswith(f"{role}-{rank}@"):
                 raise ProtocolError("hello: node_id must start with '<role>-<rank>@' (the MAC covers it)")
-            if (role == ROLE_WORKER and not 1 <= rank <= self.num_workers) or (role == ROLE_COORDINATOR and rank != 0):
+            if (role == ROLE_WORKER and rank not in self.worker_ranks) or (role == ROLE_COORDINATOR and rank != 0):
                 raise ProtocolError(f"hello: rank {rank} out of range for a {role}")
             with self._lock:
                 if any(p.rank == rank and p.role == role for p in self.peers):

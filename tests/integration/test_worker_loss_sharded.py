@@ -1,0 +1,42 @@
+"""A worker killed mid-run under ps_shards all (3 workers: the coordinator and every worker host a
+shard) on the local backend: the run goes on with the two that remain, the lost shard's partitions
+re-planned over the surviving nodes from a surviving worker's copy of the parameters
+(wiiide.ps.membership), and after the recovery every shard's parameters and every worker's copy have
+the same digest."""
+
+from __future__ import annotations
+
+from harness.results.report import load_report_json as load_report
+from harness.spec.points import build_spec
+from harness.sweep import run_sweep
+
+BASE = {"dataset": "digits", "num_workers": 3, "ps_shards": "all", "log_tier": "normal", "log_every_steps": 100000,
+        "io_timeout_s": 5.0, "heartbeat_interval_s": 0.5, "connect_timeout_s": 30, "momentum": 0.5,
+        "partition_bytes": "4KiB", "duration_s": 8}
+
+
+def test_a_worker_killed_mid_run_under_ps_shards_all_leaves_the_run_going_on_the_survivors(tmp_path):
+    spec = build_spec({"name": "ps-worker-kill", "base": BASE,
+                       "faults": [{"action": "kill", "target": "worker-2", "at_s": 2}]}, "kill.yaml")
+    report = load_report(run_sweep(spec, "local", tmp_path, progress=lambda line: None))
+    rep = report["points"][0]["repeats"][0]
+    assert rep["status"] == "ok", rep["error"]
+    coord = rep["nodes"]["coordinator"]
+    [rec] = coord["ps"]["recoveries"]
+    assert rec["lost"] == [2] and rec["workers"] == [1, 3] and rec["ps_shards"] == 3 and rec["incarnation"] == 2
+    assert rec["digests_equal"] is True and rec["copies_equal"] is True
+    digests = rec["digests"]
+    assert set(digests["workers"]) == {"1", "3"} and len(digests["shards"]["shards"]) == 3
+    assert all(d == digests["shards"] for d in digests["workers"].values())
+    assert digests["shards"]["sha256"] == rec["params_sha256"]
+    assert 0 <= rec["steps_lost"] <= 2 and rec["recovery_s"] > 0 and rec["first_step"] == rec["step"] + 1
+    assert coord["steps"] > rec["first_step"]  # trained on after the recovery
+    counts = coord["batches_per_worker"]  # a survivor's step done before the loss was noticed is counted, then redone
+    assert all(coord["steps"] <= counts[r] <= coord["steps"] + 1 for r in ("1", "3"))
+    assert rec["step"] <= counts["2"] <= rec["step"] + 1 < coord["steps"]
+    kept, total = map(int, rec["momentum_partitions_kept"].split("/"))
+    assert 0 < kept < total  # the survivors' shards kept theirs; the lost shard's restart at zero
+    assert coord["ps"]["incarnation"] == 2 and coord["ps"]["ps_shards"] == 3
+    assert rep["totals"]["test_accuracy"] > 0.5
+    for name in ("worker-1", "worker-3"):  # their final copies are the shards' parameters
+        assert rep["nodes"][name]["ps"]["param_max_abs_diff"] == 0.0
