@@ -43,3 +43,25 @@ def test_a_worker_killed_mid_run_under_ps_shards_all_leaves_the_run_going_on_the
     assert rep["totals"]["test_accuracy"] > 0.5
     survivors = [n for n in rep["nodes"].values() if n.get("rank") in alive]
     assert len(survivors) == 2 and all(n["ps"]["param_max_abs_diff"] == 0.0 for n in survivors)  # copies = shards
+
+
+def test_a_killed_worker_that_comes_back_is_readmitted_at_the_next_round(tmp_path):
+    spec = build_spec({"name": "ps-worker-kill-restart", "base": {**BASE, "duration_s": 10},
+                       "faults": [{"action": "kill", "target": "worker-2", "at_s": 2},
+                                  {"action": "restart", "target": "worker-2", "at_s": 3}]}, "kill.yaml")
+    report = load_report(run_sweep(spec, "local", tmp_path, progress=lambda line: None))
+    rep = report["points"][0]["repeats"][0]
+    assert rep["status"] == "ok", rep["error"]
+    coord = rep["nodes"]["coordinator"]
+    lost, back = coord["ps"]["recoveries"]
+    killed = lost["lost"][0]
+    assert lost["rejoined"] == [] and back["lost"] == [] and back["rejoined"] == [killed]
+    assert back["workers"] == [1, 2, 3] and back["ps_shards"] == 4 and back["incarnation"] == 3
+    assert back["steps_lost"] == 0 and back["digests_equal"] is True and set(back["digests"]["workers"]) == {"1", "2", "3"}
+    assert back["momentum_partitions_kept"].split("/")[0] == back["momentum_partitions_kept"].split("/")[1]
+    assert any(e["event"] == "worker_rejoined" and e["rank"] == killed for e in coord["events"])
+    counts = coord["batches_per_worker"]  # the killed rank trained before its loss and after its return
+    assert lost["step"] <= counts[str(killed)] - (coord["steps"] - back["step"]) <= lost["step"] + 1
+    assert coord["steps"] > back["first_step"] and rep["totals"]["test_accuracy"] > 0.5
+    finished = [n for n in rep["nodes"].values() if n.get("role") == "worker" and n.get("status") == "ok"]
+    assert len(finished) == 3 and all(n["ps"]["param_max_abs_diff"] == 0.0 for n in finished)  # the returned one too

@@ -47,7 +47,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from wiiide.errors import ProtocolError
+from wiiide.errors import ProtocolError, WiiideError
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure
 from wiiide.ps.digest import params_digest
 from wiiide.ps.partition import Partition, resolve_shards
@@ -60,6 +60,10 @@ PS_STATE = "ps_state"  # worker -> coordinator: {"step", "sha256", "latest_step"
 PS_REHOST = "ps_rehost"  # coordinator -> worker: {"ps_shards", "shard": id or None, "incarnation"}
 SNAPSHOTS_KEPT = 4  # a survivor is at most HANDOUT_AHEAD + 1 steps past the barrier
 STALE_KINDS = ("step_done", PS_FAILED)  # a worker's frames of the old incarnation still on their way
+
+
+class Replan(WiiideError):
+    """The barrier drained its steps for a worker that came back: start the next incarnation with it."""
 
 
 def sha256_of(values: np.ndarray) -> str:
@@ -112,6 +116,19 @@ class Membership:
         self.records: list[dict] = []
         self.train_start_s: float | None = None  # the first incarnation's training start (duration_s counts from it)
         self.noticed_s = 0.0
+        self.replan = False  # a worker waits to rejoin: the barrier hands out no more batches
+        self.in_row = 0  # recoveries since the last step
+        coord.welcome_extra["ps_rehost"] = True  # a worker admitted from now on waits for its ps_rehost
+
+    def rejoin_due(self) -> bool:
+        """True (and from then on) once a worker that came back waits to be admitted (`joining_waits`)."""
+        self.replan = self.replan or self.coord.joining_waits()
+        return self.replan
+
+    def after_barrier(self) -> None:
+        """The barrier ran out of steps: raises Replan when it stopped for a worker coming back."""
+        if self.replan:
+            raise Replan("a worker came back: the next incarnation readmits it")
 
     def notice(self) -> None:
         """A loss was just noticed (before the grace period)."""
@@ -126,8 +143,10 @@ class Membership:
         """
         coord, cfg, log = self.coord, self.coord.cfg, self.coord.log
         step, number = coord.metrics.steps, self.current.number + 1
-        if number > 2 * cfg.num_workers + 1:
-            raise NodeFailure(f"sharded run: {number - 1} recoveries, the last after: {cause}", EXIT_PEER_LOST)
+        self.replan, self.in_row = False, self.in_row + 1
+        if self.in_row > cfg.num_workers + 1:
+            raise NodeFailure(f"sharded run: {self.in_row - 1} recoveries without a step, the last after: {cause}",
+                              EXIT_PEER_LOST)
         before, partitions = {w.rank for w in self.current.workers}, self.current.partitions
         momentum = np.zeros(self.numel, np.float32) if cfg.momentum != 0 else None
         own = momentum_at(shard.partition_states(), step, cfg.momentum)  # the coordinator's shard
@@ -152,7 +171,8 @@ class Membership:
                 states[w.rank] = meta
                 if w is sender and meta.get("sha256") is not None:
                     params, source = self._params(msg, meta, w), w.rank
-        survivors = [w for w in coord.members() if w.alive and w.rank in before]
+        coord.admit_waiting()  # workers that came back join this incarnation (their welcome said: wait for ps_rehost)
+        survivors = [w for w in coord.members() if w.alive]
         if params is None or not survivors:
             raise NodeFailure(f"sharded run: no surviving worker holds the parameters of step {step} after: {cause}",
                               EXIT_PEER_LOST)
@@ -167,6 +187,7 @@ class Membership:
         sha = sha256_of(params)
         latest = [int(m["latest_step"]) for m in states.values() if type(m.get("latest_step")) is int]  # noqa: E721
         record = {"incarnation": number, "cause": cause[:500], "lost": sorted(before - {w.rank for w in survivors}),
+                  "rejoined": sorted({w.rank for w in survivors} - before),
                   "workers": [w.rank for w in survivors], "ps_shards": k, "step": step,
                   "steps_lost": max([0, *(s - step for s in latest)]), "source": f"worker {source}'s copy",
                   "params_sha256": sha,
@@ -176,12 +197,25 @@ class Membership:
                   "state_s": round(time.perf_counter() - self.noticed_s, 4)}
         self.records.append(record)
         coord.metrics.extra.setdefault("ps", {})["recoveries"] = self.records
-        coord.metrics.event("ps_recovering", **{key: record[key] for key in ("incarnation", "lost", "step", "ps_shards")})
-        log.error("sharded: incarnation %d after losing worker(s) %s: %d shards over workers %s, from step %d "
-                  "(worker %s's copy)", number, record["lost"], k, record["workers"], step, source)
+        coord.metrics.event("ps_recovering", **{key: record[key] for key in
+                                                ("incarnation", "lost", "rejoined", "step", "ps_shards")})
+        log.error("sharded: incarnation %d (lost %s, rejoined %s): %d shards over workers %s, from step %d "
+                  "(worker %s's copy)", number, record["lost"], record["rejoined"], k, record["workers"], step, source)
         self.current = Incarnation(number, survivors, k, hosts, RestoredState(step, params, momentum), record,
                                    self.noticed_s, self.current.extra)
         return self.current
+
+    def fail(self, cause: str) -> None:
+        """No incarnation can go on: stop every live worker (``stop``, failed: `cause`); raises NodeFailure (exit 4)."""
+        coord = self.coord
+        stop = encode_message("stop", {"reason": f"failed: {cause[:300]}", "steps": coord.metrics.steps})
+        for w in coord.members():
+            if w.alive:
+                try:
+                    w.conn.send([stop])
+                except OSError:
+                    pass
+        raise NodeFailure(f"sharded run (ps_shards={coord.cfg.ps_shards}) cannot go on: {cause}", EXIT_PEER_LOST)
 
     def _order(self, w, step: int, number: int, send_params: bool) -> None:
         """``ps_recover`` to `w` (dropped when the send fails)."""
@@ -248,6 +282,7 @@ class Membership:
     def note_step(self, step: int) -> None:
         """The barrier passed `step`: the first step of a recovered incarnation closes its record."""
         record = self.current.record
+        self.in_row = 0
         if record is None or "recovery_s" in record:
             return
         record["recovery_s"] = round(time.perf_counter() - self.current.noticed_s, 4)

@@ -54,7 +54,9 @@ from wiiide.ps.feedback import policy_may_be_lossy
 from wiiide.ps.link_probe import PieceRule
 from wiiide.ps.membership import (
     PS_RECOVER,
+    PS_REHOST,
     Membership,
+    Replan,
     StepSnapshots,
     answer_recovery,
     await_order,
@@ -122,7 +124,8 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
             # One loss cascades (the workers' shards fail too): give the shard a moment to notice every
             # peer it lost, and name them all, so the first one (the cause) is in the message.
             members.notice()
-            time.sleep(LOSS_GRACE_S)
+            if not isinstance(exc, Replan):
+                time.sleep(LOSS_GRACE_S)
             failed = "; ".join(shard.lost) if shard.lost else f"{type(exc).__name__}: {exc}"
             log.error("sharded run (incarnation %d): %s", members.current.number, failed[:500])
         finally:
@@ -132,14 +135,7 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
         try:
             members.recover(failed, shard)
         except (WiiideError, OSError) as exc:
-            cause = f"{failed}; no recovery: {exc}"
-            for w in coord.members():
-                if w.alive:
-                    try:
-                        w.conn.send([encode_message("stop", {"reason": f"failed: {cause[:300]}", "steps": metrics.steps})])
-                    except OSError:
-                        pass
-            raise NodeFailure(f"sharded run (ps_shards={cfg.ps_shards}) cannot go on: {cause}", EXIT_PEER_LOST) from None
+            members.fail(f"{failed}; no recovery: {exc}")
 
 
 def _incarnation(coord, data: Dataset, flat: FlatParams, shard: ShardServer, members: Membership,
@@ -262,6 +258,8 @@ def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: Shar
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
 
     def more(sent: int) -> bool:
+        if members is not None and members.rejoin_due():  # drain, then readmit (wiiide.ps.membership)
+            return False
         if stop_at_target(cfg, evaluator):
             return False
         return not (time.perf_counter() - start >= cfg.duration_s or (cfg.max_steps and sent >= cfg.max_steps))
@@ -322,6 +320,8 @@ def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: Shar
                  len(workers), metrics.batches / (now - start))
     metrics.train_time_s = time.perf_counter() - start
     metrics.extra["epochs"] = sampler.epochs_done
+    if members is not None:
+        members.after_barrier()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -346,6 +346,9 @@ def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, s
     flat = FlatParams(model)
     snapshots = StepSnapshots()
     kind = str((welcome_meta.get("model") or {}).get("type"))
+    if welcome_meta.get("ps_rehost") is True:  # came back mid-run: the next incarnation says what it hosts
+        k, hosted = answer_recovery(conn, conn.receive([PS_RECOVER, PS_REHOST]), snapshots, None,
+                                    cfg.num_workers + 1, cfg.momentum)
     while True:
         shard = ShardServer(cfg, secret, metrics, log, hosted) if hosted is not None else None
         client, order = None, None
