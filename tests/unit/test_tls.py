@@ -13,6 +13,7 @@ import socket
 import ssl
 import stat
 import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -255,6 +256,10 @@ def test_a_shard_over_tls_serves_the_cluster_and_checks_the_name_its_peer_expect
                              tls_name="localhost")
         try:
             assert conn.sock.version() == "TLSv1.3"
+            # the shard records the peer's TLS version just after its welcome is sent: wait for it
+            wait_until = time.monotonic() + 5
+            while "peer_tls" not in server.stats and time.monotonic() < wait_until:
+                time.sleep(0.01)
             assert server.stats["peer_tls"] == {"worker 1": "TLSv1.3"}
         finally:
             conn.close()
