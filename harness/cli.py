@@ -1,5 +1,5 @@
 """``python -m harness VERB``: up, down, status, sweep, report, export, knobs, image, compare, round-model,
-bench-wire, bench-handshake, bench-tls, bench-overlay.
+predict, timeline, bench-wire, bench-handshake, bench-tls, bench-overlay.
 
 Errors the harness raises on purpose (bad spec, no engine, a failed Compose call) end as one line on
 stderr and exit code 2 (bad input) or 1 (anything else), not a traceback.
@@ -273,6 +273,20 @@ def cmd_round_model(args: argparse.Namespace) -> int:
     return main_from_args(args)
 
 
+def cmd_predict(args: argparse.Namespace) -> int:
+    """`predict REPORT --workers 16,64`: step time and samples/s at more workers from a measured run
+    (`harness.analysis.predict_cli`); exit 2 when REPORT is unreadable or has nothing to calibrate on."""
+    from harness.analysis.predict_cli import main_from_args
+    return main_from_args(args)
+
+
+def cmd_timeline(args: argparse.Namespace) -> int:
+    """`timeline REPORT`: one repeat's spans (a sweep run with trace_steps) as a Chrome trace
+    (`harness.present.timeline`); exit 2 when there is nothing to write."""
+    from harness.present.timeline import main_from_args
+    return main_from_args(args)
+
+
 def cmd_knobs(args: argparse.Namespace) -> int:
     """`knobs [--group G] [--markdown]`: the knobs reference (`harness.present.knobs`): rich tables on a
     terminal, one tab-separated line per knob otherwise, docs/knobs.md's Markdown with --markdown.
@@ -400,6 +414,18 @@ def build_parser() -> argparse.ArgumentParser:
                                            "their measured steps (sharded servers, DDP)")
     round_model_arguments(p)
     p.set_defaults(func=cmd_round_model)
+
+    from harness.analysis.predict_cli import add_arguments as predict_arguments
+    p = sub.add_parser("predict", help="step time and samples/s at more workers (central, sharded, ring "
+                                       "all-reduce, local SGD) from a measured report; --validate: against it")
+    predict_arguments(p)
+    p.set_defaults(func=cmd_predict)
+
+    from harness.present.timeline import add_arguments as timeline_arguments
+    p = sub.add_parser("timeline", help="one repeat's steps (a sweep run with trace_steps) as a Chrome trace "
+                                        "for Perfetto: per node the compute, pushes, pulls, updates and waits")
+    timeline_arguments(p)
+    p.set_defaults(func=cmd_timeline)
     return parser
 
 

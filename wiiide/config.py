@@ -318,6 +318,9 @@ class RunConfig(BaseSettings):
     log_tier: Literal["verbose", "normal", "silent"] = _field("normal", " | ".join(LOG_TIERS), "logging tier")
     log_every_steps: Int = _field(100, ">= 1", "normal tier: a progress line every this many steps", ge=1)
     metrics_dir: Str = _field("results/nodes", "a directory path", "where the node writes its metrics JSON")
+    trace_steps: Int = _field(0, "0..1000", "steps after the warm-up whose sends, receives, compute and updates "
+                              "each node keeps as spans for the timeline (wiiide-lab timeline; 0: none)",
+                              ge=0, le=1000)
     ready_file: Str = _field("", "a file path or empty",
                              "coordinator: touched once it listens (the container healthcheck reads it)")
     start_gate_file: Str = _field("", "a file path or empty",

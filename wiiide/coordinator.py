@@ -277,11 +277,14 @@ class Coordinator(CoordinatorJoining):
                 continue
             optimizer.lr = lrs.schedule.lr(step)
             lrs.applied(step, optimizer.lr)
+            t_update = time.perf_counter()
             if sparse is None:
                 flat.grads.copy_(grad_sum).div_(contributors)
                 optimizer.step()
             else:  # plain SGD on the touched rows and the MLP (momentum is refused with sparse rows)
                 sparse.step(flat.params, flat.grads, contributors, optimizer.lr)
+            if metrics.trace is not None:
+                metrics.trace.add("update", "update", step, time.perf_counter() - t_update)
             step += 1
             metrics.steps = step
             metrics.batches += contributors

@@ -81,6 +81,7 @@ from typing import Any, Callable, Iterable
 import psutil
 
 from wiiide.summary import training_summary
+from wiiide.trace import StepTrace, message_step
 
 SCHEMA_VERSION = 1
 STAGES = ("push_encode", "push_send", "push_receive", "push_decode", "update", "pull_send", "pull_receive",
@@ -235,6 +236,7 @@ class NodeMetrics:
         self._run_delay_end: tuple[int, int, int] | None = None  # (steps, ns, threads)
         self.samples_per_step: float | None = None  # global batch of one step; None: samples / steps
         self.rss_samples_bytes: list[int] = []
+        self.trace: StepTrace | None = None  # trace_steps > 0: the spans of those steps (wiiide.trace)
         self.sample_rss()
 
     def elapsed_s(self) -> float:
@@ -255,6 +257,8 @@ class NodeMetrics:
     def record_step_time(self, seconds: float) -> None:
         """Keep one step's wall `seconds` and the process's CPU seconds (all threads, `time.process_time`)
         since the step recorded before it (or since this object was made)."""
+        if self.trace is not None:
+            self.trace.add("step", "step", len(self.step_times_s), seconds)
         self.step_times_s.append(seconds)
         cpu_s = time.process_time()
         self.step_cpu_s.append(cpu_s - self._cpu_mark_s)
@@ -336,8 +340,18 @@ class NodeMetrics:
         self.rss_samples_bytes.append(rss)
         return rss
 
-    def record_sent(self, frame: Any, seconds: float) -> None:
-        """Account one sent `wiiide.wire.messages.Frame` and the seconds its send took."""
+    def add_compute(self, step: Any, seconds: float, cpu_s: float) -> None:
+        """Add a worker's forward and backward of `step`: `seconds` of wall time, `cpu_s` of its thread's CPU."""
+        self.compute_time_s += seconds
+        self.compute_cpu_s += cpu_s
+        if self.trace is not None:
+            self.trace.add("compute", "compute", step, seconds, cpu_s=round(cpu_s, 6))
+
+    def record_sent(self, frame: Any, seconds: float, peer: str | None = None) -> None:
+        """Account one sent `wiiide.wire.messages.Frame` (to `peer`, for the trace) and the seconds its send took."""
+        if self.trace is not None and frame.header is not None:
+            self.trace.add(frame.kind, "send", message_step(frame.header.get("meta")), seconds,
+                           wire_bytes=frame.wire_nbytes, peer=peer)
         self.frames_sent += 1
         self.payload_bytes_sent += frame.raw_nbytes
         self.encoded_bytes_sent += frame.payload_nbytes
@@ -352,8 +366,11 @@ class NodeMetrics:
             sent[0] += frame.raw_nbytes
             sent[1] += frame.payload_nbytes
 
-    def record_received(self, msg: Any, seconds: float) -> None:
-        """Account one received `wiiide.wire.messages.Message` and the seconds its receive took."""
+    def record_received(self, msg: Any, seconds: float, peer: str | None = None) -> None:
+        """Account one received `wiiide.wire.messages.Message` (from `peer`, for the trace) and the seconds its
+        receive took (the wait for it included)."""
+        if self.trace is not None:
+            self.trace.add(msg.kind, "receive", message_step(msg.meta), seconds, wire_bytes=msg.wire_nbytes, peer=peer)
         self.frames_received += 1
         self.payload_bytes_received += msg.raw_nbytes
         self.encoded_bytes_received += msg.payload_nbytes
@@ -462,6 +479,7 @@ class NodeMetrics:
             "events": list(self.events),
             "event_counts": dict(self.event_counts),
             "events_dropped": {kind: dict(counts) for kind, counts in self.events_dropped.items()},
+            **({"trace": self.trace.to_dict()} if self.trace is not None else {}),
             **self.extra,
         }
 

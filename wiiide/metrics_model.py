@@ -128,6 +128,7 @@ class NodeMetricsFile(_Record):
     events: list[dict[str, Any]] | None = None  # the first events of each kind: t_s, event, fields
     event_counts: dict[str, int] | None = None
     events_dropped: dict[str, dict[str, int]] | None = None  # kind -> reason -> events only counted
+    trace: dict[str, Any] | None = None  # trace_steps > 0: the steps' spans (wiiide.trace.StepTrace.to_dict)
     # what the roles add (NodeMetrics.extra)
     engine: str | None = None  # ddp | fsdp (the engines); absent: the parameter server
     world_size: int | None = None

@@ -26,6 +26,7 @@ from wiiide.errors import ConfigError, ProtocolError, WiiideError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.summary import format_summary
+from wiiide.trace import StepTrace
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import Frame, Message
 from wiiide.wire.reader import FrameReader
@@ -120,7 +121,7 @@ class Connection:
         seconds = time.perf_counter() - t0
         self.last_send = time.monotonic()
         for i, frame in enumerate(frames):
-            self.metrics.record_sent(frame, seconds if i == 0 else 0.0)
+            self.metrics.record_sent(frame, seconds if i == 0 else 0.0, self.name)
             self.log.message("sent %s to %s: %d raw bytes, %d on the wire, codec %s",
                              frame.kind, self.name, frame.raw_nbytes, frame.wire_nbytes, frame.codec)
 
@@ -141,7 +142,7 @@ class Connection:
         while True:
             t0 = time.perf_counter()
             msg = self.reader.read_message(deadline)
-            self.metrics.record_received(msg, time.perf_counter() - t0)
+            self.metrics.record_received(msg, time.perf_counter() - t0, self.name)
             if msg.kind != "heartbeat":
                 break
         self.log.message("received %s from %s: %d raw bytes, %d on the wire, codec %s",
@@ -246,6 +247,8 @@ def run_node(cfg: RunConfig, metrics: NodeMetrics, log: TieredLog, main: Callabl
 
         torch.set_num_threads(cfg.torch_threads)
     metrics.warmup_steps = cfg.warmup_steps  # left out of the Training Summary's timings
+    if cfg.trace_steps:  # the timeline's spans of the first steps after the warm-up (wiiide.trace)
+        metrics.trace = StepTrace(cfg.warmup_steps, cfg.trace_steps)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     status, error, code = "ok", None, EXIT_OK
     try:

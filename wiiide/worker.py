@@ -243,8 +243,7 @@ class Worker:
             except (RuntimeError, IndexError, ValueError) as exc:
                 raise ProtocolError(f"batch does not fit the model: {exc}") from None
             compute_s = time.perf_counter() - t0
-            metrics.compute_time_s += compute_s
-            metrics.compute_cpu_s += time.thread_time() - cpu0
+            metrics.add_compute(step, compute_s, time.thread_time() - cpu0)
             # compute_s: this task's wall time on the worker (the pace server's adaptive batch sizes)
             meta = {"step": step, "loss": loss_value, "samples": int(x.shape[0]), "compute_s": compute_s,
                     **self.policy.feedback_meta()}

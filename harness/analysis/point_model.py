@@ -115,7 +115,7 @@ def _workers_compute_cpu_s(repeats: Sequence[dict[str, Any]]) -> float | None:
 
 @dataclass(frozen=True)
 class HostShares:
-    """What a step needs of the machine beyond the nodes' processes (`_host_cpu_shares`)."""
+    """What a step needs of the machine beyond the nodes' processes (`host_cpu_shares`)."""
 
     kernel_step_cpu_s: float  # softirq + irq CPU seconds per timed step (the kernel's network work)
     other_cores: float  # cores taken by other processes (engine, harness, ...) over the timed steps
@@ -124,7 +124,7 @@ class HostShares:
     # ``sched``, `harness.analysis.sched_trace`); None: not traced
 
 
-def _host_cpu_shares(repeats: Sequence[dict[str, Any]]) -> HostShares | None:
+def host_cpu_shares(repeats: Sequence[dict[str, Any]]) -> HostShares | None:
     """Per repeat, from the coordinator's ``host_cpu_s`` (the machine's CPU seconds by kind over its timed
     steps, `wiiide.metrics`) and every node's timed ``step_cpu_s`` (mean x count: its CPU over the same
     steps): the kernel's softirq + irq seconds per step, the cores the other processes took ((user + nice
@@ -183,7 +183,7 @@ def point_model(point: dict[str, Any], cores: int | None = None) -> ModelRow | N
     coord = first["nodes"].get("coordinator", {})
     engine = config.get("engine", "wiiide")
     nodes_cpu_s = _step_cpu_s(ok) if cores else None
-    host = _host_cpu_shares(ok) if nodes_cpu_s is not None else None
+    host = host_cpu_shares(ok) if nodes_cpu_s is not None else None
     node_cores = conserving_cores = cores
     lost_cores = host.lost_cores if host is not None else None
     if host is not None:  # the kernel's work on top of the nodes', on the cores the rest leaves them

@@ -182,22 +182,26 @@ def _timeseries(report: Report, limits: dict[str, tuple[float, float]]) -> list[
     return figures
 
 
-def _repeats(report: Report) -> list[dict[str, Any]]:
-    """Per point: each repeat's status, time and headline totals (folded on the page)."""
+def _repeats(report: Report, timelines: Mapping[tuple[int, int], str]) -> list[dict[str, Any]]:
+    """Per point: each repeat's status, time, headline totals and timeline file if traced (folded on the page)."""
     return [{"index": p.index, "label": point_label(p, report.axes), "status": p.status,
              "rows": [{"repeat": r.repeat, "status": r.status, "elapsed": format_value(r.elapsed_s),
                        "batches": format_value(r.totals.batches_per_s),
                        "goodput": format_value(r.totals.goodput_bytes_per_s, "bytes_per_s"),
                        "acc": format_value(r.totals.test_accuracy, "pct"),
                        "to_target": ("not reached" if r.totals.target_reached is False
-                                     else format_value(r.totals.time_to_target_s)), "error": r.error or ""}
+                                     else format_value(r.totals.time_to_target_s)), "error": r.error or "",
+                       "timeline": timelines.get((p.index, r.repeat))}
                       for r in p.repeats]} for p in report.points]
 
 
-def render_page(reports: Sequence[tuple[str, Report | Mapping[str, Any]]]) -> str:
+def render_page(reports: Sequence[tuple[str, Report | Mapping[str, Any]]],
+                timelines: Mapping[tuple[int, int], str] | None = None) -> str:
     """The page for one report, or several on the same axes, as HTML text.
 
     `reports`: (label, report) pairs; a report is a `Report` or its JSON object (any schema version).
+    `timelines`: for one report, {(point index, repeat): file name} of the repeats' Chrome traces
+    (`harness.present.timeline.write_timelines`) the repeats' table links.
 
     Raises:
         HarnessError: no report, a mapping that is not a report, or matplotlib missing.
@@ -225,7 +229,7 @@ def render_page(reports: Sequence[tuple[str, Report | Mapping[str, Any]]]) -> st
     for r_i, (label, report) in enumerate(typed):
         views.append({**_meta(label, report, "h2" if compare else "h1"), "anchor": f"failures-{r_i + 1}",
                       "table": _table(report), "failures": _failures(report), "reference": _reference(report),
-                      "timeseries": _timeseries(report, limits), "repeats": _repeats(report)})
+                      "timeseries": _timeseries(report, limits), "repeats": _repeats(report, timelines or {})})
     title = ("Comparison: " + " vs ".join(label for label, _ in typed)) if compare else typed[0][0]
     return _environment().get_template(TEMPLATE).render(title=title, compare=compare, charts=charts,
                                                         reports=views, failed_color=FAILED_COLOR)
@@ -265,5 +269,9 @@ def write_html(paths: Iterable[str | Path], out: str | Path | None = None) -> Pa
             label += f" #{seen[label]}"
         loaded.append((label, load_report(path)))
     target = Path(out) if out else default_html_path(paths)
-    write_text_atomic(target, render_page(loaded))
+    timelines = {}
+    if len(loaded) == 1:  # the traced repeats' timelines beside the page, which links them
+        from harness.present.timeline import write_timelines
+        timelines = write_timelines(loaded[0][1].to_json_dict(), target.parent)
+    write_text_atomic(target, render_page(loaded, timelines))
     return target

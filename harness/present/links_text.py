@@ -16,6 +16,9 @@ def applied_rates_text(links: Mapping[str, Any]) -> str:
                      key=lambda r: (r.get("role") != "coordinator", r.get("worker_index") or 0))
     if not records:
         return "-"
+    if links.get("pairs"):  # links by pair: the rates in force over the pairs, lowest first
+        rates = sorted({p.get("rate_bps") for p in links["pairs"].values() if p.get("rate_bps")})
+        return "pairs " + "/".join(format_rate(rate) for rate in rates) if rates else "pairs -"
     rates = [(("ps" if r.get("role") == "coordinator" else f"w{r.get('worker_index')}"), r.get("applied_rate_bps"))
              for r in records]
     if len({rate for _, rate in rates}) == 1:
@@ -24,6 +27,11 @@ def applied_rates_text(links: Mapping[str, Any]) -> str:
         text = ", ".join(f"{who} {format_rate(rate)}" for who, rate in rates)
     if any(r.get("applied_profile") and r["applied_profile"].get("ingress") for r in records):
         text += " (+ingress)"
+    changes = max((len(r.get("timeline_changes") or []) for r in records), default=0)
+    if changes:  # a schedule or a trace: the last rate it set, or how many changes a trace made
+        last = [c for r in records for c in (r.get("timeline_changes") or [])[-1:] if "rate_bps" in c.get("changes", {})]
+        text += (f" -> {format_rate(last[0]['changes']['rate_bps'])}" if changes == 1 and last
+                 else f" ({changes} changes)")
     return text
 
 

@@ -27,9 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from harness.errors import ClusterError, LinkShapingError
-from harness.links.plan import Capabilities, ShapingPlan, plan_shaping
+from harness.links.pairs import PairPlan, node_name, plan_pairs
+from harness.links.plan import Capabilities, ShapingPlan
 from harness.links.readback import rate_in_force_bps
+from harness.links.schedule import plan_timed_shaping
 from harness.run.backend import PhaseClock, Sampler
+from harness.run.link_timeline import LinkTimeline
+from harness.run.pair_shaping import node_ips, shape_pairs, timeline_targets, update_pair_counters
 from harness.run.tc_exec import (
     ContainerExec,
     HostNetnsExec,
@@ -83,6 +87,9 @@ class ClusterConditions:
         self.limits: dict[str, Any] = {}
         self._shaped: dict[str, tuple[ContainerExec | HostNetnsExec, tuple[str, ...]]] = {}
         self._sampler: Sampler | None = None
+        self.pair_plans: dict[tuple[str, int | None], PairPlan] = {}
+        self._ips: dict[str, str] = {}
+        self.timeline = LinkTimeline()  # profiles that change while training (harness.spec.timeline)
 
     @property
     def gated(self) -> bool:
@@ -98,7 +105,12 @@ class ClusterConditions:
         self.links = {"label": link.label, "allow_partial": link.allow_partial, "capabilities": self.caps.to_dict(),
                       "containers": {}}
         for key in [("coordinator", None)] + [("worker", i) for i in range(1, num_workers + 1)]:
-            self.plans[key] = plan_shaping(link.profiles.for_container(*key), self.caps, link.allow_partial)
+            self.plans[key] = plan_timed_shaping(link.profiles.for_container(*key), self.caps, link.allow_partial)
+            if link.topology is not None:  # links by pair (harness.links.pairs): checked here, built in apply
+                self.pair_plans[key] = plan_pairs(link.topology, node_name(*key), num_workers, self.caps,
+                                                  link.allow_partial)
+        if link.topology is not None:
+            self.links["pairs"] = {}
 
     def apply(self, containers: list, t0: float, progress: Progress) -> None:
         """Limits, shaping and read-back in every container (`t0`: the run's start, time.monotonic);
@@ -121,6 +133,8 @@ class ClusterConditions:
             if self.settings.link is not None:
                 self._shape(c, role, index, t0)
 
+        if self.pair_plans:  # the pair filters match on the peers' addresses
+            self._ips = node_ips(containers, container_identity)
         # every container at once (each is a few `docker exec`s): 1+8 in the time of about two, not nine
         with ThreadPoolExecutor(max_workers=max(1, min(PARALLEL_CONTAINERS, len(containers)))) as pool:
             for future in [pool.submit(one, c) for c in containers]:
@@ -178,8 +192,10 @@ class ClusterConditions:
             ContainerExec(coordinator).run(["touch", self.gate_file])
         except LinkShapingError as exc:
             raise ClusterError(f"cannot open the start gate: {exc}") from None
+        gate_s = time.monotonic()
         if self.links:
-            self.links["gate_opened_at_s"] = round(time.monotonic() - t0, 3)
+            self.links["gate_opened_at_s"] = round(gate_s - t0, 3)
+        self.timeline.start(gate_s)  # step times count from the gate's opening: training starts now
 
     def _shape(self, c, role: str, index: int | None, t0: float) -> None:
         plan = self.plans[(role, index)]
@@ -195,6 +211,12 @@ class ClusterConditions:
             "fallback_counters": read_fallback_counters(runner) if _uses_rules(plan) else None,
         }
         self._shaped[c.name] = (counters or runner, plan.devices)
+        pair_plan = self.pair_plans.get((role, index))
+        if pair_plan is not None:
+            shape_pairs(runner, pair_plan, self._ips, self.links["containers"][c.name], self.links["pairs"])
+        for target in timeline_targets(c.name, counters or runner, plan, pair_plan, self.links["containers"][c.name],
+                                       self.links.get("pairs", {})):
+            self.timeline.add(target)
 
     def _read_counters(self, t0: float) -> None:
         for name, (runner, devices) in list(self._shaped.items()):
@@ -210,9 +232,13 @@ class ClusterConditions:
                     continue
             record.update(end_counters=counters, end_counters_at_s=round(time.monotonic() - t0, 3),
                           counter_reads=record["counter_reads"] + 1)
+            if "pairs" in self.links and record.get("role") is not None:
+                update_pair_counters(self.links["pairs"], node_name(record["role"], record["worker_index"]), counters)
 
     def stop(self) -> None:
-        """Stop reading the qdisc counters; the last reading stands as each container's end counters."""
+        """Stop the link timelines and the counter reads; the last reading stands as each container's
+        end counters."""
+        self.timeline.stop()
         if self._sampler is not None:
             self._sampler.stop()
             self._sampler = None

@@ -198,6 +198,11 @@ def reset_links(runner: ContainerExec) -> None:
             pass  # nothing to remove, or the container has gone (the shaping that follows says so)
 
 
+# `tc class show` read empty on a device whose htb qdisc has a class: an exec whose output the engine lost
+# (seen on Docker 20.10 with 9 and 13 containers on 2 cores: some workers' rate read back as "-")
+CLASS_SHOW_RETRIES = 2
+
+
 def read_back(runner: ContainerExec, devices: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
     """What tc has in force on each of `devices` in the container: ``{dev: [qdiscs..., classes...]}``,
     read with ``tc -j -s qdisc show`` and ``tc -j -s class show`` (records: `harness.links.readback`;
@@ -210,8 +215,13 @@ def read_back(runner: ContainerExec, devices: Iterable[str]) -> dict[str, list[d
     records: dict[str, list[dict[str, Any]]] = {}
     for dev in devices:
         commands = show_commands(dev)
-        records[dev] = [*parse_tc_json(runner.run(commands["qdisc"]), "qdisc", dev),
-                        *parse_classes(runner.run(commands["class"]), dev)]
+        qdiscs = parse_tc_json(runner.run(commands["qdisc"]), "qdisc", dev)
+        classes = parse_classes(runner.run(commands["class"]), dev)
+        for _ in range(CLASS_SHOW_RETRIES):  # an htb qdisc always has its class: an empty read lost its output
+            if classes or not any(q.get("kind") == "htb" for q in qdiscs):
+                break
+            classes = parse_classes(runner.run(commands["class"]), dev)
+        records[dev] = [*qdiscs, *classes]
     return records
 
 

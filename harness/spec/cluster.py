@@ -48,7 +48,10 @@ from pydantic_core import PydanticCustomError
 from harness import REPO_ROOT
 from harness.errors import SpecError
 from harness.spec.base import SpecModel, fail, shown, unit, validate
+from harness.spec.link_forms import ScheduledProfile, TopologyForm, TraceProfile, form_label
 from harness.spec.links import PROFILE_KEYS, LinkProfile
+from harness.spec.pairs import Topology, is_topology, parse_topology
+from harness.spec.timeline import is_timed, parse_timed
 from harness.spec.yaml_file import load_yaml_file
 from wiiide.units import parse_size_bytes
 
@@ -133,11 +136,14 @@ class LinkSetting(SpecModel):
     profiles: PerContainer[LinkProfile]
     allow_partial: bool = False
     label: str = ""
+    topology: Topology | None = None  # links by pair of nodes (harness.spec.pairs); then `profiles` is empty
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"label", "allow_partial", "profiles": {key: LinkProfile.to_dict() or None}}``."""
+        """``{"label", "allow_partial", "profiles": {key: LinkProfile.to_dict() or None}}``, and
+        ``"topology"`` (`Topology.to_dict`) for links by pair."""
         return {"label": self.label, "allow_partial": self.allow_partial,
-                "profiles": self.profiles.to_dict(LinkProfile.to_dict)}
+                "profiles": self.profiles.to_dict(lambda p: p.to_dict()),
+                **({"topology": self.topology.to_dict()} if self.topology is not None else {})}
 
 
 def load_presets(path: Path = PRESETS_FILE) -> dict[str, Any]:
@@ -170,6 +176,8 @@ def _profile(value: Any, presets: Mapping[str, Any]) -> LinkProfile | None:
         preset, name = value, "inline"
     else:
         raise ValueError(f"{shown(value)}: expected a preset name or a mapping of profile keys")
+    if is_timed(preset):  # a schedule or a trace: its errors name their path below the value
+        return parse_timed(preset, name)
     try:
         return LinkProfile.from_mapping(preset, name)
     except SpecError as exc:
@@ -186,6 +194,14 @@ def _link(value: Any, info: ValidationInfo) -> LinkSetting | None:
         allow_partial = value.get("allow_partial", False)
         if not isinstance(allow_partial, bool):
             raise fail(f"{shown(allow_partial)}; allowed: true or false", "allow_partial")
+        if is_topology(value):  # links by pair of nodes
+            topology = parse_topology(value, lambda v: _profile(v, presets))
+            return LinkSetting(profiles=PerContainer(values={}), allow_partial=allow_partial,
+                               label=str(param_label(value)), topology=topology)
+        if is_timed(value):  # a schedule or a trace for every container
+            timed = parse_timed({k: v for k, v in value.items() if k != "allow_partial"})
+            return LinkSetting(profiles=PerContainer(values={"all": timed}), allow_partial=allow_partial,
+                               label=str(param_label(value)))
         if set(value) & set(PROFILE_KEYS):  # an inline profile for every container (with allow_partial beside it)
             stray = sorted(set(value) - set(PROFILE_KEYS) - {"allow_partial"})
             if stray:
@@ -211,6 +227,9 @@ def param_label(value: Any) -> Any:
     parts = []
     for key, leaf in value.items():
         shown_leaf = "inline" if isinstance(leaf, dict) else leaf
+        if (form := form_label(key, leaf)) is not None:  # a schedule, a trace, pairs
+            parts.append(form)
+            continue
         if key == "allow_partial":
             continue
         parts.append(str(shown_leaf) if key == "all" else f"{key}={shown_leaf}")
@@ -270,9 +289,9 @@ class LinkByRole(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=lambda s: s.update(patternProperties={
         r"^worker-[1-9][0-9]*$": {"anyOf": s["properties"]["worker"]["anyOf"]}}))
-    all: str | LinkProfile | None = None
-    coordinator: str | LinkProfile | None = None
-    worker: str | LinkProfile | None = None
+    all: str | LinkProfile | ScheduledProfile | TraceProfile | None = None
+    coordinator: str | LinkProfile | ScheduledProfile | TraceProfile | None = None
+    worker: str | LinkProfile | ScheduledProfile | TraceProfile | None = None
     allow_partial: bool = False
 
 
@@ -284,7 +303,7 @@ class InlineLink(LinkProfile):
 
 
 LinkValue = Annotated[LinkSetting | None, PlainValidator(_link, json_schema_input_type=(
-    str | None | InlineLink | LinkByRole))]
+    str | None | InlineLink | ScheduledProfile | TraceProfile | TopologyForm | LinkByRole))]
 """A ``link`` value: a preset name, none, an inline profile or a mapping by role (context: ``presets``)."""
 CpusValue = Annotated[PerContainer[float] | None, PlainValidator(
     lambda v: _none_if_empty(_per_container(v, _cpus)), json_schema_input_type=_Cpus | dict[RoleKey, _Cpus]),
@@ -419,6 +438,10 @@ def parse_cluster(values: Mapping[str, Any], presets: Mapping[str, Any], num_wor
             if cpus and cpus * settings.cpu_period_s < 0.001:
                 raise SpecError(f"{paths['cpu_period_s']}: {settings.cpu_period_s:g} s x {cpus:g} CPUs for worker-{index} "
                                 f"is a quota under the kernel's 1 ms; use a longer period")
+    if settings.link is not None and settings.link.topology is not None:
+        beyond = settings.link.topology.check_nodes(num_workers)
+        if beyond is not None:
+            raise SpecError(f"{paths['link']}.{beyond[0]}: {beyond[1]}")
     top = settings.max_worker_index()
     if top > num_workers:
         key = next(k for k in CLUSTER_KEYS if k in values and f"worker-{top}" in str(values[k]))

@@ -47,6 +47,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError
 
 from harness.errors import SpecError
 from harness.spec.base import SpecModel, fail, shown, validate
@@ -61,7 +62,9 @@ from harness.spec.cluster import (
     parse_cluster,
 )
 from harness.spec.faults import Fault, RandomFaults, check_targets, expand_random
+from harness.spec.link_forms import ScheduledProfile, TraceProfile
 from harness.spec.links import LinkProfile
+from harness.spec.timeline import is_timed, parse_timed
 from harness.spec.sysctls import HostSysctls
 from harness.spec.yaml_file import load_yaml_file
 from wiiide.config import RunConfig
@@ -131,7 +134,12 @@ def _axes(axes: dict[str, Any]) -> dict[str, list[Any]]:
 def _presets(presets: dict[str, Any]) -> dict[str, Any]:
     for name, profile in presets.items():
         try:
-            LinkProfile.from_mapping(profile, name)
+            if is_timed(profile):  # a schedule or a trace (harness.spec.timeline)
+                parse_timed(profile, name)
+            else:
+                LinkProfile.from_mapping(profile, name)
+        except PydanticCustomError as exc:
+            raise fail(exc.message(), name, *(exc.context or {}).get("path", ())) from None
         except SpecError as exc:
             raise fail(str(exc), name) from None
     return presets
@@ -185,7 +193,8 @@ class SweepSpec(SpecModel):
     timeout_s: Annotated[StrictFloat | None, AfterValidator(_positive_s),
                          Field(json_schema_extra={"exclusiveMinimum": 0})] = None
     link_presets: Annotated[dict[str, dict[str, Any]], _or_empty(dict), AfterValidator(_presets),
-                            BeforeValidator(lambda v: v, json_schema_input_type=dict[str, LinkProfile])] = {}
+                            BeforeValidator(lambda v: v, json_schema_input_type=dict[
+                                str, LinkProfile | ScheduledProfile | TraceProfile])] = {}
     faults: Annotated[list[Fault], BeforeValidator(expand_random, json_schema_input_type=list[Fault] | RandomFaults),
                       _or_empty(list)] = []
     host_sysctls: Annotated[HostSysctls, _or_empty(dict)] = {}

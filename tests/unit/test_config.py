@@ -154,7 +154,7 @@ BAD_VALUES = [
     ("torch_threads", 257), ("duration_s", 0.0), ("duration_s", float("nan")), ("max_steps", -1),
     ("sndbuf_bytes", 100), ("sndbuf_bytes", 4095), ("rcvbuf_bytes", 100), ("rcvbuf_bytes", 2 * 1024 * MIB),
     ("recv_chunk_bytes", 1023), ("recv_chunk_bytes", 0), ("max_frame_bytes", 1000), ("compression", "zlib-0"),
-    ("compression", "lz4"), ("adaptive_threshold_bytes", -1), ("log_tier", "loud"), ("log_every_steps", 0),
+    ("compression", "lz4"), ("adaptive_threshold_bytes", -1), ("log_tier", "loud"), ("log_every_steps", 0), ("trace_steps", -1), ("trace_steps", 1001),
     ("compression", "fixed:brotli"), ("compression", "fixed:topk-0"), ("codec_threads", -1), ("codec_threads", 65),
     ("codec_chunk_bytes", 1024), ("link_bandwidth_bps", -1), ("lossy_warmup_steps", -1), ("topk_fraction", 0.0),
     ("topk_fraction", 1.5), ("codec_probe_every", 1),

@@ -404,6 +404,27 @@ def test_read_back_runs_tc_json_and_takes_iproute2_6_1s_text_classes():
         read_back(ContainerExec(gone), ["ifb0"])
 
 
+def test_read_back_reads_the_classes_again_when_an_htb_qdiscs_class_show_came_back_empty():
+    """An htb qdisc always has its class: an empty `tc class show` is an exec whose output was lost, read
+    again; a device with no htb (nothing shaped) takes the empty read as it is."""
+    class LosesFirstClassShow(FakeContainer):
+        def exec_run(self, argv, demux=False):
+            if "class" in argv and sum("class" in call for call in self.calls) == 0:
+                self.calls.append(argv)
+                return 0, (None, None)
+            return super().exec_run(argv, demux)
+
+    answers = {("tc", "-j", "-s", kind, "show", "dev", "eth0"): (0, fixture(f"htb-100mbit-{kind}-eth0.json"), "")
+               for kind in ("qdisc", "class")}
+    flaky = LosesFirstClassShow(answers)
+    records = read_back(ContainerExec(flaky), ["eth0"])
+    assert rate_in_force_bps(records["eth0"]) == 100_000_000
+    assert sum("class" in call for call in flaky.calls) == 2
+    unshaped = FakeContainer({("tc", "-j", "-s", "qdisc", "show", "dev", "eth0"): (0, fixture("unshaped-qdisc-eth0.json"), "")})
+    assert [r["type"] for r in read_back(ContainerExec(unshaped), ["eth0"])["eth0"]] == ["qdisc"]
+    assert sum("class" in call for call in unshaped.calls) == 1
+
+
 def test_probe_reports_what_the_kernel_lacks_and_cleans_up():
     container = FakeContainer(fail_kinds=("netem",))
     caps = probe_with(ContainerExec(container))

@@ -28,7 +28,7 @@ from wiiide.ps.link_probe import (
     probe_link,
     receive_answering_probes,
 )
-from wiiide.ps.plan import piece_rule_for as _piece_rule
+from wiiide.ps.session import _piece_rule
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import WireTensor
 
@@ -200,7 +200,7 @@ def test_the_runs_rate_is_the_slowest_workers_slower_direction():
 
 
 def test_a_worker_lost_during_the_probe_fails_the_run_naming_it(conn_pair):
-    """The coordinator's side (`wiiide.ps.plan.piece_rule_for`): a worker that closes its
+    """The coordinator's side (`wiiide.ps.session._pieces_per_shard`): a worker that closes its
     connection instead of answering is dropped, and the run fails with exit 4 and the worker named."""
     coord_conn, worker = conn_pair
     dropped = []

@@ -23,8 +23,7 @@ from wiiide.ps.partition import (
     resolve_shards,
     shard_loads_bytes,
 )
-from wiiide.ps.plan import partition_finest_bytes, reported_seconds as _seconds
-from wiiide.ps.session import policy_may_be_lossy
+from wiiide.ps.session import _seconds, partition_finest_bytes, policy_may_be_lossy
 from wiiide.units import MIB
 from wiiide.wire.messages import WireTensor
 

@@ -19,7 +19,7 @@ from wiiide.model import MomentumSGD
 from wiiide.ps.checkpoints import ShardCheckpointer, restore_shards, shard_prefix
 from wiiide.ps.link_probe import AUTO_RULES
 from wiiide.ps.partition import partition_flat
-from wiiide.ps.plan import restore as _restore
+from wiiide.ps.session import _restore
 from wiiide.recovery import ServerRecovery
 
 NUMEL = 1000

@@ -186,6 +186,10 @@ class IntervalTimer:
         """Seconds during which at least one recorded collective was in flight since the last call
         (`union_length_s`), and forget those intervals.
         """
+        return self.take_step_intervals()[0]
+
+    def take_step_intervals(self) -> tuple[float, list[tuple[float, float]]]:
+        """`take_step`'s seconds and the (start, end) intervals (`now` seconds) they cover."""
         with self._lock:
             intervals, self._intervals = self._intervals, []
-        return union_length_s(intervals)
+        return union_length_s(intervals), intervals

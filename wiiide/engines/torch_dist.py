@@ -540,7 +540,12 @@ class TorchNode:
             optimizer.step()
             scheduler.step()
             m.record_step_time(time.perf_counter() - t0)
-            comm_s.append(self.timer.take_step())
+            in_flight_s, intervals = self.timer.take_step_intervals()
+            comm_s.append(in_flight_s)
+            if m.trace is not None:  # the collectives in flight, on the trace's wall clock
+                unix_minus_perf_s = time.time() - time.perf_counter()
+                for start, end in intervals:
+                    m.trace.add("collective", "comm", step, end - start, end_unix_s=end + unix_minus_perf_s)
             loss_sums.append(loss_sum)
             step += 1
             m.steps = step

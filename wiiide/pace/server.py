@@ -266,7 +266,7 @@ class PaceServer:
         try:
             t0 = time.perf_counter()
             msg = conn.reader.read_message()
-            conn.metrics.record_received(msg, time.perf_counter() - t0)
+            conn.metrics.record_received(msg, time.perf_counter() - t0, conn.name)
             if msg.kind not in ("heartbeat", "gradients"):
                 raise ProtocolError(f"{conn.name} sent a {msg.kind!r} message where ['gradients'] was expected")
         except Exception as exc:  # OSError, ProtocolError, timeout mid-frame: a drop with its cause

@@ -51,10 +51,10 @@ from wiiide.errors import ProtocolError, WiiideError
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure
 from wiiide.ps.digest import params_digest
 from wiiide.ps.partition import Partition, resolve_shards
+from wiiide.ps.plan import PS_FAILED
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import WireTensor
 
-PS_FAILED = "ps_failed"  # worker -> coordinator: one of my shards failed ({"cause"})
 PS_RECOVER = "ps_recover"  # coordinator -> worker: {"step", "incarnation", "send_params"}: answer with PS_STATE
 PS_STATE = "ps_state"  # worker -> coordinator: {"step", "sha256", "latest_step", "momentum"}; params, m<i>
 PS_REHOST = "ps_rehost"  # coordinator -> worker: {"ps_shards", "shard": id or None, "incarnation"}
@@ -303,20 +303,6 @@ def msg_momentum(msg, meta: dict, partitions: Sequence[Partition]) -> list[tuple
     names = {t.name for t in msg.tensors}
     return [(i, meta.get("step"), msg.tensor(f"m{i}")) for i in indices
             if type(i) is int and f"m{i}" in names and 0 <= i < len(partitions)]  # noqa: E721
-
-
-def receive_from(coord, w, kind: str):
-    """One message of `kind` from worker `w` (a `WorkerSlot` of `coord`); a failure drops it and raises
-    NodeFailure (the incarnation cannot go on), and so does a worker's ``ps_failed`` (one of its shards
-    failed: it waits for the coordinator's order)."""
-    try:
-        msg = w.conn.receive([kind, PS_FAILED])
-    except Exception as exc:
-        coord.drop(w, exc)
-        raise NodeFailure(f"lost worker {w.rank} ({w.node_id}): {type(exc).__name__}: {exc}", EXIT_PEER_LOST) from None
-    if msg.kind == PS_FAILED:
-        raise NodeFailure(f"worker {w.rank}: {str(msg.meta.get('cause'))[:400]}", EXIT_PEER_LOST)
-    return msg
 
 
 def momentum_at(states, step: int, factor: float) -> list[tuple[int, int, np.ndarray]]:

@@ -1,10 +1,10 @@
-"""The plan of a sharded run (``ps_shards`` > 1): what the coordinator decides before the first step
-and what a worker reads from its ``ps_plan``.
-
-- the data set's fingerprint (whether a worker can be handed batch indices);
-- how the shards' ranges are cut (`partition_finest_bytes`, the link probe's piece rule: `piece_rule_for`);
-- a restarted coordinator's restore of the newest step complete on every shard (`restore`);
-- a worker's checks of the plan it receives (`read_state`, `read_partitions`, `read_addresses`).
+"""What a sharded run's set-up decides and checks: the data set's fingerprint, the shard count, the
+pieces a shard's range is cut into (the link probe's rule), and the worker's reading of the
+coordinator's ``ps_plan`` (partitions, shard addresses, start step and momentum, the incarnation's
+workers), the coordinator's one-message receive from a worker during set-up, a restarted
+coordinator's restore of the newest step complete on every shard (`_restore`) and the plan's record
+(`plan_record`). The loops that use
+them are in `wiiide.ps.session` (set-up, barrier).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from wiiide.ps.checkpoints import ShardsRestored, restore_shards
 from wiiide.ps.digest import params_digest
 from wiiide.ps.link_probe import PieceRule
 from wiiide.ps.partition import PER_SHARD_FINEST_BYTES, Partition, finest_raw_bytes, resolve_shards, shard_loads_bytes
+
+PS_FAILED = "ps_failed"  # worker -> coordinator: one of my shards failed ({"cause"}); the coordinator orders what next
 
 
 def data_fingerprint(data: Dataset) -> str:
@@ -51,7 +53,7 @@ def num_shards(cfg: RunConfig) -> int:
     """The shard count `cfg.ps_shards` means for this run's nodes (coordinator + workers). Raises ConfigError."""
     return resolve_shards(cfg.ps_shards, cfg.num_workers + 1)
 
-def piece_rule_for(coord, workers) -> tuple[PieceRule, dict | None]:
+def _piece_rule(coord, workers) -> tuple[PieceRule, dict | None]:
     """How this run cuts its shards' ranges (`wiiide.ps.link_probe.piece_rule`) and, under
     ``partitions_per_shard: auto``, the link probe's record for the report (None otherwise).
     Raises NodeFailure when a worker is lost or misbehaves during the probe."""
@@ -75,8 +77,84 @@ def piece_rule_for(coord, workers) -> tuple[PieceRule, dict | None]:
                   "probe_bytes": link_probe.PROBE_BYTES,
                   "workers": {str(w.rank): p.record() for w, p in zip(workers, probes)}}
 
+def _plan_state(plan, numel: int) -> tuple[int, np.ndarray | None]:
+    """The plan's start step and momentum (a restored checkpoint's; None on a fresh start).
 
-def restore(coord, plans: list[tuple[PieceRule, list[Partition]]], k: int,
+    Raises:
+        ProtocolError: a start step that is not an integer 0..1e15, or a momentum of another shape.
+    """
+    start_step = plan.meta.get("start_step", 0)
+    if type(start_step) is not int or not 0 <= start_step <= 10**15:  # noqa: E721
+        raise ProtocolError(f"ps_plan: start_step must be an integer 0..1e15, got {start_step!r:.40}")
+    names = [t.name for t in plan.tensors]
+    if "momentum" not in names:
+        return start_step, None
+    momentum = plan.tensor("momentum")
+    if momentum.shape != (numel,) or momentum.dtype != np.float32:
+        raise ProtocolError(f"ps_plan: momentum of shape {momentum.shape} {momentum.dtype}, expected ({numel},) float32")
+    return start_step, momentum.copy()
+
+
+def _plan_partitions(meta: dict, numel: int, k: int) -> list[Partition]:
+    rows = meta.get("partitions")
+    if not isinstance(rows, list) or not rows:
+        raise ProtocolError("ps_plan: partitions must be a non-empty list")
+    partitions, at = [], 0
+    for i, row in enumerate(rows):
+        if (not isinstance(row, list) or len(row) != 3 or any(type(v) is not int for v in row)  # noqa: E721
+                or row[0] != at or row[1] <= row[0] or not 0 <= row[2] < k):
+            raise ProtocolError(f"ps_plan: partition {i} is {row!r:.80}; partitions must tile the vector in order")
+        partitions.append(Partition(i, row[0], row[1], row[2]))
+        at = row[1]
+    if at != numel:
+        raise ProtocolError(f"ps_plan: partitions cover {at} of {numel} parameters")
+    return partitions
+
+
+def _plan_addresses(meta: dict, k: int, coordinator_host: str) -> list[tuple[str, int, str]]:
+    """The plan's shard addresses as (host, port, TLS name): [host, port, name] rows, "" for the
+    coordinator's host (`coordinator_host`) or for a name that is the host. Raises ProtocolError."""
+    rows = meta.get("shards")
+    if not isinstance(rows, list) or len(rows) != k:
+        raise ProtocolError(f"ps_plan: shards must list {k} addresses")
+    out = []
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 3 and all(isinstance(v, str) and len(v) <= 255 for v in row[::2])
+                and type(row[1]) is int and 1 <= row[1] <= 65535):  # noqa: E721
+            raise ProtocolError(f"ps_plan: bad shard address {row!r:.80}")
+        out.append((row[0] or coordinator_host, row[1], row[2]))
+    return out
+
+
+def _seconds(value) -> float | None:
+    """A worker's reported seconds (``step_done``'s ``compute_s``) when finite and >= 0, else None (a
+    worker of an older version, or a bad value: the figure is left out, the step goes on)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf"):
+        return float(value)
+    return None
+
+
+def _peer_host(conn: Connection) -> str:
+    try:
+        return str(conn.sock.getpeername()[0])
+    except OSError as exc:
+        raise ProtocolError(f"{conn.name}: no peer address: {exc}") from None
+
+
+def _receive(coord, w, kind: str):
+    """One message of `kind` from worker `w`; a failure drops it and raises (the run cannot go on), and so
+    does a worker's ``ps_failed`` (one of its shards failed: it waits for the ``stop``)."""
+    try:
+        msg = w.conn.receive([kind, PS_FAILED])
+    except Exception as exc:
+        coord.drop(w, exc)
+        raise NodeFailure(f"lost worker {w.rank} ({w.node_id}): {type(exc).__name__}: {exc}", EXIT_PEER_LOST) from None
+    if msg.kind == PS_FAILED:
+        raise NodeFailure(f"worker {w.rank}: {str(msg.meta.get('cause'))[:400]}", EXIT_PEER_LOST)
+    return msg
+
+
+def _restore(coord, plans: list[tuple[PieceRule, list[Partition]]], k: int,
              flat: FlatParams) -> tuple[ShardsRestored | None, PieceRule, list[Partition]]:
     """With checkpoints on: the newest step complete and verified on every shard
     (`wiiide.ps.checkpoints.restore_shards`) into `flat`, recorded in the coordinator's ``recovery``.
@@ -111,70 +189,6 @@ def restore(coord, plans: list[tuple[PieceRule, list[Partition]]], k: int,
     recovery.mark_restored(restored.step, restored.paths[0], restored_files=restored.paths, restored_shards=k,
                            restored_params_sha256=params_digest(restored.params)["sha256"])
     return restored, rule, partitions
-
-
-def peer_host(conn: Connection) -> str:
-    try:
-        return str(conn.sock.getpeername()[0])
-    except OSError as exc:
-        raise ProtocolError(f"{conn.name}: no peer address: {exc}") from None
-
-def read_state(plan, numel: int) -> tuple[int, np.ndarray | None]:
-    """The plan's start step and momentum (a restored checkpoint's; None on a fresh start).
-
-    Raises:
-        ProtocolError: a start step that is not an integer 0..1e15, or a momentum of another shape.
-    """
-    start_step = plan.meta.get("start_step", 0)
-    if type(start_step) is not int or not 0 <= start_step <= 10**15:  # noqa: E721
-        raise ProtocolError(f"ps_plan: start_step must be an integer 0..1e15, got {start_step!r:.40}")
-    names = [t.name for t in plan.tensors]
-    if "momentum" not in names:
-        return start_step, None
-    momentum = plan.tensor("momentum")
-    if momentum.shape != (numel,) or momentum.dtype != np.float32:
-        raise ProtocolError(f"ps_plan: momentum of shape {momentum.shape} {momentum.dtype}, expected ({numel},) float32")
-    return start_step, momentum.copy()
-
-
-def read_partitions(meta: dict, numel: int, k: int) -> list[Partition]:
-    rows = meta.get("partitions")
-    if not isinstance(rows, list) or not rows:
-        raise ProtocolError("ps_plan: partitions must be a non-empty list")
-    partitions, at = [], 0
-    for i, row in enumerate(rows):
-        if (not isinstance(row, list) or len(row) != 3 or any(type(v) is not int for v in row)  # noqa: E721
-                or row[0] != at or row[1] <= row[0] or not 0 <= row[2] < k):
-            raise ProtocolError(f"ps_plan: partition {i} is {row!r:.80}; partitions must tile the vector in order")
-        partitions.append(Partition(i, row[0], row[1], row[2]))
-        at = row[1]
-    if at != numel:
-        raise ProtocolError(f"ps_plan: partitions cover {at} of {numel} parameters")
-    return partitions
-
-
-def read_addresses(meta: dict, k: int, coordinator_host: str) -> list[tuple[str, int, str]]:
-    """The plan's shard addresses as (host, port, TLS name): [host, port, name] rows, "" for the
-    coordinator's host (`coordinator_host`) or for a name that is the host. Raises ProtocolError."""
-    rows = meta.get("shards")
-    if not isinstance(rows, list) or len(rows) != k:
-        raise ProtocolError(f"ps_plan: shards must list {k} addresses")
-    out = []
-    for row in rows:
-        if not (isinstance(row, list) and len(row) == 3 and all(isinstance(v, str) and len(v) <= 255 for v in row[::2])
-                and type(row[1]) is int and 1 <= row[1] <= 65535):  # noqa: E721
-            raise ProtocolError(f"ps_plan: bad shard address {row!r:.80}")
-        out.append((row[0] or coordinator_host, row[1], row[2]))
-    return out
-
-
-def reported_seconds(value) -> float | None:
-    """A worker's reported seconds (``step_done``'s ``compute_s``) when finite and >= 0, else None (a
-    worker of an older version, or a bad value: the figure is left out, the step goes on)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf"):
-        return float(value)
-    return None
-
 
 
 def read_workers(meta: dict, num_workers: int) -> list[int]:

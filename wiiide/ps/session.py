@@ -61,22 +61,22 @@ from wiiide.ps.membership import (
     answer_recovery,
     await_order,
     copy_digests,
-    receive_from,
 )
 from wiiide.ps.partition import Partition, plan_partitions, shard_loads_bytes
-from wiiide.ps.plan import (
+from wiiide.ps.plan import (  # noqa: F401 (_restore, _seconds: the tests' names too)
+    _peer_host,
+    _piece_rule,
+    _plan_addresses,
+    _plan_partitions,
+    _plan_state,
+    _receive,
+    _restore,
+    _seconds,
     data_fingerprint,
     num_shards,
     partition_finest_bytes,
     plan_record,
-    peer_host,
-    piece_rule_for,
-    read_addresses,
-    read_partitions,
-    read_state,
     read_workers,
-    reported_seconds,
-    restore,
 )
 from wiiide.ps.shard import ROLE_COORDINATOR, ROLE_WORKER, ShardServer
 from wiiide.ps.snapshots import ShardSnapshots
@@ -152,17 +152,17 @@ def _incarnation(coord, data: Dataset, flat: FlatParams, shard: ShardServer, mem
     addresses: list[tuple[str, int, str]] = [("", port, "")] + [("", 0, "")] * (k - 1)
     handout: dict[int, str] = {}
     for w in workers:
-        join = receive_from(coord, w, "ps_join")
+        join = _receive(coord, w, "ps_join")
         if w.rank in now.hosts:
             shard_port = join.meta.get("shard_port")
             if type(shard_port) is not int or not 1 <= shard_port <= 65535:  # noqa: E721
                 raise ProtocolError(f"worker {w.rank} hosts shard {now.hosts[w.rank]} but reports port {shard_port!r:.40}")
-            addresses[now.hosts[w.rank]] = (peer_host(w.conn), shard_port, w.tls_name or "")
+            addresses[now.hosts[w.rank]] = (_peer_host(w.conn), shard_port, w.tls_name or "")
         wanted = cfg.batch_handout
         handout[w.rank] = ("indices" if wanted == "indices" or (wanted == "auto" and join.meta.get("data") == fingerprint)
                            else "samples")
     if now.state is None:
-        rule, probe = piece_rule_for(coord, workers)
+        rule, probe = _piece_rule(coord, workers)
     else:  # a later incarnation keeps the first one's pieces
         rule, probe = now.extra["rule"], now.extra["probe"]
 
@@ -173,7 +173,7 @@ def _incarnation(coord, data: Dataset, flat: FlatParams, shard: ShardServer, mem
 
     if now.state is None:  # a restarted run keeps the pieces its checkpoints were cut into, whatever the probe says now
         others = [r for r in link_probe.AUTO_RULES if r != rule] if probe else []
-        restored, rule, partitions = restore(coord, [plan(rule)] + [plan(r) for r in others], k, flat)
+        restored, rule, partitions = _restore(coord, [plan(rule)] + [plan(r) for r in others], k, flat)
         start_step = restored.step if restored is not None else 0
         momentum = restored.momentum if restored is not None else None
         now.extra.update(rule=rule, probe=probe)
@@ -195,7 +195,7 @@ def _incarnation(coord, data: Dataset, flat: FlatParams, shard: ShardServer, mem
         state.append(WireTensor("momentum", momentum))
     for w in workers:
         w.conn.send([encode_message("ps_plan", {**plan_meta, "batch_handout": handout[w.rank]}, state)])
-    readies = {w.rank: receive_from(coord, w, "ps_ready").meta for w in workers}
+    readies = {w.rank: _receive(coord, w, "ps_ready").meta for w in workers}
     own = [(cfg.coordinator_host if not h else h, p, name) for h, p, name in addresses]
     own[0] = ("127.0.0.1", port, cfg.coordinator_host)  # its certificate names coordinator_host
     client = ShardClient(cfg, coord.secret, metrics, log, own, ROLE_COORDINATOR, 0, coord.metrics.node_id)
@@ -286,12 +286,12 @@ def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: Shar
     while step < sent:
         losses, compute_s = [], []
         for w in workers:
-            msg = receive_from(coord, w, "step_done")
+            msg = _receive(coord, w, "step_done")
             if msg.meta.get("step") != step:
                 raise ProtocolError(f"worker {w.rank}: step_done for step {msg.meta.get('step')!r:.40}, expected {step}")
             loss = msg.meta.get("loss")
             losses.append(float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else float("nan"))
-            compute_s.append(reported_seconds(msg.meta.get("compute_s")))
+            compute_s.append(_seconds(msg.meta.get("compute_s")))
             w.batches += 1
         if shard.failure:
             raise NodeFailure(shard.failure, EXIT_PEER_LOST)
@@ -355,12 +355,12 @@ def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, s
         try:
             conn.send([encode_message("ps_join", {"shard_port": shard.listen() if shard else 0, "data": fingerprint})])
             plan = link_probe.receive_answering_probes(conn, "ps_plan")
-            partitions = read_partitions(plan.meta, flat.numel, k)
+            partitions = _plan_partitions(plan.meta, flat.numel, k)
             params = plan.tensor("params")
             if params.shape != (flat.numel,) or params.dtype != np.float32:
                 raise ProtocolError(f"ps_plan: params of shape {params.shape}, expected ({flat.numel},)")
             flat.load(torch.from_numpy(params.copy()))
-            start_step, momentum = read_state(plan, flat.numel)
+            start_step, momentum = _plan_state(plan, flat.numel)
             snapshots.keep(start_step, flat.params)
             handout = plan.meta.get("batch_handout")
             if handout == "indices" and plan.meta.get("data") != fingerprint:
@@ -371,7 +371,7 @@ def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, s
                 shard.expect_workers(read_workers(plan.meta, cfg.num_workers))
                 shard.configure(partitions, params, policy_may_be_lossy(cfg), momentum, start_step)
                 shard.start()
-            addresses = read_addresses(plan.meta, k, cfg.coordinator_host)
+            addresses = _plan_addresses(plan.meta, k, cfg.coordinator_host)
             client = ShardClient(cfg, secret, metrics, log, addresses, ROLE_WORKER, rank, worker.node_id)
             client.attach(model, flat, partitions, policy_may_be_lossy(cfg))
             conn.send([encode_message("ps_ready", {"digests": copy_digests(flat.params.numpy(), partitions, k)})])
@@ -437,8 +437,7 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
         except (RuntimeError, IndexError) as exc:
             raise ProtocolError(f"batch does not fit the model: {exc}") from None
         compute_s = time.perf_counter() - t0
-        metrics.compute_time_s += compute_s
-        metrics.compute_cpu_s += time.thread_time() - cpu0
+        metrics.add_compute(step, compute_s, time.thread_time() - cpu0)
         wait_s += client.finish_step(step)
         snapshots.keep(step + 1, flat.params)  # a live copy for a recovery (wiiide.ps.membership)
         worker._last_step, worker._last_params_unix_s = step, time.time()  # the hello's rejoin hint

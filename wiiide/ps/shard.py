@@ -377,6 +377,8 @@ class ShardServer:
                                         owned.param.numpy(), dense)
         self.update_s += time.perf_counter() - t0
         self.metrics.add_stage_cpu("update", step, time.thread_time() - cpu0)
+        if self.metrics.trace is not None:
+            self.metrics.trace.add("update", "update", step, time.perf_counter() - t0, partition=index)
         return frame
 
     def _final_frame(self):

@@ -1,0 +1,93 @@
+"""The run side of links by pair (`harness.links.pairs`) and of links that change while training
+(`harness.run.link_timeline`), as `harness.run.shaping.ClusterConditions` uses them.
+
+- `node_ips`: each container's node name and address on its network (from the Engine API), which the
+  pair filters match on;
+- `shape_pairs`: run a node's pair commands in its container and read back its classes and filters
+  into the report's ``links.pairs`` (one record per direction, ``"<node>-><peer>"``);
+- `update_pair_counters`: refresh those records' rates and byte counts from a counter read;
+- `timeline_targets`: the trees of a container that change on a timeline (its own profile, or a
+  pair class's), each with the list its change records go to.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from harness.links.pairs import PairPlan, filter_show_command, node_name, pair_commands, pair_records, parse_filters
+from harness.links.plan import ShapingPlan
+from harness.links.tc import DEFAULT_DEV
+from harness.run.link_timeline import TimelineTarget
+from harness.run.tc_exec import read_back
+from harness.spec.timeline import TimedProfile
+
+def container_ip(container) -> str | None:
+    """A container's IPv4 address on its (first) network, from the Engine API's attrs; None if none."""
+    networks = ((getattr(container, "attrs", None) or {}).get("NetworkSettings") or {}).get("Networks") or {}
+    for network in networks.values():
+        address = (network or {}).get("IPAddress")
+        if address:
+            return str(address)
+    return None
+
+
+def node_ips(containers: list, identity) -> dict[str, str]:
+    """``{node name: IPv4 address}`` of `containers` (docker SDK containers, reloaded here);
+    `identity(container)` gives its (role, worker index). Containers without an address are left out."""
+    out = {}
+    for c in containers:
+        c.reload()  # the address comes with the start; attrs from before it have none
+        address = container_ip(c)
+        if address:
+            out[node_name(*identity(c))] = address
+    return out
+
+
+def shape_pairs(runner, plan: PairPlan, ips: Mapping[str, str], record: dict[str, Any],
+                pairs: dict[str, Any]) -> None:
+    """Apply `plan` (one node's egress classes) in its container with `runner`, read back its classes
+    and filters, and store the per-pair records in `pairs` (the report's ``links.pairs``); the
+    container's `record` gets the commands, ``pair_classes`` and the plan's unsupported parts.
+
+    Raises:
+        LinkShapingError: a command failed, a peer has no address, or the read-back failed.
+    """
+    commands = pair_commands(plan, ips)
+    for argv in commands:
+        runner.run(argv)
+    classes = read_back(runner, [DEFAULT_DEV])[DEFAULT_DEV]  # read again if an exec's output was lost
+    filters = parse_filters(runner.run(filter_show_command()), DEFAULT_DEV) if commands else {}
+    record["commands"] = [*record.get("commands", []), *commands]
+    record["unsupported"] = [*record.get("unsupported", []), *plan.unsupported]
+    record["pair_classes"] = {cls.classid: cls.peer for cls in plan.classes}
+    record["summary"] = "; ".join(f"to {cls.peer}: {cls.to_dict()['summary']}" for cls in plan.classes) or "not shaped"
+    pairs.update(pair_records(plan, ips, classes, filters))
+
+
+def update_pair_counters(pairs: dict[str, Any], node: str, counters: Mapping[str, list[dict[str, Any]]]) -> None:
+    """Refresh the rate and counters of `node`'s pair records in `pairs` from a counter read
+    (`harness.run.tc_exec.read_back`'s ``{dev: records}``). Raises nothing."""
+    by_handle = {r.get("handle"): r for r in counters.get(DEFAULT_DEV, []) if r.get("type") == "class"}
+    for key, record in pairs.items():
+        if key.startswith(f"{node}->") and record.get("classid") in by_handle:
+            seen = by_handle[record["classid"]]
+            record.update({k: seen.get(k) for k in ("rate_bps", "sent_bytes", "sent_packets", "drops")})
+
+
+def timeline_targets(name: str, runner, plan: ShapingPlan, pair_plan: PairPlan | None,
+                     record: dict[str, Any], pairs: dict[str, Any]) -> list[TimelineTarget]:
+    """The targets of one container whose profile changes while training: its own tree (the record's
+    ``timeline_changes``) and each pair class with a changing profile (the pair record's
+    ``timeline_changes``). Raises nothing."""
+    targets = []
+    if isinstance(plan.applied, TimedProfile) and plan.applied.timeline:
+        record["timeline_changes"] = []
+        targets.append(TimelineTarget(name, runner, plan.applied, record["timeline_changes"]))
+    for cls in pair_plan.classes if pair_plan is not None else ():
+        if isinstance(cls.applied, TimedProfile) and cls.applied.timeline:
+            pair = pairs.setdefault(f"{pair_plan.node}->{cls.peer}", {})
+            pair["timeline_changes"] = []
+            targets.append(TimelineTarget(f"{name}->{cls.peer}", runner, cls.applied, pair["timeline_changes"],
+                                          classid=cls.classid, netem_handle=cls.netem_handle))
+    return targets
+
