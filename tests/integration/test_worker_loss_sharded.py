@@ -46,7 +46,8 @@ def test_a_worker_killed_mid_run_under_ps_shards_all_leaves_the_run_going_on_the
 
 
 def test_a_killed_worker_that_comes_back_is_readmitted_at_the_next_round(tmp_path):
-    spec = build_spec({"name": "ps-worker-kill-restart", "base": {**BASE, "duration_s": 10},
+    # long enough for the restarted process to start (torch import) and rejoin on a loaded machine
+    spec = build_spec({"name": "ps-worker-kill-restart", "base": {**BASE, "duration_s": 25},
                        "faults": [{"action": "kill", "target": "worker-2", "at_s": 2},
                                   {"action": "restart", "target": "worker-2", "at_s": 3}]}, "kill.yaml")
     report = load_report(run_sweep(spec, "local", tmp_path, progress=lambda line: None))
