@@ -233,8 +233,9 @@ BENCHES = {
     "bench-handshake": ("harness.bench.handshake", "a worker's admission time and samples/s under a slowloris and "
                                                    "a connection flood, each beside an unattacked twin (JSON)"),
     "bench-tls": ("harness.bench.tls", "goodput of 1 MiB frames over TLS 1.3 against plaintext, side by side (JSON)"),
-    "bench-link": ("harness.bench.link_loss", "loss fidelity of the link fallback without netem between two "
-                                              "containers: asked, counted by iptables, counted by UDP (JSON)"),
+    "bench-link": ("harness.bench.link_loss", "the link fallback without netem between two containers: loss "
+                                              "(asked, counted by iptables and by UDP), the delay line's round "
+                                              "trips and TCP capacity (JSON)"),
     "bench-overlay": ("harness.bench.overlay", "goodput of 1 MiB frames on a swarm's encrypted overlay against a "
                                                "plain one, side by side (JSON)"),
 }

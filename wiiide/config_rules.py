@@ -49,19 +49,13 @@ def _validate_engine(c: Any) -> None:
         if is_set and not applies:
             raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs {needs} "
                               f"(engine is {c.engine!r}, ddp_comm_hook {c.ddp_comm_hook!r})")
-    if c.staleness_bound != 0 or c.local_steps != 1 or c.adaptive_batch:  # the pace server (wiiide.pace.server)
-        for name in ("checkpoint_every_steps", "checkpoint_every_s"):
-            _check(getattr(c, name) == 0, name, getattr(c, name), "0 with staleness_bound, local_steps or "
-                   "adaptive_batch (the pace server writes no checkpoints yet)")
     if c.ps_shards != "1":  # the sharded servers (wiiide/ps/): what they do not take, each with why
         pacing = ("a shard applies a partition when every worker's push of the step is in (synchronous rounds); "
                   "the clocks of bounded staleness, local SGD's outer step and adaptive batches run on the central "
                   "server's connections")
         for name, is_set, why in (
                 ("staleness_bound", c.staleness_bound != 0, pacing), ("local_steps", c.local_steps != 1, pacing),
-                ("adaptive_batch", c.adaptive_batch, pacing),
-                ("sparse_embedding", c.sparse_embedding, "a shard owns a range of the flat vector and takes dense "
-                 "pushes of it; pushes of touched rows are routed by the central server only")):
+                ("adaptive_batch", c.adaptive_batch, pacing)):
             if is_set:
                 raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs ps_shards 1 (the central "
                                   f"server), not ps_shards {c.ps_shards!r}: {why}")

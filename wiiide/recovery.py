@@ -11,6 +11,9 @@ records, under ``checkpoints`` and ``recovery`` in the coordinator's metrics:
   coordinator had applied or was applying when it died (it is exact to one step: the last gradient a
   worker sent may or may not have been applied);
 - ``steps_lost`` = steps_at_crash - restored_step (>= 0);
+- under the pace server (`wiiide.pace.checkpoints`) a worker's ``last_step`` is the id of its last task, so
+  these two are ``tasks_at_crash`` and ``tasks_lost`` (tasks handed out by the killed coordinator after
+  the restored checkpoint's, i.e. work handed out again);
 - ``recovery_s``: from the old coordinator's last sign of life, the latest ``last_params_unix_s``
   (wall-clock time a worker last received parameters from it, at most the kill's instant) to the end
   of the first step after the restart, in wall-clock seconds (the nodes share the host's clock); an
@@ -50,6 +53,9 @@ MAX_HINT_STEP = 10**15
 TRAINING_KNOBS = ("dataset", "synthetic_samples", "synthetic_features", "synthetic_classes", "test_fraction",
                   "hidden_sizes", "learning_rate", "lr_schedule", "lr_warmup_steps", "lr_decay_steps", "lr_min_ratio",
                   "momentum", "seed")
+# Local SGD's outer step keeps state of its own (`wiiide.pace.outer`): a checkpoint of a local-SGD run also
+# carries these, and only a run with the same values restores it.
+OUTER_KNOBS = ("outer_optimizer", "outer_momentum")
 
 
 def checkpoint_dir(cfg: RunConfig) -> Path:
@@ -61,7 +67,10 @@ def checkpoint_dir(cfg: RunConfig) -> Path:
 def training_identity(cfg: RunConfig) -> dict[str, Any]:
     """The `TRAINING_KNOBS` of `cfg` as JSON values, stored in every checkpoint and required on restore."""
     values = cfg.to_dict()
-    return {"config": {name: values[name] for name in TRAINING_KNOBS}}
+    identity: dict[str, Any] = {"config": {name: values[name] for name in TRAINING_KNOBS}}
+    if cfg.local_steps > 1:  # the outer optimizer's state (DiLoCo's Nesterov momentum) is in the checkpoint
+        identity["outer"] = {name: values[name] for name in OUTER_KNOBS}
+    return identity
 
 
 def momentum_to_flat(optimizer: MomentumSGD, flat: FlatParams | None = None) -> np.ndarray | None:
@@ -148,6 +157,13 @@ class ServerRecovery:
         self.store = CheckpointStore(checkpoint_dir(cfg), "coordinator", cfg.checkpoint_keep, log.error)
         self.incarnation = start_incarnation(cfg.metrics_dir)
         self.restored_step = 0
+        # the restored checkpoint's other per-parameter state (name -> float32, flat.numel; e.g. the pace
+        # server's outer momentum) and its run metadata, for whoever owns that state to take
+        self.restored_state: dict[str, np.ndarray] = {}
+        self.restored_run: dict[str, Any] = {}
+        # what the workers' rejoin hints count (their last_step): steps, or for the pace server the tasks
+        # it hands out ("tasks", and the restored checkpoint's count of tasks handed out)
+        self.hint_unit: tuple[str, int | None] = ("steps", None)
         self._hints: list[dict[str, float]] = []
         self._write_times_s: list[float] = []
         self._written = 0
@@ -168,6 +184,10 @@ class ServerRecovery:
     def restore(self, flat: FlatParams, optimizer: MomentumSGD) -> tuple[int, float]:
         """Load the newest checkpoint that verifies into `flat` and `optimizer`.
 
+        Tensors other than ``params`` and ``momentum`` (state the pace server keeps, `after_step`'s
+        `state`) must hold flat.numel values too; they are kept in `restored_state`, the run metadata in
+        `restored_run`.
+
         Returns:
             (steps applied, training seconds so far) of the restored checkpoint; (0, 0.0) when
             checkpoints are off or none verifies (a fresh start).
@@ -183,6 +203,9 @@ class ServerRecovery:
             return 0, 0.0
         try:
             momentum = checkpoint.tensors.get("momentum")
+            for name, array in checkpoint.tensors.items():
+                if name not in ("params", "momentum") and array.shape != (flat.numel,):
+                    raise CheckpointError(f"{name} of shape {array.shape}, the model needs ({flat.numel},)")
             if momentum is not None:
                 momentum_from_flat(optimizer, momentum)
         except CheckpointError as exc:
@@ -190,6 +213,8 @@ class ServerRecovery:
             self.log.error("refused checkpoint %s: %s; starting from step 0", checkpoint.path, exc)
             return 0, 0.0
         flat.load(torch.from_numpy(checkpoint.tensors["params"]))
+        self.restored_state = {k: v for k, v in checkpoint.tensors.items() if k not in ("params", "momentum")}
+        self.restored_run = dict(checkpoint.run)
         train_s = checkpoint.run.get("train_time_s")
         train_s = float(train_s) if isinstance(train_s, (int, float)) and not isinstance(train_s, bool) else 0.0
         self.mark_restored(checkpoint.step, str(checkpoint.path), train_s)
@@ -211,17 +236,22 @@ class ServerRecovery:
         if hint is not None:
             self._hints.append(hint)
 
-    def after_step(self, step: int, flat: FlatParams, optimizer: MomentumSGD, train_time_s: float) -> None:
+    def after_step(self, step: int, flat: FlatParams, optimizer: MomentumSGD, train_time_s: float,
+                   state: Mapping[str, np.ndarray] | None = None, run: Mapping[str, Any] | None = None) -> None:
         """After `step` steps: the recovery figures at the first step of a restored run, and a checkpoint
-        when one is due. A failed write is logged and recorded, never fatal (training goes on)."""
+        when one is due. A failed write is logged and recorded, never fatal (training goes on).
+
+        `state`: more per-parameter state to save beside ``params`` and ``momentum`` (name -> float32,
+        flat.numel values; `restore` checks the length and keeps it in `restored_state`); `run`: more
+        JSON run metadata (`restored_run`)."""
         self.note_step(step)
         if not self.schedule.due(step, time.monotonic()):
             return
-        tensors = {"params": flat.params.numpy()}
+        tensors = {"params": flat.params.numpy(), **(state or {})}
         momentum = momentum_to_flat(optimizer, flat)
         if momentum is not None:
             tensors["momentum"] = momentum
-        run = {"train_time_s": train_time_s, "incarnation": self.incarnation, "node_id": self.metrics.node_id,
+        run = {**(run or {}), "train_time_s": train_time_s, "incarnation": self.incarnation, "node_id": self.metrics.node_id,
                **training_identity(self.cfg)}
         t0 = time.perf_counter()
         try:
@@ -252,15 +282,18 @@ class ServerRecovery:
         if self._hints:
             at_crash = max(int(h["last_step"]) for h in self._hints) + 1
             last_seen = max(h["last_params_unix_s"] for h in self._hints)
+            unit, base = self.hint_unit
             self.recovery.update({
-                "steps_at_crash": at_crash, "steps_lost": max(0, at_crash - self.restored_step),
+                f"{unit}_at_crash": at_crash, f"{unit}_lost": max(0, at_crash - (self.restored_step if base is None
+                                                                                  else base)),
                 "recovery_s": round(now - last_seen, 6), "workers_rejoined": len(self._hints)})
         self.recovery["first_step_unix_s"] = now
         try:  # of the recovery time, what the restarted process itself took (start-up, restore, rejoins)
             self.recovery["process_start_to_first_step_s"] = round(now - psutil.Process().create_time(), 3)
         except psutil.Error:
             pass
+        unit = self.hint_unit[0]
         self.metrics.event("recovered", **{k: self.recovery.get(k) for k in
-                                           ("restored_step", "steps_at_crash", "steps_lost", "recovery_s")})
-        self.log.info("recovered: restored step %d, %s steps lost, %s s from the old coordinator's last step",
-                      self.restored_step, self.recovery.get("steps_lost"), self.recovery.get("recovery_s"))
+                                           ("restored_step", f"{unit}_at_crash", f"{unit}_lost", "recovery_s")})
+        self.log.info("recovered: restored step %d, %s %s lost, %s s from the old coordinator's last step",
+                      self.restored_step, self.recovery.get(f"{unit}_lost"), unit, self.recovery.get("recovery_s"))

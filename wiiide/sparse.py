@@ -63,6 +63,21 @@ def _sgd_rows(table: torch.Tensor, ids: torch.Tensor, rows_grad: torch.Tensor, l
         table.index_copy_(0, ids, rows)
 
 
+def sum_rows(pushed: list[tuple[np.ndarray, np.ndarray]], dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pushes' rows summed per id: (ids int64 (u,) increasing, sums float32 (u, dim)), each id's rows
+    added in the pushes' order (``torch.unique`` + ``index_add_``, as a dense sum would add them).
+    `pushed`: (ids, rows) per worker, ids int32/int64 (n,) distinct, rows float32 (n, dim)."""
+    if not pushed:
+        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dim, dtype=torch.float32)
+    all_ids = torch.from_numpy(np.concatenate([i for i, _ in pushed]).astype(np.int64))
+    all_rows = torch.from_numpy(np.concatenate([r for _, r in pushed]))
+    ids, inverse = torch.unique(all_ids, sorted=True, return_inverse=True)
+    return ids, torch.zeros(ids.numel(), dim, dtype=torch.float32).index_add_(0, inverse, all_rows)
+
+
+sgd_rows = _sgd_rows  # the public name (the sharded servers' row partitions run it too: wiiide.ps.sparse_rows)
+
+
 class SparseRows:
     """The split of a flat parameter/gradient vector into the table (rows x dim) and the rest, and the
     sparse push, step and pull of the table. One per node (coordinator or worker).
@@ -185,13 +200,7 @@ class SparseRows:
             raise ValueError(f"a step needs at least one contributor, got {contributors}")
         table, rest = self._split(params)
         _, rest_grad = self._split(grads)
-        if self._pushed:
-            all_ids = torch.from_numpy(np.concatenate([i for i, _ in self._pushed]).astype(np.int64))
-            all_rows = torch.from_numpy(np.concatenate([r for _, r in self._pushed]))
-            ids, inverse = torch.unique(all_ids, sorted=True, return_inverse=True)
-            summed = torch.zeros(ids.numel(), self.dim, dtype=torch.float32).index_add_(0, inverse, all_rows)
-        else:
-            ids, summed = torch.zeros(0, dtype=torch.int64), torch.zeros(0, self.dim, dtype=torch.float32)
+        ids, summed = sum_rows(self._pushed, self.dim)
         summed.div_(contributors)
         _sgd_rows(table, ids, summed, lr)
         rest_grad.copy_(self._rest_sum).div_(contributors)

@@ -6,7 +6,8 @@ For each loss asked, the coordinator's arriving packets are dropped through the 
 absent, even where the kernel has it), the worker sends numbered UDP datagrams (small, one packet each:
 no GRO), and the report keeps, beside the loss asked, the mechanism's own count (dropped / seen packets
 of the chain) and the UDP count (1 - distinct datagrams received / sent). Writes
-``bench-link-<stamp>.json`` with `machine_info` and `commit_info`.
+``bench-link-<stamp>.json`` with `machine_info` and `commit_info`. With ``--measure delay,capacity`` the
+same pair measures the delay line instead or as well (`harness.bench.link_delay`).
 """
 
 from __future__ import annotations
@@ -80,12 +81,21 @@ def measure(coordinator, worker, loss_pct: float, packets: int, caps, progress: 
     return trial
 
 
-def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress: Callable[[str], None]) -> Path:
-    """Start the pair, measure each of `losses_pct`, remove the pair, write the JSON; return its path.
+MEASURES = ("loss", "delay", "capacity")
+
+
+def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress: Callable[[str], None],
+              measures: tuple[str, ...] = ("loss",), rtts_ms: tuple[float, ...] = (), round_trips: int = 200,
+              capacity_rtts_ms: tuple[float, ...] = (), flow_s: float = 10.0) -> Path:
+    """Start the pair, measure each of `losses_pct` (and, as `measures` asks, the delay line's round trips
+    `rtts_ms` and a TCP flow at each of `capacity_rtts_ms` for `flow_s`), remove the pair, write the JSON;
+    return its path.
 
     Raises:
-        ClusterError: the pair cannot start. LinkShapingError: the image or kernel has no statistic match.
+        ClusterError: the pair cannot start. LinkShapingError: the image or kernel has no statistic match
+        (loss) or no delay line (delay, capacity).
     """
+    from harness.bench import link_delay
     from harness.errors import LinkShapingError
     from harness.run.compose import cluster_down, cluster_up
     from harness.run.docker_client import docker_client
@@ -98,8 +108,12 @@ def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress
 
     image = ensure_image(os.environ.get("WIIIIIDE_IMAGE", DEFAULT_TAG), log=progress)
     caps = probe_capabilities(docker_client(), image)
-    if not caps.statistic:
+    if "loss" in measures and not caps.statistic:
         raise LinkShapingError(f"bench-link: no iptables statistic match in {image} or the kernel: {caps.errors}")
+    if {"delay", "capacity"} & set(measures) and not caps.nfqueue:
+        raise LinkShapingError(f"bench-link: no delay line (NFQUEUE and wiiide-delayline) in {image} or the kernel: "
+                               f"{caps.errors}")
+    extra: dict[str, Any] = {}
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     cfg = RunConfig(num_workers=1, duration_s=600, connect_timeout_s=600, start_gate_file=START_GATE_FILE,
                     log_tier="silent")
@@ -107,13 +121,23 @@ def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress
         with tempfile.TemporaryDirectory(prefix="bench-link-") as scratch:
             by_role = {container_identity(c)[0]: c for c in cluster_up(cfg, Path(scratch), image)}
             trials = [measure(by_role["coordinator"], by_role["worker"], pct, packets, caps, progress)
-                      for pct in losses_pct]
+                      for pct in (losses_pct if "loss" in measures else [])]
+            if "delay" in measures:
+                extra["delay_trials"] = [link_delay.measure_delay(by_role, rtt, round_trips, caps, progress)
+                                         for rtt in rtts_ms]
+            if "capacity" in measures:
+                extra["unshaped_flow"] = link_delay.measure_unshaped(by_role, flow_s, progress)
+                extra["capacity_trials"] = [link_delay.measure_capacity(by_role, rtt, flow_s, caps, progress)
+                                            for rtt in capacity_rtts_ms]
     finally:
         cluster_down(progress)
     report = {"name": REPORT_NAME, "created_at_utc": started,
               "finished_at_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine_info": machine_info(), "commit_info": commit_info(), "image": image,
-              "plan": {"losses_pct": losses_pct, "datagrams": packets}, "trials": trials}
+              "plan": {"measures": list(measures), "losses_pct": losses_pct, "datagrams": packets,
+                       "rtts_ms": list(rtts_ms), "round_trips": round_trips,
+                       "capacity_rtts_ms": list(capacity_rtts_ms), "flow_s": flow_s},
+              "trials": trials, **extra}
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = results_dir / f"{REPORT_NAME}-{stamp}.json"
     write_json_atomic(path, report)
@@ -124,6 +148,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The verb's options (the ``bench-link`` subparser of ``python -m harness``)."""
     p.add_argument("--loss", default="0.1,1,5", help="losses asked in percent, comma-separated (default 0.1,1,5)")
     p.add_argument("--datagrams", type=int, default=100_000, help="UDP datagrams per loss (default 100000)")
+    p.add_argument("--measure", default="loss",
+                   help="what to measure, comma-separated: loss, delay, capacity (default loss)")
+    p.add_argument("--delay", default="2,10,50,100",
+                   help="round trips asked in ms for --measure delay, half on each container (default 2,10,50,100)")
+    p.add_argument("--round-trips", type=int, default=200, help="TCP round trips per delay (default 200)")
+    p.add_argument("--capacity", default="1,25",
+                   help="round trips in ms of the TCP flow of --measure capacity (default 1,25)")
+    p.add_argument("--seconds", type=float, default=10.0, help="length of each TCP flow in s (default 10)")
     p.add_argument("--results-dir", help=f"where {REPORT_NAME}-<stamp>.json goes (default results/)")
 
 
@@ -142,7 +174,27 @@ def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = p
         raise SpecError(f"bench-link: --loss must be percentages separated by commas, got {args.loss!r}") from None
     if not losses or not all(0 < pct < 100 for pct in losses) or args.datagrams < 1:
         raise SpecError("bench-link: every --loss must be in (0, 100) percent and --datagrams >= 1")
+    measures = tuple(part.strip() for part in args.measure.split(",") if part.strip())
+    if not measures or not set(measures) <= set(MEASURES):
+        raise SpecError(f"bench-link: --measure takes {', '.join(MEASURES)} (comma-separated), got {args.measure!r}")
+    rtts, capacity = _milliseconds(args.delay, "--delay"), _milliseconds(args.capacity, "--capacity")
+    if args.round_trips < 1 or not 0 < args.seconds <= 600:
+        raise SpecError("bench-link: --round-trips must be >= 1 and --seconds in (0, 600]")
     results_dir = Path(args.results_dir) if args.results_dir else REPO_ROOT / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
-    print(run_bench(losses, args.datagrams, results_dir, progress))
+    print(run_bench(losses, args.datagrams, results_dir, progress, measures, rtts, args.round_trips, capacity,
+                    args.seconds))
     return 0
+
+
+def _milliseconds(text: str, option: str) -> tuple[float, ...]:
+    """Round trips in ms, comma-separated, each in (0, 10,000]. Raises SpecError naming `option`."""
+    from harness.errors import SpecError
+
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise SpecError(f"bench-link: {option} must be round trips in ms separated by commas, got {text!r}") from None
+    if not values or not all(0 < v <= 10_000 for v in values):
+        raise SpecError(f"bench-link: every {option} round trip must be in (0, 10000] ms, got {text!r}")
+    return values

@@ -27,11 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from harness.links.delayline import DELAY_LINE, stop_argv, wait_ready_argv
+from harness.links.tc import netem_limit_packets
 from harness.spec.links import LinkProfile
 
 CHAIN = "WIIIIIDE-LINK"  # the fallback's own chain in the mangle table: removing it removes everything
 TABLE = "mangle"
-DELAY_LINE = "wiiide-delayline"  # the NFQUEUE consumer's binary in the node image
 QUEUE_NUM = 0  # one queue per container: each container has its own network namespace
 NETEM, STATISTIC, DELAY_LINE_MECHANISM, UNSUPPORTED = "netem", "iptables-statistic", "delay-line", "unsupported"
 IMPAIRMENT_KEYS = ("delay", "jitter", "loss", "loss_correlation")
@@ -75,7 +76,9 @@ def rule_commands(profile: LinkProfile, mechanisms: dict[str, str], dev: str = "
     """The iptables argv lists that install the fallback's rules for the packets arriving on `dev`: the
     chain `CHAIN` in the mangle table, a jump to it from PREROUTING, a counting rule (every packet seen),
     one random DROP per direction asked (two with ``ingress``) when loss is ``iptables-statistic``, and an
-    ``NFQUEUE --queue-num N --queue-bypass`` when delay is ``delay-line``. Empty when neither applies."""
+    ``NFQUEUE --queue-num N --queue-bypass`` when delay is ``delay-line``, followed by the delay line's own
+    start (`delay_line_argv`, run detached: `harness.links.delayline.runs_in_background`) and its wait
+    until bound, before the jump. Empty when neither applies."""
     loss = mechanisms.get("loss") == STATISTIC
     delay = DELAY_LINE_MECHANISM in (mechanisms.get("delay"), mechanisms.get("jitter"))
     if not (loss or delay):
@@ -87,14 +90,16 @@ def rule_commands(profile: LinkProfile, mechanisms: dict[str, str], dev: str = "
                                  _probability(profile.loss_pct), "-m", "comment", "--comment", "loss", "-j", "DROP"))
     if delay:
         commands.append(_ipt("-A", CHAIN, "-j", "NFQUEUE", "--queue-num", str(queue_num), "--queue-bypass"))
+        commands += [delay_line_argv(profile, queue_num), wait_ready_argv()]
     commands.append(_ipt("-I", "PREROUTING", "1", "-i", dev, "-j", CHAIN))
     return commands
 
 
 def rule_reset_commands(dev: str = "eth0") -> list[list[str]]:
-    """Undo `rule_commands` (the jump, then the chain's rules and the chain); each fails harmlessly when
-    there is nothing to remove (run them without checking)."""
-    return [_ipt("-D", "PREROUTING", "-i", dev, "-j", CHAIN), _ipt("-F", CHAIN), _ipt("-X", CHAIN)]
+    """Undo `rule_commands` (the jump, then the delay line, which accepts what it still holds, then the
+    chain's rules and the chain); each fails harmlessly when there is nothing to remove (run them without
+    checking)."""
+    return [_ipt("-D", "PREROUTING", "-i", dev, "-j", CHAIN), stop_argv(), _ipt("-F", CHAIN), _ipt("-X", CHAIN)]
 
 
 def rule_counters_command() -> list[str]:
@@ -124,10 +129,13 @@ def parse_rule_counters(text: str) -> dict[str, Any]:
             "loss_pct": round(100 * dropped / seen, 6) if seen else None}
 
 
-def delay_line_argv(profile: LinkProfile, queue_num: int = QUEUE_NUM, limit_packets: int = 1000) -> list[str]:
+def delay_line_argv(profile: LinkProfile, queue_num: int = QUEUE_NUM, limit_packets: int | None = None) -> list[str]:
     """The delay line's command line: queue `queue_num`, the one-way delay and jitter in whole
     microseconds, netem's distribution name (uniform when unset), the number of draws per packet (2 with
-    ``ingress``, see the module docstring) and its queue's length in packets. Raises nothing."""
+    ``ingress``, see the module docstring) and its queue's length in packets (`limit_packets`, by default
+    netem's limit for the profile, `harness.links.tc.netem_limit_packets`: 1.5 x the bandwidth-delay
+    product, at least 1,000). Raises nothing."""
+    limit_packets = netem_limit_packets(profile) if limit_packets is None else limit_packets
     return [DELAY_LINE, "--queue", str(queue_num), "--delay-us", str(round(profile.delay_ms * 1000)),
             "--jitter-us", str(round(profile.jitter_ms * 1000)),
             "--distribution", profile.jitter_distribution or "uniform",

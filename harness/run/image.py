@@ -49,8 +49,9 @@ IMAGE_LABEL = "org.wiiide-lab.image"  # on every node image this project builds 
 DEFAULT_BASE = "python:3.11-slim"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = os.environ.get("WIIIIIDE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-# iptables: the link fallback's loss rules (harness/links/fallback.py) where the kernel has no netem
-DEBOOTSTRAP_PACKAGES = "python3,python3-venv,iproute2,iperf3,iptables,ca-certificates"
+# iptables: the link fallback's loss rules (harness/links/fallback.py) where the kernel has no netem;
+# libnetfilter-queue1: the runtime library of its delay line (docker/delayline, built in the image)
+DEBOOTSTRAP_PACKAGES = "python3,python3-venv,iproute2,iperf3,iptables,libnetfilter-queue1,ca-certificates"
 # the local base's tag carries a digest of its suite and package list, so that a base made from an
 # older list is never reused: e.g. wiiide-base:bookworm-3f2a9c01
 LOCAL_BASE = "wiiide-base:{}-{}".format(

@@ -8,8 +8,10 @@ Order, for the docker backend (`harness.run.compose.ComposeBackend`):
 2. Compose starts the cluster with the coordinator's start gate set (`START_GATE_FILE`): the workers
    connect, and the coordinator waits before its first step.
 3. `ClusterConditions.apply`: per-worker CPU/memory limits through the Engine API, the tc commands in
-   each container, a read-back of ``tc -j -s qdisc/class show`` per interface; then `open_gate` touches
-   the gate file in the coordinator: training traffic only ever sees the shaped links.
+   each container (with the fallback's iptables rules and delay line where the kernel has no netem), a
+   read-back of ``tc -j -s qdisc/class show`` per interface, and, when a profile asks for a delay, a TCP
+   round-trip probe from worker 1 to the coordinator (`harness.links.rtt`, ``links.rtt_probe``); then
+   `open_gate` touches the gate file in the coordinator: training traffic only ever sees the shaped links.
 4. While the run goes on, the qdisc counters are read every `COUNTER_INTERVAL_S` seconds; the last
    reading before each container exits is its end counters (a container's qdiscs go with its network
    namespace when it exits, so they cannot be read after the run). Where the engine runs on this host
@@ -17,7 +19,8 @@ Order, for the docker backend (`harness.run.compose.ComposeBackend`):
    (`harness.run.tc_exec.HostNetnsExec`, once its first reading matched the exec's read-back), not by an
    Engine API exec each time; the report's ``counter_reader`` says which (``host-netns`` or ``exec``).
 
-Teardown is Compose's: qdiscs and the ifb device live in the containers' network namespaces.
+Teardown is Compose's: qdiscs, the ifb device, the fallback's rules and the delay line live in the
+containers' network namespaces (and process trees) and go with them.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from harness.errors import ClusterError, LinkShapingError
+from harness.links import rtt
+from harness.links.fallback import DELAY_LINE_MECHANISM
 from harness.links.pairs import PairPlan, node_name, plan_pairs
 from harness.links.plan import Capabilities, ShapingPlan
 from harness.links.readback import rate_in_force_bps
@@ -40,6 +45,7 @@ from harness.run.tc_exec import (
     apply_plan,
     host_netns_runner,
     read_back,
+    read_delay_line_stats,
     read_fallback_counters,
 )
 from harness.spec.cluster import ClusterSettings
@@ -149,6 +155,7 @@ class ClusterConditions:
         for rec in self.links.get("containers", {}).values():
             for item in rec["unsupported"]:
                 progress(f"    link NOT APPLIED ({rec['role']}): {item}")
+        self._probe_rtt(containers, progress)
         if self._shaped:
             self._sampler = Sampler(lambda t_s: self._read_counters(t0), COUNTER_INTERVAL_S).start()
 
@@ -209,6 +216,7 @@ class ClusterConditions:
             "applied_at_s": round(time.monotonic() - t0, 3), "end_counters": None, "end_counters_at_s": None,
             "counter_reads": 0, "counter_reader": "exec" if counters is None else "host-netns",
             "fallback_counters": read_fallback_counters(runner) if _uses_rules(plan) else None,
+            "delay_line": read_delay_line_stats(runner) if _uses_delay_line(plan) else None,
         }
         self._shaped[c.name] = (counters or runner, plan.devices)
         pair_plan = self.pair_plans.get((role, index))
@@ -217,6 +225,28 @@ class ClusterConditions:
         for target in timeline_targets(c.name, counters or runner, plan, pair_plan, self.links["containers"][c.name],
                                        self.links.get("pairs", {})):
             self.timeline.add(target)
+
+    def _probe_rtt(self, containers: list, progress: Progress) -> None:
+        """The measured read-back of the delay (`harness.links.rtt`): TCP round trips from worker 1 to
+        the coordinator, recorded as ``links.rtt_probe`` (median and p99 beside the round trip asked),
+        when either's profile asks for a delay. A probe that fails is recorded with its ``error``."""
+        first = {container_identity(c): c for c in containers}
+        server, client = first.get(("coordinator", None)), first.get(("worker", 1))
+        profiles = [self.plans.get(key) for key in (("coordinator", None), ("worker", 1))]
+        if server is None or client is None or not any(p and p.applied and p.applied.delay_ms for p in profiles):
+            return
+        asked = rtt.asked_rtt_ms(*(p.applied if p else None for p in profiles))
+        host = server.attrs.get("Config", {}).get("Hostname") or "coordinator"
+        record: dict[str, Any] = {"between": [client.name, server.name], "asked_rtt_ms": asked,
+                                  "message_bytes": rtt.MESSAGE_BYTES}
+        try:
+            record.update(rtt.summarize(rtt.measure_rtt(server, client, host, rtt.probe_count(asked)), asked))
+            progress(f"    link round trip {client.name} -> {server.name}: median {record['median_rtt_ms']:.3f} ms, "
+                     f"p99 {record['p99_rtt_ms']:.3f} ms (asked {asked:g} ms)")
+        except (RuntimeError, ValueError) as exc:
+            record["error"] = str(exc)
+            progress(f"    link round trip NOT MEASURED: {exc}")
+        self.links["rtt_probe"] = record
 
     def _read_counters(self, t0: float) -> None:
         for name, (runner, devices) in list(self._shaped.items()):
@@ -228,6 +258,11 @@ class ClusterConditions:
             if record.get("fallback_counters") is not None:
                 try:
                     record["fallback_counters"] = read_fallback_counters(runner)
+                except LinkShapingError:
+                    continue
+            if record.get("delay_line") is not None:
+                try:
+                    record["delay_line"] = read_delay_line_stats(runner)
                 except LinkShapingError:
                     continue
             record.update(end_counters=counters, end_counters_at_s=round(time.monotonic() - t0, 3),
@@ -247,6 +282,11 @@ class ClusterConditions:
 def _uses_rules(plan: ShapingPlan) -> bool:
     """Whether the plan installs the fallback's iptables rules (a key applied without netem)."""
     return any(how != "netem" for how in plan.mechanisms.values())
+
+
+def _uses_delay_line(plan: ShapingPlan) -> bool:
+    """Whether the plan starts the delay line (delay or jitter applied without netem)."""
+    return DELAY_LINE_MECHANISM in plan.mechanisms.values()
 
 
 def _engine_is_local(container) -> bool:

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from harness.errors import LinkShapingError
 from harness.links.plan import Capabilities, ShapingPlan
 from harness.links.readback import parse_classes, parse_tc_json, show_commands
+from harness.links.delayline import STATS_FILE, check_argv, parse_stats, runs_in_background, stats_command
 from harness.links.fallback import parse_rule_counters, rule_counters_command, rule_reset_commands
 from harness.links.tc import ingress_commands, reset_commands
 
@@ -114,6 +115,29 @@ class ContainerExec:
         out, err = output if isinstance(output, tuple) else (output, b"")
         return _checked_stdout(where, argv, code, out, err)
 
+    def start(self, argv: Iterable[str]) -> None:
+        """Start `argv` detached (an exec that goes on as its own process, e.g. the delay line); its
+        readiness is the next command's to check.
+
+        Raises:
+            LinkShapingError: the container cannot run it (it has exited, or a fault paused it).
+        """
+        argv = list(argv)
+        where = getattr(self.container, "name", "container")
+        with exec_lock(where):
+            if where in _PAUSED and _still_paused(self.container):
+                raise TcCommandError(f"{where}: `{shlex.join(argv)}` not started: the container is paused", argv,
+                                     None, "paused")
+            try:
+                self.container.exec_run(argv, detach=True)
+            except Exception as exc:  # docker.errors.APIError and friends
+                raise TcCommandError(f"{where}: `{shlex.join(argv)}` could not start: {exc}", argv, None,
+                                     str(exc)) from None
+
+    def container_path(self, path: str) -> str:
+        """A path inside the container as this runner's commands see it: the same path."""
+        return path
+
 
 def _checked_stdout(where: str, argv: list[str], code: int | None, out: bytes | None, err: bytes | None) -> str:
     """A finished command's stdout, decoded; raises `TcCommandError` with the tool's own message (its
@@ -167,6 +191,10 @@ class HostNetnsExec:
             raise TcCommandError(f"{self.name}: `{shlex.join(argv)}` could not run: {exc}", argv, None,
                                  str(exc)) from None
         return _checked_stdout(self.name, argv, done.returncode, done.stdout, done.stderr)
+
+    def container_path(self, path: str) -> str:
+        """A path inside the container as seen from the host: through its first process's root."""
+        return f"/proc/{self.pid}/root{path}"
 
 
 def host_netns_runner(container, local_engine: bool) -> HostNetnsExec | None:
@@ -240,16 +268,35 @@ def read_fallback_counters(runner: ContainerExec) -> dict[str, Any]:
         raise LinkShapingError(f"cannot read the fallback's counters: {exc}") from None
 
 
+def read_delay_line_stats(runner: ContainerExec | HostNetnsExec) -> dict[str, Any]:
+    """The delay line's own account in the container (`harness.links.delayline.parse_stats`: packets,
+    lateness in microseconds, ``cpu_s``), read from its stats file.
+
+    Raises:
+        LinkShapingError: no stats file (never started, or the container has exited) or not its stats.
+    """
+    text = runner.run(stats_command(runner.container_path(STATS_FILE)))
+    try:
+        return parse_stats(text)
+    except ValueError as exc:
+        raise LinkShapingError(f"cannot read the delay line's stats: {exc}") from None
+
+
 def apply_plan(runner: ContainerExec, plan: ShapingPlan) -> dict[str, list[dict[str, Any]]]:
     """Run the plan's commands in order in the container, then read back every shaped device
-    (`read_back`: ``{dev: [records]}``, rates in bit/s, sizes in bytes, times in ms).
+    (`read_back`: ``{dev: [records]}``, rates in bit/s, sizes in bytes, times in ms). The delay line's
+    own run is started detached (`harness.links.delayline.runs_in_background`); the plan's next command
+    waits until it is bound.
 
     Raises:
         LinkShapingError: at the first command that fails (with the command and tc's message), or
         when the read-back fails.
     """
     for argv in plan.commands:
-        runner.run(argv)
+        if runs_in_background(argv):
+            runner.start(argv)
+        else:
+            runner.run(argv)
     return read_back(runner, plan.devices)
 
 
@@ -273,6 +320,10 @@ PROBES: dict[str, list[list[str]]] = {
     "statistic": [["iptables", "-w", "-t", "mangle", "-N", PROBE_CHAIN],
                   ["iptables", "-w", "-t", "mangle", "-A", PROBE_CHAIN, "-m", "statistic", "--mode", "random",
                    "--probability", "0.5", "-j", "DROP"]],
+    # the fallback's delay (harness.links.delayline): the NFQUEUE target, and a consumer that binds a queue
+    "nfqueue": [["iptables", "-w", "-t", "mangle", "-N", PROBE_CHAIN],
+                ["iptables", "-w", "-t", "mangle", "-A", PROBE_CHAIN, "-j", "NFQUEUE", "--queue-num", "0",
+                 "--queue-bypass"], check_argv(0)],
 }
 
 

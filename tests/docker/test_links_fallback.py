@@ -1,7 +1,10 @@
 """Docker tests of the link fallback where a kernel has no netem: random loss applied with iptables'
-``statistic`` match on the packets a container receives (`harness.links.fallback`). On a pair held at
-the start gate, the mechanism's own counters show drops, a TCP transfer still delivers every byte (TCP
-retransmits what was dropped), and a reset leaves neither the chain nor a qdisc behind.
+``statistic`` match on the packets a container receives (`harness.links.fallback`), and delay through
+the delay line (`harness.links.delayline`). On a pair held at the start gate, the mechanism's own
+counters show drops, a TCP transfer still delivers every byte (TCP retransmits what was dropped), and a
+reset leaves neither the chain nor a qdisc behind; the delay line holds the round trip above the delay
+asked, a killed delay line lets traffic through (queue bypass), and its reset leaves no rule, no bound
+queue and no process.
 
 Fidelity (how close the counted loss comes to what was asked) is a benchmark's figure, not a pass/fail
 here: the test checks only that the mechanism acts, and that it does not drop several times too much."""
@@ -15,13 +18,15 @@ import threading
 
 import pytest
 
-from harness.links.fallback import CHAIN, STATISTIC
+from harness.links import rtt
+from harness.links.fallback import CHAIN, DELAY_LINE_MECHANISM, STATISTIC
 from harness.links.plan import plan_shaping
 from harness.run.compose import PROJECT, PROJECT_LABEL, cluster_down, cluster_up
 from harness.run.docker_client import docker_client
 from harness.run.image import DEFAULT_TAG
 from harness.run.shaping import START_GATE_FILE, container_identity
-from harness.run.tc_exec import ContainerExec, apply_plan, probe_capabilities, read_fallback_counters, reset_links
+from harness.run.tc_exec import (ContainerExec, apply_plan, probe_capabilities, read_delay_line_stats,
+                                 read_fallback_counters, reset_links)
 from harness.spec.links import LinkProfile
 from tests.docker.test_links import CONNECT
 from wiiide.config import RunConfig
@@ -134,3 +139,70 @@ def test_reset_leaves_no_rule_and_no_qdisc(lossy_pair):
     reset_links(runner)
     assert fallback_rules(runner) == []
     assert qdisc_kinds(runner) == default_qdiscs
+
+
+DELAY_MS = 20.0
+# The names of the container's processes, from /proc (the node image has no ps).
+PROCESSES = """
+import json, os
+names = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        names.append(os.path.basename(open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")[0].decode()))
+    except OSError:
+        pass
+print(json.dumps(names))
+"""
+
+
+def processes(container) -> list[str]:
+    code, out = container.exec_run(["python", "-c", PROCESSES])
+    assert code == 0, out
+    return json.loads(out)
+
+
+def round_trips(by_role) -> dict:
+    return rtt.summarize(rtt.measure_rtt(by_role["coordinator"], by_role["worker"], "coordinator", 40))
+
+
+@pytest.fixture
+def delayed_coordinator(lossy_pair):
+    """The pair's coordinator with DELAY_MS on its arrivals through the delay line (no loss): its plan."""
+    by_role, _, _ = lossy_pair
+    runner = ContainerExec(by_role["coordinator"])
+    reset_links(runner)
+    caps = probe_capabilities(docker_client(), image())
+    assert caps.nfqueue, f"the node image or kernel has no delay line: {caps.errors}"
+    plan = plan_shaping(LinkProfile(delay_ms=DELAY_MS), dataclasses.replace(caps, netem=False))
+    apply_plan(runner, plan)
+    yield plan
+    reset_links(runner)
+
+
+def test_the_delay_line_holds_the_round_trip_and_leaves_nothing_after_it(lossy_pair, delayed_coordinator):
+    by_role, _, default_qdiscs = lossy_pair
+    coordinator = by_role["coordinator"]
+    runner = ContainerExec(coordinator)
+    assert delayed_coordinator.mechanisms == {"delay": DELAY_LINE_MECHANISM}
+    delayed = round_trips(by_role)
+    stats = read_delay_line_stats(runner)
+    print(f"delay {DELAY_MS:g} ms asked: {delayed}, delay line {stats}")
+    assert delayed["min_rtt_ms"] >= DELAY_MS  # every round trip waited out the delay (a lower bound, no window)
+    assert stats["running"] and stats["accepted_packets"] >= 40 and stats["delay_us"] == DELAY_MS * 1000
+    assert "wiiide-delayline" in processes(coordinator)
+    reset_links(runner)
+    assert "wiiide-delayline" not in processes(coordinator)
+    assert fallback_rules(runner) == [] and qdisc_kinds(runner) == default_qdiscs
+    bound = runner.run(["cat", "/proc/net/netfilter/nfnetlink_queue"])
+    assert bound.strip() == ""  # no queue bound any more in the container's namespace
+    assert round_trips(by_role)["median_rtt_ms"] < DELAY_MS / 2  # and the link is as fast as before
+
+
+def test_a_killed_delay_line_does_not_blackhole_the_container(lossy_pair, delayed_coordinator):
+    by_role, _, _ = lossy_pair
+    coordinator = by_role["coordinator"]
+    pid = read_delay_line_stats(ContainerExec(coordinator))["pid"]
+    code, out = coordinator.exec_run(["python", "-c", "import os, sys; os.kill(int(sys.argv[1]), 9)", str(pid)])
+    assert code == 0, out
+    assert fallback_rules(ContainerExec(coordinator)) != []  # the NFQUEUE rule is still in the path
+    assert round_trips(by_role)["median_rtt_ms"] < DELAY_MS / 2  # --queue-bypass: through, undelayed

@@ -356,3 +356,34 @@ def test_worker_that_never_joined_retries_a_silent_coordinator_until_connect_tim
     metrics = json.loads((tmp_path / "worker-w.json").read_text())
     assert code == EXIT_PEER_LOST and "could not join within connect_timeout_s=1 s" in metrics["error"]
     assert metrics["event_counts"]["handshake_retry"] >= 2 and len(held) >= 3
+
+
+def test_pace_checkpoint_restores_the_outer_momentum_and_refuses_another_outer_optimizer(tmp_path):
+    from types import SimpleNamespace
+
+    from wiiide.pace.checkpoints import PaceResume, checkpoint_after_update, resume_from
+    from wiiide.pace.outer import OuterOptimizer
+
+    server, metrics, flat, opt = _server(tmp_path, local_steps=4, outer_optimizer="nesterov")
+    assert resume_from(server, None).step == 0 and server.hint_unit == ("tasks", 0)
+    outer = OuterOptimizer(flat, "nesterov", 0.7, 0.9)
+    for version in range(1, 6):
+        outer.step(torch.full((flat.numel,), 0.01 * version))
+        checkpoint_after_update(server, SimpleNamespace(outer=outer, version=version, flat=flat, optimizer=opt,
+                                                        next_task=2 * version), train_time_s=version * 0.5)
+    buffer_at_5, params_at_5 = outer.buffer.clone(), flat.params.clone()
+    server2, _, flat2, opt2 = _server(tmp_path, local_steps=4, outer_optimizer="nesterov")
+    assert server2.restore(flat2, opt2)[0] == 5
+    outer2 = OuterOptimizer(flat2, "nesterov", 0.7, 0.9)
+    assert resume_from(server2, outer2) == PaceResume(5, 2.5, 10) and server2.hint_unit == ("tasks", 10)
+    torch.testing.assert_close(outer2.buffer, buffer_at_5, rtol=0, atol=0)
+    torch.testing.assert_close(flat2.params, params_at_5, rtol=0, atol=0)
+    # the next outer step goes on from the restored momentum exactly as the first server's would
+    delta = torch.full((flat.numel,), 0.06)
+    outer.step(delta.clone())
+    outer2.step(delta.clone())
+    torch.testing.assert_close(flat2.params, flat.params, rtol=0, atol=0)
+    # a run with another outer optimizer (or none) does not take this state
+    server3, metrics3, flat3, opt3 = _server(tmp_path, local_steps=4, outer_optimizer="avg")
+    assert server3.restore(flat3, opt3) == (0, 0.0)
+    assert "outer" in metrics3.extra["recovery"]["refused"][0]["cause"]

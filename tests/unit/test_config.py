@@ -449,9 +449,13 @@ def test_the_sharded_servers_take_every_dense_model_gradient_accumulation_and_tl
     assert RunConfig(ps_shards="all", **fields).ps_shards == "all"
 
 
-@pytest.mark.parametrize("field, value", [("staleness_bound", 2), ("local_steps", 4), ("adaptive_batch", True),
-                                          ("sparse_embedding", True)])
+@pytest.mark.parametrize("field, value", [("staleness_bound", 2), ("local_steps", 4), ("adaptive_batch", True)])
 def test_the_sharded_servers_refuse_what_they_do_not_offer_with_its_message(field, value):
-    extra = {"model": "embedding", "momentum": 0.0} if field == "sparse_embedding" else {}
     with pytest.raises(ConfigError, match=rf"'{field}'.*needs ps_shards 1"):
-        RunConfig(ps_shards="all", **{field: value}, **extra)
+        RunConfig(ps_shards="all", **{field: value})
+
+
+def test_the_sharded_servers_take_sparse_rows_and_the_pace_server_takes_checkpoints():
+    assert RunConfig(ps_shards="all", model="embedding", sparse_embedding=True, momentum=0.0).sparse_embedding
+    for pacing in ({"staleness_bound": 2}, {"local_steps": 4}, {"adaptive_batch": True}):
+        assert RunConfig(checkpoint_every_steps=10, **pacing).checkpoint_every_steps == 10

@@ -4,6 +4,7 @@ and bad impairment values refused in a spec before anything starts, naming the f
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,8 @@ from harness.links.fallback import (
     rule_counters_command,
     rule_reset_commands,
 )
-from harness.links.tc import netem_args
+from harness.links.delayline import parse_stats, runs_in_background
+from harness.links.tc import netem_args, netem_limit_packets
 from harness.spec.links import LinkProfile
 from harness.spec.points import build_spec
 
@@ -55,12 +57,15 @@ def test_a_rate_alone_needs_no_impairment_mechanism():
 def test_rules_count_then_drop_then_queue_on_arrival():
     profile = LinkProfile(delay_ms=10, loss_pct=5)
     commands = rule_commands(profile, choose_mechanisms(profile, False, BOTH), dev="eth0", queue_num=3)
-    assert all(c[:4] == ["iptables", "-w", "-t", "mangle"] for c in commands)
+    assert all(c[:4] == ["iptables", "-w", "-t", "mangle"] for c in commands if c[0] != DELAY_LINE)
     assert commands[0][4:] == ["-N", CHAIN]
     assert commands[1][4:] == ["-A", CHAIN, "-m", "comment", "--comment", "seen"]
     assert commands[2][4:] == ["-A", CHAIN, "-m", "statistic", "--mode", "random", "--probability", "0.05",
                                "-m", "comment", "--comment", "loss", "-j", "DROP"]
     assert commands[3][4:] == ["-A", CHAIN, "-j", "NFQUEUE", "--queue-num", "3", "--queue-bypass"]
+    # the delay line starts (detached) on queue 3 and is bound before the jump puts the chain in the path
+    assert commands[4][:3] == [DELAY_LINE, "--queue", "3"] and runs_in_background(commands[4])
+    assert commands[5][:2] == [DELAY_LINE, "--wait-ready"] and not runs_in_background(commands[5])
     assert commands[-1][4:] == ["-I", "PREROUTING", "1", "-i", "eth0", "-j", CHAIN]  # the jump last: all or nothing
     assert not any("OUTPUT" in c for c in commands)  # a DROP on OUTPUT fails the sender's send, not the network
 
@@ -78,10 +83,11 @@ def test_loss_without_statistic_installs_no_rule():
     assert rule_commands(profile, choose_mechanisms(profile, False, FallbackCapabilities(False, True))) == []
 
 
-def test_reset_removes_the_jump_and_the_chain():
+def test_reset_removes_the_jump_then_stops_the_delay_line_then_the_chain():
     commands = rule_reset_commands("eth0")
     assert commands[0][4:] == ["-D", "PREROUTING", "-i", "eth0", "-j", CHAIN]
-    assert [c[4:] for c in commands[1:]] == [["-F", CHAIN], ["-X", CHAIN]]
+    assert commands[1] == [DELAY_LINE, "--stop"]  # nothing queued any more: what it holds goes out, then it exits
+    assert [c[4:] for c in commands[2:]] == [["-F", CHAIN], ["-X", CHAIN]]
     assert rule_counters_command()[4:] == ["-L", CHAIN, "-v", "-x", "-n"]
 
 
@@ -98,6 +104,10 @@ def test_delay_line_argv_in_microseconds_with_netems_distribution():
     argv = delay_line_argv(LinkProfile(delay_ms=0.25, ingress=True))
     assert argv[argv.index("--delay-us") + 1] == "250" and argv[argv.index("--distribution") + 1] == "uniform"
     assert argv[argv.index("--draws") + 1] == "2"
+    # by default the delay line holds as many packets as netem's limit for the profile (1.5 x BDP, >= 1000)
+    fat = LinkProfile(rate_bps=10**9, delay_ms=25)
+    limit = delay_line_argv(fat)[-1]
+    assert limit == str(netem_limit_packets(fat)) and int(limit) > 3000
 
 
 def test_netem_builder_keeps_the_same_keys():
@@ -180,3 +190,94 @@ def test_the_mechanisms_own_loss_count_is_read_and_reset_removes_the_rules():
     gone = _Runner(fail=True)
     reset_links(gone)  # nothing to remove is fine
     assert all(c in gone.calls for c in rule_reset_commands())
+
+
+# ------------------------------------------------------------------------------- the delay line
+
+STATS = ('{"pid": 41, "running": true, "realtime": false, "nice": 0, "slice_us": 100, "queue": 0, "delay_us": 5000, "jitter_us": 0, '
+         '"distribution": "uniform", "draws": 1, "max_len_packets": 1000, "queued_packets": 509, '
+         '"accepted_packets": 509, "held_packets": 0, "max_held_packets": 2, "dropped_full_packets": 0, '
+         '"kernel_queue_dropped_packets": 0, "kernel_user_dropped_packets": 0, "late_mean_us": 461.8, '
+         '"late_max_us": 30415.1, "cpu_user_s": 0.003011, "cpu_system_s": 0.062916}\n')
+
+
+def test_the_delay_lines_stats_are_read_and_a_bad_file_refused():
+    stats = parse_stats(STATS)  # as the binary wrote it (docker/delayline/wiiide-delayline.c, write_stats)
+    assert stats["accepted_packets"] == 509 and stats["cpu_s"] == pytest.approx(0.065927)
+    for bad in ("", "[1]", STATS.replace('"queued_packets": 509', '"queued_packets": "509"'),
+                STATS.replace('"running": true', '"running": 1'), STATS.replace('"pid": 41, ', "")):
+        with pytest.raises(ValueError, match="delay line's stats"):
+            parse_stats(bad)
+
+
+def test_plan_with_a_delay_line_starts_it_detached_and_keeps_the_delay():
+    from harness.links.plan import plan_shaping
+    from harness.run.tc_exec import ContainerExec, apply_plan
+    profile = LinkProfile(rate_bps=10**9, delay_ms=12.5, jitter_ms=1, jitter_distribution="pareto")
+    plan = plan_shaping(profile, _caps(statistic=True, nfqueue=True))
+    assert plan.mechanisms == {"delay": "delay-line", "jitter": "delay-line"} and plan.unsupported == ()
+    assert (plan.applied.delay_ms, plan.applied.jitter_distribution) == (12.5, "pareto")
+    assert not any("netem" in c for c in plan.commands)
+
+    class Container:
+        name = "c"
+
+        def __init__(self):
+            self.calls = []
+
+        def exec_run(self, argv, demux=False, detach=False):
+            self.calls.append((list(argv), detach))
+            return (None, None) if detach else (0, (b"[]" if argv[0] == "tc" else b"", None))
+
+    container = Container()
+    apply_plan(ContainerExec(container), plan)
+    detached = [argv for argv, detach in container.calls if detach]
+    assert detached == [delay_line_argv(profile)]  # only the delay line's own run goes on in the background
+    order = [argv[0] if argv[0] != "iptables" else argv[5] for argv, _ in container.calls]
+    assert order.index(DELAY_LINE) < order.index("PREROUTING")  # bound before the chain is in the path
+
+
+def test_round_trips_summarised_beside_what_was_asked():
+    from harness.links.rtt import WARMUP_SAMPLES, asked_rtt_ms, parse_ping_output, probe_count, summarize
+    assert asked_rtt_ms(LinkProfile(delay_ms=5), LinkProfile(delay_ms=20, ingress=True)) == 45
+    assert asked_rtt_ms(LinkProfile(delay_ms=5), None) == 5
+    samples = [50.0] * WARMUP_SAMPLES + [10.0 + i / 100 for i in range(100)]  # 10.00 .. 10.99 ms
+    out = summarize(samples, asked_ms=10)
+    assert (out["samples"], out["min_rtt_ms"], out["max_rtt_ms"]) == (100, 10.0, 10.99)  # warm-up left out
+    assert out["median_rtt_ms"] == pytest.approx(10.495) and out["p99_rtt_ms"] == pytest.approx(10.98)
+    assert 20 < probe_count(100) < probe_count(2) <= 200 + WARMUP_SAMPLES
+    assert parse_ping_output('{"rtt_ms": [1.5, 2]}\n') == [1.5, 2.0]
+    for bad in ("", "Traceback", '{"rtt_ms": ["1"]}', '{"rtt": []}'):
+        with pytest.raises(ValueError, match="round-trip probe"):
+            parse_ping_output(bad)
+    with pytest.raises(ValueError):
+        summarize([1.0] * WARMUP_SAMPLES)
+
+
+def test_a_run_records_the_measured_round_trip_beside_the_one_asked():
+    from harness.links.plan import plan_shaping
+    from harness.links.rtt import PING
+    from harness.run.shaping import ClusterConditions
+
+    class Container:
+        def __init__(self, name, service, number, answer):
+            self.name, self.answer = name, answer
+            self.labels = {"com.docker.compose.service": service, "com.docker.compose.container-number": number}
+            self.attrs = {"Config": {"Hostname": service}}
+
+        def exec_run(self, argv, demux=False):
+            return self.answer if argv[2] == PING else (0, (b"", None))  # the echo just ends
+
+    pings = json.dumps({"rtt_ms": [9.0] * 3 + [5.1, 5.2, 5.3]}).encode()
+    caps = _caps(statistic=True, nfqueue=True)
+    conditions = ClusterConditions(None, probe=lambda: caps)
+    conditions.plans = {("coordinator", None): plan_shaping(LinkProfile(delay_ms=2), caps),
+                        ("worker", 1): plan_shaping(LinkProfile(delay_ms=3), caps)}
+    lines = []
+    coordinator = Container("c", "coordinator", "1", None)
+    conditions._probe_rtt([coordinator, Container("w1", "worker", "1", (0, (pings, None)))], lines.append)
+    probe = conditions.links["rtt_probe"]
+    assert (probe["asked_rtt_ms"], probe["median_rtt_ms"], probe["samples"], probe["between"]) == (5, 5.2, 3, ["w1", "c"])
+    assert "median 5.200 ms" in lines[0]
+    conditions._probe_rtt([coordinator, Container("w1", "worker", "1", (1, (b"", b"refused")))], lines.append)
+    assert "refused" in conditions.links["rtt_probe"]["error"] and "NOT MEASURED" in lines[-1]

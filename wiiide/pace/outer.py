@@ -107,6 +107,18 @@ class OuterOptimizer:
         self.flat, self.kind, self.lr, self.momentum = flat, kind, float(lr), float(momentum)
         self._buffer: torch.Tensor | None = None
 
+    @property
+    def buffer(self) -> torch.Tensor | None:
+        """The Nesterov momentum buffer (float32, flat.numel), None before the first step and for ``avg``."""
+        return self._buffer
+
+    def load_buffer(self, buffer: torch.Tensor) -> None:
+        """Set the Nesterov momentum buffer (a checkpoint's). Raises ValueError: not flat.numel float32."""
+        if buffer.shape != (self.flat.numel,) or buffer.dtype != torch.float32:
+            raise ValueError(f"outer buffer of shape {tuple(buffer.shape)} {buffer.dtype}, expected "
+                             f"({self.flat.numel},) float32")
+        self._buffer = buffer.clone()
+
     def step(self, delta: torch.Tensor) -> None:
         """Apply one outer step for `delta` (float32, flat.numel): the mean of the workers' deltas, or one
         worker's share of it (an asynchronous server passes delta / live workers).

@@ -56,3 +56,25 @@ class PaceRecord:
             "samples_per_worker": {str(r): n for r, n in sorted(self.samples.items())},
             "batch_sizes_per_worker": {str(r): pts for r, pts in sorted(self.batch_sizes.items())},
         }
+
+
+def pace_extra(server: Any) -> dict[str, Any]:
+    """The metrics' ``extra`` entries of a finished pace run (`wiiide.pace.server.PaceServer`): its
+    `PaceRecord`'s, the epochs, the learning rates applied (`wiiide.lr_schedule.LrRecord`) and under
+    ``pace`` the pacing knobs, the tasks sent with and without parameters, the updates and (local SGD
+    with lossy pulls) what the workers' copies owe."""
+    cfg = server.cfg
+    extra = {"epochs": server.sampler.epochs_done, **server.record.to_extra(), **server.lrs.to_dict(),
+             "lr_applied_by": "worker inner steps" if server.outer else "server"}
+    extra["pace"] = {"staleness_bound": cfg.staleness_bound, "local_steps": cfg.local_steps,
+                     "ssp_cache": cfg.ssp_cache, "tasks_with_params": server.params_sent,
+                     "tasks_without_params": server.params_skipped,
+                     "outer_optimizer": cfg.outer_optimizer if cfg.local_steps > 1 else None,
+                     "staleness_scaling": cfg.staleness_scaling, "adaptive_batch": cfg.adaptive_batch,
+                     "grad_accum_steps": cfg.grad_accum_steps, "updates": server.version,
+                     "restored_step": server.resume.step}
+    if server.pulls is not None:  # what the workers' copies owe, and the codecs of the pulls
+        extra["pace"]["pulls"] = {
+            "frames_encoded": server.pulls.frames_encoded, "choices": server.pulls.policy.record["choices"],
+            "replica_max_abs_gap": server.pulls.max_abs_gap(server.flat.params.numpy())}
+    return extra

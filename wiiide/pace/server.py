@@ -59,9 +59,10 @@ from wiiide.evaluation import record_held_out, stop_at_target
 from wiiide.lr_schedule import LrRecord, LrSchedule
 from wiiide.model import FlatParams, MomentumSGD
 from wiiide.pace.adaptive import AdaptiveBatch
+from wiiide.pace.checkpoints import checkpoint_after_update, resume_from
 from wiiide.pace.compress import ReplicaPulls
 from wiiide.pace.outer import OuterOptimizer
-from wiiide.pace.record import PaceRecord
+from wiiide.pace.record import PaceRecord, pace_extra
 from wiiide.pace.staleness import SSPClock, staleness_scale
 from wiiide.ps.feedback import policy_may_be_lossy
 from wiiide.tensors import to_wire
@@ -141,14 +142,16 @@ class PaceServer:
         self.tensor_name = "grad" if cfg.local_steps == 1 else "delta"
         self.outer = (OuterOptimizer(flat, cfg.outer_optimizer, cfg.outer_learning_rate, cfg.outer_momentum)
                       if cfg.local_steps > 1 else None)
-        self.sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed)
+        # a restarted coordinator's checkpoint (wiiide.pace.checkpoints): version, seconds, tasks handed out
+        self.resume = resume_from(getattr(host, "recovery", None), self.outer)
+        self.sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed + self.resume.step)
         self.adaptive = (AdaptiveBatch(cfg.num_workers * self.sampler.batch_size, cfg.adaptive_smoothing,
                                        clock_gain=cfg.adaptive_clock_gain) if cfg.adaptive_batch else None)
         self.record = PaceRecord()
         # the rate of version v (wiiide.lr_schedule): the server's step for gradients; for local SGD the
         # workers' inner rate in the tasks handed out at version v (the outer step keeps its own rate)
-        self.lrs = LrRecord(LrSchedule.from_config(cfg))
-        self.version = 0
+        self.lrs = LrRecord(LrSchedule.from_config(cfg), self.resume.step)
+        self.version = self.resume.step
         self._selector = selectors.DefaultSelector()
         self._receivers: dict[int, Any] = {}  # rank -> the connection registered with the selector
         self._heard: dict[int, float] = {}  # rank -> time.monotonic() of its last frame
@@ -162,7 +165,7 @@ class PaceServer:
         # through a policy of their own (dense for the first lossy_warmup_steps versions)
         self.pulls = (ReplicaPulls(CompressionPolicy.from_config(cfg.replace(lossy_warmup_steps=0)))
                       if cfg.local_steps > 1 and policy_may_be_lossy(cfg) else None)
-        self._next_task = 0
+        self.next_task = self.resume.next_task
         self._start = self._last_apply = 0.0
         self._draining = False
         self._evaluator = None  # wiiide.evaluation.BackgroundEvaluator, started in run()
@@ -172,7 +175,8 @@ class PaceServer:
         """Train until duration_s, max_steps updates or (stop_at_target) the held-out target; records into
         the host's metrics."""
         cfg, metrics = self.cfg, self.host.metrics
-        self._start = self._last_apply = time.perf_counter()
+        self._last_apply = time.perf_counter()
+        self._start = self._last_apply - self.resume.train_s  # a restored run's seconds count towards duration_s
         evaluator = self.host.evaluator
         self._evaluator = evaluator.start(self._start) if evaluator else None
         self.host.log.info("training at the workers' pace for %g s%s: staleness_bound %s, local_steps %d, "
@@ -185,7 +189,7 @@ class PaceServer:
                 for worker, conn in self._ready(POLL_S):
                     self._read(worker, conn)
                 self._drop_silent()
-            metrics.train_time_s = time.perf_counter() - self._start
+            metrics.train_time_s = time.perf_counter() - self._start - self.resume.train_s  # this incarnation's
             if self._evaluator:
                 self._evaluator.finish(self.version, metrics.samples, self.flat.params)
                 record_held_out(metrics, self._evaluator)
@@ -195,20 +199,8 @@ class PaceServer:
             if self.pulls is not None:
                 self.pulls.policy.close()
             if not metrics.train_time_s:
-                metrics.train_time_s = time.perf_counter() - self._start
-            metrics.extra["epochs"] = self.sampler.epochs_done
-            metrics.extra.update(self.record.to_extra())
-            metrics.extra.update(self.lrs.to_dict(), lr_applied_by="worker inner steps" if self.outer else "server")
-            metrics.extra["pace"] = {"staleness_bound": cfg.staleness_bound, "local_steps": cfg.local_steps,
-                                     "ssp_cache": cfg.ssp_cache, "tasks_with_params": self.params_sent,
-                                     "tasks_without_params": self.params_skipped,
-                                     "outer_optimizer": cfg.outer_optimizer if cfg.local_steps > 1 else None,
-                                     "staleness_scaling": cfg.staleness_scaling, "adaptive_batch": cfg.adaptive_batch,
-                                     "grad_accum_steps": cfg.grad_accum_steps, "updates": self.version}
-            if self.pulls is not None:  # what the workers' copies owe, and the codecs of the pulls
-                metrics.extra["pace"]["pulls"] = {
-                    "frames_encoded": self.pulls.frames_encoded, "choices": self.pulls.policy.record["choices"],
-                    "replica_max_abs_gap": self.pulls.max_abs_gap(self.flat.params.numpy())}
+                metrics.train_time_s = time.perf_counter() - self._start - self.resume.train_s
+            metrics.extra.update(pace_extra(self))
 
     def _drain(self) -> None:
         """Wait (up to io_timeout_s) for the tasks still in flight and discard them, so that no worker
@@ -339,7 +331,7 @@ class PaceServer:
             params_frame = self._params_frame[1]
         rows = min(batch_size * self.local_steps, len(data.y_train))
         idx = self.sampler.next_indices(rows)
-        task_id, self._next_task = self._next_task, self._next_task + 1
+        task_id, self.next_task = self.next_task, self.next_task + 1
         batch = [WireTensor("x", data.x_train[idx]), WireTensor("y", data.y_train[idx])]
         meta = {"step": task_id, "local_steps": self.local_steps}
         if self.outer is not None:  # local SGD: the inner steps' rate (a gradient is scaled by the server)
@@ -450,5 +442,6 @@ class PaceServer:
             self._evaluator.offer(self.version, metrics.samples, self.flat.params)
         if self.version % 50 == 0:
             metrics.sample_rss()
+        checkpoint_after_update(getattr(self.host, "recovery", None), self, now - self._start)
         self.host.log.step(self.version, "update %d: loss %.4f, %d push(es), %.1f samples/s", self.version,
                            metrics.losses[-1], len(parts), metrics.samples / (now - self._start))

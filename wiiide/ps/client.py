@@ -8,10 +8,12 @@ sender thread (encodes with error feedback, `wiiide.ps.feedback.ErrorFeedback`, 
 receiver thread (decodes pulls into an inbox): full duplex. The main thread applies the pulls (an
 absolute value or a delta) once backward is over and all partitions of the step are in.
 
+Sparse rows (`wiiide.ps.sparse_rows`): a table partition's touched rows out after backward, changed rows in.
+
 The coordinator uses the same client with role ``coordinator`` (no pushes) to pull the final
 parameters (``pull_final``).
 
-Handshake: the dialling side of `wiiide.handshake` (TLS with ``tls`` on); the hello's node id is
+Handshake (`wiiide.ps.links.connect_shard`): the dialling side of `wiiide.handshake` (TLS with ``tls`` on); the hello's node id is
 ``<role>-<rank>@<node id>`` (so the MAC covers the rank) and the shard's welcome MAC covers its shard id.
 """
 
@@ -35,24 +37,17 @@ from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.model import FlatParams
-from wiiide.node import Connection, Heartbeats, NodeFailure
+from wiiide.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, received_values
 from wiiide.ps.partition import Partition
-from wiiide.ps.shard import drain_outbox, frame_step
-from wiiide.handshake import dial, join
-from wiiide.wire.auth import HANDSHAKE_MAX_FRAME_BYTES
+from wiiide.ps.links import ShardFailed, connect_shard, drain_outbox, frame_step  # noqa: F401 (ShardFailed, connect_shard: for importers)
+from wiiide.ps.sparse_rows import ROWS_PULL_KIND, RowTable, WorkerRows, step_gradient
 from wiiide.wire.encode import encode_message
-from wiiide.wire.sockets import congestion_of, shard_congestion, tcp_cwnd_bytes
-from wiiide.wire.tls import TLSHandshakeError
+from wiiide.wire.sockets import congestion_of, tcp_cwnd_bytes
 
-CONNECT_RETRY_S = 0.05
 BYE = encode_message("bye")
 PULL_FINAL = encode_message("pull_final")
-
-
-class ShardFailed(NodeFailure):
-    """A shard (or the connection to it) failed: the sharded run cannot go on."""
 
 
 PUSH_NOTSENT_LOWAT_BYTES = 16 * 1024  # push_schedule ordered: unsent bytes a push may leave behind when the next starts
@@ -66,48 +61,6 @@ class _Link:
     policy: CompressionPolicy
     outbox: "queue.Queue" = field(default_factory=queue.Queue)
     lost: bool = False  # its connection broke: `close` does not wait for its outbox
-
-
-def connect_shard(cfg: RunConfig, secret: bytes, metrics: NodeMetrics, log: TieredLog, host: str, port: int,
-                  shard: int, role: str, rank: int, node_id: str, pool=None, tls_name: str | None = None) -> Connection:
-    """Connect (retrying for connect_timeout_s) and authenticate to shard `shard` at host:port through
-    `wiiide.handshake` (`dial`, `join`): the same socket knobs, deadlines, limits and, with ``tls`` on,
-    TLS as the connection to the coordinator; the shard's certificate must name `tls_name` (None: `host`).
-
-    A shard that accepts the connection but is silent for handshake_timeout_s is taken as not serving
-    yet (its node starts it once it has its plan, and the coordinator sends the plans one after the
-    other) and is tried again until connect_timeout_s.
-
-    Raises:
-        ShardFailed: unreachable, refused, silent until connect_timeout_s, a certificate or a welcome
-            that does not authenticate the shard.
-    """
-    deadline = time.monotonic() + cfg.connect_timeout_s
-    last: Exception | None = None
-    hello_id = f"{role}-{rank}@{node_id}"[:160]  # the MAC covers the rank and role
-    while time.monotonic() < deadline:
-        try:
-            sock, _ = dial(cfg, host, port, cfg.handshake_timeout_s, shard_congestion(cfg), tls_name)
-        except TLSHandshakeError as exc:
-            raise ShardFailed(f"shard {shard} at {host}:{port} failed TLS: {exc}") from None
-        except OSError as exc:  # refused, or a TLS handshake not served yet (DeadlineExceeded)
-            last = exc
-            time.sleep(CONNECT_RETRY_S)
-            continue
-        conn = Connection(sock, cfg, metrics, log, f"shard {shard}", max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES,
-                          pool=pool)
-        try:
-            join(conn, cfg, secret, hello_id, shard, f"shard {shard}", {"rank": rank, "role": role})
-            return conn
-        except TimeoutError as exc:  # accepted by the kernel, not yet served: again
-            conn.close()
-            last = exc
-        except (ProtocolError, OSError) as exc:
-            conn.close()
-            raise ShardFailed(f"handshake with shard {shard} at {host}:{port} failed: {type(exc).__name__}: "
-                              f"{exc}") from None
-    raise ShardFailed(f"could not reach shard {shard} at {host}:{port} within connect_timeout_s="
-                      f"{cfg.connect_timeout_s:g} s: {last}")
 
 
 def push_meta(policy: CompressionPolicy, step: int, index: int) -> dict:
@@ -138,6 +91,7 @@ class ShardClient:
         self._closing = threading.Event()
         self._partitions: list[Partition] = []
         self._flat: FlatParams | None = None
+        self._rows: WorkerRows | None = None  # sparse rows: the table's partitions (wiiide.ps.sparse_rows)
         self._step = 0
         self._dense = True
         self._lossy = False
@@ -189,6 +143,8 @@ class ShardClient:
         `lossy`: the policy may choose a lossy codec (after ``lossy_warmup_steps`` steps).
         """
         self._flat, self._partitions, self._lossy = flat, list(partitions), lossy
+        table = RowTable.from_config(self.cfg)
+        self._rows = WorkerRows(table, model, flat.numel, partitions) if table is not None else None
         starts = np.array([p.start for p in partitions])
         overlaps: list[list[int]] = []
         offset = 0
@@ -200,7 +156,8 @@ class ShardClient:
             while i < len(partitions) and partitions[i].start < offset + p.numel():
                 covered.append(i)
                 i += 1
-            overlaps.append(covered)
+            # a row partition is pushed by `gradient`, not by the hooks (the table gets no dense gradient)
+            overlaps.append([i for i in covered if table is None or not table.owns(partitions[i])])
             offset += p.numel()
         self._needed = [0] * len(partitions)
         for covered in overlaps:
@@ -217,6 +174,11 @@ class ShardClient:
         self._step = step
         self._dense = not self._lossy or step < self.cfg.lossy_warmup_steps
         self._remaining = [n * micro_batches for n in self._needed]
+
+    def gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro_batches: int, loss_fn) -> float:
+        """The batch's mean loss, its gradient pushed as it is made (`wiiide.ps.sparse_rows.step_gradient`)."""
+        return step_gradient(self._rows, model, self._flat, x, y, micro_batches, loss_fn, self._step,
+                             lambda part, frame: self.links[part.shard].outbox.put(frame))
 
     def _grad_ready(self, covered: list[int]) -> None:
         # Tail first, as backward runs and as DDP's Reducer fills its buckets: with partition_balance
@@ -245,6 +207,9 @@ class ShardClient:
             if meta.get("step") != step or type(index) is not int or not 0 <= index < len(self._partitions):  # noqa: E721
                 raise ProtocolError(f"pull for step {meta.get('step')!r:.40} partition {index!r:.40}, expected step {step}")
             part = self._partitions[index]
+            if kind == "rows":  # a row partition's changed rows (checked by the receiver: WorkerRows.read)
+                self._rows.apply(params, part, *values)
+                continue
             if values.shape != (part.numel,):
                 raise ProtocolError(f"pull of partition {index}: {values.shape}, expected ({part.numel},)")
             target = params[part.start:part.stop]
@@ -344,12 +309,15 @@ class ShardClient:
         try:
             while not self._closing.is_set():
                 cpu0 = time.thread_time()  # a blocked receive takes none
-                msg = link.conn.receive([DENSE_KIND, LOSSY_KIND, "final", "shard_failed"])
+                msg = link.conn.receive([DENSE_KIND, LOSSY_KIND, ROWS_PULL_KIND, "final", "shard_failed"])
                 if msg.kind == "shard_failed":
                     raise ShardFailed(f"shard {link.shard} failed: {str(msg.meta.get('cause'))[:500]}")
                 if msg.kind == "final":
                     arrays = {t.name: np.array(t.array, dtype=np.float32, copy=True) for t in msg.tensors}
                     self.inbox.put(("final", msg.meta, arrays))
+                    continue
+                if msg.kind == ROWS_PULL_KIND and self._rows is not None:
+                    self.inbox.put(("rows", msg.meta, self._rows.read(msg)[1:]))
                     continue
                 if len(msg.tensors) != 1 or msg.tensors[0].dtype != "float32":
                     raise ProtocolError("a pull carries one float32 tensor")

@@ -288,17 +288,25 @@ def partition_by_weights(numel: int, weights: Sequence[float], partition_bytes: 
 
 def plan_partitions(numel: int, num_shards: int, num_workers: int, partition_bytes: int,
                     balance: str = "pipeline", per_shard: int = 1, placement: str = "contiguous",
-                    finest_bytes: float = PER_SHARD_FINEST_BYTES) -> list[Partition]:
+                    finest_bytes: float = PER_SHARD_FINEST_BYTES,
+                    table: tuple[int, int] | None = None) -> list[Partition]:
     """The partitions a sharded run uses (`partition_flat`) for the config's ``partition_balance``:
     ``pipeline`` (`pipeline_shard_weights`, the coordinator's range at the tail), ``egress``
     (`egress_shard_weights`) or ``bytes`` (equal bytes, LPT), at least `per_shard` per shard
     (``partitions_per_shard``), and ``partition_placement``: ``contiguous`` (one range per shard) or
     ``interleaved`` (dealt in turns, `partition_by_weights`), pieces no finer than `finest_bytes`
-    (`finest_raw_bytes`).
+    (`finest_raw_bytes`). `table`: (rows, dim) of an embedding table at the head of the vector whose
+    rows travel sparse (`wiiide.ps.sparse_rows`): the cuts are then moved to its row boundaries
+    (`align_to_rows`), in contiguous ranges whatever `placement` (interleaving deals a backward's dense
+    pieces to different shards; a row partition's push is its touched rows, and one range per shard
+    makes it one row partition, two frames a step instead of two a piece).
 
     Raises:
         ValueError: an unknown `balance` or `placement`, or a count or size `partition_flat` refuses.
     """
+    if table is not None:
+        return align_to_rows(plan_partitions(numel, num_shards, num_workers, partition_bytes, balance, per_shard,
+                                             "contiguous", finest_bytes), table[0] * table[1], table[1])
     if placement not in ("contiguous", "interleaved"):
         raise ValueError(f"partition_placement {placement!r}: one of contiguous, interleaved")
     interleaved = placement == "interleaved"
@@ -314,6 +322,45 @@ def plan_partitions(numel: int, num_shards: int, num_workers: int, partition_byt
         return partition_flat(numel, num_shards, partition_bytes, per_shard=per_shard, interleaved=interleaved,
                               finest_bytes=finest_bytes)
     raise ValueError(f"partition_balance {balance!r}: one of pipeline, egress, bytes")
+
+
+def align_to_rows(partitions: Sequence[Partition], table_numel: int, row_numel: int) -> list[Partition]:
+    """`partitions` (in vector order, tiling it) with every cut inside a table of `table_numel` values at
+    the head of the vector moved to the nearest row boundary (a multiple of `row_numel`), and a cut at
+    the table's end, so that each partition is whole rows of the table or lies after it. A partition
+    that shrinks to nothing is dropped; the others keep their shard, and are numbered again. Neighbours
+    in the table owned by one shard are merged: a row partition's push and pull are its touched rows
+    (a few KB however many rows it has), so cutting a range buys no overlap and costs two frames a step.
+
+    Raises:
+        ValueError: the table does not fit the vector or is not whole rows, or a shard that owned a
+            partition owns none after the cuts move (its share was under one row).
+    """
+    numel = partitions[-1].stop if partitions else 0
+    if row_numel < 1 or table_numel % row_numel or not 0 < table_numel <= numel:
+        raise ValueError(f"a table of {table_numel} values in rows of {row_numel} does not fit {numel} values")
+    pieces: list[tuple[int, int, int]] = []  # (start, stop, shard) after the cuts move
+
+    def add(start: int, stop: int, shard: int) -> None:
+        if stop <= table_numel and pieces and pieces[-1][2] == shard:  # the same shard's rows: one partition
+            pieces[-1] = (pieces[-1][0], stop, shard)
+        else:
+            pieces.append((start, stop, shard))
+
+    start = 0
+    for p in partitions:
+        stop = p.stop if p.stop >= table_numel else min(round(p.stop / row_numel) * row_numel, table_numel)
+        if start < table_numel < stop:  # the table's end cuts this one
+            add(start, table_numel, p.shard)
+            start = table_numel
+        if stop > start:
+            add(start, stop, p.shard)
+            start = stop
+    lost = {p.shard for p in partitions} - {shard for _, _, shard in pieces}
+    if lost:
+        raise ValueError(f"shards {sorted(lost)} own less than one {row_numel}-value row of the table: fewer "
+                         "shards, or a larger table")
+    return [Partition(i, a, b, shard) for i, (a, b, shard) in enumerate(pieces)]
 
 
 def assign_by_bytes(sizes_bytes: Sequence[int], num_shards: int) -> list[int]:

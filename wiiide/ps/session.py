@@ -45,7 +45,6 @@ from wiiide.errors import ProtocolError, WiiideError
 from wiiide.evaluation import record_held_out, stop_at_target
 from wiiide.model import FlatParams
 from wiiide.models import check_batch, loss_mean
-from wiiide.pace.outer import gradient
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure, touch
 from wiiide.ps import link_probe
 from wiiide.ps.checkpoints import announce_step
@@ -80,6 +79,7 @@ from wiiide.ps.plan import (  # noqa: F401 (_restore, _seconds: the tests' names
 )
 from wiiide.ps.shard import ROLE_COORDINATOR, ROLE_WORKER, ShardServer
 from wiiide.ps.snapshots import ShardSnapshots
+from wiiide.ps.sparse_rows import table_shape
 from wiiide.tensors import from_wire, to_wire
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import WireTensor
@@ -169,7 +169,7 @@ def _incarnation(coord, data: Dataset, flat: FlatParams, shard: ShardServer, mem
     def plan(rule: PieceRule) -> tuple[PieceRule, list[Partition]]:
         return rule, plan_partitions(flat.numel, k, len(workers), cfg.partition_bytes, cfg.partition_balance,
                                      rule.per_shard, cfg.partition_placement,
-                                     partition_finest_bytes(cfg, rule.finest_wire_bytes))
+                                     partition_finest_bytes(cfg, rule.finest_wire_bytes), table_shape(cfg))
 
     if now.state is None:  # a restarted run keeps the pieces its checkpoints were cut into, whatever the probe says now
         others = [r for r in link_probe.AUTO_RULES if r != rule] if probe else []
@@ -433,7 +433,7 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
         micro_batches = min(cfg.grad_accum_steps, int(x.shape[0]))  # as `wiiide.pace.outer.gradient` cuts them
         client.begin_step(step, micro_batches)
         try:  # the hooks push each partition once the last micro-batch's backward has reached it
-            loss_value = gradient(model, flat, x, y, micro_batches, loss_fn=partial(loss_mean, kind))
+            loss_value = client.gradient(model, x, y, micro_batches, partial(loss_mean, kind))
         except (RuntimeError, IndexError) as exc:
             raise ProtocolError(f"batch does not fit the model: {exc}") from None
         compute_s = time.perf_counter() - t0

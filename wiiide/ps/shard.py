@@ -8,7 +8,8 @@ averages the gradients (summed in rank order, as the central server sums them, s
 ``all`` agree to the last bit in fp32), applies `wiiide.model.MomentumSGD` to that partition (its
 momentum buffer lives here only) and sends the partition back to every worker at once: a partition is
 answered as soon as its last push arrived, not at the end of the step. Pulls are deltas against the
-workers' copy (`wiiide.ps.feedback.PullReplica`), compressed by the shard's own policy.
+workers' copy (`wiiide.ps.feedback.PullReplica`), compressed by the shard's own policy. With sparse rows
+(`wiiide.ps.sparse_rows`) a table partition is whole rows, pushed and pulled as the rows touched.
 
 Connections: the coordinator's handshake and session set-up (`wiiide.handshake`: the same frames,
 limits, deadlines, socket knobs and TLS; the welcome's MAC covers the shard id instead of a rank) behind a
@@ -29,7 +30,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -45,7 +45,9 @@ from wiiide.model import MomentumSGD
 from wiiide.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas, received_values
+from wiiide.ps.links import drain_outbox, frame_step  # noqa: F401 (frame_step: for importers)
 from wiiide.ps.partition import Partition
+from wiiide.ps.sparse_rows import ROWS_PULL_KIND, ROWS_PUSH_KIND, RowTable, apply_rows
 from wiiide.recovery import momentum_from_flat, momentum_to_flat
 from wiiide.wire.admission import HandshakeGate, Pending
 from wiiide.wire.encode import encode_message, with_meta
@@ -85,6 +87,8 @@ class _Peer:
     rank: int
     role: str
     outbox: "queue.Queue" = field(default_factory=queue.Queue)
+    push_wire_bytes: int = 0  # the pushes received from it, whole frames (its receiver thread counts)
+    pull_wire_bytes: int = 0  # the pulls sent to it (its sender thread counts)
 
 
 class ShardServer:
@@ -117,6 +121,7 @@ class ShardServer:
         self.stats: dict = {"shard": shard_id}
         self.checkpointer: ShardCheckpointer | None = None  # made by configure
         self.lrs = LrRecord(LrSchedule.from_config(cfg))  # step t's rate, the same on every shard; configure restarts it
+        self.table = RowTable.from_config(cfg)  # sparse rows: the table's partitions take rows (wiiide.ps.sparse_rows)
         metrics.extra.setdefault("ps", {})["shard"] = self.stats
 
     # --- set-up -----------------------------------------------------------------------------------
@@ -192,10 +197,13 @@ class ShardServer:
             peer.conn.close()
         self.stats.update({"updates": self.updates, "update_s": round(self.update_s, 4),
                            "push_spread_s": round(self.push_spread_s, 4), **self.lrs.to_dict()})
+        links = [p for p in self.peers if p.role == ROLE_WORKER and p.rank != self.shard_id]  # not one's own (loopback)
+        self.stats["link_wire_bytes"] = {"pushes_received": sum(p.push_wire_bytes for p in links),
+                                         "pulls_sent": sum(p.pull_wire_bytes for p in links)}
         self.stats["pull_policy"] = self.policy.record["choices"]
         self.stats["pull_uplink_bps_reported"] = self.policy.uplink.bps
         with self._lock:
-            gaps = [o.replica.max_abs_gap(o.param.numpy()) for o in self.owned.values()]
+            gaps = [o.replica.max_abs_gap(o.param.numpy()) for o in self.owned.values() if not self._is_rows(o)]
         self.stats["replica_max_abs_gap"] = max(gaps, default=0.0)
         self.policy.close()
 
@@ -278,13 +286,17 @@ class ShardServer:
     # --- serving ----------------------------------------------------------------------------------
     def _send_loop(self, peer: _Peer) -> None:
         drain_outbox(peer.outbox, peer.conn, lambda frame: frame, lambda exc: self._fail(peer, exc),
-                     lambda frame, cpu_s: self.metrics.add_stage_cpu("pull_send", frame_step(frame), cpu_s))
+                     lambda frame, cpu_s: self._pull_sent(peer, frame, cpu_s))
+
+    def _pull_sent(self, peer: _Peer, frame: Frame, cpu_s: float) -> None:
+        self.metrics.add_stage_cpu("pull_send", frame_step(frame), cpu_s)
+        peer.pull_wire_bytes += frame.wire_nbytes if frame.kind in (DENSE_KIND, LOSSY_KIND, ROWS_PULL_KIND) else 0
 
     def _serve(self, peer: _Peer) -> None:
         try:
             while True:
                 cpu0 = time.thread_time()  # a blocked receive takes none
-                msg = peer.conn.receive([DENSE_KIND, LOSSY_KIND, "pull_final", CHECKPOINT_AT, "bye"])
+                msg = peer.conn.receive([DENSE_KIND, LOSSY_KIND, ROWS_PUSH_KIND, "pull_final", CHECKPOINT_AT, "bye"])
                 if msg.kind == "bye":  # the peer is done: its disconnect is no failure
                     peer.outbox.put(None)
                     peer.conn.close()
@@ -302,6 +314,7 @@ class ShardServer:
                 if peer.role != ROLE_WORKER:
                     raise ProtocolError("only workers push")
                 self.policy.observe_received(msg, ("worker", peer.rank))  # network-aware's link estimate
+                peer.push_wire_bytes += msg.wire_nbytes
                 self.metrics.add_stage_cpu("push_receive", msg.meta.get("step"),
                                            time.thread_time() - cpu0 - msg.decode_cpu_s)
                 frame = self._on_push(peer.rank, msg)
@@ -330,12 +343,17 @@ class ShardServer:
         owned = self.owned.get(index) if type(index) is int else None  # noqa: E721
         if owned is None:
             raise ProtocolError(f"push for partition {index!r:.40}, which shard {self.shard_id} does not own")
-        values = msg.tensor(f"p{index}")
-        if len(msg.tensors) != 1 or values.shape != (owned.part.numel,) or values.dtype != np.float32:
-            raise ProtocolError(f"push of partition {index}: {len(msg.tensors)} tensors, {values.shape} "
-                                f"{values.dtype}, expected one ({owned.part.numel},) float32")
         cpu0 = time.thread_time()
-        values = received_values(msg)  # the reader reuses its buffer for the next frame
+        if self._is_rows(owned) != (msg.kind == ROWS_PUSH_KIND):
+            raise ProtocolError(f"partition {index} takes {'row' if self._is_rows(owned) else 'dense'} pushes, not {msg.kind}")
+        if self._is_rows(owned):
+            values = self.table.check(msg, owned.part)  # (ids, rows), copied off the reader's buffer
+        else:
+            values = msg.tensor(f"p{index}")
+            if len(msg.tensors) != 1 or values.shape != (owned.part.numel,) or values.dtype != np.float32:
+                raise ProtocolError(f"push of partition {index}: {len(msg.tensors)} tensors, {values.shape} "
+                                    f"{values.dtype}, expected one ({owned.part.numel},) float32")
+            values = received_values(msg)  # the reader reuses its buffer for the next frame
         self.metrics.add_stage_cpu("push_decode", step, msg.decode_cpu_s + time.thread_time() - cpu0)
         with self._lock:
             if step != owned.step:
@@ -358,28 +376,34 @@ class ShardServer:
         """Average the pushes (in rank order), one optimizer step, the pull frame. Holds the lock."""
         t0, cpu0 = time.perf_counter(), time.thread_time()
         self.push_spread_s += t0 - owned.first_push_s  # first to last push: how far apart the workers are
-        grad = owned.param.grad
-        grad.zero_()
-        for rank in sorted(owned.pushes):
-            grad += torch.from_numpy(owned.pushes[rank])
-        grad.div_(len(owned.pushes))
-        step = owned.step
+        step, index = owned.step, owned.part.index
         owned.optimizer.lr = self.lrs.schedule.lr(step)
         self.lrs.applied(step, owned.optimizer.lr)
-        owned.optimizer.step()
+        if self._is_rows(owned):  # the touched rows' SGD, and a pull of those rows
+            frame = apply_rows(self.table, owned.part, owned.param, owned.pushes, owned.optimizer.lr,
+                                     {"step": step, "partition": index})
+        else:
+            grad = owned.param.grad
+            grad.zero_()
+            for rank in sorted(owned.pushes):
+                grad += torch.from_numpy(owned.pushes[rank])
+            grad.div_(len(owned.pushes))
+            owned.optimizer.step()
+            # Deltas whenever the policy compresses (`pulls_as_deltas`); dense through the lossy codecs' warm-up.
+            dense = not self._delta_pulls or (self._lossy and step < self._warmup_steps)
+            frame = owned.replica.frame_for(self.policy, {"step": step, "partition": index}, f"p{index}",
+                                            owned.param.numpy(), dense)
         owned.pushes.clear()
         owned.step += 1
         self.updates += 1
-        index = owned.part.index
-        # Deltas whenever the policy compresses (`pulls_as_deltas`); dense through the lossy codecs' warm-up.
-        dense = not self._delta_pulls or (self._lossy and step < self._warmup_steps)
-        frame = owned.replica.frame_for(self.policy, {"step": step, "partition": index}, f"p{index}",
-                                        owned.param.numpy(), dense)
         self.update_s += time.perf_counter() - t0
         self.metrics.add_stage_cpu("update", step, time.thread_time() - cpu0)
         if self.metrics.trace is not None:
             self.metrics.trace.add("update", "update", step, time.perf_counter() - t0, partition=index)
         return frame
+
+    def _is_rows(self, owned: _Owned) -> bool:
+        return self.table is not None and self.table.owns(owned.part)
 
     def _final_frame(self):
         with self._lock:
@@ -405,35 +429,6 @@ class ShardServer:
         for other in list(self.peers):
             if other is not peer:
                 other.outbox.put(frame)
-
-
-def drain_outbox(outbox: "queue.Queue", conn: Connection, to_frame: Callable[[Any], Any],
-                 on_error: Callable[[Exception], None],
-                 on_sent: Callable[[Frame, float], None] | None = None) -> None:
-    """A sender thread's loop: send `to_frame(item)` for each item of `outbox` until a None; the first
-    error (OSError, or a codec's in `to_frame`) goes to `on_error` and ends the loop. `on_sent` is told
-    each frame sent and the thread's CPU seconds its send took (`time.thread_time`, `to_frame` not in it)."""
-    while True:
-        item = outbox.get()
-        if item is None:
-            return
-        try:
-            frame = to_frame(item)
-            cpu0 = time.thread_time()
-            conn.send([frame])
-            if on_sent is not None:
-                on_sent(frame, time.thread_time() - cpu0)
-        except Exception as exc:
-            on_error(exc)
-            return
-
-
-def frame_step(frame: Frame) -> Any:
-    """The step a push or pull `frame` carries (its header's ``meta.step``, as `encode_message` built
-    it); None for any other frame, which `NodeMetrics.add_stage_cpu` then leaves out."""
-    if frame.kind not in (DENSE_KIND, LOSSY_KIND) or frame.header is None:
-        return None
-    return (frame.header.get("meta") or {}).get("step")
 
 
 def _close_quietly(sock: socket.socket) -> None:

@@ -1,0 +1,468 @@
+/*
+ * wiiide-delayline: a delay line for a container whose kernel has no sch_netem.
+ *
+ * It binds an NFQUEUE queue in the container's own network namespace (the harness's iptables rule
+ * queues the packets the container receives, mangle PREROUTING, with --queue-bypass), holds each
+ * packet for its delay and then accepts it (the verdict reinjects it where it was queued). The
+ * delay of a packet is netem's draw (net/sched/sch_netem.c, tabledist): the delay plus a jitter
+ * drawn uniformly in [-jitter, +jitter), or from one of iproute2's distribution tables (normal,
+ * pareto, paretonormal: the very files tc hands netem, NETEM_DIST_SCALE 8192), summed over --draws
+ * draws. As netem's tfifo, packets leave in the order of their due times: a jitter reorders them.
+ *
+ * The queue copies no payload (NFQNL_COPY_META) and takes GSO packets whole (NFQA_CFG_F_GSO), so a
+ * 64 KB TSO segment costs one message and one verdict. With no jitter, due times follow arrival and
+ * one batch verdict accepts every packet that is due.
+ *
+ * Modes:
+ *   wiiide-delayline --queue N --delay-us D [--jitter-us J] [--distribution NAME] [--draws K]
+ *                    [--max-len P]          run in the foreground until SIGTERM/SIGINT
+ *   wiiide-delayline --wait-ready [--timeout-s S]  wait for a starting instance to bind its queue
+ *   wiiide-delayline --stop                 stop the running instance (SIGTERM, wait, SIGKILL)
+ *   wiiide-delayline --check [--queue N]    bind and unbind the queue once (the harness's probe)
+ *
+ * Files (inside the container): the pid file, the stats file (JSON, rewritten every 250 ms and at
+ * exit: packets held, accepted and dropped, the most held at once, CPU seconds of this process,
+ * the kernel queue's own drop counters) and the error file of a start that failed.
+ * On SIGTERM it accepts every packet it still holds, unbinds and removes its pid file.
+ *
+ * Build: cc -O2 -o wiiide-delayline wiiide-delayline.c -lnetfilter_queue -lnfnetlink -lm
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <linux/netfilter.h>
+#include <libnetfilter_queue/libnetfilter_queue.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sched.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef NETLINK_NO_ENOBUFS
+#define NETLINK_NO_ENOBUFS 5
+#endif
+#ifndef SOL_NETLINK
+#define SOL_NETLINK 270
+#endif
+
+#define PID_FILE "/tmp/wiiide-delayline.pid"
+#define STATS_FILE "/tmp/wiiide-delayline.json"
+#define ERROR_FILE "/tmp/wiiide-delayline.err"
+#define NETEM_DIST_SCALE 8192
+#define DIST_MAX 16384
+#define RCVBUF_BYTES (16 << 20)
+#define MAX_MSGS_PER_ROUND 512
+#define SLICE_US 100 /* EEVDF's smallest slice */
+#define STATS_EVERY_NS 250000000ull /* the stats file's age at most: a read right after a trial is current */
+
+struct held { uint64_t due_ns; uint64_t seq; uint32_t id; };
+
+static struct {
+    int queue, draws, max_len;
+    int64_t delay_ns, jitter_ns;
+    const char *distribution;
+    short table[DIST_MAX];
+    int table_size;
+    struct held *heap;
+    size_t heap_len, heap_cap;
+    uint64_t seq, queued, accepted, dropped_full, max_held;
+    uint64_t late_total_ns, late_max_ns; /* verdict time - due time, over the accepted packets */
+    uint64_t rng;
+    struct nfq_q_handle *qh;
+    volatile sig_atomic_t stop;
+    int realtime, nice, slice_us;
+} S;
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint32_t rnd32(void) { /* xorshift64*: netem's draws need no more than a uniform 32-bit value */
+    S.rng ^= S.rng >> 12; S.rng ^= S.rng << 25; S.rng ^= S.rng >> 27;
+    return (uint32_t)((S.rng * 2685821657736338717ull) >> 32);
+}
+
+/* netem's tabledist (net/sched/sch_netem.c), in nanoseconds: mu + a draw of sigma */
+static int64_t tabledist(int64_t mu, int64_t sigma) {
+    if (sigma == 0) return mu;
+    uint32_t r = rnd32();
+    if (S.table_size == 0) return (int64_t)(r % (uint64_t)(2 * sigma)) + mu - sigma;
+    int64_t t = S.table[r % (uint32_t)S.table_size];
+    int64_t x = (sigma % NETEM_DIST_SCALE) * t;
+    x += x >= 0 ? NETEM_DIST_SCALE / 2 : -NETEM_DIST_SCALE / 2;
+    return x / NETEM_DIST_SCALE + (sigma / NETEM_DIST_SCALE) * t + mu;
+}
+
+static int load_table(const char *name, char *err, size_t errlen) {
+    static const char *dirs[] = {"/usr/lib/x86_64-linux-gnu/tc", "/usr/lib/aarch64-linux-gnu/tc", "/usr/lib/tc",
+                                 "/usr/lib64/tc", "/usr/local/lib/tc", NULL};
+    if (name == NULL || strcmp(name, "uniform") == 0) return 0;
+    for (int i = 0; dirs[i]; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/%s.dist", dirs[i], name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        char line[1024];
+        while (fgets(line, sizeof line, f) && S.table_size < DIST_MAX) {
+            if (line[0] == '#') continue;
+            char *p = line, *end;
+            for (;;) {
+                long v = strtol(p, &end, 10);
+                if (end == p) break;
+                if (v < -32768 || v > 32767 || S.table_size >= DIST_MAX) {
+                    fclose(f);
+                    snprintf(err, errlen, "%s: value %ld out of range or table too long", path, v);
+                    return -1;
+                }
+                S.table[S.table_size++] = (short)v;
+                p = end;
+            }
+        }
+        fclose(f);
+        if (S.table_size == 0) { snprintf(err, errlen, "%s: no values", path); return -1; }
+        return 0;
+    }
+    snprintf(err, errlen, "no %s.dist of iproute2 found (tried /usr/lib/*/tc)", name);
+    return -1;
+}
+
+static int before(const struct held *a, const struct held *b) {
+    return a->due_ns < b->due_ns || (a->due_ns == b->due_ns && a->seq < b->seq);
+}
+
+static void heap_push(struct held h) {
+    size_t i = S.heap_len++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!before(&h, &S.heap[parent])) break;
+        S.heap[i] = S.heap[parent];
+        i = parent;
+    }
+    S.heap[i] = h;
+}
+
+static struct held heap_pop(void) {
+    struct held top = S.heap[0], last = S.heap[--S.heap_len];
+    size_t i = 0;
+    for (;;) {
+        size_t child = 2 * i + 1;
+        if (child >= S.heap_len) break;
+        if (child + 1 < S.heap_len && before(&S.heap[child + 1], &S.heap[child])) child++;
+        if (!before(&S.heap[child], &last)) break;
+        S.heap[i] = S.heap[child];
+        i = child;
+    }
+    if (S.heap_len) S.heap[i] = last;
+    return top;
+}
+
+static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_data *nfa, void *data) {
+    (void)msg; (void)data;
+    struct nfqnl_msg_packet_hdr *ph = nfq_get_msg_packet_hdr(nfa);
+    if (!ph) return 0;
+    uint32_t id = ntohl(ph->packet_id);
+    S.queued++;
+    if (S.heap_len >= S.heap_cap) { /* the kernel's queue is as long as ours: only if max_len was raised */
+        S.dropped_full++;
+        return nfq_set_verdict(qh, id, NF_DROP, 0, NULL);
+    }
+    int64_t delay = 0;
+    for (int i = 0; i < S.draws; i++) delay += tabledist(S.delay_ns, S.jitter_ns);
+    if (delay < 0) delay = 0;
+    heap_push((struct held){now_ns() + (uint64_t)delay, S.seq++, id});
+    if (S.heap_len > S.max_held) S.max_held = S.heap_len;
+    return 0;
+}
+
+/* accept every held packet due by `now` (all of them when `all`); returns how many */
+static size_t release(uint64_t now, int all) {
+    size_t n = 0;
+    uint32_t last_id = 0;
+    int in_order = S.jitter_ns == 0; /* due times follow ids: one batch verdict covers them all */
+    while (S.heap_len && (all || S.heap[0].due_ns <= now)) {
+        struct held h = heap_pop();
+        n++;
+        if (!all && now > h.due_ns) {
+            uint64_t late = now - h.due_ns;
+            S.late_total_ns += late;
+            if (late > S.late_max_ns) S.late_max_ns = late;
+        }
+        if (in_order) last_id = h.id;
+        else nfq_set_verdict(S.qh, h.id, NF_ACCEPT, 0, NULL);
+    }
+    if (in_order && n) nfq_set_verdict_batch(S.qh, last_id, NF_ACCEPT);
+    S.accepted += n;
+    return n;
+}
+
+static void kernel_counters(unsigned long long *queue_dropped, unsigned long long *user_dropped) {
+    /* /proc/net/netfilter/nfnetlink_queue: queue portid total mode range queue_dropped user_dropped id 1 */
+    *queue_dropped = *user_dropped = 0;
+    FILE *f = fopen("/proc/net/netfilter/nfnetlink_queue", "r");
+    if (!f) return;
+    unsigned q, portid, total, mode, range, one; unsigned long long qd, ud, idseq;
+    while (fscanf(f, "%u %u %u %u %u %llu %llu %llu %u", &q, &portid, &total, &mode, &range, &qd, &ud, &idseq,
+                  &one) == 9) {
+        if ((int)q == S.queue) { *queue_dropped = qd; *user_dropped = ud; }
+    }
+    fclose(f);
+}
+
+static void write_stats(int running) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    unsigned long long qd, ud;
+    kernel_counters(&qd, &ud);
+    char tmp[] = STATS_FILE ".tmp";
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    fprintf(f, "{\"pid\": %d, \"running\": %s, \"realtime\": %s, \"nice\": %d, \"slice_us\": %d, \"queue\": %d, \"delay_us\": %lld, \"jitter_us\": %lld, "
+            "\"distribution\": \"%s\", \"draws\": %d, \"max_len_packets\": %d, \"queued_packets\": %llu, "
+            "\"accepted_packets\": %llu, \"held_packets\": %zu, \"max_held_packets\": %llu, "
+            "\"dropped_full_packets\": %llu, \"kernel_queue_dropped_packets\": %llu, "
+            "\"kernel_user_dropped_packets\": %llu, \"late_mean_us\": %.1f, \"late_max_us\": %.1f, \"cpu_user_s\": %.6f, \"cpu_system_s\": %.6f}\n",
+            (int)getpid(), running ? "true" : "false", S.realtime ? "true" : "false", S.nice, S.slice_us, S.queue, (long long)(S.delay_ns / 1000),
+            (long long)(S.jitter_ns / 1000), S.distribution ? S.distribution : "uniform", S.draws, S.max_len,
+            (unsigned long long)S.queued, (unsigned long long)S.accepted, S.heap_len,
+            (unsigned long long)S.max_held, (unsigned long long)S.dropped_full, qd, ud,
+            S.accepted ? S.late_total_ns / 1e3 / S.accepted : 0.0, S.late_max_ns / 1e3,
+            ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6, ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6);
+    fclose(f);
+    rename(tmp, STATS_FILE);
+}
+
+static void fail_start(const char *what) {
+    FILE *f = fopen(ERROR_FILE, "w");
+    if (f) { fprintf(f, "%s\n", what); fclose(f); }
+    fprintf(stderr, "wiiide-delayline: %s\n", what);
+    exit(1);
+}
+
+static void on_signal(int sig) { (void)sig; S.stop = 1; }
+
+/* bind queue S.queue; returns the handle, or NULL with `err` filled */
+static struct nfq_handle *bind_queue(char *err, size_t errlen) {
+    struct nfq_handle *h = nfq_open();
+    if (!h) { snprintf(err, errlen, "nfq_open: %s (no nfnetlink_queue in this kernel?)", strerror(errno)); return NULL; }
+    nfq_unbind_pf(h, AF_INET); /* kernels before 3.8 need the bind; newer ones ignore both */
+    nfq_bind_pf(h, AF_INET);
+    S.qh = nfq_create_queue(h, (uint16_t)S.queue, on_packet, NULL);
+    if (!S.qh) {
+        snprintf(err, errlen, "cannot bind queue %d: %s (another consumer bound to it?)", S.queue, strerror(errno));
+        nfq_close(h);
+        return NULL;
+    }
+    if (nfq_set_mode(S.qh, NFQNL_COPY_META, 0) < 0) {
+        snprintf(err, errlen, "queue %d: cannot set copy mode: %s", S.queue, strerror(errno));
+        nfq_destroy_queue(S.qh); nfq_close(h);
+        return NULL;
+    }
+    if (nfq_set_queue_maxlen(S.qh, (uint32_t)S.max_len) < 0) {
+        snprintf(err, errlen, "queue %d: cannot set its length to %d: %s", S.queue, S.max_len, strerror(errno));
+        nfq_destroy_queue(S.qh); nfq_close(h);
+        return NULL;
+    }
+    /* GSO packets whole; a kernel without the flag answers EOPNOTSUPP: then they come segmented */
+    nfq_set_queue_flags(S.qh, NFQA_CFG_F_GSO, NFQA_CFG_F_GSO);
+    int fd = nfq_fd(h), size = RCVBUF_BYTES, one = 1;
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &size, sizeof size) < 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+    setsockopt(fd, SOL_NETLINK, NETLINK_NO_ENOBUFS, &one, sizeof one);
+    return h;
+}
+
+static int read_pid(void) {
+    FILE *f = fopen(PID_FILE, "r");
+    int pid = 0;
+    if (f) { if (fscanf(f, "%d", &pid) != 1) pid = 0; fclose(f); }
+    return pid;
+}
+
+static int alive(int pid) { /* running, not a zombie */
+    char path[64], state = 0;
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int n = fscanf(f, "%*d %*s %c", &state);
+    fclose(f);
+    return n == 1 && state != 'Z' && state != 'X';
+}
+
+static int stop_running(void) {
+    unlink(ERROR_FILE); /* a failed start's message must not answer the next start's --wait-ready */
+    int pid = read_pid();
+    if (pid <= 0 || !alive(pid)) { unlink(PID_FILE); return 0; }
+    kill(pid, SIGTERM);
+    for (int i = 0; i < 500 && alive(pid); i++) usleep(10000);
+    if (alive(pid)) { kill(pid, SIGKILL); for (int i = 0; i < 100 && alive(pid); i++) usleep(10000); }
+    unlink(PID_FILE);
+    if (alive(pid)) { fprintf(stderr, "wiiide-delayline: pid %d did not stop\n", pid); return 1; }
+    return 0;
+}
+
+static int wait_ready(double timeout_s) {
+    uint64_t until = now_ns() + (uint64_t)(timeout_s * 1e9);
+    do {
+        FILE *e = fopen(ERROR_FILE, "r");
+        if (e) {
+            char line[512] = "";
+            if (!fgets(line, sizeof line, e)) strcpy(line, "failed to start\n");
+            fclose(e);
+            fprintf(stderr, "wiiide-delayline: %s", line);
+            return 1;
+        }
+        int pid = read_pid();
+        struct stat st;
+        if (pid > 0 && alive(pid) && stat(STATS_FILE, &st) == 0) return 0;
+        usleep(10000);
+    } while (now_ns() < until);
+    fprintf(stderr, "wiiide-delayline: not bound after %.1f s\n", timeout_s);
+    return 1;
+}
+
+/* EEVDF (Linux 6.12+): a fair task's own slice, sched_attr.sched_runtime; a short one gives the task an
+   early virtual deadline, so it runs soon after it wakes (PREEMPT_SHORT) without real-time rights */
+struct sched_attr_v0 { uint32_t size, policy; uint64_t flags; int32_t nice; uint32_t priority;
+                       uint64_t runtime, deadline, period; };
+
+static int short_slice(unsigned us) {
+#ifdef SYS_sched_setattr
+    struct sched_attr_v0 attr = {.size = sizeof attr, .policy = SCHED_OTHER,
+                                 .nice = getpriority(PRIO_PROCESS, 0), .runtime = (uint64_t)us * 1000};
+    return syscall(SYS_sched_setattr, 0, &attr, 0) == 0;
+#else
+    (void)us;
+    return 0;
+#endif
+}
+
+static void usage(void) {
+    fprintf(stderr, "usage: wiiide-delayline --queue N --delay-us D [--jitter-us J] [--distribution "
+                    "uniform|normal|pareto|paretonormal] [--draws K] [--max-len P]\n"
+                    "       wiiide-delayline --wait-ready [--timeout-s S] | --stop | --check [--queue N]\n");
+    exit(2);
+}
+
+static long long number(const char *s, const char *what, long long lo, long long hi) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi) {
+        fprintf(stderr, "wiiide-delayline: %s must be a whole number in %lld..%lld, got %s\n", what, lo, hi, s);
+        exit(2);
+    }
+    return v;
+}
+
+int main(int argc, char **argv) {
+    int check = 0;
+    double timeout_s = 5.0;
+    S.queue = 0; S.draws = 1; S.max_len = 1000;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--stop")) return stop_running();
+        if (!strcmp(a, "--check")) { check = 1; continue; }
+        if (!strcmp(a, "--wait-ready")) {
+            if (v && !strcmp(v, "--timeout-s") && i + 2 < argc) timeout_s = atof(argv[i + 2]);
+            return wait_ready(timeout_s > 0 ? timeout_s : 5.0);
+        }
+        if (!v) usage();
+        if (!strcmp(a, "--queue")) S.queue = (int)number(v, "--queue", 0, 65535);
+        else if (!strcmp(a, "--delay-us")) S.delay_ns = number(v, "--delay-us", 0, 60000000) * 1000;
+        else if (!strcmp(a, "--jitter-us")) S.jitter_ns = number(v, "--jitter-us", 0, 60000000) * 1000;
+        else if (!strcmp(a, "--draws")) S.draws = (int)number(v, "--draws", 1, 16);
+        else if (!strcmp(a, "--max-len")) S.max_len = (int)number(v, "--max-len", 1, 1 << 20);
+        else if (!strcmp(a, "--distribution")) S.distribution = v;
+        else usage();
+        i++;
+    }
+    char err[512];
+    if (check) {
+        struct nfq_handle *h = bind_queue(err, sizeof err);
+        if (!h) { fprintf(stderr, "wiiide-delayline: %s\n", err); return 1; }
+        nfq_destroy_queue(S.qh);
+        nfq_close(h);
+        return 0;
+    }
+    unlink(ERROR_FILE);
+    unlink(STATS_FILE);
+    int other = read_pid();
+    if (other > 0 && other != getpid() && alive(other)) {
+        snprintf(err, sizeof err, "already running (pid %d): stop it first (--stop)", other);
+        fail_start(err);
+    }
+    if (S.distribution && strcmp(S.distribution, "uniform") && strcmp(S.distribution, "normal")
+        && strcmp(S.distribution, "pareto") && strcmp(S.distribution, "paretonormal"))
+        fail_start("--distribution must be uniform, normal, pareto or paretonormal");
+    if (load_table(S.distribution, err, sizeof err) < 0) fail_start(err);
+    S.heap_cap = (size_t)S.max_len + 64;
+    S.heap = calloc(S.heap_cap, sizeof *S.heap);
+    if (!S.heap) fail_start("out of memory for the held packets");
+    S.rng = now_ns() ^ ((uint64_t)getpid() << 32) ^ 0x9e3779b97f4a7c15ull;
+    if (!S.rng) S.rng = 1;
+    prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0); /* wake-ups within a microsecond of the due time, not 50 us */
+    /* wake-ups on time on a busy machine: real-time priority where the container may have it (CAP_SYS_NICE),
+       else the nicest value it may take; the stats say which */
+    struct sched_param sp = {.sched_priority = 10};
+    S.realtime = sched_setscheduler(0, SCHED_FIFO, &sp) == 0;
+    if (!S.realtime) {
+        setpriority(PRIO_PROCESS, 0, -10);
+        S.slice_us = short_slice(SLICE_US) ? SLICE_US : 0;
+    }
+    S.nice = getpriority(PRIO_PROCESS, 0);
+    struct nfq_handle *h = bind_queue(err, sizeof err);
+    if (!h) fail_start(err);
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    FILE *pf = fopen(PID_FILE, "w");
+    if (!pf) fail_start("cannot write " PID_FILE);
+    fprintf(pf, "%d\n", (int)getpid());
+    fclose(pf);
+    write_stats(1);
+
+    int fd = nfq_fd(h);
+    static char buf[65536] __attribute__((aligned));
+    uint64_t next_stats = now_ns() + STATS_EVERY_NS;
+    while (!S.stop) {
+        uint64_t now = now_ns();
+        release(now, 0);
+        if (now >= next_stats) { write_stats(1); next_stats = now + STATS_EVERY_NS; }
+        uint64_t wake = next_stats;
+        if (S.heap_len && S.heap[0].due_ns < wake) wake = S.heap[0].due_ns;
+        now = now_ns();
+        struct timespec ts = {0, 0};
+        if (wake > now) { ts.tv_sec = (time_t)((wake - now) / 1000000000ull); ts.tv_nsec = (long)((wake - now) % 1000000000ull); }
+        struct pollfd p = {fd, POLLIN, 0};
+        int ready = ppoll(&p, 1, &ts, NULL);
+        if (ready < 0 && errno != EINTR) break;
+        if (ready <= 0) continue;
+        for (int m = 0; m < MAX_MSGS_PER_ROUND; m++) {
+            ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+            if (n < 0) {
+                if (errno == ENOBUFS) continue; /* the kernel could not deliver some: it counted them */
+                break;
+            }
+            nfq_handle_packet(h, buf, (int)n);
+        }
+    }
+    release(0, 1); /* what is still held goes now rather than being dropped on unbind */
+    nfq_destroy_queue(S.qh);
+    nfq_close(h);
+    write_stats(0);
+    unlink(PID_FILE);
+    return 0;
+}

@@ -1,0 +1,38 @@
+"""Sparse embedding rows on the sharded servers (``ps_shards: all``, ``sparse_embedding: true``) on
+loopback, ``python -m wiiide`` subprocesses: the run trains (loss falls), every worker's copy equals the
+shards' parameters, and from one seed in fp32 it reaches the parameters of the central server's sparse
+run (the same sums in the same order: `wiiide.sparse.sum_rows` per row partition, rank order for the
+MLP's)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from tests.integration.local_run import run_nodes
+from tests.unit.conftest import free_port, node_env, node_procs  # noqa: F401  (fixtures)
+
+RUN = {"model": "embedding", "sparse_embedding": True, "embedding_rows": 1000, "embedding_fields": 4,
+       "embedding_samples": 4000, "num_workers": 3, "batch_size": 32, "max_steps": 100, "duration_s": 120,
+       "momentum": 0.0, "learning_rate": 2.0, "seed": 5, "partition_bytes": "8KiB", "partitions_per_shard": 1}
+
+
+def _run(node_env, node_procs, metrics_dir: Path, **fields) -> dict:  # noqa: F811
+    return run_nodes(node_env, node_procs, metrics_dir, {**RUN, **fields})
+
+
+def test_sharded_sparse_rows_train_and_match_the_central_sparse_server(tmp_path, node_env, node_procs):  # noqa: F811
+    central = _run(node_env, node_procs, tmp_path / "central", ps_shards=1)
+    sharded = _run(node_env, node_procs, tmp_path / "sharded", ps_shards="all")
+    c, s = central["coordinator"], sharded["coordinator"]
+    assert c["steps"] == s["steps"] == 100
+    assert s["loss_final"] < 0.8 * s["loss_avg"] and s["test_accuracy"] > 0.7  # it learns
+    # the same sums in the same order on both placements: the same bits
+    assert s["params_digest"]["sha256"] == c["params_digest"]["sha256"], (c["params_digest"], s["params_digest"])
+    assert s["loss_final"] == c["loss_final"]
+    ps = s["ps"]  # the 64 KB table: one row partition per shard, then the MLP's in 8 KiB pieces
+    assert ps["ps_shards"] == 4 and ps["partitions"] >= 4 + 2 and min(ps["shard_loads_bytes"]) > 0
+    for rank in (1, 2, 3):
+        worker = sharded[f"worker-{rank}"]
+        assert worker["ps"]["param_max_abs_diff"] == 0.0  # the worker's copy is the shards' to the bit
+        assert worker["ps"]["shard"]["updates"] == 100 * worker["ps"]["shard"]["partitions"]
