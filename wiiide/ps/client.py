@@ -13,8 +13,9 @@ Sparse rows (`wiiide.ps.sparse_rows`): a table partition's touched rows out afte
 The coordinator uses the same client with role ``coordinator`` (no pushes) to pull the final
 parameters (``pull_final``).
 
-Handshake (`wiiide.ps.links.connect_shard`): the dialling side of `wiiide.handshake` (TLS with ``tls`` on); the hello's node id is
-``<role>-<rank>@<node id>`` (so the MAC covers the rank) and the shard's welcome MAC covers its shard id.
+Handshake (`wiiide.ps.links.connect_shard`): the dialling side of `wiiide.handshake` (TLS with ``tls``
+on); the hello's node id is ``<role>-<rank>@<node id>`` (so the MAC covers the rank) and the shard's
+welcome MAC covers its shard id.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from wiiide.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, received_values
 from wiiide.ps.partition import Partition
-from wiiide.ps.links import ShardFailed, connect_shard, drain_outbox, frame_step  # noqa: F401 (ShardFailed, connect_shard: for importers)
+from wiiide.ps.links import ShardFailed, connect_shard, drain_outbox, frame_step  # noqa: F401
 from wiiide.ps.sparse_rows import ROWS_PULL_KIND, RowTable, WorkerRows, step_gradient
 from wiiide.wire.encode import encode_message
 from wiiide.wire.sockets import congestion_of, tcp_cwnd_bytes
