@@ -10,7 +10,9 @@ BACKEND ?= auto
 PYTEST_ARGS ?=
 STAMP := build/.setup-stamp
 
-.PHONY: setup browser image docker-engine docker-engine-stop cluster-up cluster-down cluster-status sweep report test demo clean
+HOSTS ?= 3
+
+.PHONY: setup browser image docker-engine docker-engine-stop cluster-up cluster-down cluster-status hosts-up hosts-down sweep report test demo clean
 
 setup: $(STAMP)
 
@@ -49,6 +51,15 @@ cluster-down: setup
 # The running cluster live (Ctrl-C stops watching, the cluster keeps running); ARGS=--once: one snapshot.
 cluster-status: setup
 	$(PYTHON) -m harness status $(ARGS)
+
+# Several Docker hosts on this machine (docs/multi-host.md): HOSTS containers with their own dockerd in one
+# swarm and a registry serving them the node image; then run on them with
+# `wiiide-lab sweep SPEC --backend swarm --hosts`. hosts-down removes all of it.
+hosts-up: setup docker-engine
+	$(PYTHON) -m harness hosts up --hosts $(HOSTS)
+
+hosts-down: setup
+	$(PYTHON) -m harness hosts down
 
 sweep: setup
 	$(PYTHON) -m harness sweep $(CONFIG) --backend $(BACKEND)

@@ -1,5 +1,5 @@
 """``python -m harness VERB``: up, down, status, sweep, report, export, knobs, image, compare, round-model,
-predict, timeline, bench-wire, bench-handshake, bench-tls, bench-overlay.
+predict, timeline, bench-wire, bench-handshake, bench-tls, bench-overlay, hosts.
 
 Errors the harness raises on purpose (bad spec, no engine, a failed Compose call) end as one line on
 stderr and exit code 2 (bad input) or 1 (anything else), not a traceback.
@@ -427,6 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "for Perfetto: per node the compute, pushes, pulls, updates and waits")
     timeline_arguments(p)
     p.set_defaults(func=cmd_timeline)
+    from harness.hosts.cli import register  # the `hosts` verb, and --hosts on sweep, up and down
+    register(sub)
     return parser
 
 

@@ -50,15 +50,20 @@ def _validate_engine(c: Any) -> None:
             raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs {needs} "
                               f"(engine is {c.engine!r}, ddp_comm_hook {c.ddp_comm_hook!r})")
     if c.ps_shards != "1":  # the sharded servers (wiiide/ps/): what they do not take, each with why
-        pacing = ("a shard applies a partition when every worker's push of the step is in (synchronous rounds); "
-                  "the clocks of bounded staleness, local SGD's outer step and adaptive batches run on the central "
+        pacing = ("a shard applies a partition when every worker's push of the step is in (synchronous rounds, "
+                  "or local SGD's rounds); the clocks of bounded staleness and adaptive batches run on the central "
                   "server's connections")
         for name, is_set, why in (
-                ("staleness_bound", c.staleness_bound != 0, pacing), ("local_steps", c.local_steps != 1, pacing),
+                ("staleness_bound", c.staleness_bound != 0, pacing),
                 ("adaptive_batch", c.adaptive_batch, pacing)):
             if is_set:
                 raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs ps_shards 1 (the central "
                                   f"server), not ps_shards {c.ps_shards!r}: {why}")
+        if c.local_steps > 1:  # wiiide.ps.local_sgd: a shard's file holds its parameters and MomentumSGD's buffer
+            for name in ("checkpoint_every_steps", "checkpoint_every_s"):
+                _check(getattr(c, name) == 0, name, getattr(c, name), "0 with local_steps > 1 and ps_shards > 1 "
+                       "(a shard's checkpoint holds its partitions' parameters and the synchronous optimizer's "
+                       "momentum, not the outer step's Nesterov buffer; ps_shards 1 checkpoints local SGD)")
     if c.engine == "wiiide":
         _check(c.batch_size >= c.grad_accum_steps, "grad_accum_steps", c.grad_accum_steps,
                f"at most batch_size = {c.batch_size} (every micro-batch needs a sample)")

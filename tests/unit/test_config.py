@@ -444,12 +444,13 @@ def test_the_torch_engines_refuse_checkpoints_with_the_reason(engine, field, val
 
 @pytest.mark.parametrize("fields", [
     {"model": "transformer", "transformer_width": 32, "transformer_heads": 2}, {"model": "embedding"},
-    {"grad_accum_steps": 4}, {"tls": True}, {"eval_every_s": 1.0}])
-def test_the_sharded_servers_take_every_dense_model_gradient_accumulation_and_tls(fields):
+    {"grad_accum_steps": 4}, {"tls": True}, {"eval_every_s": 1.0}, {"local_steps": 16},
+    {"local_steps": 4, "outer_optimizer": "nesterov", "compression": "fixed:int8"}])
+def test_the_sharded_servers_take_every_dense_model_gradient_accumulation_tls_and_local_sgd(fields):
     assert RunConfig(ps_shards="all", **fields).ps_shards == "all"
 
 
-@pytest.mark.parametrize("field, value", [("staleness_bound", 2), ("local_steps", 4), ("adaptive_batch", True)])
+@pytest.mark.parametrize("field, value", [("staleness_bound", 2), ("adaptive_batch", True)])
 def test_the_sharded_servers_refuse_what_they_do_not_offer_with_its_message(field, value):
     with pytest.raises(ConfigError, match=rf"'{field}'.*needs ps_shards 1"):
         RunConfig(ps_shards="all", **{field: value})
@@ -459,3 +460,8 @@ def test_the_sharded_servers_take_sparse_rows_and_the_pace_server_takes_checkpoi
     assert RunConfig(ps_shards="all", model="embedding", sparse_embedding=True, momentum=0.0).sparse_embedding
     for pacing in ({"staleness_bound": 2}, {"local_steps": 4}, {"adaptive_batch": True}):
         assert RunConfig(checkpoint_every_steps=10, **pacing).checkpoint_every_steps == 10
+
+
+def test_sharded_local_sgd_refuses_checkpoints_with_its_reason():
+    with pytest.raises(ConfigError, match=r"'checkpoint_every_steps'.*local_steps > 1 and ps_shards > 1.*Nesterov"):
+        RunConfig(ps_shards="all", local_steps=4, checkpoint_every_steps=10)

@@ -12,7 +12,7 @@ from torch import nn
 from wiiide.config import ConfigError, RunConfig
 from wiiide.model import FlatParams, MomentumSGD, build_mlp
 from wiiide.pace.adaptive import AdaptiveBatch, split_exact
-from wiiide.pace.outer import OuterOptimizer, gradient, local_delta
+from wiiide.pace.outer import OuterOptimizer, PartitionOuterStep, gradient, local_delta
 from wiiide.pace.server import uses_pace
 from wiiide.pace.staleness import SSPClock, staleness_scale
 
@@ -161,6 +161,31 @@ def test_nesterov_outer_step_is_torch_sgd_nesterov_on_the_pseudo_gradient():
         outer.step(torch.zeros(3))
     with pytest.raises(ValueError):
         OuterOptimizer(flat, "adam")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["avg", "nesterov"])
+def test_partition_outer_steps_move_the_slices_as_the_whole_vector_moves(kind):
+    """A sharded server's shards step their slices one by one (odd sizes, off any vector alignment): the
+    same float32 values as the central server's outer step over the whole vector."""
+    _, flat = _model()
+    start = flat.params.clone()
+    whole = OuterOptimizer(flat, kind, lr=0.7, momentum=0.9)
+    bounds = [0, 7, 1000, 1001, flat.numel]
+    slices = [start[a:b].clone() for a, b in zip(bounds, bounds[1:])]
+    steps = []
+    for values in slices:
+        values.grad = torch.zeros_like(values)
+        steps.append(PartitionOuterStep(values, kind, 0.7, 0.9))
+    g = torch.Generator().manual_seed(4)
+    for _ in range(3):
+        delta = torch.randn(flat.numel, generator=g) * 0.01
+        whole.step(delta)
+        for (a, b), values, step in zip(zip(bounds, bounds[1:]), slices, steps):
+            values.grad.copy_(delta[a:b])
+            step.lr = 0.05  # a shard sets the inner rate: the outer step keeps its own
+            step.step()
+    assert torch.equal(torch.cat(slices), flat.params)
+    assert not torch.equal(flat.params, start)
 
 
 def test_micro_batches_give_the_full_batch_gradient():

@@ -138,3 +138,36 @@ class OuterOptimizer:
             sgd([self.flat.params], [delta], buffers, has_sparse_grad=False, foreach=None, fused=None,
                 weight_decay=0.0, momentum=self.momentum, lr=self.lr, dampening=0.0, nesterov=True, maximize=False)
         self._buffer = buffers[0]
+
+
+class _Slice:
+    """What `OuterOptimizer` reads of a `FlatParams`: a flat float32 tensor and its length."""
+
+    def __init__(self, params: torch.Tensor) -> None:
+        self.params, self.numel = params, int(params.numel())
+
+
+class PartitionOuterStep:
+    """The outer step over one flat float32 slice of the parameters, with `wiiide.model.MomentumSGD`'s
+    interface for a step (``params``, ``lr``, `step`), so that a sharded server's shard
+    (`wiiide.ps.shard`) applies `OuterOptimizer` to each partition it owns: `step` takes the slice's mean
+    model delta from ``param.grad``. The outer step's formulas are elementwise, so the slices of a
+    vector stepped one by one move as the whole vector stepped at once.
+
+    Args:
+        param: the slice (float32, 1-D, with ``.grad`` of its shape), updated in place.
+        kind, lr, momentum: as `OuterOptimizer` (``lr``: the outer rate; the attribute ``lr``, which a
+            shard sets to the schedule's inner rate, does not change it).
+
+    Raises:
+        ValueError: as `OuterOptimizer`.
+    """
+
+    def __init__(self, param: torch.Tensor, kind: OuterKind, lr: float, momentum: float) -> None:
+        self.params = [param]
+        self.lr = lr
+        self.outer = OuterOptimizer(_Slice(param), kind, lr, momentum)  # type: ignore[arg-type]
+
+    def step(self) -> None:
+        """One outer step with the mean delta in ``param.grad`` (float32, the slice's shape)."""
+        self.outer.step(self.params[0].grad)

@@ -13,7 +13,7 @@ Sparse rows (`wiiide.ps.sparse_rows`): a table partition's touched rows out afte
 The coordinator uses the same client with role ``coordinator`` (no pushes) to pull the final
 parameters (``pull_final``).
 
-Handshake (`wiiide.ps.links.connect_shard`): the dialling side of `wiiide.handshake` (TLS with ``tls``
+Handshake (`wiiide.ps.connect.connect_shard`): the dialling side of `wiiide.handshake` (TLS with ``tls``
 on); the hello's node id is ``<role>-<rank>@<node id>`` (so the MAC covers the rank) and the shard's
 welcome MAC covers its shard id.
 """
@@ -40,9 +40,10 @@ from wiiide.metrics import NodeMetrics
 from wiiide.model import FlatParams
 from wiiide.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT
+from wiiide.ps.connect import ShardFailed, connect_shard  # noqa: F401  (ShardFailed: the client's error)
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, received_values
 from wiiide.ps.partition import Partition
-from wiiide.ps.links import ShardFailed, connect_shard, drain_outbox, frame_step  # noqa: F401
+from wiiide.ps.links import drain_outbox, frame_step
 from wiiide.ps.sparse_rows import ROWS_PULL_KIND, RowTable, WorkerRows, step_gradient
 from wiiide.wire.encode import encode_message
 from wiiide.wire.sockets import congestion_of, tcp_cwnd_bytes
@@ -138,10 +139,12 @@ class ShardClient:
             metrics.extra.setdefault("ps", {})["tcp_congestion"] = congestion_of(others[0].conn.sock)
 
     # --- worker -----------------------------------------------------------------------------------
-    def attach(self, model: nn.Module, flat: FlatParams, partitions: Sequence[Partition], lossy: bool) -> None:
+    def attach(self, model: nn.Module, flat: FlatParams, partitions: Sequence[Partition], lossy: bool,
+               hooks: bool = True) -> None:
         """Register the hooks that push each partition once every parameter overlapping it has its gradient.
 
-        `lossy`: the policy may choose a lossy codec (after ``lossy_warmup_steps`` steps).
+        `lossy`: the policy may choose a lossy codec (after ``lossy_warmup_steps`` steps); `hooks` False:
+        none (local SGD's backward passes push nothing: `push_all` pushes the round's model delta).
         """
         self._flat, self._partitions, self._lossy = flat, list(partitions), lossy
         table = RowTable.from_config(self.cfg)
@@ -166,7 +169,7 @@ class ShardClient:
                 self._needed[i] += 1
         self._remaining = list(self._needed)
         self._hooks = [p.register_post_accumulate_grad_hook(lambda _p, covered=covered: self._grad_ready(covered))
-                       for p, covered in zip(params, overlaps)]  # removed by close (a later incarnation attaches anew)
+                       for p, covered in zip(params, overlaps) if hooks]  # close removes them
 
     def begin_step(self, step: int, micro_batches: int = 1) -> None:
         """Arm the hooks for `step` (call before backward) of `micro_batches` backward passes (gradient
@@ -187,8 +190,19 @@ class ShardClient:
         for i in reversed(covered):
             self._remaining[i] -= 1
             if self._remaining[i] == 0:
-                part = self._partitions[i]
-                (self._pushes if self._ordered else self.links[part.shard].outbox).put((self._step, part, self._dense))
+                self._enqueue(self._partitions[i])
+
+    def _enqueue(self, part: Partition) -> None:
+        """Queue the push of `part` (its values in ``flat.grads``) for the step armed by `begin_step`."""
+        (self._pushes if self._ordered else self.links[part.shard].outbox).put((self._step, part, self._dense))
+
+    def push_all(self, step: int) -> None:
+        """Push every partition of ``flat.grads`` for `step` at once, tail first, without backward's hooks:
+        local SGD's model delta (`wiiide.ps.local_sgd`); `finish_step` then waits for the pulls. The
+        senders read ``flat.grads`` until every shard has answered: leave it unchanged until then."""
+        self.begin_step(step, 0)
+        for part in reversed(self._partitions):
+            self._enqueue(part)
 
     def finish_step(self, step: int) -> float:
         """Wait for every partition's pull of `step` and apply it; returns the seconds waited.

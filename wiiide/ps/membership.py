@@ -48,10 +48,12 @@ import numpy as np
 import torch
 
 from wiiide.errors import ProtocolError, WiiideError
+from wiiide.evaluation import record_held_out
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure
 from wiiide.ps.digest import params_digest
 from wiiide.ps.partition import Partition, resolve_shards
 from wiiide.ps.plan import PS_FAILED
+from wiiide.tensors import to_wire
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import WireTensor
 
@@ -204,6 +206,20 @@ class Membership:
         self.current = Incarnation(number, survivors, k, hosts, RestoredState(step, params, momentum), record,
                                    self.noticed_s, self.current.extra)
         return self.current
+
+    def finish(self, params: torch.Tensor) -> None:
+        """The run ended: evaluate the final `params` (the shards', flat float32) and send them with the
+        ``stop`` to every worker of the last incarnation (a failed send drops that worker)."""
+        coord, metrics = self.coord, self.coord.metrics
+        if coord.evaluator is not None:  # the final point: the exact final parameters
+            coord.evaluator.finish(metrics.steps, metrics.samples, params)
+            record_held_out(metrics, coord.evaluator)
+        stop = encode_message("stop", {"reason": "finished", "steps": metrics.steps}, [to_wire("params", params)])
+        for w in self.current.workers:
+            try:
+                w.conn.send([stop])
+            except OSError as exc:
+                coord.drop(w, exc)
 
     def fail(self, cause: str) -> None:
         """No incarnation can go on: stop every live worker (``stop``, failed: `cause`); raises NodeFailure (exit 4)."""

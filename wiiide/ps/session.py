@@ -14,7 +14,9 @@ After the usual join (`wiiide.coordinator`, `wiiide.worker`, whose welcome carri
 4. per step the coordinator hands out the batches (``batch`` with samples, or ``batch_indices``), one
    step ahead (`HANDOUT_AHEAD`);
    each worker computes, pushes and pulls through the shards and reports ``step_done`` (its loss): the
-   coordinator's step barrier. Parameters never pass through the coordinator's link during training;
+   coordinator's step barrier. Parameters never pass through the coordinator's link during training.
+   With ``local_steps`` H > 1 a step is a round of local SGD (`wiiide.ps.local_sgd`): H batches, then a
+   model delta pushed and the shards' outer step;
 5. at the end the coordinator pulls the exact parameters from the shards (for evaluation) and sends
    them with ``stop``; each worker records the max abs difference between its copy and them.
 
@@ -42,7 +44,7 @@ from torch import nn
 from wiiide.checkpoint import CheckpointSchedule
 from wiiide.data import BatchSampler, Dataset, load_dataset
 from wiiide.errors import ProtocolError, WiiideError
-from wiiide.evaluation import record_held_out, stop_at_target
+from wiiide.evaluation import stop_at_target
 from wiiide.model import FlatParams
 from wiiide.models import check_batch, loss_mean
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure, touch
@@ -51,6 +53,7 @@ from wiiide.ps.checkpoints import announce_step
 from wiiide.ps.client import ShardClient, ShardFailed
 from wiiide.ps.feedback import policy_may_be_lossy
 from wiiide.ps.link_probe import PieceRule
+from wiiide.ps.local_sgd import LocalRounds, round_rows
 from wiiide.ps.membership import (
     PS_RECOVER,
     PS_REHOST,
@@ -108,17 +111,8 @@ def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, tr
         client, failed = None, None
         try:
             client, partitions = _incarnation(coord, data, flat, shard, members, training_marker)
-            final = client.pull_final(partitions, flat.numel)
-            flat.load(torch.from_numpy(final))
-            if coord.evaluator is not None:  # the final point: the exact final parameters
-                coord.evaluator.finish(metrics.steps, metrics.samples, flat.params)
-                record_held_out(metrics, coord.evaluator)
-            stop = encode_message("stop", {"reason": "finished", "steps": metrics.steps}, [to_wire("params", flat.params)])
-            for w in members.current.workers:
-                try:
-                    w.conn.send([stop])
-                except OSError as exc:
-                    coord.drop(w, exc)
+            flat.load(torch.from_numpy(client.pull_final(partitions, flat.numel)))
+            members.finish(flat.params)
             return
         except (WiiideError, OSError) as exc:
             # One loss cascades (the workers' shards fail too): give the shard a moment to notice every
@@ -264,9 +258,11 @@ def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: Shar
             return False
         return not (time.perf_counter() - start >= cfg.duration_s or (cfg.max_steps and sent >= cfg.max_steps))
 
+    rows = round_rows(cfg, sampler.batch_size, len(data.y_train))  # local SGD: H batches a round
+
     def hand_out(step: int) -> None:
         for w in workers:
-            idx = sampler.next_indices()
+            idx = sampler.next_indices(rows)
             if handout[w.rank] == "indices":
                 frame = encode_message("batch_indices", {"step": step}, [WireTensor("idx", np.asarray(idx, np.int64))])
             else:
@@ -292,7 +288,7 @@ def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: Shar
             loss = msg.meta.get("loss")
             losses.append(float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else float("nan"))
             compute_s.append(_seconds(msg.meta.get("compute_s")))
-            w.batches += 1
+            w.batches += cfg.local_steps
         if shard.failure:
             raise NodeFailure(shard.failure, EXIT_PEER_LOST)
         step += 1
@@ -303,8 +299,8 @@ def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: Shar
             hand_out(sent)
             sent += 1
         metrics.steps = step
-        metrics.batches += len(workers)
-        metrics.samples += len(workers) * sampler.batch_size
+        metrics.batches += len(workers) * cfg.local_steps
+        metrics.samples += len(workers) * rows
         now = time.perf_counter()
         metrics.record_step_time(now - t_step)  # from one step's barrier to the next
         metrics.record_workers_compute(compute_s)
@@ -373,7 +369,7 @@ def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, s
                 shard.start()
             addresses = _plan_addresses(plan.meta, k, cfg.coordinator_host)
             client = ShardClient(cfg, secret, metrics, log, addresses, ROLE_WORKER, rank, worker.node_id)
-            client.attach(model, flat, partitions, policy_may_be_lossy(cfg))
+            client.attach(model, flat, partitions, policy_may_be_lossy(cfg), hooks=cfg.local_steps == 1)
             conn.send([encode_message("ps_ready", {"digests": copy_digests(flat.params.numpy(), partitions, k)})])
             order = _worker_steps(worker, conn, model, flat, client, data, kind, snapshots)
         except ShardFailed as exc:
@@ -397,6 +393,7 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
     """The steps of one incarnation: None after the ``stop``, the ``ps_recover`` message after a loss."""
     cfg, metrics, log = worker.cfg, worker.metrics, worker.log
     wait_s = 0.0
+    rounds = LocalRounds(cfg, model, flat, client, kind, metrics.rank) if cfg.local_steps > 1 else None
     while True:
         msg = conn.receive(["batch", "batch_indices", "stop", PS_RECOVER])
         if msg.kind == PS_RECOVER:
@@ -430,12 +427,15 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
             check_batch(kind, x, y)
         except ValueError as exc:
             raise ProtocolError(str(exc)) from None
-        micro_batches = min(cfg.grad_accum_steps, int(x.shape[0]))  # as `wiiide.pace.outer.gradient` cuts them
-        client.begin_step(step, micro_batches)
-        try:  # the hooks push each partition once the last micro-batch's backward has reached it
-            loss_value = client.gradient(model, x, y, micro_batches, partial(loss_mean, kind))
-        except (RuntimeError, IndexError) as exc:
-            raise ProtocolError(f"batch does not fit the model: {exc}") from None
+        if rounds is not None:  # local SGD: H steps, then the model delta pushed (wiiide.ps.local_sgd)
+            loss_value = rounds.push_round(step, x, y)
+        else:
+            micro_batches = min(cfg.grad_accum_steps, int(x.shape[0]))  # as `wiiide.pace.outer.gradient` cuts them
+            client.begin_step(step, micro_batches)
+            try:  # the hooks push each partition once the last micro-batch's backward has reached it
+                loss_value = client.gradient(model, x, y, micro_batches, partial(loss_mean, kind))
+            except (RuntimeError, IndexError) as exc:
+                raise ProtocolError(f"batch does not fit the model: {exc}") from None
         compute_s = time.perf_counter() - t0
         metrics.add_compute(step, compute_s, time.thread_time() - cpu0)
         wait_s += client.finish_step(step)
@@ -443,5 +443,5 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
         worker._last_step, worker._last_params_unix_s = step, time.time()  # the hello's rejoin hint
         conn.send([encode_message("step_done", {"step": step, "loss": loss_value, "samples": int(x.shape[0]),
                                                 "compute_s": compute_s})])
-        metrics.record_worker_step(int(x.shape[0]), loss_value, time.perf_counter() - t0)
+        metrics.record_worker_step(int(x.shape[0]), loss_value, time.perf_counter() - t0, batches=cfg.local_steps)
         log.step(metrics.steps, "step %s: loss %.4f", step, loss_value)

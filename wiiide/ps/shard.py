@@ -30,6 +30,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,11 +42,11 @@ from wiiide.log import TieredLog
 from wiiide.lr_schedule import LrRecord, LrSchedule
 from wiiide.metrics import NodeMetrics
 from wiiide.handshake import accept_hello, send_welcome, tell_refused
-from wiiide.model import MomentumSGD
 from wiiide.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas, received_values
 from wiiide.ps.links import drain_outbox, frame_step  # noqa: F401 (frame_step: for importers)
+from wiiide.ps.local_sgd import shard_optimizer
 from wiiide.ps.partition import Partition
 from wiiide.ps.sparse_rows import ROWS_PULL_KIND, ROWS_PUSH_KIND, RowTable, apply_rows
 from wiiide.recovery import momentum_from_flat, momentum_to_flat
@@ -74,7 +75,7 @@ class _Owned:
 
     part: Partition
     param: torch.Tensor
-    optimizer: MomentumSGD
+    optimizer: Any  # MomentumSGD, or PartitionOuterStep (wiiide.ps.local_sgd.shard_optimizer)
     replica: PullReplica
     step: int = 0
     pushes: dict[int, np.ndarray] = field(default_factory=dict)
@@ -154,7 +155,7 @@ class ShardServer:
                 continue
             values = torch.from_numpy(np.array(params[p.start:p.stop], dtype=np.float32, copy=True))
             values.grad = torch.zeros_like(values)
-            optimizer = MomentumSGD([values], lr=cfg.learning_rate, momentum=cfg.momentum)
+            optimizer = shard_optimizer(values, cfg)  # MomentumSGD; local SGD's outer step (wiiide.ps.local_sgd)
             if momentum is not None and cfg.momentum != 0:
                 momentum_from_flat(optimizer, momentum[p.start:p.stop])
             self.owned[p.index] = _Owned(p, values, optimizer, PullReplica(values.numpy()), step=start_step)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from harness.errors import ClusterError
+from harness.hosts.plan import HOSTS_ENV, max_replicas_per_node
 from harness.links.plan import Capabilities
 from harness.run.backend import Collected, PhaseClock, Progress
 from harness.run.compose import DEFAULT_IMAGE, PROJECT, write_cluster_secret
@@ -37,6 +38,7 @@ from harness.run.swarm.tasks import (
     TaskContainer,
     check_overlay_eth0,
     copy_node_metrics,
+    read_mtu,
     task_containers,
 )
 from harness.run.tc_exec import probe_capabilities, set_container_paused
@@ -60,8 +62,15 @@ class SwarmBackend:
     def __init__(self, image_tag: str | None = None, progress: Progress = print) -> None:
         """Raises ClusterError when no Docker engine answers. The swarm is joined or started later, by
         `describe` or the first `start` (so a spec refused by the checks leaves the engine untouched)."""
-        self.image = image_tag or os.environ.get("WIIIIIDE_IMAGE", DEFAULT_IMAGE)
-        self.client = docker_client()
+        self.image = self.node_image = image_tag or os.environ.get("WIIIIIDE_IMAGE", DEFAULT_IMAGE)
+        self._hosts = None  # harness.hosts.engines.Hosts: on the hosts of `hosts up` (--hosts)
+        if os.environ.get(HOSTS_ENV) == "1":
+            from harness.hosts.engines import attach
+            self._hosts = attach()
+            self.image = self._hosts.plan.image_in_registry(self.node_image)  # as the hosts pull it
+            self.client = docker_client(base_url=self._hosts.manager_url)
+        else:
+            self.client = docker_client()
         self.stack = stack_name()
         self.started_swarm = False
         self._progress = progress
@@ -81,17 +90,21 @@ class SwarmBackend:
         """
         if self._engines is None:
             self.started_swarm = ensure_swarm(self.client, self._progress)
-            self._engines = NodeEngines(self.client)
+            self._engines = NodeEngines(self.client, self._hosts.endpoints() if self._hosts else None)
         return self._engines
 
     def prepare(self, progress: Progress) -> None:
-        """(Re)build the image on this node (the others need it from a registry: see docs/multi-host.md).
+        """(Re)build the image on this node (the others need it from a registry: see docs/multi-host.md);
+        on the hosts of ``hosts up``, then push it to their registry and pull it on each.
 
         Raises:
-            ClusterError: the image cannot be built.
+            ClusterError: the image cannot be built, pushed or pulled.
         """
         from harness.run.image import build_image
-        build_image(self.image, log=lambda line: progress(f"    image: {line}"))
+        build_image(self.node_image, log=lambda line: progress(f"    image: {line}"))
+        if self._hosts is not None:
+            self._image_pushed = False
+            self._share_image(progress)
 
     def describe(self) -> dict[str, Any]:
         """Engine version, the swarm (nodes, whether the harness started it), the stack, the image.
@@ -99,7 +112,10 @@ class SwarmBackend:
         self.engines
         version = self.client.version()
         info = swarm_info(self.client)
+        hosts = ({"hosts": list(self._hosts.urls), "registry": self._hosts.registry_address}
+                 if self._hosts else {})
         return {"name": self.name, "engine_version": version.get("Version"), "api_version": version.get("ApiVersion"),
+                **hosts,
                 "image": self.image, "project": PROJECT, "stack": self.stack,
                 "swarm_nodes": info.get("Nodes"), "swarm_managers": info.get("Managers"),
                 "swarm_started_by_harness": self.started_swarm, "network": "overlay (VXLAN), internal",
@@ -149,15 +165,25 @@ class SwarmBackend:
         with clock.phase("clean"):
             self.engines  # the swarm: joined, or started on this node
             remove_stack(self.client, self.stack, progress)  # a clean slate: nothing left from a killed run
+            if self._hosts is not None:  # the image on every host before the link probe runs it there
+                from harness.hosts.engines import prepare_path
+                self._share_image(progress)
+                prepare_path(self._hosts, str(out_dir / "nodes"))  # each task's bind mount, on its own host
 
         def create(cfg: RunConfig) -> list[TaskContainer]:
             self._share_image(progress)
+            spread = max_replicas_per_node(cfg.num_workers, len(self._hosts.urls)) if self._hosts else None
             files = write_stack_files(out_dir / "swarm", cfg.num_workers,
-                                      encrypted=conditions.settings.overlay_encrypted)
+                                      encrypted=conditions.settings.overlay_encrypted, max_replicas_per_node=spread)
             write_cluster_secret()
             self._deployed = True
-            deploy_stack(files, self.stack, stack_env(cfg, out_dir, self.image, conditions.settings.compose_env()))
+            env = stack_env(cfg, out_dir, self.image, conditions.settings.compose_env())
+            if self._hosts is not None:  # `docker stack deploy` talks to the hosts' manager
+                env["DOCKER_HOST"] = self._hosts.manager_url
+            deploy_stack(files, self.stack, env)
             self._containers = self._wait_running(cfg.num_workers)
+            for c in self._containers:
+                c.overlay_mtu_bytes = read_mtu(c)
             return self._containers
 
         def check_eth0(containers: list[TaskContainer]) -> None:
@@ -188,7 +214,14 @@ class SwarmBackend:
             ClusterError: several nodes and an image name with no registry (``wiiide:latest``), or the push failed.
         """
         nodes = swarm_info(self.client).get("Nodes") or 1
-        if nodes <= 1 or self._image_pushed:
+        if self._image_pushed:
+            return
+        if self._hosts is not None:
+            from harness.hosts.engines import distribute_image
+            distribute_image(self._hosts, self.node_image, progress)
+            self._image_pushed = True
+            return
+        if nodes <= 1:
             return
         repo, sep, tag = self.image.rpartition(":")
         if not sep or "/" in tag:  # no tag (a colon, if any, is a registry's port)
@@ -264,7 +297,7 @@ class SwarmBackend:
             except Exception as exc:  # a container already gone: note it, keep going
                 exit_codes.setdefault(c.name, None)
                 progress(f"    could not read {c.name}: {exc}")
-        copy_all = os.environ.get(COPY_METRICS_ENV) == "1"
+        copy_all = os.environ.get(COPY_METRICS_ENV) == "1" or self._hosts is not None  # hosts: mounts in the hosts
         for c in self._containers:
             if copy_all or c.node_id != self.engines.local_node_id:
                 try:
@@ -278,6 +311,7 @@ class SwarmBackend:
             containers[c.name] = {"role": c.service, "kind": "container", "exit_code": exit_codes.get(c.name),
                                   **container_lifetime(c), "node": c.node, "node_id": c.node_id, "task_slot": c.slot,
                                   "container_id": c.id[:12], "metrics_via": c.metrics_via,
+                                  "overlay_mtu_bytes": getattr(c, "overlay_mtu_bytes", None),
                                   "samples": samples, "summary": summarize_samples(samples)}
         conditions = self._conditions
         return Collected(exit_codes=exit_codes, containers=containers,
@@ -311,6 +345,10 @@ def cluster_down(progress: Progress = print) -> None:
     Raises:
         ClusterError: the stack could not be removed, or the swarm not left.
     """
-    client = docker_client()
+    if os.environ.get(HOSTS_ENV) == "1":  # --hosts: the stack on the hosts' swarm (`hosts down` removes all)
+        from harness.hosts.engines import attach
+        client = docker_client(base_url=attach().manager_url)
+    else:
+        client = docker_client()
     remove_stack(client, stack_name(), progress)
     leave_swarm_if_ours(client, progress)

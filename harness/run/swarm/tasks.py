@@ -167,3 +167,13 @@ def check_overlay_eth0(container: TaskContainer, stack: str) -> None:
     if code != 0 or f" {address}/" not in text:
         raise LinkShapingError(f"{container.name}: eth0 does not carry the overlay address {address} "
                                f"(`ip addr show dev eth0`: {text.strip()[:200]}); tc would shape the wrong link")
+
+
+def read_mtu(container, interface: str = "eth0") -> int | None:
+    """The MTU of `interface` in a running task, bytes (``/sys/class/net/IF/mtu``; 1450 on an overlay
+    over a 1500-byte underlay: VXLAN's 50 bytes). None when it cannot be read (the task already exited)."""
+    try:
+        code, out = container.exec_run(["cat", f"/sys/class/net/{interface}/mtu"])
+        return int(out) if code == 0 else None
+    except Exception:  # docker.errors.APIError (not running), ValueError
+        return None
