@@ -8,7 +8,7 @@ pickle, no ``torch.save``; a file is the safetensors layout (an 8-byte little-en
 JSON header, the raw little-endian tensor bytes), which a reader parses without running code.
 
 Writing (`CheckpointStore.save`) is atomic: the bytes go to a temporary file in the same folder
-(``.<name>.<random>``, `wiiide.metrics.write_bytes_atomic`), which is fsync'ed, then ``os.replace``'d
+(``.<name>.<random>``, `wiiide.atomic_write.write_bytes_atomic`), which is fsync'ed, then ``os.replace``'d
 over the final name and the folder fsync'ed, so a crash at any instant leaves the previous
 checkpoints intact and at worst a temporary file that loading ignores (the next save removes it).
 The newest `keep` files are kept, older ones deleted.

@@ -62,7 +62,7 @@ MODELS = ("mlp", "cnn", "transformer", "embedding")
 DDP_COMM_HOOKS = ("none", "fp16", "powersgd", "post_local_sgd")
 STALENESS_SCALINGS = ("none", "inverse")
 OUTER_OPTIMIZERS = ("avg", "nesterov")
-MIXED_PRECISIONS = ("none", "bf16")
+MIXED_PRECISIONS = ("none", "bf16", "fp16")
 ZLIB_LEVELS = tuple(range(1, 10))
 COMPRESSION_CHOICES = ("none", "adaptive") + tuple(f"zlib-{level}" for level in ZLIB_LEVELS)
 
@@ -120,6 +120,9 @@ class RunConfig(BaseSettings):
     transformer_heads: Int = _field(4, "1..64", "transformer: attention heads", ge=1, le=64)
     transformer_context: Int = _field(128, "8..8192", "transformer: bytes per sequence (window)", unit="bytes",
                                       ge=8, le=8192)
+    activation_checkpointing: Bool = _field(False, "a boolean (true needs model transformer)",
+                                            "transformer, every engine: recompute each block in the backward "
+                                            "(torch.utils.checkpoint, non-reentrant) instead of keeping its insides")
     embedding_rows: Int = _field(100_000, "2..100000000", "embedding: rows of the table", ge=2, le=100_000_000)
     embedding_dim: Int = _field(16, "1..1024", "embedding: floats per row", ge=1, le=1024)
     embedding_fields: Int = _field(8, "1..256", "embedding: ids (lookups) per sample", ge=1, le=256)
@@ -186,8 +189,9 @@ class RunConfig(BaseSettings):
                                               "fsdp: True is FULL_SHARD, False SHARD_GRAD_OP-like")
     grad_accum_steps: Int = _field(1, "1..64", "micro-batches per optimizer step (ddp/fsdp: one gradient sync "
                                    "per step; wiiide: per push)", ge=1, le=64)
-    mixed_precision: Literal["none", "bf16"] = _field(
-        "none", " | ".join(MIXED_PRECISIONS), "ddp/fsdp: none | bf16 (CPU autocast; fsdp: bf16 parameters)")
+    mixed_precision: Literal["none", "bf16", "fp16"] = _field(
+        "none", " | ".join(MIXED_PRECISIONS), "every engine: CPU autocast of forward and loss (wiiide: on the "
+        "workers; parameters, gradients and the wire stay float32; fsdp: half-precision parameters instead)")
     profile: Bool = _field(False, "a boolean",
                            "ddp/fsdp: torch.profiler traces into the run's folder (metrics_dir's parent)")
 

@@ -36,7 +36,6 @@ def _validate_engine(c: Any) -> None:
              "engine wiiide and local_steps > 1"),
             ("adaptive_batch", c.adaptive_batch, c.engine == "wiiide", "engine wiiide"),
             ("debug_step_sleep_s", c.debug_step_sleep_s != 0, c.engine == "wiiide", "engine wiiide"),
-            ("mixed_precision", c.mixed_precision != "none", torch_engine, "engine ddp or fsdp"),
             ("profile", c.profile, torch_engine, "engine ddp or fsdp"),
             ("compression", c.compression != default_compression, c.engine == "wiiide", "engine wiiide"),
             ("ps_shards", c.ps_shards != "1", c.engine == "wiiide", "engine wiiide"),
@@ -67,6 +66,16 @@ def _validate_engine(c: Any) -> None:
     if c.engine == "wiiide":
         _check(c.batch_size >= c.grad_accum_steps, "grad_accum_steps", c.grad_accum_steps,
                f"at most batch_size = {c.batch_size} (every micro-batch needs a sample)")
+    _check(not c.activation_checkpointing or c.model == "transformer", "activation_checkpointing",
+           c.activation_checkpointing, f"False unless model is transformer (model {c.model!r} has no blocks to "
+           "recompute)")
+    if c.mixed_precision != "none":  # torch only when asked: the harness reads configs without it
+        from wiiide.tensor_memory import autocast_dtype
+
+        try:
+            autocast_dtype(c.mixed_precision)
+        except ValueError as exc:
+            raise ConfigError(f"config field 'mixed_precision': {exc}") from None
     _check(c.transformer_width % c.transformer_heads == 0, "transformer_width", c.transformer_width,
            f"a multiple of transformer_heads={c.transformer_heads}")
     if c.sparse_embedding:

@@ -37,7 +37,7 @@ from wiiide.wire.auth import HANDSHAKE_MAX_FRAME_BYTES, check_nonce, hello_frame
 from wiiide.wire.encode import encode_message
 from wiiide.wire.format import PROTOCOL_VERSION, DeadlineExceeded
 from wiiide.wire.messages import Message
-from wiiide.wire.sockets import configure_socket
+from wiiide.wire.sockets import configure_socket, set_io_timeout
 from wiiide.wire.tls import TLSHandshakeError, wrap_client, wrap_server
 
 REFUSED_SEND_TIMEOUT_S = 0.5  # how long a ``refused`` frame may take to go out before the socket closes
@@ -149,7 +149,7 @@ def send_welcome(hello: Hello, cfg: RunConfig, secret: bytes, welcome_id: int, m
     conn.send([encode_message("welcome", {
         **meta, "mac": welcome_mac(secret, PROTOCOL_VERSION, hello.nonce_w, hello.nonce_c, welcome_id)})])
     conn.reader.max_frame_bytes = cfg.max_frame_bytes
-    conn.sock.settimeout(cfg.io_timeout_s)
+    set_io_timeout(conn.sock, cfg.io_timeout_s)
     conn.name = name
     return conn
 
@@ -207,5 +207,5 @@ def join(conn: Connection, cfg: RunConfig, secret: bytes, node_id: str, welcome_
     verify(welcome_mac(secret, PROTOCOL_VERSION, nonce_w, nonce_c, expected), welcome.meta.get("mac"),
            f"{who}'s welcome")
     conn.reader.max_frame_bytes = cfg.max_frame_bytes
-    conn.sock.settimeout(cfg.io_timeout_s)
+    set_io_timeout(conn.sock, cfg.io_timeout_s)
     return welcome

@@ -60,27 +60,32 @@ Field units are in their names. Sources:
   after it, and the ``threads`` read at its end. Read every `RUN_DELAY_EVERY_STEPS` steps (about 0.3 ms
   of CPU a read with 15 threads). Beside ``host_cpu_s``'s idle it tells whether the cores sat idle
   while threads waited for them; threads that ended within the window are not counted.
+- ``tensor_memory`` (workers and every ddp/fsdp rank): the bytes of the parameters, gradients, optimizer
+  state and one forward's activations the node holds, from the tensors themselves (`wiiide.tensor_memory`).
 - ``events``: the first MAX_EVENTS_PER_KIND events of each kind; ``event_counts``: every event by
   kind; ``events_dropped``: those beyond the cap, by kind and ``reason`` (a refusal flood stays small).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import socket
 import statistics
-import tempfile
 import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import psutil
 
-from wiiide.summary import training_summary
+from wiiide.atomic_write import (  # noqa: F401 (re-exported: the nodes and the harness import them here)
+    write_bytes_atomic,
+    write_json_atomic,
+    write_text_atomic,
+)
+from wiiide.summary import summarize, training_summary  # noqa: F401 (summarize: re-exported)
 from wiiide.trace import StepTrace, message_step
 
 SCHEMA_VERSION = 1
@@ -108,72 +113,6 @@ def threads_run_delay_ns() -> tuple[int, int] | None:
         except (OSError, ValueError, IndexError):  # a thread that ended meanwhile, or no schedstats
             continue
     return (total, threads) if threads else None
-
-
-def summarize(values: Iterable[float]) -> dict[str, float | int | None]:
-    """count, mean, stdev, median, min, max, p95 of raw values (stdev 0 for one value; None if empty)."""
-    data = sorted(float(v) for v in values)
-    n = len(data)
-    if n == 0:
-        return {"count": 0, "mean": None, "stdev": None, "median": None, "min": None, "max": None, "p95": None}
-    return {
-        "count": n,
-        "mean": statistics.fmean(data),
-        "stdev": statistics.stdev(data) if n > 1 else 0.0,
-        "median": statistics.median(data),
-        "min": data[0],
-        "max": data[-1],
-        "p95": data[min(n - 1, int(round(0.95 * (n - 1))))],
-    }
-
-
-def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """Write JSON to `path` via a temporary file in the same folder and an atomic rename."""
-    write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=False, allow_nan=True, default=str) + "\n")
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` (UTF-8) to `path` via a temporary file in the same folder and an atomic rename, so
-    a reader sees the old file or the new one, never half of one. Raises OSError if it cannot."""
-    write_bytes_atomic(path, text.encode("utf-8"))
-
-
-def write_bytes_atomic(path: Path, data: bytes, durable: bool = False) -> None:
-    """Write `data` to `path` via a temporary file in the same folder (``.<name>.<random>``) and an
-    atomic rename; `durable`: fsync the file before the rename and the folder after it, so the new
-    file survives a power cut too (POSIX: the rename is a change to the folder). Raises OSError if it
-    cannot; the temporary file is removed then."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            if durable:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        if durable:
-            _fsync_dir(path.parent)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _utc_now() -> datetime:

@@ -65,6 +65,19 @@ class TrainingSummary(_Record):
     avg_rss_bytes: float | None = None
 
 
+class TensorMemory(_Record):
+    """The bytes a node's training tensors take (`wiiide.tensor_memory.tensor_memory`): parameters (FSDP:
+    this rank's shards), gradients, optimizer state (a wiiide worker: 0, the server holds it), the
+    activations one forward and loss leave alive for the backward (None: not measured), their sum."""
+
+    parameter_bytes: int | None = None
+    gradient_bytes: int | None = None
+    optimizer_state_bytes: int | None = None
+    activation_bytes: int | None = None
+    total_bytes: int | None = None
+    method: str | None = None
+
+
 class NodeMetricsFile(_Record):
     """One node's metrics file (``<metrics_dir>/coordinator.json``, ``worker-<rank>.json``), as the
     harness keeps it under a report's ``points[].repeats[].nodes[<name>]``.
@@ -125,6 +138,9 @@ class NodeMetricsFile(_Record):
     loss_avg: float | None = None
     loss_final: float | None = None
     training_summary: TrainingSummary | None = None
+    tensor_memory: TensorMemory | None = None  # workers and ddp/fsdp ranks: tensor bytes beside the RSS
+    mixed_precision: str | None = None  # none | bf16 | fp16: CPU autocast of forward and loss
+    activation_checkpointing: bool | None = None  # transformer: blocks recomputed in the backward
     events: list[dict[str, Any]] | None = None  # the first events of each kind: t_s, event, fields
     event_counts: dict[str, int] | None = None
     events_dropped: dict[str, dict[str, int]] | None = None  # kind -> reason -> events only counted

@@ -36,6 +36,7 @@ The table is the model's first parameter (`wiiide.models.embedding.EmbeddingMLP`
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any, Callable, Iterable
 
@@ -112,7 +113,7 @@ class SparseRows:
 
     # --- worker -----------------------------------------------------------------------------------
     def gradient(self, model: nn.Module, flat: Any, x: torch.Tensor, y: torch.Tensor, micro_batches: int,
-                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], scope: Any = None
                  ) -> tuple[torch.Tensor, torch.Tensor, float]:
         """The mean loss's gradient over a batch, the table's as rows: (ids, rows, mean loss).
 
@@ -121,6 +122,7 @@ class SparseRows:
             x: int64 (b, fields) ids; y: int64 (b,) labels.
             micro_batches: >= 1 pieces, each its own forward and backward (as `wiiide.pace.outer.gradient`).
             loss_fn: (logits, y) -> the mean loss of the piece.
+            scope: as `wiiide.pace.outer.gradient`'s (CPU autocast, the activation meter).
 
         Returns:
             ids: int64 (u,) the batch's distinct ids, increasing; rows: float32 (u, dim) their gradient;
@@ -140,7 +142,8 @@ class SparseRows:
         pieces = min(micro_batches, max(n, 1))
         loss_sum = 0.0
         for inv, ys in zip(torch.tensor_split(inverse, pieces), torch.tensor_split(y, pieces)):
-            loss = loss_fn(model.forward_looked_up(looked_up[inv]), ys) * int(ys.shape[0])
+            with scope(model) if scope is not None else contextlib.nullcontext():
+                loss = loss_fn(model.forward_looked_up(looked_up[inv]), ys) * int(ys.shape[0])
             (loss / n).backward()  # the MLP's gradients accumulate into the flat views, the rows into looked_up.grad
             loss_sum += loss.item()
         rows_grad = looked_up.grad if looked_up.grad is not None else torch.zeros_like(looked_up)

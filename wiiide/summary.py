@@ -13,7 +13,7 @@ and excludes warm-up steps (10-50) from the timings. Here memory is the process'
 from __future__ import annotations
 
 import statistics
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 
 def training_summary(step_times_s: Sequence[float], losses: Sequence[float], warmup_steps: int,
@@ -71,3 +71,20 @@ def format_summary(summary: dict[str, Any]) -> str:
     for key, value in summary.items():
         lines.append(f"{key}: {value:.6g}" if isinstance(value, float) else f"{key}: {value}")
     return "\n".join(lines)
+
+
+def summarize(values: Iterable[float]) -> dict[str, float | int | None]:
+    """count, mean, stdev, median, min, max, p95 of raw values (stdev 0 for one value; None if empty)."""
+    data = sorted(float(v) for v in values)
+    n = len(data)
+    if n == 0:
+        return {"count": 0, "mean": None, "stdev": None, "median": None, "min": None, "max": None, "p95": None}
+    return {
+        "count": n,
+        "mean": statistics.fmean(data),
+        "stdev": statistics.stdev(data) if n > 1 else 0.0,
+        "median": statistics.median(data),
+        "min": data[0],
+        "max": data[-1],
+        "p95": data[min(n - 1, int(round(0.95 * (n - 1))))],
+    }

@@ -32,7 +32,7 @@ from wiiide.lr_schedule import wire_lr
 from wiiide.metrics import NodeMetrics
 from wiiide.model import FlatParams, model_from_spec
 from wiiide.handshake import Refused, dial, join
-from wiiide.models import check_batch, loss_mean
+from wiiide.models import check_batch, loss_mean, set_activation_checkpointing
 from wiiide.node import (
     EXIT_CONNECT,
     EXIT_PEER_LOST,
@@ -44,6 +44,7 @@ from wiiide.node import (
 from wiiide.pace.compress import PULL_KINDS, DeltaPush, WorkerCopy
 from wiiide.pace.outer import gradient, local_delta
 from wiiide.sparse import UPDATE_KIND, SparseRows
+from wiiide.tensor_memory import ForwardScope, tensor_memory
 from wiiide.tensors import from_wire, to_wire
 from wiiide.wire.auth import HANDSHAKE_MAX_FRAME_BYTES, load_secret
 from wiiide.wire.tls import TLSHandshakeError, client_context
@@ -74,6 +75,10 @@ class Worker:
         self.log = TieredLog(cfg, f"worker[{self.node_id}]")
         self.metrics = NodeMetrics("worker", self.node_id)
         self.policy = CompressionPolicy.from_config(cfg, self.metrics.extra)
+        # every forward and loss (both placements): CPU autocast at mixed_precision, the activation meter once
+        self.scope = ForwardScope(cfg.mixed_precision)
+        self.metrics.extra.update({"mixed_precision": cfg.mixed_precision,
+                                   "activation_checkpointing": cfg.activation_checkpointing})
         # for a restarted coordinator (wiiide.recovery): the last step this worker sent gradients for and
         # when it last received parameters (wall clock), sent as the hello's ``rejoin`` hint
         self._last_step: int | None = None
@@ -150,7 +155,7 @@ class Worker:
     def _session(self, conn: Connection, secret: bytes) -> None:
         """One connection: handshake, then train until ``stop``. Raises _Lost when the link breaks."""
         cfg, metrics = self.cfg, self.metrics
-        heartbeats = None
+        heartbeats = model = None
         try:
             extra: dict = {"pid": os.getpid()}
             if self._last_step is not None:
@@ -165,6 +170,10 @@ class Worker:
                 model = model_from_spec(spec)
             except ValueError as exc:
                 raise ProtocolError(str(exc)) from None
+            try:  # this worker's own knob (the config refuses it for other models)
+                set_activation_checkpointing(model, cfg.activation_checkpointing)
+            except ValueError as exc:
+                raise NodeFailure(f"the coordinator's model: {exc}", EXIT_CONNECT) from None
             metrics.rank = rank
             self.log.info("joined as worker %d of %s", rank, welcome.meta.get("num_workers"))
             heartbeats = Heartbeats(lambda: [conn], cfg.heartbeat_interval_s).start()
@@ -184,6 +193,8 @@ class Worker:
             if heartbeats is not None:
                 heartbeats.stop()
             conn.close()
+            if model is not None:  # a worker holds no optimizer state: the server's optimizer has it
+                self.metrics.extra["tensor_memory"] = tensor_memory(model, None, self.scope.activation_bytes)
 
     def _train(self, conn: Connection, model: nn.Module, kind: str = "mlp", sparse_rows: bool = False) -> None:
         metrics = self.metrics
@@ -237,7 +248,7 @@ class Worker:
                     update, loss_value = self._update(model, flat, x, y, local_steps, kind, lr)
                 else:  # the table's gradient as the batch's rows (wiiide.sparse)
                     ids, rows_grad, loss_value = sparse.gradient(model, flat, x, y, self.cfg.grad_accum_steps,
-                                                                 partial(loss_mean, kind))
+                                                                 partial(loss_mean, kind), self.scope)
                     if self.cfg.debug_step_sleep_s > 0 and self.cfg.debug_sleep_worker_rank in (0, metrics.rank):
                         time.sleep(self.cfg.debug_step_sleep_s)  # a test's straggler, as `_update` sleeps
             except (RuntimeError, IndexError, ValueError) as exc:
@@ -268,12 +279,13 @@ class Worker:
         cfg = self.cfg
         sleep_s = cfg.debug_step_sleep_s if cfg.debug_sleep_worker_rank in (0, self.metrics.rank) else 0.0
         if local_steps == 1:
-            loss_value = gradient(model, flat, x, y, cfg.grad_accum_steps, loss_fn=partial(loss_mean, kind))
+            loss_value = gradient(model, flat, x, y, cfg.grad_accum_steps, loss_fn=partial(loss_mean, kind),
+                                  scope=self.scope)
             if sleep_s > 0:
                 time.sleep(sleep_s)
             return ("grad", flat.grads), loss_value
         delta, loss_value = local_delta(model, flat, x, y, local_steps, cfg.learning_rate if lr is None else lr,
-                                        cfg.grad_accum_steps, sleep_s, loss_fn=partial(loss_mean, kind))
+                                        cfg.grad_accum_steps, sleep_s, loss_fn=partial(loss_mean, kind), scope=self.scope)
         return ("delta", delta), loss_value
 
 

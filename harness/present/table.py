@@ -56,7 +56,7 @@ def format_value(value: Any, kind: str = "") -> str:
     """A figure as the report's tables print it.
 
     `kind`: ``bytes_per_s`` (printed in MB/s, 1 MB = 1e6 bytes), ``pct`` (a fraction printed in %),
-    ``ms`` (seconds printed in ms), ``mb`` (bytes printed in MB), or ``""`` (3 significant digits,
+    ``ms`` (seconds printed in ms), ``mb`` (bytes printed in MB), ``mb3`` (in MB, 3 significant digits), or ``""`` (3 significant digits,
     no decimals from 1000 up; non-floats as ``str``). ``None`` prints as ``-``.
     """
     if value is None:
@@ -69,6 +69,8 @@ def format_value(value: Any, kind: str = "") -> str:
         return f"{1000 * value:.2f}"
     if kind == "mb":
         return f"{value / 1e6:.0f}"
+    if kind == "mb3":  # three significant digits: a small model's tensors take well under 1 MB
+        return f"{value / 1e6:.3g}"
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
     return str(value)
@@ -83,6 +85,7 @@ TABLE_COLUMNS = [
     ("ratio", "compression_ratio", ""),
     ("acc %", "test_accuracy", "pct"),
     ("RSS MB", "peak_rss_bytes", "mb"),
+    ("tensor MB", "tensor_bytes_max", "mb3"),
 ]
 
 UNSTABLE_LEGEND = "'!' marks a spread over 10 % of the mean (unstable)"

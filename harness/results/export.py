@@ -23,7 +23,7 @@ FORMATS = ("csv", "parquet")
 def export_tables(report: Report, out_dir: Path, fmt: str = "csv",
                   tables: Iterable[TableName] = TABLES) -> list[Path]:
     """Write each of `tables` of `report` as ``out_dir/<table>.<fmt>`` (the folder made if needed),
-    each file atomically (`wiiide.metrics.write_bytes_atomic`); return the paths in `tables`' order.
+    each file atomically (`wiiide.atomic_write.write_bytes_atomic`); return the paths in `tables`' order.
 
     Raises:
         HarnessError: `fmt` is not one of `FORMATS`, a table name is unknown, or a node's metrics in

@@ -174,6 +174,8 @@ class Totals(_Model):
     validation_loss: float | None = None  # language model: held-out next-byte cross-entropy, nats
     perplexity: float | None = None  # language model: exp(validation_loss)
     rss_peak_max_bytes: int | None = None  # the largest peak RSS of one node (per rank: FSDP vs DDP)
+    tensor_bytes_max: int | None = None  # the largest node's tensor memory (wiiide.tensor_memory), bytes
+    activation_bytes_max: int | None = None  # ... and the largest node's activations of one forward
     step_time_avg_s: float | None = None
     step_time_min_s: float | None = None
     step_time_max_s: float | None = None

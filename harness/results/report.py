@@ -111,7 +111,7 @@ def load_report_json(path: str | Path) -> dict[str, Any]:
 
 def save_report(report: Report, path: Path) -> None:
     """Write `report` to `path` atomically (temporary file in the same folder, then rename:
-    `wiiide.metrics.write_json_atomic`), so a reader never sees half a file.
+    `wiiide.atomic_write.write_json_atomic`), so a reader never sees half a file.
 
     Raises:
         OSError: the folder cannot be created or written.

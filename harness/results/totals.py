@@ -13,6 +13,9 @@ the parameter server's figures, the engines' common figures below, and the links
 - ``comm_measured_bytes_per_step``: bytes sent by every node's interfaces over the run, per step;
   ``comm_measured_over_expected``: their ratio (setup, evaluation, the parameter server's mini-batches
   and protocol framing make it exceed 1).
+- ``tensor_bytes_max`` / ``activation_bytes_max``: the largest node's tensor memory (parameters,
+  gradients, optimizer state and activations, `wiiide.tensor_memory`) and its activations alone, bytes;
+  None when no node measured it (a report from before the measurement).
 - ``comm_share``: the share of step time spent communicating. ddp/fsdp: the fraction of rank 0's timed
   steps during which a collective was in flight. wiiide: the fraction of the coordinator's step not
   covered by the workers' own forward/backward (sending parameters and batches, receiving gradients,
@@ -66,6 +69,7 @@ def _engine_figures(nodes: dict[str, dict[str, Any]], containers: dict[str, dict
     node_summaries = [n.get("training_summary") or {} for n in nodes.values()]
     avg_rss = [s["avg_rss_bytes"] for s in node_summaries if s.get("avg_rss_bytes")]
     peaks = [n.get("peak_rss_bytes") for n in nodes.values() if n.get("peak_rss_bytes")]
+    tensors = [n["tensor_memory"] for n in nodes.values() if isinstance(n.get("tensor_memory"), dict)]
     exp_total = expected.get("total_bytes") if expected else None
     return {
         "engine": engine,
@@ -76,6 +80,8 @@ def _engine_figures(nodes: dict[str, dict[str, Any]], containers: dict[str, dict
         "validation_loss": coord.get("validation_loss"),
         "perplexity": coord.get("perplexity"),
         "rss_peak_max_bytes": max(peaks) if peaks else None,
+        "tensor_bytes_max": max((t.get("total_bytes") or 0 for t in tensors), default=None),
+        "activation_bytes_max": max((t.get("activation_bytes") or 0 for t in tensors), default=None),
         "step_time_avg_s": summary.get("avg_step_time_s"),
         "step_time_min_s": summary.get("min_step_time_s"),
         "step_time_max_s": summary.get("max_step_time_s"),
@@ -218,7 +224,8 @@ SUMMARY_KEYS = ("batches_per_s", "samples_per_s", "goodput_bytes_per_s", "wire_b
                 "container_net_bytes", "throughput_samples_per_s", "step_time_avg_s", "comm_share",
                 "comm_measured_bytes_per_step", "rss_avg_bytes", "coordinator_egress_utilisation",
                 "time_to_target_s",
-                "throughput_tokens_per_s", "validation_loss", "rss_peak_max_bytes", "comm_expected_bytes_per_step")
+                "throughput_tokens_per_s", "validation_loss", "rss_peak_max_bytes", "comm_expected_bytes_per_step",
+                "tensor_bytes_max", "activation_bytes_max")
 
 
 def summary_stats(values: Sequence[float]) -> Stats:

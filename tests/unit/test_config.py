@@ -173,7 +173,7 @@ BAD_VALUES = [
     ("outer_learning_rate", 0.0), ("outer_momentum", 1.0), ("adaptive_batch", "maybe"), ("adaptive_smoothing", 0.0),
     ("adaptive_clock_gain", -0.5), ("adaptive_clock_gain", 5),
     ("debug_step_sleep_s", -1.0), ("debug_sleep_worker_rank", -1),
-    ("mixed_precision", "fp8"), ("mixed_precision", "bf16"),  # bf16: needs engine ddp or fsdp
+    ("mixed_precision", "fp8"), ("activation_checkpointing", True),  # True: needs model transformer
     ("profile", True),  # needs engine ddp or fsdp
     ("heartbeat_interval_s", 0.0), ("heartbeat_interval_s", 10.0), ("stall_timeout_s", -1.0), ("stall_timeout_s", 1e9),  # not below io_timeout_s (10 s)
     ("handshake_timeout_s", 0.0), ("handshake_timeout_s", 301.0), ("max_handshakes", 0), ("max_handshakes", 1025),

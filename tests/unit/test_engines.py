@@ -208,7 +208,7 @@ def test_engine_options_validate_and_refuse_what_the_engine_cannot_apply():
     RunConfig(engine="fsdp", fsdp_reshard_after_forward=False, profile=True)
     bad = [dict(engine="horovod"), dict(engine="ddp", ddp_comm_hook="int8"),
            dict(engine="fsdp", ddp_comm_hook="fp16"), dict(engine="ddp", fsdp_reshard_after_forward=False),
-           dict(grad_accum_steps=33), dict(mixed_precision="bf16"), dict(profile=True),
+           dict(grad_accum_steps=33), dict(mixed_precision="fp8"), dict(profile=True),
            dict(engine="ddp", powersgd_rank=4), dict(engine="ddp", compression="zlib-1"),
            dict(engine="ddp", num_workers=2, batch_size=1, grad_accum_steps=2), dict(warmup_steps=-1)]
     for kwargs in bad:

@@ -770,6 +770,30 @@ def test_whole_frames_read_equal_frames_with_one_request_each(sock_pair):
     assert reader.buffered_nbytes() == 0 and reader_sock.recv(16) == b"Z" * 3
 
 
+def test_whole_frames_ask_the_kernel_what_is_queued_only_when_a_recv_filled_its_request(sock_pair, monkeypatch):
+    """A recv that came back short emptied the receive queue: the payload bytes it brought are all that was
+    queued, without a FIONREAD ioctl. A recv that filled its request (a frame longer than the first guess,
+    all sent) may have left more queued: then the reader asks, and counts the whole payload as queued."""
+    import wiiide.wire.reader as reader_module
+
+    ioctls = []
+    real = reader_module._queued_nbytes
+    monkeypatch.setattr(reader_module, "_queued_nbytes", lambda *a: ioctls.append(1) or real(*a))
+    writer, reader_sock = sock_pair
+    count = 25_000  # a payload of 100 KB: the frame is longer than the first guess (64 KiB)
+    frame = _frame_bytes(encode_message("m", {}, [WireTensor("t", np.ones(count, np.float32))]))
+    head_nbytes = len(frame) - 4 * count
+    reader = FrameReader(reader_sock, 1 * MIB, reuse_buffers=True, whole_frames=True)
+    writer.sendall(frame[:head_nbytes + 1000])  # the header and 1000 payload bytes, the rest later
+    threading.Timer(0.05, writer.sendall, args=(frame[head_nbytes + 1000:],)).start()
+    msg = reader.read_message(deadline=time.monotonic() + 10)
+    assert msg.tensor("t").sum() == count and msg.payload_queued_nbytes == 1000 and ioctls == []
+    assert reader.buffered_nbytes() == 0
+    writer.sendall(frame)  # all queued before the read of a new reader: its first recv fills its 64 KiB guess
+    msg = FrameReader(reader_sock, 1 * MIB, reuse_buffers=True, whole_frames=True).read_message()
+    assert msg.tensor("t").sum() == count and msg.payload_queued_nbytes == 4 * count and ioctls == [1]
+
+
 def test_whole_frames_refuse_an_oversized_frame_read_with_a_good_one_without_growing(sock_pair):
     """An oversized frame whose prefix came in with a good frame is refused from its prefix, and the
     reader's buffer did not grow to the size it declares."""

@@ -220,3 +220,96 @@ def test_auto_congestion_is_reno_where_allowed_and_the_systems_where_refused(tcp
         assert opts["tcp_congestion"] == open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
         with pytest.raises(OSError, match="cubic"):
             configure_socket(Refusing(fresh), RunConfig(), "cubic")  # a named one refused stays an error
+
+
+class _CountingSends:
+    """A socket wrapper that counts `sendmsg` calls (everything else goes to the real socket)."""
+
+    def __init__(self, sock):
+        self._sock, self.sendmsg_calls = sock, 0
+
+    def sendmsg(self, buffers):
+        self.sendmsg_calls += 1
+        return self._sock.sendmsg(buffers)
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+def _send_one_frame(configure) -> tuple[int, float]:
+    """Send one 1 MiB frame over a socketpair whose ends `configure` set up, read by a thread; return the
+    sendmsg calls it took and the sum of the values received."""
+    import threading
+
+    import numpy as np
+
+    from wiiide.wire.encode import encode_message
+    from wiiide.wire.messages import WireTensor
+    from wiiide.wire.reader import FrameReader
+    from wiiide.wire.send import send_frames
+
+    a, b = socket.socketpair()
+    try:
+        configure(a)
+        configure(b)
+        received = []
+        reader = FrameReader(b, 4 << 20, reuse_buffers=True, whole_frames=True)
+        thread = threading.Thread(target=lambda: received.append(float(reader.read_message().tensor("g").sum())))
+        thread.start()
+        counting = _CountingSends(a)
+        send_frames(counting, [encode_message("m", {}, [WireTensor("g", np.ones(1 << 18, np.float32))])])
+        thread.join(10)
+        return counting.sendmsg_calls, received[0]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_io_timeout_keeps_the_socket_blocking_so_a_frame_is_one_sendmsg():
+    """With the kernel's timeouts a 1 MiB frame goes out in one sendmsg, as the raw loop sends it; with a
+    Python timeout (non-blocking socket) the same frame takes one call per send buffer filled."""
+    from wiiide.wire.sockets import set_io_timeout
+
+    calls, total = _send_one_frame(lambda s: set_io_timeout(s, 10.0))
+    assert (calls, total) == (1, float(1 << 18))
+    calls, total = _send_one_frame(lambda s: s.settimeout(10.0))
+    assert calls > 1 and total == float(1 << 18)
+
+
+def test_io_timeout_still_bounds_a_silent_peer_with_socket_timeout():
+    """A read with nothing to read, and a send nobody reads, fail with socket.timeout after the bound."""
+    import numpy as np
+
+    from wiiide.wire.encode import encode_message
+    from wiiide.wire.messages import WireTensor
+    from wiiide.wire.reader import FrameReader
+    from wiiide.wire.send import send_frames
+    from wiiide.wire.sockets import set_io_timeout
+
+    a, b = socket.socketpair()
+    try:
+        set_io_timeout(a, 0.1)
+        set_io_timeout(b, 0.1)
+        assert a.gettimeout() is None
+        for whole in (True, False):
+            with pytest.raises(socket.timeout):
+                FrameReader(b, 1 << 20, reuse_buffers=whole, whole_frames=whole).read_message()
+        with pytest.raises(socket.timeout):  # nobody reads b: the send buffer fills, then nothing moves
+            send_frames(a, [encode_message("m", {}, [WireTensor("g", np.ones(1 << 20, np.float32))])])
+    finally:
+        a.close()
+        b.close()
+
+
+def test_io_timeout_on_a_stream_that_is_not_a_kernel_socket_is_its_settimeout():
+    from wiiide.wire.sockets import set_io_timeout
+
+    class Stream:  # as wiiide.wire.tls_stream.TLSStream: settimeout, no kernel options
+        timeout_s = None
+
+        def settimeout(self, timeout_s):
+            self.timeout_s = timeout_s
+
+    stream = Stream()
+    set_io_timeout(stream, 2.5)
+    assert stream.timeout_s == 2.5

@@ -78,6 +78,7 @@ from wiiide.node import (
     wait_for_start_gate,
 )
 from wiiide.progress import ProgressBeat
+from wiiide.tensor_memory import ForwardScope, autocast_dtype, tensor_memory
 from wiiide.wire.sockets import congestion_in_force, set_route_congestion
 from wiiide.workload import workload_record
 
@@ -385,8 +386,9 @@ class TorchNode:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh("cpu", (self.world_size,))
-        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-                  if cfg.mixed_precision == "bf16" else MixedPrecisionPolicy())
+        half = autocast_dtype(cfg.mixed_precision)
+        policy = (MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
+                  if half is not None else MixedPrecisionPolicy())
         gather, scatter = _timed_fsdp_comms(self.timer)
         # One FSDP unit per Linear, so FULL_SHARD reshards between forward and backward (FSDP2 never
         # reshards the root after forward); the root then holds no parameters of its own.
@@ -469,8 +471,9 @@ class TorchNode:
         sgd = getattr(optimizer, "optim", optimizer)
         lrs = LrRecord(LrSchedule.from_config(cfg))
         scheduler = torch.optim.lr_scheduler.LambdaLR(sgd, lrs.schedule.factor)
-        bf16_autocast = cfg.mixed_precision == "bf16" and cfg.engine == "ddp"
-        half_bytes = 2 if cfg.mixed_precision == "bf16" else 4
+        # ddp: CPU autocast at mixed_precision; fsdp: its MixedPrecisionPolicy casts the parameters instead
+        scope = ForwardScope(cfg.mixed_precision if cfg.engine == "ddp" else "none")
+        half_bytes = 2 if cfg.mixed_precision != "none" else 4
         expected = estimate(cfg.engine, shapes, cfg.num_workers, ddp_comm_hook=cfg.ddp_comm_hook,
                             powersgd_rank=cfg.powersgd_rank, fsdp_reshard_after_forward=cfg.fsdp_reshard_after_forward,
                             param_dtype_bytes=half_bytes if cfg.engine == "fsdp" else 4, local_steps=cfg.local_steps)
@@ -480,6 +483,7 @@ class TorchNode:
             "num_parameters": numel, "gradient_bytes": numel * 4, "global_batch": global_batch,
             "rank_batch": mine.stop - mine.start, "micro_batches": [s.stop - s.start for s in micro],
             "grad_accum_steps": cfg.grad_accum_steps, "mixed_precision": cfg.mixed_precision,
+            "activation_checkpointing": cfg.activation_checkpointing,
             "ddp_comm_hook": cfg.ddp_comm_hook if cfg.engine == "ddp" else None,
             "ddp_find_unused_parameters": cfg.ddp_find_unused_parameters if cfg.engine == "ddp" else None,
             "fsdp_reshard_after_forward": cfg.fsdp_reshard_after_forward if cfg.engine == "fsdp" else None,
@@ -531,9 +535,8 @@ class TorchNode:
             loss_sum = 0.0
             for j, part in enumerate(micro):
                 with self._sync(wrapped, j == len(micro) - 1):
-                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16_autocast):
-                        logits = wrapped(x[part])
-                    loss = summed_loss(cfg.model, logits, y[part])
+                    with scope(model):
+                        loss = summed_loss(cfg.model, wrapped(x[part]), y[part])
                     (loss * scale).backward()
                 loss_sum += loss.item()
             lrs.applied(step, sgd.param_groups[0]["lr"])
@@ -565,6 +568,7 @@ class TorchNode:
         m.samples = step * global_batch if rank == 0 else step * (mine.stop - mine.start)
         m.losses = self._global_losses(loss_sums, global_batch)
         m.extra.update(lrs.to_dict())
+        m.extra["tensor_memory"] = tensor_memory(model, optimizer, scope.activation_bytes)
         self._record_comm(expected, comm_s, net0, net1)
         eval_model = self._full_model(model, data, rank) if cfg.engine == "fsdp" else model
         if evaluator:

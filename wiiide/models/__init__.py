@@ -101,7 +101,21 @@ def build_model(cfg: Any, num_features: int, num_classes: int, sparse: bool = Fa
     Raises:
         ValueError: sizes the model cannot take (cnn on non-square images, width % heads != 0).
     """
-    return build_from_spec(model_spec(cfg, num_features, num_classes), cfg.seed, sparse=sparse)
+    model = build_from_spec(model_spec(cfg, num_features, num_classes), cfg.seed, sparse=sparse)
+    set_activation_checkpointing(model, getattr(cfg, "activation_checkpointing", False))
+    return model
+
+
+def set_activation_checkpointing(model: nn.Module, on: bool) -> None:
+    """Turn the transformer's activation checkpointing on or off (`wiiide.models.transformer`).
+
+    Raises:
+        ValueError: `on` for a model other than the transformer (the others have no blocks to recompute).
+    """
+    if hasattr(model, "activation_checkpointing"):
+        model.activation_checkpointing = bool(on)
+    elif on:
+        raise ValueError(f"activation checkpointing applies to the transformer only, not {type(model).__name__}")
 
 
 def model_from_spec(spec: dict[str, Any]) -> nn.Module:
@@ -158,12 +172,13 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
 
 
 __all__ = ["MODELS", "TASKS", "build_model", "build_from_spec", "model_spec", "model_from_spec", "task_of",
-           "check_batch", "loss_sum", "loss_mean", "shard_units", "build_mlp"]
+           "check_batch", "loss_sum", "loss_mean", "shard_units", "build_mlp", "set_activation_checkpointing"]
 
 
 def loss_mean(kind: str, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The mean cross-entropy (nats) a worker trains on: over the samples (classification, as
     ``nn.functional.cross_entropy`` gives it) or over every next-byte prediction (language model)."""
+    output = output.float()  # autocast's bf16/fp16 logits: the loss in float32 (a no-op for float32)
     if output.dim() == 3:
         return nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), y.reshape(-1))
     return nn.functional.cross_entropy(output, y)

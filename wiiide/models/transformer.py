@@ -8,12 +8,19 @@ LayerNorm -> causal multi-head self-attention (`torch.nn.functional.scaled_dot_p
 Parameters: about 12 L d^2 + 2 d (256 + context) (L layers, d width). L=4, d=128, context 128: 0.88 M;
 L=8, d=512: 25.5 M; L=12, d=576: 48.2 M. Input int64 (batch, T) bytes with T <= context, output
 float32 (batch, T, 256) logits of the next byte.
+
+Activation checkpointing (``activation_checkpointing = True``): each block runs under
+``torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False)`` while gradients are recorded, so
+the forward keeps only each block's input and the backward recomputes the block's insides (Chen et
+al., "Training Deep Nets with Sublinear Memory Cost", 2016): the same gradients for about one more
+forward of the blocks.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 VOCAB_SIZE = 256
 
@@ -49,6 +56,7 @@ class ByteTransformer(nn.Module):
         if width % heads:
             raise ValueError(f"transformer_width {width} must be a multiple of transformer_heads {heads}")
         self.context = context
+        self.activation_checkpointing = False  # see the module docstring
         self.tokens = nn.Embedding(VOCAB_SIZE, width)
         self.positions = nn.Embedding(context, width)
         self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
@@ -65,8 +73,9 @@ class ByteTransformer(nn.Module):
         if t > self.context:
             raise ValueError(f"sequence of {t} bytes exceeds the context of {self.context}")
         h = self.tokens(x) + self.positions(torch.arange(t, device=x.device))
+        recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for block in self.blocks:
-            h = block(h)
+            h = checkpoint(block, h, use_reentrant=False) if recompute else block(h)
         return self.head(self.ln_f(h))
 
 

@@ -19,8 +19,9 @@ With H = 1 and ``avg`` this is synchronous SGD: ``mean(lr g_i) = lr mean(g_i)``.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 import torch
 from torch import nn
@@ -32,7 +33,7 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (model output, 
 
 
 def gradient(model: nn.Module, flat: FlatParams, x: torch.Tensor, y: torch.Tensor, micro_batches: int = 1,
-             loss_fn: LossFn = nn.functional.cross_entropy) -> float:
+             loss_fn: LossFn = nn.functional.cross_entropy, scope: Any = None) -> float:
     """The mean loss's gradient over the batch into ``flat.grads``, in `micro_batches` pieces.
 
     Args:
@@ -43,6 +44,8 @@ def gradient(model: nn.Module, flat: FlatParams, x: torch.Tensor, y: torch.Tenso
         loss_fn: (model output, y) -> the mean loss over the piece's samples (default: cross-entropy;
             a language model's `wiiide.models.loss_mean` averages over every next-byte prediction);
             each piece's mean is weighted by its rows.
+        scope: a `wiiide.tensor_memory.ForwardScope` each piece's forward and loss run under (CPU
+            autocast, the activation meter); None: plain float32.
 
     Returns:
         The mean loss over the batch (float).
@@ -55,7 +58,8 @@ def gradient(model: nn.Module, flat: FlatParams, x: torch.Tensor, y: torch.Tenso
     loss_sum = 0.0
     for xs, ys in zip(torch.tensor_split(x, min(micro_batches, max(rows, 1))),
                       torch.tensor_split(y, min(micro_batches, max(rows, 1)))):
-        loss = loss_fn(model(xs), ys) * int(xs.shape[0])  # the piece's sum over samples
+        with scope(model) if scope is not None else contextlib.nullcontext():
+            loss = loss_fn(model(xs), ys) * int(xs.shape[0])  # the piece's sum over samples
         (loss / rows).backward()  # AccumulateGrad adds in place into the flat views
         loss_sum += loss.item()
     return loss_sum / max(rows, 1)
@@ -63,13 +67,13 @@ def gradient(model: nn.Module, flat: FlatParams, x: torch.Tensor, y: torch.Tenso
 
 def local_delta(model: nn.Module, flat: FlatParams, x: torch.Tensor, y: torch.Tensor, local_steps: int, lr: float,
                 micro_batches: int = 1, step_sleep_s: float = 0.0,
-                loss_fn: LossFn = nn.functional.cross_entropy) -> tuple[torch.Tensor, float]:
+                loss_fn: LossFn = nn.functional.cross_entropy, scope: Any = None) -> tuple[torch.Tensor, float]:
     """H = `local_steps` plain SGD steps (learning rate `lr`) on the H near-equal pieces of (x, y), from
     the parameters in `flat`; returns (delta, mean loss) with ``delta = params_before - params_after``
     (float32, flat.numel) and the parameters in `flat` left at ``params_after``.
 
     `step_sleep_s`: seconds slept after every local step (a test's straggler; 0 in real runs);
-    `loss_fn`: as `gradient`.
+    `loss_fn`, `scope`: as `gradient`.
 
     Raises:
         ValueError: local_steps < 1 or more steps than rows; RuntimeError/IndexError as `gradient`.
@@ -80,7 +84,7 @@ def local_delta(model: nn.Module, flat: FlatParams, x: torch.Tensor, y: torch.Te
     before = flat.params.clone()
     losses = []
     for xs, ys in zip(torch.tensor_split(x, local_steps), torch.tensor_split(y, local_steps)):
-        losses.append(gradient(model, flat, xs, ys, micro_batches, loss_fn))
+        losses.append(gradient(model, flat, xs, ys, micro_batches, loss_fn, scope))
         flat.params.sub_(flat.grads, alpha=lr)
         if step_sleep_s > 0:
             time.sleep(step_sleep_s)

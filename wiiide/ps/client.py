@@ -26,7 +26,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -179,10 +179,12 @@ class ShardClient:
         self._dense = not self._lossy or step < self.cfg.lossy_warmup_steps
         self._remaining = [n * micro_batches for n in self._needed]
 
-    def gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro_batches: int, loss_fn) -> float:
-        """The batch's mean loss, its gradient pushed as it is made (`wiiide.ps.sparse_rows.step_gradient`)."""
+    def gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro_batches: int, loss_fn,
+                 scope: Any = None) -> float:
+        """The batch's mean loss, its gradient pushed as it is made (`wiiide.ps.sparse_rows.step_gradient`;
+        `scope`: the worker's `wiiide.tensor_memory.ForwardScope`)."""
         return step_gradient(self._rows, model, self._flat, x, y, micro_batches, loss_fn, self._step,
-                             lambda part, frame: self.links[part.shard].outbox.put(frame))
+                             lambda part, frame: self.links[part.shard].outbox.put(frame), scope)
 
     def _grad_ready(self, covered: list[int]) -> None:
         # Tail first, as backward runs and as DDP's Reducer fills its buckets: with partition_balance

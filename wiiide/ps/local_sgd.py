@@ -69,10 +69,13 @@ class LocalRounds:
         client: the worker's `wiiide.ps.client.ShardClient`, attached without hooks.
         kind: the model's type (``mlp``, ``transformer``...: the loss, `wiiide.models.loss_mean`).
         rank: the worker's rank (debug_sleep_worker_rank).
+        scope: the worker's forward scope (`wiiide.tensor_memory.ForwardScope`: mixed precision's autocast
+            and the activation meter); None: plain fp32.
     """
 
-    def __init__(self, cfg: Any, model: nn.Module, flat: FlatParams, client: Any, kind: str, rank: int) -> None:
-        self.cfg, self.model, self.flat, self.client = cfg, model, flat, client
+    def __init__(self, cfg: Any, model: nn.Module, flat: FlatParams, client: Any, kind: str, rank: int,
+                 scope: Any = None) -> None:
+        self.cfg, self.model, self.flat, self.client, self.scope = cfg, model, flat, client, scope
         self.loss_fn = partial(loss_mean, kind)
         self.schedule = LrSchedule.from_config(cfg)
         self.sleep_s = cfg.debug_step_sleep_s if cfg.debug_sleep_worker_rank in (0, rank) else 0.0
@@ -88,7 +91,8 @@ class LocalRounds:
         pulled = self.flat.params.clone()
         try:
             delta, loss_value = local_delta(self.model, self.flat, x, y, self.cfg.local_steps, self.schedule.lr(step),
-                                            self.cfg.grad_accum_steps, self.sleep_s, loss_fn=self.loss_fn)
+                                            self.cfg.grad_accum_steps, self.sleep_s, loss_fn=self.loss_fn,
+                                            scope=self.scope)
         except (RuntimeError, IndexError, ValueError) as exc:
             raise ProtocolError(f"batch does not fit the model: {exc}") from None
         with torch.no_grad():

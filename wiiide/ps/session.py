@@ -393,7 +393,8 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
     """The steps of one incarnation: None after the ``stop``, the ``ps_recover`` message after a loss."""
     cfg, metrics, log = worker.cfg, worker.metrics, worker.log
     wait_s = 0.0
-    rounds = LocalRounds(cfg, model, flat, client, kind, metrics.rank) if cfg.local_steps > 1 else None
+    rounds = (LocalRounds(cfg, model, flat, client, kind, metrics.rank, worker.scope)
+              if cfg.local_steps > 1 else None)
     while True:
         msg = conn.receive(["batch", "batch_indices", "stop", PS_RECOVER])
         if msg.kind == PS_RECOVER:
@@ -433,7 +434,7 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
             micro_batches = min(cfg.grad_accum_steps, int(x.shape[0]))  # as `wiiide.pace.outer.gradient` cuts them
             client.begin_step(step, micro_batches)
             try:  # the hooks push each partition once the last micro-batch's backward has reached it
-                loss_value = client.gradient(model, x, y, micro_batches, partial(loss_mean, kind))
+                loss_value = client.gradient(model, x, y, micro_batches, partial(loss_mean, kind), worker.scope)
             except (RuntimeError, IndexError) as exc:
                 raise ProtocolError(f"batch does not fit the model: {exc}") from None
         compute_s = time.perf_counter() - t0

@@ -160,14 +160,15 @@ class WorkerRows:
 
     def gradient(self, model: nn.Module, flat: Any, x: torch.Tensor, y: torch.Tensor, micro_batches: int,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], step: int,
-                 send: Callable[[Partition, Frame], None]) -> float:
+                 send: Callable[[Partition, Frame], None], scope: Any = None) -> float:
         """The batch's gradient (the MLP's in ``flat.grads``, where the backward hooks push it from) and
         one ``ps_rows`` push per row partition through `send` (its touched rows). Returns the mean loss.
+        `scope`: as `wiiide.sparse.SparseRows.gradient`'s.
 
         Raises:
             IndexError: an id outside the table (`SparseRows.gradient`).
         """
-        ids, rows_grad, loss = self.sparse.gradient(model, flat, x, y, micro_batches, loss_fn)
+        ids, rows_grad, loss = self.sparse.gradient(model, flat, x, y, micro_batches, loss_fn, scope)
         ids_np = ids.numpy()
         cuts = np.searchsorted(ids_np, self._starts)  # ids are sorted: each partition's are a slice
         for i, part in enumerate(self.parts):
@@ -195,15 +196,15 @@ class WorkerRows:
 
 def step_gradient(rows: WorkerRows | None, model: nn.Module, flat: Any, x: torch.Tensor, y: torch.Tensor,
                   micro_batches: int, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], step: int,
-                  send: Callable[[Partition, Frame], None]) -> float:
+                  send: Callable[[Partition, Frame], None], scope: Any = None) -> float:
     """A sharded worker's gradient of one batch (x, y) at `step`, in `micro_batches` pieces: dense
     (`wiiide.pace.outer.gradient`) without sparse rows, else `WorkerRows.gradient` (the table's rows
     pushed through `send`). The backward hooks of `wiiide.ps.client` push the dense partitions. Returns
-    the mean loss.
+    the mean loss. `scope`: the forward's `wiiide.tensor_memory.ForwardScope` (autocast, the meter).
 
     Raises:
         RuntimeError, IndexError: the batch does not fit the model.
     """
     if rows is None:
-        return gradient(model, flat, x, y, micro_batches, loss_fn)
-    return rows.gradient(model, flat, x, y, micro_batches, loss_fn, step, send)
+        return gradient(model, flat, x, y, micro_batches, loss_fn, scope)
+    return rows.gradient(model, flat, x, y, micro_batches, loss_fn, step, send, scope)

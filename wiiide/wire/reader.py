@@ -99,6 +99,7 @@ class FrameReader:
         self._frame_view = memoryview(self._frame_buf)
         self._frame_start = self._frame_end = 0  # whole_frames: bytes of the stream read, not yet used
         self._frame_guess_nbytes = WHOLE_FRAME_FIRST_GUESS_BYTES
+        self._drained = False  # whole_frames: the last recv_into came back short (the kernel's queue was empty)
         self.last_payload_recv_s = 0.0
         self.last_payload_queued_nbytes = 0
 
@@ -163,17 +164,24 @@ class FrameReader:
         view, end, sock = self._frame_view, self._frame_end, self.sock
         while end < need_end:
             if deadline is None:
-                got = sock.recv_into(view[end:ask_end])
+                try:
+                    got = sock.recv_into(view[end:ask_end])
+                except BlockingIOError:  # the kernel's receive timeout (`wiiide.wire.sockets.set_io_timeout`)
+                    raise _timed_out() from None
                 if not got:
                     raise _peer_closed(end, need_end, True)
             else:
                 got = _recv_within(sock, lambda: sock.recv_into(view[end:ask_end]), deadline, end, need_end, True)
+            # A TCP recv returns less than it asked for only once the receive queue is empty (tcp_recvmsg
+            # stops when no segment is left): nothing was queued past these bytes at that moment.
+            self._drained = got < ask_end - end
             end += got
             self._frame_end = end
 
     def _read_raw_whole(self, deadline: float | None) -> tuple[dict[str, Any], memoryview, int]:
         """`_read_raw` for `whole_frames` (see the class): one buffer, whole-frame requests."""
         start, end = self._frame_start, self._frame_end
+        self._drained = False  # only a recv of this read tells about the queue now
         if start:  # what the last read took past its frame moves to the front: this frame starts at 0
             self._frame_view[:end - start] = self._frame_view[start:end]
             self._frame_start, self._frame_end = 0, end - start
@@ -190,7 +198,11 @@ class FrameReader:
         self._fill(header_end, frame_nbytes, deadline)
         header = parse_header(self._frame_buf[PREFIX_NBYTES:header_end], self.max_frame_bytes)
         held = min(self._frame_end, frame_nbytes) - header_end
-        if held < payload_nbytes:  # else the payload came with the header: all of it was queued, no ioctl
+        if held < payload_nbytes and not self._drained:
+            # The payload did not all come with the header, and the recv that brought the header filled
+            # what it asked for, so more may be queued: ask the kernel (FIONREAD). When the payload came
+            # with the header, or that recv came back short (the queue was empty then), what is held is
+            # what was queued: no ioctl, so a stream of frames makes only the raw loop's recv calls.
             held += _queued_nbytes(self.sock, self._queued_buf)
         self.last_payload_queued_nbytes = min(held, payload_nbytes)
         t0 = time.perf_counter()
@@ -279,6 +291,8 @@ def _recv_within(sock: socket.socket, recv: Any, deadline: float | None, have_nb
         sock.settimeout(remaining_s)
     try:
         got = recv()
+    except BlockingIOError:  # the kernel's receive timeout (`wiiide.wire.sockets.set_io_timeout`)
+        raise _timed_out() from None
     except socket.timeout:
         if deadline is not None and time.monotonic() >= deadline:
             raise DeadlineExceeded(f"read deadline passed with {have_nbytes} of {need_nbytes} bytes of a frame "
@@ -287,6 +301,12 @@ def _recv_within(sock: socket.socket, recv: Any, deadline: float | None, have_nb
     if not got:
         raise _peer_closed(have_nbytes, need_nbytes, at_boundary)
     return got
+
+
+def _timed_out() -> socket.timeout:
+    """The error of a receive the kernel timed out (EAGAIN on a blocking socket with SO_RCVTIMEO): the
+    `socket.timeout` a Python timeout raises, so callers treat both alike."""
+    return socket.timeout("timed out")
 
 
 def _peer_closed(have_nbytes: int, need_nbytes: int, at_boundary: bool) -> PeerClosed:

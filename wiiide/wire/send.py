@@ -26,7 +26,10 @@ def send_frames(sock: socket.socket, frames: Sequence[Frame]) -> int:
         head = buffers[0]
         if type(head) is bytes and len(buffers) <= _IOV_MAX:
             total = len(head) + frames[0].payload_nbytes
-            sent = sock.sendmsg(buffers)
+            try:
+                sent = sock.sendmsg(buffers)
+            except BlockingIOError:  # the kernel's send timeout passed before a byte went out
+                raise socket.timeout("timed out") from None
             if sent == total:
                 return total
             return sent + _send_rest([memoryview(b).cast("B") for b in buffers], sent, sock)
@@ -59,7 +62,10 @@ def _send_rest(buffers: list[memoryview], sent: int, sock: socket.socket) -> int
             buffers[0] = buffers[0][sent:]
         if not buffers:
             return sent_total
-        sent = sock.sendmsg(buffers[:_IOV_MAX])
+        try:
+            sent = sock.sendmsg(buffers[:_IOV_MAX])
+        except BlockingIOError:  # the kernel's send timeout (`wiiide.wire.sockets.set_io_timeout`)
+            raise socket.timeout("timed out") from None
         sent_total += sent
 
 

@@ -8,7 +8,9 @@ getsockopt and recorded: a run that asked for 16 MiB may have got far less.
 from __future__ import annotations
 
 import json
+import math
 import socket
+import ssl
 import struct
 import subprocess
 from typing import Any
@@ -28,6 +30,33 @@ def shard_congestion(cfg: RunConfig) -> str:
     if choice not in ("", "auto"):
         return choice
     return cfg.tcp_congestion or choice
+
+
+def set_io_timeout(sock: Any, timeout_s: float) -> None:
+    """Bound each receive and each send on `sock` to `timeout_s` seconds (> 0) without a byte moving.
+
+    On a kernel socket the bound is the kernel's (socket(7) SO_RCVTIMEO and SO_SNDTIMEO) and the socket
+    stays blocking (Python's timeout None). A Python timeout (`socket.settimeout`) makes the socket
+    non-blocking and puts a `poll` before every `recv_into` and `sendmsg` (CPython's sock_call_ex), and a
+    non-blocking `sendmsg` of a 1 MiB frame returns each time the send buffer fills: 5 `sendmsg` and 10
+    `poll` per 1 MiB frame over a socketpair where the raw loop makes one `sendmsg`. With the kernel's
+    bound a frame costs the raw loop's calls. A call that times out fails with EAGAIN;
+    `wiiide.wire.reader` and `wiiide.wire.send` raise it as `socket.timeout`, as before. TLS sockets
+    (`ssl.SSLSocket`, `wiiide.wire.tls_stream.TLSStream`) and sockets without the options get
+    `settimeout(timeout_s)`.
+
+    Raises:
+        OSError: from setsockopt.
+    """
+    if (type(sock) is socket.socket and not isinstance(sock, ssl.SSLSocket) and hasattr(socket, "SO_RCVTIMEO")
+            and sock.type == socket.SOCK_STREAM):
+        usec_total = max(1, math.ceil(timeout_s * 1e6))
+        timeval = struct.pack("ll", usec_total // 1_000_000, usec_total % 1_000_000)  # struct timeval
+        sock.settimeout(None)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+        return
+    sock.settimeout(timeout_s)
 
 
 def congestion_of(sock: socket.socket) -> str | None:
