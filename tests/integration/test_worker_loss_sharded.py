@@ -38,7 +38,7 @@ def test_a_worker_killed_mid_run_under_ps_shards_all_leaves_the_run_going_on_the
     assert all(coord["steps"] <= counts[str(r)] <= coord["steps"] + 1 for r in alive)
     assert rec["step"] <= counts[str(killed)] <= rec["step"] + 1 < coord["steps"]
     kept, total = map(int, rec["momentum_partitions_kept"].split("/"))
-    assert 0 < kept < total  # the survivors' shards kept theirs; the lost shard's restart at zero
+    assert kept < total and (kept > 0 or rec["step"] <= 1)  # the survivors' shards kept theirs (none before step 1)
     assert coord["ps"]["incarnation"] == 2 and coord["ps"]["ps_shards"] == 3
     assert rep["totals"]["test_accuracy"] > 0.5
     survivors = [n for n in rep["nodes"].values() if n.get("rank") in alive]
