@@ -138,14 +138,24 @@ def _server_figures(nodes: dict[str, dict[str, Any]], containers: dict[str, dict
         "batches_per_worker": coord.get("batches_per_worker"),
         **{key: coord.get(key) for key in PACE_KEYS},
         "restored_step": (coord.get("recovery") or {}).get("restored_step") or None,
-        "steps_lost": (coord.get("recovery") or {}).get("steps_lost"),
-        "recovery_s": (coord.get("recovery") or {}).get("recovery_s"),
+        "steps_lost": _recovery_figure(coord, "steps_lost", sum),
+        "recovery_s": _recovery_figure(coord, "recovery_s", max),
         "checkpoints_written": (coord.get("checkpoints") or {}).get("written"),
         "worker_batches_sum": sum(n.get("batches") or 0 for n in workers),
         "container_net_rx_bytes": sum(v or 0 for v in rx) if has_net else None,
         "container_net_tx_bytes": sum(v or 0 for v in tx) if has_net else None,
         "container_net_bytes": sum(v or 0 for v in rx + tx) if has_net else None,
     }
+
+
+def _recovery_figure(coord: Mapping[str, Any], key: str, combine) -> Any:
+    """`key` of a restarted coordinator's ``recovery``, else `combine` (sum, max) of the sharded run's
+    worker-loss recoveries' (``ps.recoveries``, `wiiide.ps.membership`); None when neither has it."""
+    value = (coord.get("recovery") or {}).get(key)
+    if value is not None:
+        return value
+    values = [r[key] for r in (coord.get("ps") or {}).get("recoveries") or [] if r.get(key) is not None]
+    return combine(values) if values else None
 
 
 def _coordinator_record(links: Mapping[str, Any]) -> Mapping[str, Any] | None:

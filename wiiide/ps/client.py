@@ -13,8 +13,9 @@ Sparse rows (`wiiide.ps.sparse_rows`): a table partition's touched rows out afte
 The coordinator uses the same client with role ``coordinator`` (no pushes) to pull the final
 parameters (``pull_final``).
 
-Handshake: the dialling side of `wiiide.handshake` (TLS with ``tls`` on); the hello's node id is
-``<role>-<rank>@<node id>`` (so the MAC covers the rank) and the shard's welcome MAC covers its shard id.
+Handshake (`wiiide.ps.outbox.connect_shard`): the dialling side of `wiiide.handshake` (TLS with ``tls``
+on); the hello's node id is ``<role>-<rank>@<node id>`` (so the MAC covers the rank) and the shard's
+welcome MAC covers its shard id.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from wiiide.metrics import NodeMetrics
 from wiiide.model import FlatParams
 from wiiide.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT
-from wiiide.ps.connect import ShardFailed, connect_shard  # noqa: F401  (ShardFailed: the client's error)
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, received_values
 from wiiide.ps.partition import Partition
 from wiiide.ps.outbox import ShardFailed, connect_shard, drain_outbox, frame_step
@@ -61,6 +61,7 @@ class _Link:
     conn: Connection
     policy: CompressionPolicy
     outbox: "queue.Queue" = field(default_factory=queue.Queue)
+    lost: bool = False  # its connection broke: `close` does not wait for its outbox
 
 
 def push_meta(policy: CompressionPolicy, step: int, index: int) -> dict:
@@ -168,8 +169,8 @@ class ShardClient:
             for i in covered:
                 self._needed[i] += 1
         self._remaining = list(self._needed)
-        for p, covered in zip(params, overlaps) if hooks else ():
-            p.register_post_accumulate_grad_hook(lambda _p, covered=covered: self._grad_ready(covered))
+        self._hooks = [p.register_post_accumulate_grad_hook(lambda _p, covered=covered: self._grad_ready(covered))
+                       for p, covered in zip(params, overlaps) if hooks]  # close removes them
 
     def begin_step(self, step: int, micro_batches: int = 1, samples: int | None = None) -> None:
         """Arm the hooks for `step` (call before backward) of `micro_batches` backward passes (gradient
@@ -283,6 +284,7 @@ class ShardClient:
         self.metrics.add_stage_cpu("push_send", frame_step(frame), cpu_s)
 
     def _push_failed(self, link: _Link, exc: Exception) -> None:
+        link.lost = True
         self.inbox.put(ShardFailed(f"push to shard {link.shard} failed: {type(exc).__name__}: {exc}"))
 
     def _ordered_encode_loop(self) -> None:
@@ -351,6 +353,7 @@ class ShardClient:
                 self.metrics.add_stage_cpu("pull_decode", step, msg.decode_cpu_s + time.thread_time() - cpu0)
                 self.inbox.put(("pulled", msg.meta, values))
         except Exception as exc:
+            link.lost = link.lost or not isinstance(exc, ShardFailed)  # a shard's shard_failed: its link still works
             if not self._closing.is_set():
                 cause = exc if isinstance(exc, ShardFailed) else ShardFailed(
                     f"lost shard {link.shard} ({link.conn.name}): {type(exc).__name__}: {exc}")
@@ -408,8 +411,10 @@ class ShardClient:
         return [link.policy.uplink.bps for link in self.links]
 
     def close(self) -> None:
-        """Say goodbye to every shard and stop the threads."""
+        """Say goodbye to every shard, stop the threads and remove the hooks `attach` registered."""
         self._closing.set()
+        for hook in getattr(self, "_hooks", []):
+            hook.remove()
         self._heartbeats.stop()
         self._pushes.put(None)
         for link in self.links:
@@ -418,7 +423,7 @@ class ShardClient:
         time.sleep(0)  # let the senders run
         for link in self.links:
             deadline = time.monotonic() + 1.0
-            while not link.outbox.empty() and time.monotonic() < deadline:
+            while not link.lost and not link.outbox.empty() and time.monotonic() < deadline:
                 time.sleep(0.005)
             link.conn.close()
             link.policy.close()

@@ -1,7 +1,7 @@
 """The plumbing of a node's connections to the shards: dialling and authenticating to a shard
 (`connect_shard`, the dialling side of `wiiide.handshake`), a sender thread's loop over its outbox
 (shared by the shards' pull senders, `wiiide.ps.shard`, and the workers' push senders,
-`wiiide.ps.client`), and the step a push or pull frame carries.
+`wiiide.ps.client`), the step a push or pull frame carries, and where a shard listens.
 """
 
 from __future__ import annotations
@@ -98,3 +98,22 @@ def connect_shard(cfg: RunConfig, secret: bytes, metrics: NodeMetrics, log: Tier
                               f"{exc}") from None
     raise ShardFailed(f"could not reach shard {shard} at {host}:{port} within connect_timeout_s="
                       f"{cfg.connect_timeout_s:g} s: {last}")
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def shard_bind_host(cfg: RunConfig) -> str:
+    """Where a shard listens: `bind_host`, or every interface when the cluster is not on loopback
+    (workers keep the default 127.0.0.1 bind host in containers, but their peers are elsewhere)."""
+    if cfg.bind_host in LOOPBACK_HOSTS and cfg.coordinator_host not in LOOPBACK_HOSTS:
+        return "0.0.0.0"
+    return cfg.bind_host
+
+
+def close_quietly(sock: Any) -> None:
+    """Close `sock`, ignoring OSError (the peer is gone either way)."""
+    try:
+        sock.close()
+    except OSError:
+        pass

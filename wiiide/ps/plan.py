@@ -1,8 +1,10 @@
 """What a sharded run's set-up decides and checks: the data set's fingerprint, the shard count, the
 pieces a shard's range is cut into (the link probe's rule), and the worker's reading of the
-coordinator's ``ps_plan`` (partitions, shard addresses, start step and momentum), and the coordinator's
-one-message receive from a worker during set-up and the frame of a worker's batch. The loops that
-use them are in `wiiide.ps.session` (set-up, barrier) and `wiiide.ps.paced` (workers at their own pace).
+coordinator's ``ps_plan`` (partitions, shard addresses, start step and momentum, the incarnation's
+workers), the coordinator's one-message receive from a worker during set-up, the frame of a worker's
+batch, a restarted coordinator's restore of the newest step complete on every shard (`_restore`) and
+the plan's record (`plan_record`). The loops that use them are in `wiiide.ps.session` (set-up,
+barrier) and `wiiide.ps.paced` (workers at their own pace).
 """
 
 from __future__ import annotations
@@ -10,19 +12,23 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+import torch
 
 from wiiide.codecs.policy import fixed_lossy_ratio
 from wiiide.config import RunConfig
 from wiiide.data import Dataset
 from wiiide.errors import ProtocolError
+from wiiide.model import FlatParams
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure
 from wiiide.ps import link_probe
+from wiiide.ps.checkpoints import ShardsRestored, restore_shards
+from wiiide.ps.digest import params_digest
 from wiiide.ps.link_probe import PieceRule
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import WireTensor
-from wiiide.ps.partition import PER_SHARD_FINEST_BYTES, Partition, finest_raw_bytes, resolve_shards
+from wiiide.ps.partition import PER_SHARD_FINEST_BYTES, Partition, finest_raw_bytes, resolve_shards, shard_loads_bytes
 
-PS_FAILED = "ps_failed"  # worker -> coordinator: one of my shards failed ({"cause"}); the coordinator stops the run
+PS_FAILED = "ps_failed"  # worker -> coordinator: one of my shards failed ({"cause"}); the coordinator orders what next
 
 
 def data_fingerprint(data: Dataset) -> str:
@@ -157,3 +163,65 @@ def batch_frame(policy, data: Dataset, handout: str, step: int, idx: np.ndarray)
     if handout == "indices":
         return encode_message("batch_indices", {"step": step}, [WireTensor("idx", np.asarray(idx, np.int64))])
     return policy.encode("batch", {"step": step}, [WireTensor("x", data.x_train[idx]), WireTensor("y", data.y_train[idx])])
+
+
+def _restore(coord, plans: list[tuple[PieceRule, list[Partition]]], k: int,
+             flat: FlatParams) -> tuple[ShardsRestored | None, PieceRule, list[Partition]]:
+    """With checkpoints on: the newest step complete and verified on every shard
+    (`wiiide.ps.checkpoints.restore_shards`) into `flat`, recorded in the coordinator's ``recovery``.
+
+    `plans` are (piece rule, partitions): the run's own first, then the others ``auto`` may pick, tried
+    in turn when the first's checkpoints do not restore. Returns the restored state (None: a fresh
+    start) and the plan to run with: the one that restored, else the first. Files refused are those of
+    the plan that restored, else of the first."""
+    cfg, recovery = coord.cfg, coord.recovery
+    rule, partitions = plans[0]
+    if recovery is None or not recovery.enabled:
+        return None, rule, partitions
+    restored, refused = restore_shards(cfg, partitions, k, flat.numel, coord.log)
+    tried = [partitions]
+    for other_rule, other in plans[1:] if restored is None else []:
+        if other in tried:  # another rule, the same pieces (a small model's ranges)
+            continue
+        tried.append(other)
+        found, other_refused = restore_shards(cfg, other, k, flat.numel, coord.log)
+        if found is not None:
+            restored, refused, rule, partitions = found, other_refused, other_rule, other
+            coord.log.info("restored with the plan its checkpoints were written with: up to %d pieces per shard "
+                           "of %d KiB and up on the wire", rule.per_shard, rule.finest_wire_bytes // 1024)
+            break
+    recovery.store.refused.extend(refused)  # the coordinator's ``recovery.refused``
+    if restored is None:
+        if refused:
+            coord.log.error("no sharded checkpoint is complete and verified on all %d shards (%d files refused); "
+                            "starting from step 0", k, len(refused))
+        return None, rule, partitions
+    flat.load(torch.from_numpy(restored.params))
+    recovery.mark_restored(restored.step, restored.paths[0], restored_files=restored.paths, restored_shards=k,
+                           restored_params_sha256=params_digest(restored.params)["sha256"])
+    return restored, rule, partitions
+
+
+def read_workers(meta: dict, num_workers: int) -> list[int]:
+    """The plan's worker ranks (``workers``: the incarnation's, `wiiide.ps.membership`); all of
+    1..`num_workers` when it names none. Raises ProtocolError for a list that is not distinct ranks."""
+    ranks = meta.get("workers")
+    if ranks is None:
+        return list(range(1, num_workers + 1))
+    if (not isinstance(ranks, list) or not ranks or len(set(ranks)) != len(ranks)
+            or any(type(r) is not int or not 1 <= r <= num_workers for r in ranks)):  # noqa: E721
+        raise ProtocolError(f"ps_plan: workers must be distinct ranks 1..{num_workers}, got {ranks!r:.80}")
+    return ranks
+
+
+def plan_record(cfg: RunConfig, k: int, partitions: list[Partition], rule: PieceRule, probe: dict | None,
+                addresses: list[tuple[str, int, str]], handout: dict[int, str], incarnation: int) -> dict:
+    """The coordinator's ``ps`` record of the plan an incarnation runs with."""
+    return {"ps_shards": k, "partitions": len(partitions), "partition_bytes": cfg.partition_bytes,
+            "partitions_per_shard": rule.per_shard,
+            "partition_finest_bytes": partition_finest_bytes(cfg, rule.finest_wire_bytes),
+            "partitions_per_shard_setting": cfg.partitions_per_shard, "link_probe": probe,
+            "partition_balance": cfg.partition_balance, "partition_placement": cfg.partition_placement,
+            "shard_loads_bytes": shard_loads_bytes(partitions, k),
+            "shard_hosts": [f"{h or 'coordinator'}:{p}" for h, p, _ in addresses],
+            "batch_handout": {str(r): h for r, h in handout.items()}, "incarnation": incarnation}

@@ -20,8 +20,9 @@ After the usual join (`wiiide.coordinator`, `wiiide.worker`, whose welcome carri
 5. at the end the coordinator pulls the exact parameters from the shards (for evaluation) and sends
    them with ``stop``; each worker records the max abs difference between its copy and them.
 
-A lost worker fails the run (its pushes are needed for every partition, and it may host a shard): the
-coordinator exits with code 4 (`wiiide.node.EXIT_PEER_LOST`) and says which worker and why.
+A lost worker (and the shard it hosts) does not end the run: the coordinator starts the next
+incarnation over the nodes that remain, from a surviving worker's copy of the parameters
+(`wiiide.ps.membership`); the run fails (exit 4, `wiiide.node.EXIT_PEER_LOST`) only when none remain.
 
 A lost coordinator, with checkpoints on (`wiiide.ps.checkpoints`), restarts the whole sharded run: each
 worker sees its shards fail and its coordinator connection close, drops its shard and rejoins the
@@ -43,32 +44,43 @@ from torch import nn
 from wiiide.checkpoint import CheckpointSchedule
 from wiiide.data import BatchSampler, Dataset, load_dataset
 from wiiide.errors import ProtocolError, WiiideError
-from wiiide.evaluation import record_held_out, stop_at_target
+from wiiide.evaluation import stop_at_target
 from wiiide.model import FlatParams
 from wiiide.models import check_batch, loss_mean
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure, touch
 from wiiide.ps import link_probe
-from wiiide.ps.checkpoints import ShardsRestored, announce_step, restore_shards
+from wiiide.ps.checkpoints import announce_step
 from wiiide.ps.client import ShardClient, ShardFailed
-from wiiide.ps.digest import params_digest
 from wiiide.ps.feedback import policy_may_be_lossy
 from wiiide.ps.link_probe import PieceRule
 from wiiide.ps.local_sgd import LocalRounds, round_rows
+from wiiide.ps.membership import (
+    PS_RECOVER,
+    PS_REHOST,
+    Membership,
+    Replan,
+    StepSnapshots,
+    answer_recovery,
+    await_order,
+    copy_digests,
+)
 from wiiide.ps.paced import PacedHandout
 from wiiide.ps.partition import Partition, plan_partitions, shard_loads_bytes
-from wiiide.ps.plan import (
-    PS_FAILED,
+from wiiide.ps.plan import (  # noqa: F401 (_restore, _seconds: the tests' names too)
     _peer_host,
     _piece_rule,
     _plan_addresses,
     _plan_partitions,
     _plan_state,
     _receive,
-    batch_frame,
+    _restore,
     _seconds,
+    batch_frame,
     data_fingerprint,
     num_shards,
     partition_finest_bytes,
+    plan_record,
+    read_workers,
 )
 from wiiide.ps.shard import ROLE_COORDINATOR, ROLE_WORKER, ShardServer
 from wiiide.ps.snapshots import ShardSnapshots
@@ -81,152 +93,124 @@ HANDOUT_AHEAD = 1  # batches handed out this many steps ahead of the barrier
 LOSS_GRACE_S = 0.5  # after a failure, the coordinator waits this long to collect every lost peer
 
 
-
 # ---------------------------------------------------------------------------------------------------
 def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, training_marker: str) -> None:
     """The coordinator's side of a sharded run, from the joined workers to the stop (module docstring).
 
     `coord` is the `wiiide.coordinator.Coordinator` (its cfg, metrics, log and secret; membership through `members` and `drop`);
     `training_marker`: the file name touched in metrics_dir when the first step starts. On
-    return `flat` holds the shards' final parameters. Raises NodeFailure (exit 4) when a worker or a
-    shard is lost.
+    return `flat` holds the shards' final parameters. A worker or shard lost mid-run starts the next
+    incarnation (`wiiide.ps.membership`); raises NodeFailure (exit 4) when none can go on.
     """
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
-    k = num_shards(cfg)
     workers = [w for w in coord.members() if w.alive]
     if len(workers) < cfg.num_workers:  # a restarted coordinator some workers did not come back to
         raise NodeFailure(f"sharded run (ps_shards={cfg.ps_shards}) needs all {cfg.num_workers} workers; "
                           f"{len(workers)} came back within rejoin_timeout_s", EXIT_PEER_LOST)
-    shard = ShardServer(cfg, coord.secret, metrics, log, 0)
+    members = Membership(coord, flat.numel, num_shards(cfg))
+    while True:
+        shard = ShardServer(cfg, coord.secret, metrics, log, 0)
+        client, failed = None, None
+        try:
+            client, partitions = _incarnation(coord, data, flat, shard, members, training_marker)
+            flat.load(torch.from_numpy(client.pull_final(partitions, flat.numel)))
+            members.finish(flat.params)
+            return
+        except (WiiideError, OSError) as exc:
+            # One loss cascades (the workers' shards fail too): give the shard a moment to notice every
+            # peer it lost, and name them all, so the first one (the cause) is in the message.
+            members.notice()
+            if not isinstance(exc, Replan):
+                time.sleep(LOSS_GRACE_S)
+            failed = "; ".join(shard.lost) if shard.lost else f"{type(exc).__name__}: {exc}"
+            log.error("sharded run (incarnation %d): %s", members.current.number, failed[:500])
+        finally:
+            if client is not None:
+                client.close()
+            shard.close()
+        try:
+            members.recover(failed, shard)
+        except (WiiideError, OSError) as exc:
+            members.fail(f"{failed}; no recovery: {exc}")
+
+
+def _incarnation(coord, data: Dataset, flat: FlatParams, shard: ShardServer, members: Membership,
+                 training_marker: str) -> tuple[ShardClient, list[Partition]]:
+    """One incarnation (`members.current`): join, plan, ready, then the barrier until the end. Returns
+    the coordinator's client and the partitions. Raises what a lost or misbehaving peer causes."""
+    cfg, metrics, log = coord.cfg, coord.metrics, coord.log
+    now = members.current
+    k, workers = now.num_shards, now.workers
     port = shard.listen()
     fingerprint = data_fingerprint(data)
     # (host, port, TLS name): "" for the coordinator's own (the workers' coordinator_host) and, without
     # tls, for a worker's name (its certificate's first name, which its peers' TLS checks against)
     addresses: list[tuple[str, int, str]] = [("", port, "")] + [("", 0, "")] * (k - 1)
     handout: dict[int, str] = {}
-    client = None
-    try:
-        for w in workers:
-            join = _receive(coord, w, "ps_join")
-            if w.rank < k:
-                shard_port = join.meta.get("shard_port")
-                if type(shard_port) is not int or not 1 <= shard_port <= 65535:  # noqa: E721
-                    raise ProtocolError(f"worker {w.rank} hosts shard {w.rank} but reports port {shard_port!r:.40}")
-                addresses[w.rank] = (_peer_host(w.conn), shard_port, w.tls_name or "")
-            wanted = cfg.batch_handout
-            handout[w.rank] = ("indices" if wanted == "indices" or (wanted == "auto" and join.meta.get("data") == fingerprint)
-                               else "samples")
+    for w in workers:
+        join = _receive(coord, w, "ps_join")
+        if w.rank in now.hosts:
+            shard_port = join.meta.get("shard_port")
+            if type(shard_port) is not int or not 1 <= shard_port <= 65535:  # noqa: E721
+                raise ProtocolError(f"worker {w.rank} hosts shard {now.hosts[w.rank]} but reports port {shard_port!r:.40}")
+            addresses[now.hosts[w.rank]] = (_peer_host(w.conn), shard_port, w.tls_name or "")
+        wanted = cfg.batch_handout
+        handout[w.rank] = ("indices" if wanted == "indices" or (wanted == "auto" and join.meta.get("data") == fingerprint)
+                           else "samples")
+    if now.state is None:
         rule, probe = _piece_rule(coord, workers)
+    else:  # a later incarnation keeps the first one's pieces
+        rule, probe = now.extra["rule"], now.extra["probe"]
 
-        def plan(rule: PieceRule) -> tuple[PieceRule, list[Partition]]:
-            return rule, plan_partitions(flat.numel, k, cfg.num_workers, cfg.partition_bytes, cfg.partition_balance,
-                                         rule.per_shard, cfg.partition_placement,
-                                         partition_finest_bytes(cfg, rule.finest_wire_bytes), table_shape(cfg))
+    def plan(rule: PieceRule) -> tuple[PieceRule, list[Partition]]:
+        return rule, plan_partitions(flat.numel, k, len(workers), cfg.partition_bytes, cfg.partition_balance,
+                                     rule.per_shard, cfg.partition_placement,
+                                     partition_finest_bytes(cfg, rule.finest_wire_bytes), table_shape(cfg))
 
-        # A restarted run keeps the pieces its checkpoints were cut into, whatever the probe says now.
+    if now.state is None:  # a restarted run keeps the pieces its checkpoints were cut into, whatever the probe says now
         others = [r for r in link_probe.AUTO_RULES if r != rule] if probe else []
         restored, rule, partitions = _restore(coord, [plan(rule)] + [plan(r) for r in others], k, flat)
         start_step = restored.step if restored is not None else 0
         momentum = restored.momentum if restored is not None else None
-        shard.configure(partitions, flat.params.numpy(), policy_may_be_lossy(cfg), momentum, start_step)
-        if shard.checkpointer is not None and shard.checkpointer.enabled:  # the report's checkpoints_written
-            metrics.extra["checkpoints"] = shard.checkpointer.record
-        shard.start()
-        plan_meta = {"shards": [list(a) for a in addresses],
-                     "partitions": [[p.start, p.stop, p.shard] for p in partitions],
-                     "data": fingerprint, "start_step": start_step}
-        state = [to_wire("params", flat.params)]
-        if momentum is not None:  # a restored checkpoint's: the shards' optimizer state
-            state.append(WireTensor("momentum", momentum))
-        for w in workers:
-            w.conn.send([encode_message("ps_plan", {**plan_meta, "batch_handout": handout[w.rank]}, state)])
-        for w in workers:
-            _receive(coord, w, "ps_ready")
-        own = [(cfg.coordinator_host if not h else h, p, name) for h, p, name in addresses]
-        own[0] = ("127.0.0.1", port, cfg.coordinator_host)  # its certificate names coordinator_host
-        client = ShardClient(cfg, coord.secret, metrics, log, own, ROLE_COORDINATOR, 0, coord.metrics.node_id)
-        metrics.extra["ps"].update({
-            "ps_shards": k, "partitions": len(partitions), "partition_bytes": cfg.partition_bytes,
-            "partitions_per_shard": rule.per_shard,
-            "partition_finest_bytes": partition_finest_bytes(cfg, rule.finest_wire_bytes),
-            "partitions_per_shard_setting": cfg.partitions_per_shard, "link_probe": probe,
-            "partition_balance": cfg.partition_balance,
-            "partition_placement": cfg.partition_placement,
-            "shard_loads_bytes": shard_loads_bytes(partitions, k),
-            "shard_hosts": [f"{h or 'coordinator'}:{p}" for h, p, _ in addresses],
-            "batch_handout": {str(r): h for r, h in handout.items()}})
+        now.extra.update(rule=rule, probe=probe)
+    else:
+        _, partitions = plan(rule)
+        flat.load(torch.from_numpy(now.state.params.copy()))
+        start_step, momentum = now.state.step, now.state.momentum
+    now.partitions = partitions
+    shard.expect_workers([w.rank for w in workers])
+    shard.configure(partitions, flat.params.numpy(), policy_may_be_lossy(cfg), momentum, start_step)
+    if shard.checkpointer is not None and shard.checkpointer.enabled:  # the report's checkpoints_written
+        metrics.extra["checkpoints"] = shard.checkpointer.record
+    shard.start()
+    plan_meta = {"shards": [list(a) for a in addresses], "ps_shards": k, "workers": [w.rank for w in workers],
+                 "partitions": [[p.start, p.stop, p.shard] for p in partitions],
+                 "data": fingerprint, "start_step": start_step}
+    state = [to_wire("params", flat.params)]
+    if momentum is not None:  # a restored checkpoint's: the shards' optimizer state
+        state.append(WireTensor("momentum", momentum))
+    for w in workers:
+        w.conn.send([encode_message("ps_plan", {**plan_meta, "batch_handout": handout[w.rank]}, state)])
+    readies = {w.rank: _receive(coord, w, "ps_ready").meta for w in workers}
+    own = [(cfg.coordinator_host if not h else h, p, name) for h, p, name in addresses]
+    own[0] = ("127.0.0.1", port, cfg.coordinator_host)  # its certificate names coordinator_host
+    client = ShardClient(cfg, coord.secret, metrics, log, own, ROLE_COORDINATOR, 0, coord.metrics.node_id)
+    try:
+        if now.record is not None:  # after a recovery: every shard's parameters against every worker's copy
+            members.check(now, client.pull_final(partitions, flat.numel), partitions, readies)
+        metrics.extra["ps"].update(plan_record(cfg, k, partitions, rule, probe, addresses, handout, now.number))
         log.info("sharded: %d shards, %d partitions (%s bytes per shard); batch handout %s", k, len(partitions),
                  shard_loads_bytes(partitions, k), sorted(set(handout.values())))
-        _train(coord, data, workers, handout, shard, training_marker, start_step, client, partitions)
-        final = client.pull_final(partitions, flat.numel)
-        flat.load(torch.from_numpy(final))
-        if coord.evaluator is not None:  # the final point: the exact final parameters
-            coord.evaluator.finish(metrics.steps, metrics.samples, flat.params)
-            record_held_out(metrics, coord.evaluator)
-        stop = encode_message("stop", {"reason": "finished", "steps": metrics.steps}, [to_wire("params", flat.params)])
-        for w in workers:
-            try:
-                w.conn.send([stop])
-            except OSError as exc:
-                coord.drop(w, exc)
-    except (WiiideError, OSError) as exc:
-        # One loss cascades (a worker that lost a shard exits too): give the shard a moment to notice
-        # every peer it lost, and name them all, so the first one (the cause) is in the message.
-        time.sleep(LOSS_GRACE_S)
-        cause = "; ".join(shard.lost) if shard.lost else f"{type(exc).__name__}: {exc}"
-        for w in workers:
-            if w.alive:
-                try:
-                    w.conn.send([encode_message("stop", {"reason": f"failed: {cause[:300]}", "steps": metrics.steps})])
-                except OSError:
-                    pass
-        raise NodeFailure(f"sharded run (ps_shards={cfg.ps_shards}) cannot go on: {cause}", EXIT_PEER_LOST) from None
-    finally:
-        if client is not None:
-            client.close()
-        shard.close()
-
-
-
-def _restore(coord, plans: list[tuple[PieceRule, list[Partition]]], k: int,
-             flat: FlatParams) -> tuple[ShardsRestored | None, PieceRule, list[Partition]]:
-    """With checkpoints on: the newest step complete and verified on every shard
-    (`wiiide.ps.checkpoints.restore_shards`) into `flat`, recorded in the coordinator's ``recovery``.
-
-    `plans` are (piece rule, partitions): the run's own first, then the others ``auto`` may pick, tried
-    in turn when the first's checkpoints do not restore. Returns the restored state (None: a fresh
-    start) and the plan to run with: the one that restored, else the first. Files refused are those of
-    the plan that restored, else of the first."""
-    cfg, recovery = coord.cfg, coord.recovery
-    rule, partitions = plans[0]
-    if recovery is None or not recovery.enabled:
-        return None, rule, partitions
-    restored, refused = restore_shards(cfg, partitions, k, flat.numel, coord.log)
-    tried = [partitions]
-    for other_rule, other in plans[1:] if restored is None else []:
-        if other in tried:  # another rule, the same pieces (a small model's ranges)
-            continue
-        tried.append(other)
-        found, other_refused = restore_shards(cfg, other, k, flat.numel, coord.log)
-        if found is not None:
-            restored, refused, rule, partitions = found, other_refused, other_rule, other
-            coord.log.info("restored with the plan its checkpoints were written with: up to %d pieces per shard "
-                           "of %d KiB and up on the wire", rule.per_shard, rule.finest_wire_bytes // 1024)
-            break
-    recovery.store.refused.extend(refused)  # the coordinator's ``recovery.refused``
-    if restored is None:
-        if refused:
-            coord.log.error("no sharded checkpoint is complete and verified on all %d shards (%d files refused); "
-                            "starting from step 0", k, len(refused))
-        return None, rule, partitions
-    flat.load(torch.from_numpy(restored.params))
-    recovery.mark_restored(restored.step, restored.paths[0], restored_files=restored.paths, restored_shards=k,
-                           restored_params_sha256=params_digest(restored.params)["sha256"])
-    return restored, rule, partitions
+        _train(coord, data, workers, handout, shard, training_marker, start_step, client, partitions, members)
+    except BaseException:
+        client.close()
+        raise
+    return client, partitions
 
 
 def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardServer, training_marker: str,
-           start_step: int = 0, client: ShardClient | None = None, partitions: list[Partition] | None = None) -> None:
+           start_step: int = 0, client: ShardClient | None = None, partitions: list[Partition] | None = None,
+           members: Membership | None = None) -> None:
     """The step barrier. Batches go out `HANDOUT_AHEAD` steps ahead, so a worker whose pulls are in
     starts its next step at once, without a round trip through the coordinator; whether a step runs
     (duration_s, max_steps) is decided when its batches are sent. A restored run starts at
@@ -239,13 +223,17 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
 
     With eval_every_s (the coordinator's ``evaluator``), snapshots pulled from the shards through
     `client` on another thread (`wiiide.ps.snapshots`) are evaluated while the barrier runs, and
-    stop_at_target ends the handout once the target is reached."""
+    stop_at_target ends the handout once the target is reached. After a recovery (`members`: a later
+    incarnation) duration_s and the evaluator go on counting from the first incarnation's start."""
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
     timer = CheckpointSchedule(0, cfg.checkpoint_every_s if client is not None else 0.0, start_step)
     sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed + start_step)
-    start = time.perf_counter()
+    first = members is None or members.train_start_s is None
+    start = time.perf_counter() if first else members.train_start_s
+    if members is not None:
+        members.train_start_s = start
     touch(str(Path(cfg.metrics_dir) / training_marker))
-    evaluator = coord.evaluator.start(start) if coord.evaluator is not None else None
+    evaluator = coord.evaluator if coord.evaluator is None or not first else coord.evaluator.start(start)
     snapshots = None
     if evaluator is not None and client is not None and partitions:
         snapshots = ShardSnapshots(evaluator, client, partitions, partitions[-1].stop,
@@ -254,7 +242,8 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
         if cfg.staleness_bound != 0 or cfg.adaptive_batch:  # the SSP clock's handout (wiiide.ps.paced)
             PacedHandout(coord, data, workers, handout, shard, sampler, start, evaluator).run()
         else:
-            _barrier(coord, data, workers, handout, shard, timer, sampler, start, start_step, client, evaluator)
+            _barrier(coord, data, workers, handout, shard, timer, sampler, start, start_step, client, evaluator,
+                     members)
     finally:
         if snapshots is not None:
             snapshots.stop()
@@ -262,11 +251,14 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
 
 
 def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardServer, timer: CheckpointSchedule,
-             sampler: BatchSampler, start: float, start_step: int, client: ShardClient | None, evaluator) -> None:
+             sampler: BatchSampler, start: float, start_step: int, client: ShardClient | None, evaluator,
+             members: Membership | None = None) -> None:
     """`_train`'s loop: hand out, wait for every worker's ``step_done``, record the step."""
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
 
     def more(sent: int) -> bool:
+        if members is not None and members.rejoin_due():  # drain, then readmit (wiiide.ps.membership)
+            return False
         if stop_at_target(cfg, evaluator):
             return False
         return not (time.perf_counter() - start >= cfg.duration_s or (cfg.max_steps and sent >= cfg.max_steps))
@@ -318,23 +310,28 @@ def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: Shar
             metrics.sample_rss()
         if coord.recovery is not None:  # steps lost and recovery time at the first step after a restart
             coord.recovery.note_step(step)
+        if members is not None:  # the same after a worker's loss (wiiide.ps.membership)
+            members.note_step(step)
         log.step(step, "step %d: loss %.4f, %d workers, %.1f batches/s (sharded)", step, metrics.losses[-1],
                  len(workers), metrics.batches / (now - start))
     metrics.train_time_s = time.perf_counter() - start
     metrics.extra["epochs"] = sampler.epochs_done
+    if members is not None:
+        members.after_barrier()
 
 
 # ---------------------------------------------------------------------------------------------------
 def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, secret: bytes) -> None:
-    """A worker's side of a sharded run, from its welcome to the stop (module docstring).
+    """A worker's side of a sharded run, from its welcome to the stop (module docstring), through every
+    incarnation (`wiiide.ps.membership`: after a loss it answers ``ps_recover`` and joins the next).
 
     Raises:
-        ProtocolError: a malformed plan, batch or pull; NodeFailure / ShardFailed: a shard failed.
+        ProtocolError: a malformed plan, batch or pull; NodeFailure: the coordinator stopped the run.
     """
     cfg, metrics, log = worker.cfg, worker.metrics, worker.log
     rank = metrics.rank
     k = welcome_meta.get("ps_shards")
-    shard = ShardServer(cfg, secret, metrics, log, rank) if rank < k else None
+    hosted = rank if rank < k else None
     data, fingerprint = None, None
     if cfg.batch_handout != "samples":
         try:
@@ -342,64 +339,66 @@ def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, s
             fingerprint = data_fingerprint(data)
         except (WiiideError, OSError) as exc:
             log.info("no local data set (%s): batches come as samples", exc)
-    client = None
-    try:
-        conn.send([encode_message("ps_join", {"shard_port": shard.listen() if shard else 0, "data": fingerprint})])
-        plan = link_probe.receive_answering_probes(conn, "ps_plan")
-        flat = FlatParams(model)
-        partitions = _plan_partitions(plan.meta, flat.numel, k)
-        params = plan.tensor("params")
-        if params.shape != (flat.numel,) or params.dtype != np.float32:
-            raise ProtocolError(f"ps_plan: params of shape {params.shape}, expected ({flat.numel},)")
-        flat.load(torch.from_numpy(params.copy()))
-        start_step, momentum = _plan_state(plan, flat.numel)
-        handout = plan.meta.get("batch_handout")
-        if handout == "indices" and plan.meta.get("data") != fingerprint:
-            raise ProtocolError("ps_plan: indices handout, but this worker's data set differs from the coordinator's")
-        metrics.extra.setdefault("ps", {}).update({"ps_shards": k, "partitions": len(partitions),
-                                                   "batch_handout": handout})
-        if shard is not None:
-            shard.configure(partitions, params, policy_may_be_lossy(cfg), momentum, start_step)
-            shard.start()
-        addresses = _plan_addresses(plan.meta, k, cfg.coordinator_host)
-        client = ShardClient(cfg, secret, metrics, log, addresses, ROLE_WORKER, rank, worker.node_id)
-        client.attach(model, flat, partitions, policy_may_be_lossy(cfg), hooks=cfg.local_steps == 1)
-        conn.send([encode_message("ps_ready")])
-        _worker_steps(worker, conn, model, flat, client, data, str((welcome_meta.get("model") or {}).get("type")))
-    except ShardFailed as exc:
-        _await_coordinator(conn, exc)
-    finally:
-        if client is not None:
-            metrics.extra.setdefault("ps", {})["push_policy"] = client.policy_records()
-            metrics.extra["ps"]["push_uplink_bps_reported"] = client.uplink_records()
-            metrics.extra["ps"]["push_cwnd"] = client.push_cwnd_record()
-            client.close()
-        if shard is not None:
-            shard.close()
-
-
-def _await_coordinator(conn: Connection, failure: ShardFailed) -> None:
-    """After a shard failed: tell the coordinator (``ps_failed``: it may be waiting for this worker's
-    ``step_done``); a live one answers with a ``stop`` (a lost worker fails the run: NodeFailure, with
-    `failure` and its reason); a dead one closes the connection, which propagates (PeerClosed,
-    ConnectionError, socket.timeout) so the worker rejoins it once it is restarted and the sharded run
-    goes on from its newest complete checkpoint (`wiiide.worker`)."""
-    conn.send([encode_message(PS_FAILED, {"cause": str(failure)[:500]})])
+    flat = FlatParams(model)
+    snapshots = StepSnapshots()
+    kind = str((welcome_meta.get("model") or {}).get("type"))
+    if welcome_meta.get("ps_rehost") is True:  # came back mid-run: the next incarnation says what it hosts
+        k, hosted = answer_recovery(conn, conn.receive([PS_RECOVER, PS_REHOST]), snapshots, None,
+                                    cfg.num_workers + 1, cfg.momentum)
     while True:
-        msg = conn.receive(["batch", "batch_indices", "stop"])  # batches handed out ahead are dropped
-        if msg.kind == "stop":
-            raise NodeFailure(f"{failure}; the coordinator stopped the sharded run: "
-                              f"{str(msg.meta.get('reason'))[:400]}", EXIT_PEER_LOST) from None
+        shard = ShardServer(cfg, secret, metrics, log, hosted) if hosted is not None else None
+        client, order = None, None
+        try:
+            conn.send([encode_message("ps_join", {"shard_port": shard.listen() if shard else 0, "data": fingerprint})])
+            plan = link_probe.receive_answering_probes(conn, "ps_plan")
+            partitions = _plan_partitions(plan.meta, flat.numel, k)
+            params = plan.tensor("params")
+            if params.shape != (flat.numel,) or params.dtype != np.float32:
+                raise ProtocolError(f"ps_plan: params of shape {params.shape}, expected ({flat.numel},)")
+            flat.load(torch.from_numpy(params.copy()))
+            start_step, momentum = _plan_state(plan, flat.numel)
+            snapshots.keep(start_step, flat.params)
+            handout = plan.meta.get("batch_handout")
+            if handout == "indices" and plan.meta.get("data") != fingerprint:
+                raise ProtocolError("ps_plan: indices handout, but this worker's data set differs from the coordinator's")
+            metrics.extra.setdefault("ps", {}).update({"ps_shards": k, "partitions": len(partitions),
+                                                       "batch_handout": handout})
+            if shard is not None:
+                shard.expect_workers(read_workers(plan.meta, cfg.num_workers))
+                shard.configure(partitions, params, policy_may_be_lossy(cfg), momentum, start_step)
+                shard.start()
+            addresses = _plan_addresses(plan.meta, k, cfg.coordinator_host)
+            client = ShardClient(cfg, secret, metrics, log, addresses, ROLE_WORKER, rank, worker.node_id)
+            client.attach(model, flat, partitions, policy_may_be_lossy(cfg), hooks=cfg.local_steps == 1)
+            conn.send([encode_message("ps_ready", {"digests": copy_digests(flat.params.numpy(), partitions, k)})])
+            order = _worker_steps(worker, conn, model, flat, client, data, kind, snapshots)
+        except ShardFailed as exc:
+            order = await_order(conn, exc)
+        finally:
+            if client is not None:
+                metrics.extra.setdefault("ps", {})["push_policy"] = client.policy_records()
+                metrics.extra["ps"]["push_uplink_bps_reported"] = client.uplink_records()
+                metrics.extra["ps"]["push_cwnd"] = client.push_cwnd_record()
+                client.close()
+            if shard is not None:
+                shard.close()
+        if order is None:
+            return
+        metrics.event("ps_recover", step=order.meta.get("step"), incarnation=order.meta.get("incarnation"))
+        k, hosted = answer_recovery(conn, order, snapshots, shard, cfg.num_workers + 1, cfg.momentum)
 
 
 def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, client: ShardClient,
-                  data: Dataset | None, kind: str) -> None:
+                  data: Dataset | None, kind: str, snapshots: StepSnapshots):
+    """The steps of one incarnation: None after the ``stop``, the ``ps_recover`` message after a loss."""
     cfg, metrics, log = worker.cfg, worker.metrics, worker.log
     wait_s = 0.0
     rounds = (LocalRounds(cfg, model, flat, client, kind, metrics.rank, worker.scope)
               if cfg.local_steps > 1 else None)
     while True:
-        msg = conn.receive(["batch", "batch_indices", "stop"])
+        msg = conn.receive(["batch", "batch_indices", "stop", PS_RECOVER])
+        if msg.kind == PS_RECOVER:
+            return msg
         if msg.kind == "stop":
             reason = str(msg.meta.get("reason"))
             if msg.tensors:
@@ -411,7 +410,7 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
             log.info("stop after %d steps: %s", metrics.steps, reason)
             if reason.startswith("failed"):
                 raise NodeFailure(f"the coordinator stopped the sharded run: {reason[:400]}", EXIT_PEER_LOST)
-            return
+            return None
         step = msg.meta.get("step")
         t0, cpu0 = time.perf_counter(), time.thread_time()
         if msg.kind == "batch_indices":
@@ -443,6 +442,7 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
         compute_s = time.perf_counter() - t0
         metrics.add_compute(step, compute_s, time.thread_time() - cpu0)
         wait_s += client.finish_step(step)
+        snapshots.keep(step + 1, flat.params)  # a live copy for a recovery (wiiide.ps.membership)
         worker._last_step, worker._last_params_unix_s = step, time.time()  # the hello's rejoin hint
         conn.send([encode_message("step_done", {"step": step, "loss": loss_value, "samples": int(x.shape[0]),
                                                 "compute_s": compute_s, "staleness": client.staleness})])

@@ -23,9 +23,11 @@ back to the pushing worker only, as a delta against that worker's own replica; t
 ``staleness``. With ``adaptive_batch`` in rounds (s = 0) it averages the pushes weighted by their
 ``samples``, the gradient of the whole global batch.
 
-Shard loss: a sharded run needs every worker's push for every partition, so a peer that disconnects
-mid-run fails the shard (`failure`: the first cause, `lost`: every one); it tells every other peer (``shard_failed`` with the cause) and the run ends
-with that cause (the coordinator exits with code 4). It does not go on without the worker.
+Shard loss: an update needs every worker's push for its partition, so a peer that disconnects mid-run
+fails the shard (`failure`: the first cause, `lost`: every one); it tells every other peer
+(``shard_failed`` with the cause), and the coordinator goes on without the lost worker in a new
+incarnation with new shards (`wiiide.ps.membership`, which reads the momentum a shard kept through
+`partition_states`; `expect_workers` names the workers an incarnation's shards serve).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,11 +53,11 @@ from wiiide.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
 from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas, received_values
 from wiiide.ps.local_sgd import shard_optimizer
-from wiiide.ps.outbox import drain_outbox, frame_step
+from wiiide.ps.outbox import close_quietly, drain_outbox, frame_step, shard_bind_host  # noqa: F401 (frame_step)
 from wiiide.ps.partition import Partition
 from wiiide.ps.shard_pacing import apply_on_arrival, push_samples
 from wiiide.ps.sparse_rows import ROWS_PULL_KIND, ROWS_PUSH_KIND, RowTable, apply_rows
-from wiiide.recovery import momentum_from_flat
+from wiiide.recovery import momentum_from_flat, momentum_to_flat
 from wiiide.wire.admission import HandshakeGate, Pending
 from wiiide.wire.encode import encode_message, with_meta
 from wiiide.wire.messages import Frame, WireTensor
@@ -62,15 +65,6 @@ from wiiide.wire.sockets import configure_socket, shard_congestion
 
 ROLE_WORKER = "worker"
 ROLE_COORDINATOR = "coordinator"
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-
-
-def shard_bind_host(cfg: RunConfig) -> str:
-    """Where a shard listens: `bind_host`, or every interface when the cluster is not on loopback
-    (workers keep the default 127.0.0.1 bind host in containers, but their peers are elsewhere)."""
-    if cfg.bind_host in LOOPBACK_HOSTS and cfg.coordinator_host not in LOOPBACK_HOSTS:
-        return "0.0.0.0"
-    return cfg.bind_host
 
 
 @dataclass
@@ -110,6 +104,7 @@ class ShardServer:
     def __init__(self, cfg: RunConfig, secret: bytes, metrics: NodeMetrics, log: TieredLog, shard_id: int) -> None:
         self.cfg, self.secret, self.metrics, self.log, self.shard_id = cfg, secret, metrics, log, shard_id
         self.num_workers = cfg.num_workers
+        self.worker_ranks = set(range(1, cfg.num_workers + 1))  # whose pushes an update waits for (expect_workers)
         self.policy = CompressionPolicy.from_config(cfg.replace(lossy_warmup_steps=0))
         self.listener: socket.socket | None = None
         self.owned: dict[int, _Owned] = {}
@@ -178,6 +173,20 @@ class ShardServer:
         self._delta_pulls = lossy_pulls or pulls_as_deltas(cfg)
         self.stats.update({"partitions": len(self.owned), "bytes": sum(o.part.nbytes for o in self.owned.values())})
 
+    def expect_workers(self, ranks) -> None:
+        """Serve the workers of these ranks only (a run that lost some, `wiiide.ps.membership`): an update
+        waits for their pushes alone. Call before `start`."""
+        self.worker_ranks = set(ranks)
+        self.num_workers = len(self.worker_ranks)
+
+    def partition_states(self) -> list[tuple[int, int, np.ndarray | None, np.ndarray]]:
+        """(partition index, its step, a copy of its momentum buffer as flat float32 or None without one,
+        a copy of the averaged gradient its last update applied) for every owned partition
+        (`wiiide.ps.membership` keeps a lost run's momentum from it)."""
+        with self._lock:
+            return [(i, o.step, momentum_to_flat(o.optimizer), o.param.grad.numpy().copy())
+                    for i, o in sorted(self.owned.items())]
+
     def start(self) -> "ShardServer":
         """Accept and serve peers on daemon threads; returns self."""
         threading.Thread(target=self._accept_loop, name=f"shard {self.shard_id} acceptor", daemon=True).start()
@@ -212,7 +221,7 @@ class ShardServer:
         self.listener.settimeout(0.5)
         while not self._closing.is_set():
             for refusal in self._gate.expire(time.monotonic()):
-                _close_quietly(refusal.pending.sock)
+                close_quietly(refusal.pending.sock)
             try:
                 sock, addr = self.listener.accept()
             except socket.timeout:
@@ -230,7 +239,7 @@ class ShardServer:
     def _refused(self, pending: Pending, cause: str) -> None:
         self.metrics.event("shard_connection_refused", shard=self.shard_id, peer=pending.peer, cause=cause[:300])
         self.log.error("shard %d refused %s: %s", self.shard_id, pending.peer, cause[:300])
-        _close_quietly(pending.sock)
+        close_quietly(pending.sock)
 
     def _slot(self, pending: Pending | None) -> None:
         while pending is not None:
@@ -267,7 +276,7 @@ class ShardServer:
                                     f"1..{self.num_workers} or coordinator 0")
             if not node_id.startswith(f"{role}-{rank}@"):
                 raise ProtocolError("hello: node_id must start with '<role>-<rank>@' (the MAC covers it)")
-            if (role == ROLE_WORKER and not 1 <= rank <= self.num_workers) or (role == ROLE_COORDINATOR and rank != 0):
+            if (role == ROLE_WORKER and rank not in self.worker_ranks) or (role == ROLE_COORDINATOR and rank != 0):
                 raise ProtocolError(f"hello: rank {rank} out of range for a {role}")
             with self._lock:
                 if any(p.rank == rank and p.role == role for p in self.peers):
@@ -436,9 +445,3 @@ class ShardServer:
             if other is not peer:
                 other.outbox.put(frame)
 
-
-def _close_quietly(sock: socket.socket) -> None:
-    try:
-        sock.close()
-    except OSError:
-        pass
