@@ -45,7 +45,11 @@ def test_every_experiment_says_what_it_shows_and_how_long_it_takes():
 
 def test_seed_studies_sweep_what_the_seeds_swept():
     buffers = load_spec(REPO_ROOT / "experiments/seed-buffers.yaml")
-    assert [p.config.sndbuf_bytes for p in buffers.points] == [2**20, 4 * 2**20, 8 * 2**20, 16 * 2**20]
+    sizes = [2**20, 4 * 2**20, 8 * 2**20, 16 * 2**20]
+    links = sorted({p.params["link"] for p in buffers.points})
+    assert links == ["gbit-rtt10ms", "gbit-rtt25ms", "gbit-rtt50ms", "none"]
+    for link in links:  # the seeds' four sizes on every link, unshaped as the seeds ran them and with delay
+        assert [p.config.sndbuf_bytes for p in buffers.points if p.params["link"] == link] == sizes, link
     assert all(p.config.rcvbuf_bytes == p.config.sndbuf_bytes for p in buffers.points)
     compression = load_spec(REPO_ROOT / "experiments/seed-compression.yaml")
     assert [p.config.compression for p in compression.points] == ["none", "zlib-1", "zlib-9", "adaptive"]
