@@ -31,11 +31,17 @@ def summary_v1(repeats: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]
     return {key: stats.model_dump() for key, stats in summary.items()}, unstable
 
 
-def load_spec(path: Path) -> SimpleNamespace:
+def load_spec(path: Path, first_of: tuple[str, ...] = ()) -> SimpleNamespace:
     """The parts of a shipped spec a report holds, read with yaml alone (the tests of the page need not
-    follow every change of harness/spec.py): to_dict(), param_names, points with params and config."""
+    follow every change of harness/spec.py): to_dict(), param_names, points with params and config.
+    The axes named in `first_of` keep their first value only (into the base), as ``--only`` would."""
     data = yaml.safe_load(path.read_text())
-    axes = data.get("axes") or {}
+    axes = dict(data.get("axes") or {})
+    base = dict(data.get("base") or {})
+    for name in first_of:
+        if name in axes:
+            base[name] = axes.pop(name)[0]
+    data["base"] = base
     spec_dict = {"name": data["name"], "description": data.get("description", ""), "repeats": data.get("repeats", 1),
                  "base": data.get("base") or {}, "axes": axes, "reference": data.get("reference") or {},
                  "timeout_s": data.get("timeout_s"), "source": f"experiments/{path.name}"}
@@ -112,8 +118,9 @@ def _repeat(repeat: int, batches_per_s: float, workers: int, status: str = "ok",
 
 
 def buffers_report(docker: bool = True, complete: bool = True) -> dict[str, Any]:
-    """seed-buffers shaped: 1MiB and 4MiB ok (3 repeats), 8MiB partial, 16MiB failed; its real spec."""
-    spec = load_spec(REPO_ROOT / "experiments" / "seed-buffers.yaml")
+    """seed-buffers shaped: 1MiB and 4MiB ok (3 repeats), 8MiB partial, 16MiB failed; its real spec, on its
+    first link (unshaped) only."""
+    spec = load_spec(REPO_ROOT / "experiments" / "seed-buffers.yaml", first_of=("link",))
     workers = spec.points[0].config.num_workers
     plans = {
         "1MiB": [("ok", 300.0), ("ok", 320.0), ("ok", 290.0)],

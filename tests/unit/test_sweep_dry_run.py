@@ -40,7 +40,7 @@ def _dry_run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def _point_rows(out: str) -> list[str]:
-    return [line for line in out.splitlines() if re.match(r"^\d+\s{2,}", line)]
+    return [line for line in out.splitlines() if re.match(r"^\s*\d+\s{2,}", line)]
 
 
 def _total_min(out: str) -> float:
@@ -50,7 +50,8 @@ def _total_min(out: str) -> float:
 @pytest.mark.parametrize("name", ["quick", "seed-buffers", "recovery", "tls"])
 def test_lists_every_point_of_a_valid_spec(capsys, name):
     path = EXPERIMENTS / f"{name}.yaml"
-    code, out, _ = _dry_run(capsys, str(path), "--backend", "local")
+    backend = "docker" if name == "seed-buffers" else "local"  # its links need a backend that shapes them
+    code, out, _ = _dry_run(capsys, str(path), "--backend", backend)
     assert code == 0
     rows = _point_rows(out)
     assert [int(r.split()[0]) for r in rows] == [p.index for p in load_spec(path).points]
