@@ -231,7 +231,8 @@ class RunConfig(BaseSettings):
     _section("ps")
     ps_shards: PsShards = _field("1", "1 | all | an integer 1..nodes (coordinator + workers)",
                                  "wiiide: server shards; 1: the central server on the coordinator; all: one on "
-                                 "every node (coordinator and each worker); k: the coordinator and workers 1..k-1")
+                                 "every node (coordinator and each worker with at least half the most CPU); k: the coordinator "
+                                 "and the k-1 workers with the most CPU (wiiide.ps.placement)")
     partition_bytes: SizeBytes = _field(4 * _MIB, "4 bytes..1 GiB",
                                         "ps_shards > 1: largest parameter partition (BytePS's default 4 MiB); "
                                         "at least partitions_per_shard per shard", ge=4, le=1024 * _MIB)

@@ -101,7 +101,9 @@ class Coordinator(CoordinatorJoining):
         self.listener: socket.socket | None = None
         self.secret = b""
         self._joining: queue.Queue[_Joining] = queue.Queue()
-        self.welcome_extra: dict = {}  # merged into every welcome's meta (a sharded run's rejoins)
+        # merged into every welcome's meta: a sharded worker waits for its ps_rehost (the shard it hosts,
+        # wiiide.ps.placement), from the first incarnation on
+        self.welcome_extra: dict = {"ps_rehost": True} if cfg.ps_shards != "1" else {}
         self._closing = threading.Event()
         self._gate = HandshakeGate.for_cluster(cfg.max_handshakes, cfg.num_workers, cfg.handshake_timeout_s)
         self._heartbeats: Heartbeats | None = None

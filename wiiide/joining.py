@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from wiiide.handshake import Hello, accept_hello, refusal_reason, send_welcome
 from wiiide.node import EXIT_CONNECT, EXIT_PEER_LOST, Connection, Heartbeats, NodeFailure
 from wiiide.ps.partition import resolve_shards
+from wiiide.ps.placement import hello_cpus
 from wiiide.recovery import rejoin_hint
 from wiiide.wire.admission import REASON_DEADLINE, Pending, Refusal
 
@@ -53,6 +54,7 @@ class WorkerSlot:
     batches: int = 0
     alive: bool = True
     tls_name: str | None = None  # with tls on: the first name of its certificate (what its peers dial it as)
+    cpus: float | None = None  # the CPU its hello reported (cores; wiiide.ps.placement), None: not reported
 
 
 
@@ -159,6 +161,11 @@ class CoordinatorJoining:
                 old = next(w for w in self.workers if not w.alive)
         rank = old.rank if old is not None else len(self.workers) + 1
         try:
+            cpus = hello_cpus(joining.hello.meta.get("cpus"))
+        except ValueError as exc:
+            self._refuse(joining.conn.sock, joining.peer, str(exc), "bad_hello")
+            return
+        try:
             conn = send_welcome(joining.hello, cfg, self.secret, rank, {
                 "rank": rank, "world_size": cfg.num_workers + 1, "num_workers": cfg.num_workers, "model": self._spec,
                 **({"ps_shards": resolve_shards(cfg.ps_shards, cfg.num_workers + 1)} if cfg.ps_shards != "1" else {}),
@@ -172,12 +179,13 @@ class CoordinatorJoining:
         self.metrics.socket_options.append({"rank": rank, **joining.hello.options})
         if old is not None:
             old.conn, old.node_id, old.alive, old.tls_name = conn, joining.node_id, True, joining.hello.tls_name
+            old.cpus = cpus
             self.metrics.event("worker_rejoined", rank=rank, node_id=joining.node_id, peer=joining.peer,
                                step=self.metrics.steps)
             self.log.info("worker %d rejoined from %s (%s) at step %d", rank, joining.peer, joining.node_id,
                           self.metrics.steps)
         else:
-            self.workers.append(WorkerSlot(rank, conn, joining.node_id, tls_name=joining.hello.tls_name))
+            self.workers.append(WorkerSlot(rank, conn, joining.node_id, tls_name=joining.hello.tls_name, cpus=cpus))
             self.metrics.event("worker_joined", rank=rank, node_id=joining.node_id, peer=joining.peer)
             self.log.info("worker %d joined from %s (%s); %d of %d", rank, joining.peer, joining.node_id,
                           len(self.workers), cfg.num_workers)

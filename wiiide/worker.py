@@ -43,6 +43,7 @@ from wiiide.node import (
 )
 from wiiide.pace.compress import PULL_KINDS, DeltaPush, WorkerCopy
 from wiiide.pace.outer import gradient, local_delta
+from wiiide.ps.placement import node_cpus
 from wiiide.sparse import UPDATE_KIND, SparseRows
 from wiiide.tensor_memory import ForwardScope, tensor_memory
 from wiiide.tensors import from_wire, to_wire
@@ -157,7 +158,7 @@ class Worker:
         cfg, metrics = self.cfg, self.metrics
         heartbeats = model = None
         try:
-            extra: dict = {"pid": os.getpid()}
+            extra: dict = {"pid": os.getpid(), "cpus": node_cpus()}  # cpus: where the shards go (wiiide.ps.placement)
             if self._last_step is not None:
                 extra["rejoin"] = {"last_step": self._last_step, "last_params_unix_s": self._last_params_unix_s}
             try:

@@ -52,6 +52,7 @@ from wiiide.evaluation import record_held_out
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure
 from wiiide.ps.digest import params_digest
 from wiiide.ps.partition import Partition, resolve_shards
+from wiiide.ps.placement import place_shards
 from wiiide.ps.plan import PS_FAILED
 from wiiide.tensors import to_wire
 from wiiide.wire.encode import encode_message
@@ -114,13 +115,35 @@ class Membership:
     def __init__(self, coord, numel: int, num_shards: int) -> None:
         self.coord, self.numel = coord, numel
         workers = [w for w in coord.members() if w.alive]
-        self.current = Incarnation(1, workers, num_shards, {w.rank: w.rank for w in workers if w.rank < num_shards})
+        hosts = self._place(workers, num_shards)
+        self.current = Incarnation(1, workers, len(hosts) + 1, hosts)
         self.records: list[dict] = []
         self.train_start_s: float | None = None  # the first incarnation's training start (duration_s counts from it)
         self.noticed_s = 0.0
         self.replan = False  # a worker waits to rejoin: the barrier hands out no more batches
         self.in_row = 0  # recoveries since the last step
         coord.welcome_extra["ps_rehost"] = True  # a worker admitted from now on waits for its ps_rehost
+        self._rehost(workers, len(hosts) + 1, hosts, 1)  # every worker's welcome said: wait for it
+
+    def _place(self, workers: Sequence, k: int) -> dict[int, int]:
+        """Rank -> shard of the workers that host one (`wiiide.ps.placement.place_shards`: the most CPU),
+        kept in the coordinator's metrics as ``ps.placement``."""
+        all_nodes = str(self.coord.cfg.ps_shards).strip().lower() == "all"
+        hosts = place_shards([(w.rank, w.cpus) for w in workers], k, all_nodes)
+        self.coord.metrics.extra.setdefault("ps", {})["placement"] = {
+            "cpus": {str(w.rank): w.cpus for w in workers}, "hosts": {str(r): s for r, s in hosts.items()},
+            "short_of_cpu": sorted(w.rank for w in workers if w.rank not in hosts) if all_nodes else []}
+        return hosts
+
+    def _rehost(self, workers: Sequence, k: int, hosts: dict[int, int], number: int) -> None:
+        """Tell every worker of incarnation `number` the shard count and the shard it hosts (``ps_rehost``);
+        a failed send drops that worker (the incarnation's join then fails and starts another)."""
+        for w in workers:
+            try:
+                w.conn.send([encode_message(PS_REHOST, {"ps_shards": k, "shard": hosts.get(w.rank),
+                                                        "incarnation": number})])
+            except OSError as exc:
+                self.coord.drop(w, exc)
 
     def rejoin_due(self) -> bool:
         """True (and from then on) once a worker that came back waits to be admitted (`joining_waits`)."""
@@ -178,14 +201,9 @@ class Membership:
         if params is None or not survivors:
             raise NodeFailure(f"sharded run: no surviving worker holds the parameters of step {step} after: {cause}",
                               EXIT_PEER_LOST)
-        k = min(resolve_shards(cfg.ps_shards, cfg.num_workers + 1), len(survivors) + 1)
-        hosts = {w.rank: s for s, w in enumerate(survivors[:k - 1], start=1)}
-        for w in survivors:
-            try:
-                w.conn.send([encode_message(PS_REHOST, {"ps_shards": k, "shard": hosts.get(w.rank),
-                                                        "incarnation": number})])
-            except OSError as exc:
-                coord.drop(w, exc)  # the next incarnation's join fails and starts another
+        hosts = self._place(survivors, min(resolve_shards(cfg.ps_shards, cfg.num_workers + 1), len(survivors) + 1))
+        k = len(hosts) + 1
+        self._rehost(survivors, k, hosts, number)
         sha = sha256_of(params)
         latest = [int(m["latest_step"]) for m in states.values() if type(m.get("latest_step")) is int]  # noqa: E721
         record = {"incarnation": number, "cause": cause[:500], "lost": sorted(before - {w.rank for w in survivors}),
