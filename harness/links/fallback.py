@@ -130,6 +130,14 @@ def uses_delay_line(mechanisms: dict[str, str]) -> bool:
     return DELAY_LINE_MECHANISM in mechanisms.values()
 
 
+def fallback_chains(mechanisms: dict[str, str], chain: str = CHAIN,
+                    dup_chain: str = DUP_CHAIN) -> tuple[str | None, str | None]:
+    """Which of the two chains `rule_commands` installs for `mechanisms`: ``(chain or None, dup_chain or
+    None)``, for the counters' read-back. Raises nothing."""
+    main = mechanisms.get("loss") == STATISTIC or uses_delay_line(mechanisms)
+    return (chain if main else None), (dup_chain if mechanisms.get("duplicate") == TEE else None)
+
+
 def pair_chain(minor: int) -> tuple[str, str, int]:
     """The chain, duplicate chain and queue number of the pair class `minor` (`harness.links.pairs`):
     ``("WIIIIIDE-LINK-10", "WIIIIIDE-DUP-10", 16)`` for minor 0x10. Raises nothing."""

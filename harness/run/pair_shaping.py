@@ -6,6 +6,8 @@
 - `shape_pairs`: run a node's pair commands in its container and read back its classes and filters
   into the report's ``links.pairs`` (one record per direction, ``"<node>-><peer>"``);
 - `update_pair_counters`: refresh those records' rates and byte counts from a counter read;
+- `read_pair_fallback`: where the fallback applies a pair's impairments, its own counts per pair (the
+  chain's ``fallback_counters`` and the pair's ``delay_line`` stats);
 - `timeline_targets`: the trees of a container that change on a timeline (its own profile, or a
   pair class's), each with the list its change records go to.
 """
@@ -14,11 +16,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from harness.errors import LinkShapingError
+from harness.links.delayline import runs_in_background
 from harness.links.pairs import PairPlan, filter_show_command, node_name, pair_commands, pair_records, parse_filters
 from harness.links.plan import ShapingPlan
 from harness.links.tc import DEFAULT_DEV
 from harness.run.link_timeline import TimelineTarget
-from harness.run.tc_exec import read_back
+from harness.run.tc_exec import read_back, read_delay_line_stats, read_fallback_counters
 from harness.spec.timeline import TimedProfile
 
 def container_ip(container) -> str | None:
@@ -54,7 +58,10 @@ def shape_pairs(runner, plan: PairPlan, ips: Mapping[str, str], record: dict[str
     """
     commands = pair_commands(plan, ips)
     for argv in commands:
-        runner.run(argv)
+        if runs_in_background(argv):  # a pair's delay line (harness.links.delayline)
+            runner.start(argv)
+        else:
+            runner.run(argv)
     classes = read_back(runner, [DEFAULT_DEV])[DEFAULT_DEV]  # read again if an exec's output was lost
     filters = parse_filters(runner.run(filter_show_command()), DEFAULT_DEV) if commands else {}
     record["commands"] = [*record.get("commands", []), *commands]
@@ -62,6 +69,25 @@ def shape_pairs(runner, plan: PairPlan, ips: Mapping[str, str], record: dict[str
     record["pair_classes"] = {cls.classid: cls.peer for cls in plan.classes}
     record["summary"] = "; ".join(f"to {cls.peer}: {cls.to_dict()['summary']}" for cls in plan.classes) or "not shaped"
     pairs.update(pair_records(plan, ips, classes, filters))
+    read_pair_fallback(runner, plan, pairs)
+
+
+def read_pair_fallback(runner, plan: PairPlan, pairs: dict[str, Any]) -> None:
+    """Store in `plan`'s pair records (in `pairs`) the fallback's own counts where it applies a pair's
+    keys: ``fallback_counters`` (`harness.run.tc_exec.read_fallback_counters` of the pair's chains) and
+    ``delay_line`` (the pair's delay line's stats). A read that fails (the container has exited) leaves
+    the last one. Raises nothing."""
+    for cls in plan.classes:
+        record = pairs.get(f"{plan.node}->{cls.peer}")
+        chain, dup_chain = cls.fallback_chains
+        if record is None or (chain is None and dup_chain is None):
+            continue
+        try:
+            record["fallback_counters"] = read_fallback_counters(runner, chain, dup_chain)
+            if cls.delay_line:
+                record["delay_line"] = read_delay_line_stats(runner, cls.minor)
+        except LinkShapingError:
+            continue
 
 
 def update_pair_counters(pairs: dict[str, Any], node: str, counters: Mapping[str, list[dict[str, Any]]]) -> None:

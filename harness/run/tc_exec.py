@@ -253,11 +253,11 @@ def read_back(runner: ContainerExec, devices: Iterable[str]) -> dict[str, list[d
     return records
 
 
-def read_fallback_counters(runner: ContainerExec, chain: str = CHAIN, dup_chain: str | None = None) -> dict[str, Any]:
+def read_fallback_counters(runner: ContainerExec, chain: str | None = CHAIN, dup_chain: str | None = None) -> dict[str, Any]:
     """The fallback's own loss count in the container (`harness.links.fallback.parse_rule_counters`:
     ``seen_packets``, ``dropped_packets``, ``loss_pct``), read from its iptables chain `chain`; with
     `dup_chain` (the duplicate rules were installed), its ``duplicate`` record too (``seen_packets``,
-    ``duplicated_packets``, ``duplicate_pct``), and ``{}`` counts for a chain that was not installed.
+    ``duplicated_packets``, ``duplicate_pct``); `chain` None: the duplicate chain alone was installed.
 
     Raises:
         LinkShapingError: the listing failed (no chain, no iptables, the container has exited) or a
