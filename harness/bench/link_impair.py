@@ -17,20 +17,7 @@ import json
 import threading
 from typing import Any, Callable
 
-from harness.bench.link_loss import PORT, SEND
-
-# Receiver: the sequence numbers in arrival order (copies too) until 2 s of silence; prints JSON.
-RECEIVE_ORDER = """
-import json, socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-s.bind(("0.0.0.0", int(sys.argv[1]))); s.settimeout(60); got = []
-try:
-    while True:
-        got.append(int.from_bytes(s.recv(64)[:8], "big")); s.settimeout(2)
-except socket.timeout:
-    pass
-print(json.dumps(got))
-"""
+from harness.bench.link_udp import PORT, RECEIVE_ORDER, SEND
 
 # the trials of each measure: (YAML profile keys, what the model says)
 TRIALS: dict[str, list[dict[str, Any]]] = {
