@@ -38,7 +38,14 @@ from harness.links.readback import rate_in_force_bps
 from harness.links.schedule import plan_timed_shaping
 from harness.run.backend import PhaseClock, Sampler
 from harness.run.link_timeline import LinkTimeline
-from harness.run.pair_shaping import node_ips, read_pair_fallback, shape_pairs, timeline_targets, update_pair_counters
+from harness.run.pair_shaping import (
+    node_ips,
+    probe_pair_rtts,
+    read_pair_fallback,
+    shape_pairs,
+    timeline_targets,
+    update_pair_counters,
+)
 from harness.run.tc_exec import (
     ContainerExec,
     HostNetnsExec,
@@ -157,6 +164,9 @@ class ClusterConditions:
             for item in rec["unsupported"]:
                 progress(f"    link NOT APPLIED ({rec['role']}): {item}")
         self._probe_rtt(containers, progress)
+        if self.pair_plans:
+            by_node = {node_name(*container_identity(c)): c for c in containers}
+            probe_pair_rtts(by_node, self.pair_plans.values(), self._ips, self.links["pairs"], progress)
         if self._shaped:
             self._sampler = Sampler(lambda t_s: self._read_counters(t0), COUNTER_INTERVAL_S).start()
 

@@ -208,3 +208,28 @@ def test_arrival_stats_count_copies_losses_runs_and_overtakers():
     assert early_count([3, 0, 1, 2]) == 1 and early_count([0, 1, 2]) == 0
     with pytest.raises(ValueError):
         arrival_stats([10], 10)
+
+
+def test_each_pair_with_a_delay_gets_its_own_round_trip_probe(monkeypatch):
+    from harness.links import rtt
+    from harness.run.pair_shaping import probe_pair_rtts
+    topo = _topology({"pairs": [{"between": ["coordinator", "worker-1"], "delay": "10ms"},
+                                {"between": ["coordinator", "worker-2"], "rate": "1gbit"},
+                                {"between": ["worker-1", "worker-2"], "delay": "1ms"}]})
+    plans = [plan_pairs(topo, node, 2, FULL) for node in ("coordinator", "worker-1", "worker-2")]
+    pairs = {f"{p.node}->{c.peer}": {} for p in plans for c in p.classes}
+    asked = []
+    def measure(server, client, host, count):
+        asked.append((server, client, host))
+        if server != "C":
+            raise RuntimeError("refused")
+        return [30.0] * rtt.WARMUP_SAMPLES + [20.5, 20.7, 21.0]
+
+    monkeypatch.setattr(rtt, "measure_rtt", measure)
+    probe_pair_rtts({"coordinator": "C", "worker-1": "W1", "worker-2": "W2"}, plans, IPS, pairs, lambda _: None)
+    assert asked[0] == ("C", "W1", "172.18.0.2")  # from worker-1 to the coordinator's address
+    probe = pairs["coordinator->worker-1"]["rtt_probe"]
+    assert probe is pairs["worker-1->coordinator"]["rtt_probe"]
+    assert probe["asked_rtt_ms"] == 20 and probe["median_rtt_ms"] == 20.7
+    assert "rtt_probe" not in pairs["coordinator->worker-2"]  # a rate alone: nothing to probe
+    assert pairs["worker-1->worker-2"]["rtt_probe"]["error"] == "refused"
