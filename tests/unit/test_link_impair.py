@@ -233,3 +233,16 @@ def test_each_pair_with_a_delay_gets_its_own_round_trip_probe(monkeypatch):
     assert probe["asked_rtt_ms"] == 20 and probe["median_rtt_ms"] == 20.7
     assert "rtt_probe" not in pairs["coordinator->worker-2"]  # a rate alone: nothing to probe
     assert pairs["worker-1->worker-2"]["rtt_probe"]["error"] == "refused"
+
+
+def test_netems_new_keys_are_read_back_from_its_json():
+    from harness.links.readback import parse_tc_json
+    # spelled as iproute2's q_netem.c netem_print_opt prints them (fractions of 1); no kernel here has netem
+    text = ('[{"kind": "netem", "handle": "10:", "root": true, "options": {"limit": 1000, '
+            '"delay": {"delay": 0.01, "jitter": 0, "correlation": 0}, "reorder": {"reorder": 0.25, "correlation": 0.1}, '
+            '"loss-gemodel": {"p": 0.01, "r": 0.3, "1-h": 1, "1-k": 0}, "duplicate": {"duplicate": 0.02, '
+            '"correlation": 0}, "gap": 5, "ecn": false}}]')
+    record = parse_tc_json(text, "qdisc", "eth0")[0]
+    assert (record["reorder_pct"], record["reorder_corr_pct"], record["reorder_gap"]) == (25, 10, 5)
+    assert record["loss_gemodel_pct"] == [1, 30, 100, 0] and record["duplicate_pct"] == 2
+    assert "duplicate_corr_pct" not in record
