@@ -34,7 +34,7 @@ _STATS_KEYS: dict[str, type | tuple[type, ...]] = {
     "distribution": str, "draws": int, "max_len_packets": int, "queued_packets": int, "accepted_packets": int,
     "held_packets": int, "max_held_packets": int, "dropped_full_packets": int, "kernel_queue_dropped_packets": int,
     "kernel_user_dropped_packets": int, "late_mean_us": (int, float), "late_max_us": (int, float),
-    "cpu_user_s": (int, float), "cpu_system_s": (int, float),
+    "early_max_us": (int, float), "wake_lead_us": (int, float), "cpu_user_s": (int, float), "cpu_system_s": (int, float),
     "reorder_pct": (int, float), "reorder_corr_pct": (int, float), "gap": int, "reordered_packets": int,
     "gemodel": bool, "ge_p_pct": (int, float), "ge_r_pct": (int, float), "ge_1h_pct": (int, float),
     "ge_1k_pct": (int, float), "loss_dropped_packets": int, "loss_bursts": int, "ge_bad_entries": int}
@@ -80,8 +80,11 @@ def parse_stats(text: str) -> dict[str, Any]:
     was set, else 0), ``delay_us``, ``jitter_us``, ``distribution``,
     ``draws``, packet counts (``queued_packets``, ``accepted_packets``, ``held_packets``,
     ``max_held_packets``, ``dropped_full_packets``; the kernel queue's own ``kernel_queue_dropped_packets``
-    and ``kernel_user_dropped_packets``), lateness ``late_mean_us``/``late_max_us`` (verdict minus due
-    time, microseconds) and ``cpu_user_s``/``cpu_system_s``; netem's reorder (``reorder_pct``,
+    and ``kernel_user_dropped_packets``), lateness ``late_mean_us`` (the mean of verdict minus due time,
+    signed: negative when verdicts came early on the whole), ``late_max_us`` and ``early_max_us`` (the
+    latest and the earliest verdict against its due time), ``wake_lead_us`` (how long before a due time
+    the delay line asks to wake: its running estimate of its wake-ups' lateness; all microseconds) and
+    ``cpu_user_s``/``cpu_system_s``; netem's reorder (``reorder_pct``,
     ``reorder_corr_pct``, ``gap``, ``reordered_packets``: accepted at once) and Gilbert-Elliott loss
     (``gemodel``, ``ge_p_pct`` .. ``ge_1k_pct``, ``loss_dropped_packets``, ``loss_bursts``: runs of lost
     packets, ``ge_bad_entries``: good -> bad transitions).
