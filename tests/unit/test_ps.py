@@ -12,7 +12,7 @@ from wiiide.config import RunConfig
 from wiiide.errors import ConfigError
 from wiiide.model import FlatParams, build_mlp
 from wiiide.ps.digest import params_digest
-from wiiide.ps.feedback import ErrorFeedback, PullReplica, decoded_values, pulls_as_deltas, received_values
+from wiiide.pace.feedback import ErrorFeedback, PullReplica, decoded_values, pulls_as_deltas, received_values
 from wiiide.ps.partition import (
     egress_shard_weights,
     finest_raw_bytes,
@@ -636,7 +636,7 @@ class _RecordingConn:
 def test_drain_outbox_reports_each_sent_frame_and_its_send_cpu_by_step():
     import queue
 
-    from wiiide.ps.feedback import DENSE_KIND
+    from wiiide.pace.feedback import DENSE_KIND
     from wiiide.ps.outbox import drain_outbox, frame_step
     from wiiide.wire.encode import encode_message
 

@@ -64,7 +64,7 @@ from wiiide.pace.reading import compute_seconds, ready_connections
 from wiiide.pace.outer import OuterOptimizer
 from wiiide.pace.record import PaceRecord, pace_extra
 from wiiide.pace.staleness import SSPClock, staleness_scale
-from wiiide.ps.feedback import policy_may_be_lossy
+from wiiide.pace.feedback import policy_may_be_lossy
 from wiiide.tensors import to_wire
 from wiiide.wire.messages import WireTensor
 

@@ -1,7 +1,6 @@
 """Sharded parameter servers colocated with the workers (``ps_shards`` > 1).
 
 - `partition`: cut the flat parameter vector into partitions and assign them to shards by bytes.
-- `feedback`: error-feedback residuals of a lossy direction (push: worker -> shard, pull: shard -> worker).
 - `shard`: the shard server a node runs for the partitions it owns (averages pushes, owns their optimizer slice).
 - `client`: a worker's (or the coordinator's) connections to every shard: pushes from backward hooks, pulls.
 - `session`: the sharded training loop of the coordinator and of a worker (``ps_shards`` > 1).

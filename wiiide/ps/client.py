@@ -4,7 +4,7 @@ A worker pushes each partition's gradient to the partition's shard the moment ba
 it: per-parameter hooks (``Tensor.register_post_accumulate_grad_hook``) count down the parameters
 each partition overlaps, as DDP's Reducer marks a bucket ready when its last gradient arrives, so
 the last layers' partitions are on the wire while backward still runs. Each shard connection has a
-sender thread (encodes with error feedback, `wiiide.ps.feedback.ErrorFeedback`, and sends) and a
+sender thread (encodes with error feedback, `wiiide.pace.feedback.ErrorFeedback`, and sends) and a
 receiver thread (decodes pulls into an inbox): full duplex. The main thread applies the pulls (an
 absolute value or a delta) once backward is over and all partitions of the step are in.
 
@@ -40,7 +40,7 @@ from wiiide.metrics import NodeMetrics
 from wiiide.model import FlatParams
 from wiiide.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT
-from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, received_values
+from wiiide.pace.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, received_values
 from wiiide.ps.partition import Partition
 from wiiide.ps.outbox import ShardFailed, connect_shard, drain_outbox, frame_step
 from wiiide.ps.sparse_rows import ROWS_PULL_KIND, RowTable, WorkerRows, step_gradient

@@ -7,9 +7,9 @@ A round of the sharded barrier (`wiiide.ps.session`) is one outer step:
 2. the worker takes H plain SGD steps on them from the parameters it pulled (`wiiide.pace.outer.local_delta`,
    at the schedule's rate for the round), puts its model delta ``params_pulled - params_after`` into
    its flat gradient buffer, sets its parameters back to what it pulled (the shards' replica of its
-   copy, `wiiide.ps.feedback.PullReplica`) and pushes the delta partition by partition to the shards
+   copy, `wiiide.pace.feedback.PullReplica`) and pushes the delta partition by partition to the shards
    that own them (`wiiide.ps.client.ShardClient.push_all`; a lossy policy encodes each partition with
-   the push's error-feedback residual, `wiiide.ps.feedback.ErrorFeedback`);
+   the push's error-feedback residual, `wiiide.pace.feedback.ErrorFeedback`);
 3. each shard (`shard_optimizer`) averages its partitions' deltas over the workers (in rank order) and applies the outer step
    to its slice (`wiiide.pace.outer.PartitionOuterStep`: ``avg``, or DiLoCo's Nesterov with its momentum
    buffer on the shard), then sends the slice back (a delta against the workers' copy, compressed

@@ -16,7 +16,7 @@ from wiiide.handshake import dial, join
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.node import Connection, NodeFailure
-from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND
+from wiiide.pace.feedback import DENSE_KIND, LOSSY_KIND
 from wiiide.wire.auth import HANDSHAKE_MAX_FRAME_BYTES
 from wiiide.wire.messages import Frame
 from wiiide.wire.sockets import shard_congestion

@@ -51,7 +51,7 @@ from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure, touch
 from wiiide.ps import link_probe
 from wiiide.ps.checkpoints import announce_step
 from wiiide.ps.client import ShardClient, ShardFailed
-from wiiide.ps.feedback import policy_may_be_lossy
+from wiiide.pace.feedback import policy_may_be_lossy
 from wiiide.ps.link_probe import PieceRule
 from wiiide.ps.local_sgd import LocalRounds, round_rows
 from wiiide.ps.membership import (

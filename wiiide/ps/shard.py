@@ -8,7 +8,7 @@ averages the gradients (summed in rank order, as the central server sums them, s
 ``all`` agree to the last bit in fp32), applies `wiiide.model.MomentumSGD` to that partition (its
 momentum buffer lives here only) and sends the partition back to every worker at once: a partition is
 answered as soon as its last push arrived, not at the end of the step. Pulls are deltas against the
-workers' copy (`wiiide.ps.feedback.PullReplica`), compressed by the shard's own policy. With sparse rows
+workers' copy (`wiiide.pace.feedback.PullReplica`), compressed by the shard's own policy. With sparse rows
 (`wiiide.ps.sparse_rows`) a table partition is whole rows, pushed and pulled as the rows touched.
 
 Connections: the coordinator's handshake and session set-up (`wiiide.handshake`: the same frames,
@@ -51,7 +51,7 @@ from wiiide.metrics import NodeMetrics
 from wiiide.handshake import accept_hello, send_welcome, tell_refused
 from wiiide.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
-from wiiide.ps.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas, received_values
+from wiiide.pace.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas, received_values
 from wiiide.ps.local_sgd import shard_optimizer
 from wiiide.ps.outbox import close_quietly, drain_outbox, frame_step, shard_bind_host  # noqa: F401 (frame_step)
 from wiiide.ps.partition import Partition
@@ -152,7 +152,7 @@ class ShardServer:
         flat float32 vector) at step `start_step` (a restored checkpoint's, with its `momentum`: the
         whole flat float32 vector, or None); `lossy_pulls`: the policy may pick a lossy codec (pulls
         become deltas, dense through the warm-up; a lossless codec other than none makes them deltas too,
-        `wiiide.ps.feedback.pulls_as_deltas`). Checkpoints every checkpoint_every_steps (`wiiide.ps.checkpoints`)."""
+        `wiiide.pace.feedback.pulls_as_deltas`). Checkpoints every checkpoint_every_steps (`wiiide.ps.checkpoints`)."""
         cfg = self.cfg
         for p in partitions:
             if p.shard != self.shard_id:

@@ -152,7 +152,7 @@ class Int4BlockCodec(_PackedBlockCodec):
     """4-bit blockwise absmax quantization: per block of `block` values one float32 scale
     (max|x| / 7) and one 4-bit code in -7..7 per value, two codes a byte (low nibble first, stored as
     code + 8). About 7.8x smaller at block 256. Meant to run under error feedback (the sharded server's
-    `wiiide.ps.feedback`), as 1- to 4-bit gradient quantizers do (Seide et al. 2014, 1-bit SGD;
+    `wiiide.pace.feedback`), as 1- to 4-bit gradient quantizers do (Seide et al. 2014, 1-bit SGD;
     Karimireddy et al. 2019, EF-SGD); without it the rounding error is lost each step."""
 
     wire_id = "int4"
@@ -219,7 +219,7 @@ class Int2BlockCodec(_PackedBlockCodec):
     (max|x|) and one code in -1..1 per value (rounded to nearest: |x| < scale / 2 becomes 0), four codes
     a byte (lowest bits first, stored as code + 2). About 15x smaller at block 256. The ternary levels of
     TernGrad (Wen et al. 2017) with deterministic rounding; meant to run under error feedback (the
-    sharded server's `wiiide.ps.feedback`), as `Int4BlockCodec` is."""
+    sharded server's `wiiide.pace.feedback`), as `Int4BlockCodec` is."""
 
     wire_id = "int2"
     BITS, LEVELS = 2, 1
