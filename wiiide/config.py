@@ -158,7 +158,7 @@ class RunConfig(BaseSettings):
     warmup_steps: Int = _field(10, "0..100000", "first steps left out of the Training Summary's step timings",
                                ge=0, le=100_000)
 
-    # --- held-out evaluation during training: time to target (wiiide.evaluation) ---------------
+    # --- held-out evaluation during training: time to target (wiiide.training.evaluation) ---------------
     _section("evaluation")
     eval_every_s: Float = _field(0.0, f"0 (off) or 0 < x <= {MAX_TIMEOUT_S:g} seconds",
                                  "evaluate a snapshot of the parameters on the held-out split this often, on a "

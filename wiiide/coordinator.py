@@ -44,14 +44,14 @@ from torch import nn
 
 from wiiide.codecs.policy import CompressionPolicy
 from wiiide.config import RunConfig
-from wiiide.data import BatchSampler, load_dataset
+from wiiide.training.data import BatchSampler, load_dataset
 from wiiide.errors import ProtocolError
-from wiiide.evaluation import evaluator_for, record_held_out, stop_at_target
+from wiiide.training.evaluation import evaluator_for, record_held_out, stop_at_target
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.lr_schedule import LrRecord, LrSchedule
-from wiiide.model import FlatParams, MomentumSGD, evaluate, num_parameters
-from wiiide.models import build_model, model_spec
+from wiiide.training.model import FlatParams, MomentumSGD, evaluate, num_parameters
+from wiiide.training.models import build_model, model_spec
 from wiiide.node import (
     Heartbeats,
     NodeFailure,
@@ -73,7 +73,7 @@ from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import WireTensor
 from wiiide.wire.sockets import configure_socket
 from wiiide.wire.tls import server_context
-from wiiide.workload import sparse_comm_expected, workload_record
+from wiiide.training.workload import sparse_comm_expected, workload_record
 
 TRAINING_MARKER = "coordinator.training"  # written into metrics_dir when the first step starts
 # Connections the kernel may queue before accept(), beyond the workers and the handshake slots: a burst
@@ -84,7 +84,7 @@ LISTEN_BACKLOG_MARGIN = 1024
 
 class Coordinator(CoordinatorJoining):
     """The parameter server: accepts and authenticates workers, sends parameters and batches each step,
-    averages the gradients, updates the model and evaluates it at the end (`wiiide.model.evaluate`).
+    averages the gradients, updates the model and evaluates it at the end (`wiiide.training.model.evaluate`).
 
     Its `CompressionPolicy` chooses the codec of each frame it sends, and its codec pool decodes the
     chunked payloads it receives (passed to every `Connection`).
@@ -106,7 +106,7 @@ class Coordinator(CoordinatorJoining):
         self._gate = HandshakeGate.for_cluster(cfg.max_handshakes, cfg.num_workers, cfg.handshake_timeout_s)
         self._heartbeats: Heartbeats | None = None
         self._spec: dict = {}
-        self.evaluator = None  # wiiide.evaluation.BackgroundEvaluator when eval_every_s > 0
+        self.evaluator = None  # wiiide.training.evaluation.BackgroundEvaluator when eval_every_s > 0
         self.sparse: SparseRows | None = None
         self.recovery: ServerRecovery | None = None  # checkpoints and restore (wiiide.recovery), made in _main
 

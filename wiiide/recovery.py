@@ -44,7 +44,7 @@ from wiiide.config import RunConfig
 from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics, summarize
-from wiiide.model import FlatParams, MomentumSGD
+from wiiide.training.model import FlatParams, MomentumSGD
 
 STARTS_FILE = "coordinator.starts.jsonl"
 INCARNATIONS_DIR = "incarnations"

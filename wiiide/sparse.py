@@ -5,7 +5,7 @@ With ``model: embedding`` and ``sparse_embedding: true`` on ``engine: wiiide``:
 
 - push (`SparseRows.gradient`, `SparseRows.gradients_frame`): a worker looks up the distinct ids of its
   batch itself (``torch.unique``, sorted), as one small leaf tensor of ``u x dim`` rows, and runs the
-  rest of the model on them (`wiiide.models.embedding.EmbeddingMLP.forward_looked_up`); the backward
+  rest of the model on them (`wiiide.training.models.embedding.EmbeddingMLP.forward_looked_up`); the backward
   gives the table's gradient as those ``u`` rows (the duplicates of an id summed, as the embedding's
   backward sums them) and the MLP's gradient in the flat vector. The frame carries three raw tensors:
   ``grad_ids`` (int32 below 2^31 rows, else int64, strictly increasing), ``grad_rows`` (float32
@@ -30,8 +30,8 @@ dim``: 64 MB for 1 M x 16), and a codec's encoder must scan a dense tensor for i
 ids and rows as tensors of their own are the same bytes on the wire (4 + 4 x dim per row) without
 either pass.
 
-The table is the model's first parameter (`wiiide.models.embedding.EmbeddingMLP`), so it is the first
-``rows x dim`` values of the flat vectors (`wiiide.model.FlatParams`).
+The table is the model's first parameter (`wiiide.training.models.embedding.EmbeddingMLP`), so it is the first
+``rows x dim`` values of the flat vectors (`wiiide.training.model.FlatParams`).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class SparseRows:
         """The mean loss's gradient over a batch, the table's as rows: (ids, rows, mean loss).
 
         Args:
-            model: the `EmbeddingMLP` whose parameters `flat` (`wiiide.model.FlatParams`) holds.
+            model: the `EmbeddingMLP` whose parameters `flat` (`wiiide.training.model.FlatParams`) holds.
             x: int64 (b, fields) ids; y: int64 (b,) labels.
             micro_batches: >= 1 pieces, each its own forward and backward (as `wiiide.pace.outer.gradient`).
             loss_fn: (logits, y) -> the mean loss of the piece.
@@ -275,14 +275,14 @@ def expected_bytes_per_step(rows: int, dim: int, rest_numel: int, num_workers: i
     """Tensor bytes one step of the sparse parameter server moves, expected from the model and the data.
 
     A worker's batch looks up ``batch_size x fields`` Zipf ids; it pushes its distinct rows (id + dim
-    float32 each, `wiiide.models.embedding.expected_distinct_rows`) and the rest dense; the update it
+    float32 each, `wiiide.training.models.embedding.expected_distinct_rows`) and the rest dense; the update it
     pulls holds the distinct rows of all ``num_workers`` batches and the rest dense. int32 ids.
 
     Returns:
         ``push_bytes`` and ``pull_bytes`` per worker, ``total_bytes`` (both, all workers) and
         ``dense_total_bytes`` (what the dense parameter server moves: 2 x workers x parameters x 4).
     """
-    from wiiide.models.embedding import expected_distinct_rows, zipf_probabilities
+    from wiiide.training.models.embedding import expected_distinct_rows, zipf_probabilities
 
     p = zipf_probabilities(rows, zipf_exponent)
     row_bytes = 4 + 4 * dim

@@ -30,9 +30,9 @@ from wiiide.errors import PeerClosed, ProtocolError
 from wiiide.log import TieredLog
 from wiiide.lr_schedule import wire_lr
 from wiiide.metrics import NodeMetrics
-from wiiide.model import FlatParams, model_from_spec
+from wiiide.training.model import FlatParams, model_from_spec
 from wiiide.handshake import Refused, dial, join
-from wiiide.models import check_batch, loss_mean, set_activation_checkpointing
+from wiiide.training.models import check_batch, loss_mean, set_activation_checkpointing
 from wiiide.node import (
     EXIT_CONNECT,
     EXIT_PEER_LOST,

@@ -190,7 +190,7 @@ class Totals(_Model):
     # the links stage: the rate in force on the coordinator's egress, and the share of it used
     link_rate_bps: float | None = None
     coordinator_egress_utilisation: float | None = None
-    # held-out evaluation during training (wiiide.evaluation): the wall time from the start of training
+    # held-out evaluation during training (wiiide.training.evaluation): the wall time from the start of training
     # to the first evaluation that reached the target; None when not reached (target_reached False)
     # or not asked (target_reached None)
     time_to_target_s: float | None = None
@@ -238,7 +238,7 @@ class Container(_Model):
 
 
 class HeldOutPoint(_Model):
-    """One held-out evaluation during training (`wiiide.evaluation.Evaluation`): ``t_s`` seconds since
+    """One held-out evaluation during training (`wiiide.training.evaluation.Evaluation`): ``t_s`` seconds since
     training started when the parameters were copied, the step and training samples then, the metric's
     ``value`` (its unit: the metric's), ``eval_s`` seconds the evaluation took, ``final``: the
     evaluation of the final parameters."""

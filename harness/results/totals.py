@@ -191,7 +191,7 @@ def _held_out_figures(nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 
 def repeat_held_out(nodes: Mapping[str, Mapping[str, Any]]) -> HeldOut | None:
     """The repeat's held-out curve and time to target (`HeldOut`), from the coordinator's (rank 0's)
-    ``held_out`` record (`wiiide.evaluation`); None when the run did not evaluate during training.
+    ``held_out`` record (`wiiide.training.evaluation`); None when the run did not evaluate during training.
 
     Raises:
         pydantic.ValidationError: the record holds a value of the wrong type (a bug in the node).

@@ -16,7 +16,7 @@ from wiiide.config import RunConfig
 from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.model import FlatParams, MomentumSGD, build_mlp
+from wiiide.training.model import FlatParams, MomentumSGD, build_mlp
 from wiiide.recovery import (
     ServerRecovery,
     momentum_from_flat,

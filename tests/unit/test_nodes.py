@@ -30,7 +30,7 @@ from wiiide.coordinator import Coordinator
 from wiiide.errors import ConfigError, PeerClosed, ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.model import FlatParams, build_mlp, model_spec
+from wiiide.training.model import FlatParams, build_mlp, model_spec
 from wiiide.node import (
     EXIT_CONNECT,
     EXIT_ERROR,

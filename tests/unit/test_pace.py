@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from wiiide.config import ConfigError, RunConfig
-from wiiide.model import FlatParams, MomentumSGD, build_mlp
+from wiiide.training.model import FlatParams, MomentumSGD, build_mlp
 from wiiide.pace.adaptive import AdaptiveBatch, split_exact
 from wiiide.pace.outer import OuterOptimizer, PartitionOuterStep, gradient, local_delta
 from wiiide.pace.server import uses_pace

@@ -10,7 +10,7 @@ import pytest
 from wiiide.codecs.policy import CompressionPolicy, fixed_lossy_ratio
 from wiiide.config import RunConfig
 from wiiide.errors import ConfigError
-from wiiide.model import FlatParams, build_mlp
+from wiiide.training.model import FlatParams, build_mlp
 from wiiide.ps.digest import params_digest
 from wiiide.pace.feedback import ErrorFeedback, PullReplica, decoded_values, pulls_as_deltas, received_values
 from wiiide.ps.partition import (
@@ -378,7 +378,7 @@ def _worker_clients(cfg: RunConfig, port: int, models, flats, parts, clients: li
 def test_a_shard_averages_pushes_steps_its_optimizer_slice_and_answers_every_worker(push_schedule):
     import torch
 
-    from wiiide.model import MomentumSGD
+    from wiiide.training.model import MomentumSGD
     from wiiide.ps.shard import ShardServer
 
     cfg = RunConfig(num_workers=2, log_tier="silent", learning_rate=0.1, momentum=0.9, io_timeout_s=5,

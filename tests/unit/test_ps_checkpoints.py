@@ -15,7 +15,7 @@ from wiiide.checkpoint import CheckpointStore, load_newest_complete
 from wiiide.config import RunConfig
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.model import MomentumSGD
+from wiiide.training.model import MomentumSGD
 from wiiide.ps.checkpoints import ShardCheckpointer, restore_shards, shard_prefix
 from wiiide.ps.link_probe import AUTO_RULES
 from wiiide.ps.partition import partition_flat
@@ -180,7 +180,7 @@ def _serve_steps(cfg, server, port, models, flats, parts, steps, first_step=0):
 
 def test_a_shard_restored_from_its_checkpoint_goes_on_exactly_as_the_uninterrupted_shard(tmp_path):
     from tests.unit.test_ps import SECRET, _node
-    from wiiide.model import FlatParams, build_mlp
+    from wiiide.training.model import FlatParams, build_mlp
     from wiiide.ps.shard import ShardServer
 
     cfg = _cfg(tmp_path, checkpoint_every_steps=2, io_timeout_s=5, connect_timeout_s=5)

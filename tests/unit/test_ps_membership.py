@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from wiiide.model import MomentumSGD
+from wiiide.training.model import MomentumSGD
 from wiiide.ps.membership import StepSnapshots, copy_digests, momentum_at, sha256_of
 from wiiide.ps.partition import Partition
 from wiiide.recovery import momentum_to_flat

@@ -12,8 +12,8 @@ from torch import nn
 
 from tests.unit.test_workloads import decode
 from wiiide.errors import ProtocolError
-from wiiide.model import FlatParams
-from wiiide.models.embedding import build_embedding, make_zipf_data
+from wiiide.training.model import FlatParams
+from wiiide.training.models.embedding import build_embedding, make_zipf_data
 from wiiide.ps.partition import Partition, align_to_rows, plan_partitions
 from wiiide.ps.sparse_rows import ROWS_PUSH_KIND, RowTable, WorkerRows, apply_rows, rows_frame
 

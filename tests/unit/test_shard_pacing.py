@@ -9,7 +9,7 @@ import torch
 
 from tests.unit.test_ps import SECRET, _node, _worker_clients
 from wiiide.config import RunConfig
-from wiiide.model import FlatParams, build_mlp
+from wiiide.training.model import FlatParams, build_mlp
 from wiiide.ps.partition import partition_flat
 from wiiide.ps.shard import ShardServer
 

@@ -58,16 +58,16 @@ import torch.distributed as dist
 from torch import nn
 
 from wiiide.config import RunConfig
-from wiiide.data import BatchSampler, load_dataset
+from wiiide.training.data import BatchSampler, load_dataset
 from wiiide.engines.comm import IntervalTimer, estimate
 from wiiide.errors import ConfigError
-from wiiide.evaluation import evaluator_for, record_held_out, stop_at_target
+from wiiide.training.evaluation import evaluator_for, record_held_out, stop_at_target
 from wiiide.log import TieredLog
 from wiiide.lr_schedule import LrRecord, LrSchedule
 from wiiide.metrics import NodeMetrics, summarize
-from wiiide.model import evaluate
-from wiiide.models import build_model, shard_units
-from wiiide.models import loss_sum as summed_loss
+from wiiide.training.model import evaluate
+from wiiide.training.models import build_model, shard_units
+from wiiide.training.models import loss_sum as summed_loss
 from wiiide.node import (
     EXIT_CONNECT,
     EXIT_ERROR,
@@ -80,7 +80,7 @@ from wiiide.node import (
 from wiiide.progress import ProgressBeat
 from wiiide.tensor_memory import ForwardScope, autocast_dtype, tensor_memory
 from wiiide.wire.sockets import congestion_in_force, set_route_congestion
-from wiiide.workload import workload_record
+from wiiide.training.workload import workload_record
 
 RANK_KEY = "wiiide/next_rank"
 STOP_CHECK_EVERY_STEPS = 10
@@ -495,7 +495,7 @@ class TorchNode:
         loss_sums: list[float] = []
         comm_s: list[float] = []
         prof = self._profiler(rank)
-        # rank 0 evaluates snapshots on a thread (wiiide.evaluation); FSDP's snapshot is an all-gather
+        # rank 0 evaluates snapshots on a thread (wiiide.training.evaluation); FSDP's snapshot is an all-gather
         # on every rank, so rank 0's decision travels with the stop flag
         evaluator = evaluator_for(cfg, lambda: build_model(cfg, data.num_features, data.num_classes),
                                   data) if rank == 0 else None

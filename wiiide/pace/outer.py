@@ -11,7 +11,7 @@ server's outer step applies the mean delta:
 - ``nesterov``: SGD with Nesterov momentum on the pseudo-gradient, ``b = m b + delta``,
   ``params -= lr_out (delta + m b)`` (DiLoCo: Douillard et al., "DiLoCo: Distributed Low-Communication
   Training of Language Models", 2023, outer lr 0.7, momentum 0.9), via torch's functional
-  ``torch.optim.sgd.sgd`` as `wiiide.model.MomentumSGD` does.
+  ``torch.optim.sgd.sgd`` as `wiiide.training.model.MomentumSGD` does.
 
 With H = 1 and ``avg`` this is synchronous SGD: ``mean(lr g_i) = lr mean(g_i)``.
 `gradient` is also the worker's one-step path, with `micro_batches` gradient accumulation.
@@ -26,7 +26,7 @@ from typing import Any, Callable, Literal
 import torch
 from torch import nn
 
-from wiiide.model import FlatParams
+from wiiide.training.model import FlatParams
 
 OuterKind = Literal["avg", "nesterov"]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (model output, y) -> mean loss
@@ -42,7 +42,7 @@ def gradient(model: nn.Module, flat: FlatParams, x: torch.Tensor, y: torch.Tenso
             forward and backward, accumulated in place into the flat gradient (the same sum as one pass,
             to float rounding).
         loss_fn: (model output, y) -> the mean loss over the piece's samples (default: cross-entropy;
-            a language model's `wiiide.models.loss_mean` averages over every next-byte prediction);
+            a language model's `wiiide.training.models.loss_mean` averages over every next-byte prediction);
             each piece's mean is weighted by its rows.
         scope: a `wiiide.tensor_memory.ForwardScope` each piece's forward and loss run under (CPU
             autocast, the activation meter); None: plain float32.
@@ -152,7 +152,7 @@ class _Slice:
 
 
 class PartitionOuterStep:
-    """The outer step over one flat float32 slice of the parameters, with `wiiide.model.MomentumSGD`'s
+    """The outer step over one flat float32 slice of the parameters, with `wiiide.training.model.MomentumSGD`'s
     interface for a step (``params``, ``lr``, `step`), so that a sharded server's shard
     (`wiiide.ps.shard`) applies `OuterOptimizer` to each partition it owns: `step` takes the slice's mean
     model delta from ``param.grad``. The outer step's formulas are elementwise, so the slices of a

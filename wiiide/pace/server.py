@@ -52,11 +52,11 @@ import torch
 
 from wiiide.codecs.policy import CompressionPolicy
 from wiiide.config import RunConfig
-from wiiide.data import BatchSampler
+from wiiide.training.data import BatchSampler
 from wiiide.errors import ProtocolError
-from wiiide.evaluation import record_held_out, stop_at_target
+from wiiide.training.evaluation import record_held_out, stop_at_target
 from wiiide.lr_schedule import LrRecord, LrSchedule
-from wiiide.model import FlatParams, MomentumSGD
+from wiiide.training.model import FlatParams, MomentumSGD
 from wiiide.pace.adaptive import AdaptiveBatch
 from wiiide.pace.checkpoints import checkpoint_after_update, resume_from
 from wiiide.pace.compress import ReplicaPulls
@@ -84,7 +84,7 @@ class Host(Protocol):
     log: Any
     policy: Any
     workers: list
-    evaluator: Any  # wiiide.evaluation.BackgroundEvaluator or None (eval_every_s = 0)
+    evaluator: Any  # wiiide.training.evaluation.BackgroundEvaluator or None (eval_every_s = 0)
 
     def _admit_waiting(self) -> None: ...
     def _live(self) -> list: ...
@@ -114,7 +114,7 @@ class PaceServer:
 
     Args:
         host: the coordinator (connections, metrics, log, compression policy).
-        data: the dataset (`wiiide.data.Dataset`: x_train float32 (n, f), y_train int64 (n,)).
+        data: the dataset (`wiiide.training.data.Dataset`: x_train float32 (n, f), y_train int64 (n,)).
         flat: the model's `FlatParams`; optimizer: the coordinator's optimizer (gradient updates).
     """
 
@@ -153,7 +153,7 @@ class PaceServer:
         self.next_task = self.resume.next_task
         self._start = self._last_apply = 0.0
         self._draining = False
-        self._evaluator = None  # wiiide.evaluation.BackgroundEvaluator, started in run()
+        self._evaluator = None  # wiiide.training.evaluation.BackgroundEvaluator, started in run()
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> None:

@@ -44,7 +44,7 @@ from wiiide.config import RunConfig
 from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics, summarize
-from wiiide.model import MomentumSGD
+from wiiide.training.model import MomentumSGD
 from wiiide.ps.partition import Partition
 from wiiide.recovery import checkpoint_dir, momentum_to_flat, training_identity
 

@@ -37,7 +37,7 @@ from wiiide.config import RunConfig
 from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.model import FlatParams
+from wiiide.training.model import FlatParams
 from wiiide.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT
 from wiiide.pace.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, received_values

@@ -36,8 +36,8 @@ from torch import nn
 
 from wiiide.errors import ProtocolError
 from wiiide.lr_schedule import LrSchedule
-from wiiide.model import FlatParams, MomentumSGD
-from wiiide.models import loss_mean
+from wiiide.training.model import FlatParams, MomentumSGD
+from wiiide.training.models import loss_mean
 from wiiide.pace.outer import PartitionOuterStep, local_delta
 
 
@@ -45,7 +45,7 @@ def shard_optimizer(values: torch.Tensor, cfg: Any) -> MomentumSGD | PartitionOu
     """The optimizer a shard (`wiiide.ps.shard`) applies to the partition `values` (float32, 1-D, with
     ``.grad``): with ``local_steps`` > 1 the outer step over the workers' mean model delta
     (`wiiide.pace.outer.PartitionOuterStep`: ``outer_optimizer`` avg or nesterov with ``outer_learning_rate``
-    and ``outer_momentum``), else `wiiide.model.MomentumSGD` at ``learning_rate`` and ``momentum``.
+    and ``outer_momentum``), else `wiiide.training.model.MomentumSGD` at ``learning_rate`` and ``momentum``.
     `cfg` is a `wiiide.config.RunConfig`."""
     if cfg.local_steps > 1:
         return PartitionOuterStep(values, cfg.outer_optimizer, cfg.outer_learning_rate, cfg.outer_momentum)
@@ -67,7 +67,7 @@ class LocalRounds:
             rate, debug_step_sleep_s).
         model, flat: the worker's model and its `FlatParams`.
         client: the worker's `wiiide.ps.client.ShardClient`, attached without hooks.
-        kind: the model's type (``mlp``, ``transformer``...: the loss, `wiiide.models.loss_mean`).
+        kind: the model's type (``mlp``, ``transformer``...: the loss, `wiiide.training.models.loss_mean`).
         rank: the worker's rank (debug_sleep_worker_rank).
         scope: the worker's forward scope (`wiiide.tensor_memory.ForwardScope`: mixed precision's autocast
             and the activation meter); None: plain fp32.

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from wiiide.errors import ProtocolError, WiiideError
-from wiiide.evaluation import record_held_out
+from wiiide.training.evaluation import record_held_out
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure
 from wiiide.ps.digest import params_digest
 from wiiide.ps.partition import Partition, resolve_shards
@@ -323,7 +323,7 @@ def msg_momentum(msg, meta: dict, partitions: Sequence[Partition]) -> list[tuple
 
 def momentum_at(states, step: int, factor: float) -> list[tuple[int, int, np.ndarray]]:
     """(index, `step`, momentum buffer at `step`) of the `ShardServer.partition_states` at `step`, or
-    one update past it, rewound: b_t = (b_{t+1} - g_t) / factor (`wiiide.model.MomentumSGD`:
+    one update past it, rewound: b_t = (b_{t+1} - g_t) / factor (`wiiide.training.model.MomentumSGD`:
     b_{t+1} = factor * b_t + g_t; b_1 = g_0, so b_0 = 0). Partitions without a buffer are left out."""
     out = []
     for index, at, buffer, grad in states:

@@ -33,9 +33,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from wiiide.data import BatchSampler, Dataset
+from wiiide.training.data import BatchSampler, Dataset
 from wiiide.errors import ProtocolError
-from wiiide.evaluation import stop_at_target
+from wiiide.training.evaluation import stop_at_target
 from wiiide.node import EXIT_PEER_LOST, NodeFailure
 from wiiide.pace.adaptive import AdaptiveBatch
 from wiiide.pace.reading import compute_seconds, ready_connections
@@ -74,7 +74,7 @@ class PacedHandout:
         data: the training set (batches of samples for workers without its fingerprint).
         workers: the joined workers; handout: rank -> ``indices`` or ``samples``.
         shard: the coordinator's own `wiiide.ps.shard.ShardServer` (its ``failure`` ends the run).
-        sampler: the batch stream (`wiiide.data.BatchSampler`); start: ``time.perf_counter()`` at the start.
+        sampler: the batch stream (`wiiide.training.data.BatchSampler`); start: ``time.perf_counter()`` at the start.
         evaluator: the started background evaluator, or None.
     """
 

@@ -4,7 +4,7 @@ Like ps-lite (``src/postoffice.cc``: ``Postoffice::GetServerKeyRanges`` cuts the
 contiguous range per server) a shard owns ranges of the flat float32 vector; like BytePS
 (``docs/architecture.md``: tensors are partitioned into ``BYTEPS_PARTITION_BYTES`` pieces, 4 MB by
 default, spread over the servers) big tensors are split and the pieces balanced by bytes over the
-shards. Partitions here are contiguous slices of `wiiide.model.FlatParams` (``model.parameters()``
+shards. Partitions here are contiguous slices of `wiiide.training.model.FlatParams` (``model.parameters()``
 order), so small tensors next to each other are grouped into one partition and a partition may span
 several tensors. Assignment: greedy, largest partition first, onto the shard with the fewest bytes so
 far (LPT scheduling; its imbalance is at most one partition's size).

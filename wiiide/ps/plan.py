@@ -16,9 +16,9 @@ import torch
 
 from wiiide.codecs.policy import fixed_lossy_ratio
 from wiiide.config import RunConfig
-from wiiide.data import Dataset
+from wiiide.training.data import Dataset
 from wiiide.errors import ProtocolError
-from wiiide.model import FlatParams
+from wiiide.training.model import FlatParams
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure
 from wiiide.ps import link_probe
 from wiiide.ps.checkpoints import ShardsRestored, restore_shards

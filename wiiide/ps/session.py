@@ -42,11 +42,11 @@ import torch
 from torch import nn
 
 from wiiide.checkpoint import CheckpointSchedule
-from wiiide.data import BatchSampler, Dataset, load_dataset
+from wiiide.training.data import BatchSampler, Dataset, load_dataset
 from wiiide.errors import ProtocolError, WiiideError
-from wiiide.evaluation import stop_at_target
-from wiiide.model import FlatParams
-from wiiide.models import check_batch, loss_mean
+from wiiide.training.evaluation import stop_at_target
+from wiiide.training.model import FlatParams
+from wiiide.training.models import check_batch, loss_mean
 from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure, touch
 from wiiide.ps import link_probe
 from wiiide.ps.checkpoints import announce_step

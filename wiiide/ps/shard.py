@@ -5,7 +5,7 @@ One runs in the coordinator's process (shard 0) and one in each of the workers o
 ``docs/rationale.md`` gives the bandwidth argument) and ps-lite gives each server a key range
 (``src/postoffice.cc``). For step t a shard takes a push of each of its partitions from every worker,
 averages the gradients (summed in rank order, as the central server sums them, so ``ps_shards`` 1 and
-``all`` agree to the last bit in fp32), applies `wiiide.model.MomentumSGD` to that partition (its
+``all`` agree to the last bit in fp32), applies `wiiide.training.model.MomentumSGD` to that partition (its
 momentum buffer lives here only) and sends the partition back to every worker at once: a partition is
 answered as soon as its last push arrived, not at the end of the step. Pulls are deltas against the
 workers' copy (`wiiide.pace.feedback.PullReplica`), compressed by the shard's own policy. With sparse rows

@@ -144,7 +144,7 @@ class WorkerRows:
     """A worker's side of the row partitions: the gradient as rows, the pushes, the pulls applied.
 
     Args:
-        table: the run's `RowTable`; model: the embedding model (`wiiide.models.embedding.EmbeddingMLP`);
+        table: the run's `RowTable`; model: the embedding model (`wiiide.training.models.embedding.EmbeddingMLP`);
         numel: its flat vector's values; partitions: the run's plan (cut by `align_to_rows`).
     """
 

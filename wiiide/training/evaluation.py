@@ -4,7 +4,7 @@ A `BackgroundEvaluator` evaluates a *copy* of the parameters on a thread of its 
 never waits for it: every ``eval_every_s`` seconds the training loop, between two steps, offers the
 current parameters (`offer`); when an evaluation is due and the thread is idle, the parameters are
 copied into the evaluator's own model (one memcpy of the flat float32 vector, about 20 KB for the
-digits MLP) and the thread evaluates that copy with `wiiide.model.held_out_metric` while training
+digits MLP) and the thread evaluates that copy with `wiiide.training.model.held_out_metric` while training
 goes on. A snapshot due while the previous one is still being evaluated is skipped (counted as
 ``skipped_busy``), never waited for. The coordinator of the parameter server and rank 0 of the
 ddp/fsdp engines run one.
@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from wiiide.metrics import summarize
-from wiiide.model import FlatParams, held_out_metric
+from wiiide.training.model import FlatParams, held_out_metric
 
 MetricFn = Callable[[nn.Module, Any], "tuple[str, float, bool]"]
 
@@ -146,7 +146,7 @@ class BackgroundEvaluator:
     Args:
         eval_model: a model of the training model's architecture that only the evaluator uses; its
             parameters are overwritten by each snapshot.
-        data: what `metric_fn` evaluates on (a `wiiide.data.Dataset`).
+        data: what `metric_fn` evaluates on (a `wiiide.training.data.Dataset`).
         every_s: seconds between snapshots (> 0).
         target_accuracy, target_loss: the configured targets (0: none; `target_of` picks the one
             that fits the metric).

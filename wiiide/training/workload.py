@@ -8,7 +8,7 @@ from typing import Any
 from torch import nn
 
 from wiiide.config import RunConfig
-from wiiide.data import Dataset
+from wiiide.training.data import Dataset
 
 
 def workload_record(cfg: RunConfig, data: Dataset, model: nn.Module) -> dict[str, Any]:

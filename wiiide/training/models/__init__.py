@@ -3,10 +3,10 @@
 =============  ================  ====================================================================
 model          task              input -> output
 =============  ================  ====================================================================
-mlp            classification    float32 (b, features) -> (b, classes)        `wiiide.models.mlp`
-cnn            classification    float32 (b, s*s) as 1 x s x s -> (b, classes) `wiiide.models.cnn`
-transformer    language_model    int64 (b, T) bytes -> (b, T, 256)              `wiiide.models.transformer`
-embedding      classification    int64 (b, fields) Zipf ids -> (b, 2)          `wiiide.models.embedding`
+mlp            classification    float32 (b, features) -> (b, classes)        `wiiide.training.models.mlp`
+cnn            classification    float32 (b, s*s) as 1 x s x s -> (b, classes) `wiiide.training.models.cnn`
+transformer    language_model    int64 (b, T) bytes -> (b, T, 256)              `wiiide.training.models.transformer`
+embedding      classification    int64 (b, fields) Zipf ids -> (b, 2)          `wiiide.training.models.embedding`
 =============  ================  ====================================================================
 
 `build_model` builds the configured model (seeded: equal configs build equal models on every node),
@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from wiiide.models.cnn import build_cnn
-from wiiide.models.embedding import build_embedding
-from wiiide.models.mlp import build_mlp
-from wiiide.models.transformer import build_transformer
+from wiiide.training.models.cnn import build_cnn
+from wiiide.training.models.embedding import build_embedding
+from wiiide.training.models.mlp import build_mlp
+from wiiide.training.models.transformer import build_transformer
 
 MODELS = ("mlp", "cnn", "transformer", "embedding")
 TASKS = {"mlp": "classification", "cnn": "classification", "transformer": "language_model",
@@ -107,7 +107,7 @@ def build_model(cfg: Any, num_features: int, num_classes: int, sparse: bool = Fa
 
 
 def set_activation_checkpointing(model: nn.Module, on: bool) -> None:
-    """Turn the transformer's activation checkpointing on or off (`wiiide.models.transformer`).
+    """Turn the transformer's activation checkpointing on or off (`wiiide.training.models.transformer`).
 
     Raises:
         ValueError: `on` for a model other than the transformer (the others have no blocks to recompute).

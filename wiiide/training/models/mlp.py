@@ -1,4 +1,4 @@
-"""The MLP: Linear+ReLU layers on flat float32 features (today's model, moved from `wiiide.model`).
+"""The MLP: Linear+ReLU layers on flat float32 features (today's model, moved from `wiiide.training.model`).
 
 Sizes: 64-64-10 on digits is 4,810 parameters (19 KB of gradient); 1024-4096-4096-10 on 1,024
 synthetic features is about 21 M parameters (84 MB).

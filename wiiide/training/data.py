@@ -51,8 +51,8 @@ def load_dataset(cfg: RunConfig) -> Dataset:
     digits: scikit-learn's digits file (`load_digits_arrays`: 1,797 8x8 images, 10 classes; UCI
     optdigits test set), split by `stratified_split` (scikit-learn's split, without scikit-learn).
     synthetic: ``sklearn.datasets.make_classification`` with the configured samples/features/classes.
-    model transformer: the pinned Python standard-library corpus (`wiiide.corpus`), split by file, in
-    windows of ``transformer_context`` bytes. model embedding: `wiiide.models.embedding.make_zipf_data`.
+    model transformer: the pinned Python standard-library corpus (`wiiide.training.corpus`), split by file, in
+    windows of ``transformer_context`` bytes. model embedding: `wiiide.training.models.embedding.make_zipf_data`.
 
     Raises:
         ConfigError: a size combination the data set cannot be made from, or a missing/changed corpus.
@@ -195,7 +195,7 @@ def _load(cfg: RunConfig) -> Dataset:
 
 
 def _load_corpus(cfg: RunConfig) -> Dataset:
-    from wiiide.corpus import VOCAB_SIZE, load_corpus, unigram_loss_nats, windows
+    from wiiide.training.corpus import VOCAB_SIZE, load_corpus, unigram_loss_nats, windows
 
     corpus = load_corpus()
     x_train, y_train = windows(corpus.train, cfg.transformer_context)
@@ -208,7 +208,7 @@ def _load_corpus(cfg: RunConfig) -> Dataset:
 
 
 def _load_zipf(cfg: RunConfig) -> Dataset:
-    from wiiide.models.embedding import NUM_CLASSES, make_zipf_data
+    from wiiide.training.models.embedding import NUM_CLASSES, make_zipf_data
 
     x, y = make_zipf_data(cfg.embedding_samples, cfg.embedding_rows, cfg.embedding_fields,
                           cfg.embedding_zipf_exponent, cfg.seed)

@@ -1,5 +1,5 @@
 """Flat views of a model's parameters and gradients, the optimizer, and the evaluation on the held-out
-split (`evaluate`, used by every engine). The models themselves live in `wiiide.models`; `build_mlp`,
+split (`evaluate`, used by every engine). The models themselves live in `wiiide.training.models`; `build_mlp`,
 `model_spec` and `model_from_spec` stay importable from here.
 
 Parameters live in one contiguous float32 vector, so a gradient or a parameter update is one tensor on
@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from wiiide import models
-from wiiide.models.mlp import build_mlp  # noqa: F401 (re-exported: importable from here as before)
+from wiiide.training import models
+from wiiide.training.models.mlp import build_mlp  # noqa: F401 (re-exported: importable from here as before)
 
 # The language model's validation: at most this many windows (evenly spaced over the split), this many
 # at a time, so that an evaluation of a 25 M-parameter model takes seconds, not minutes, on one core.
@@ -26,18 +26,18 @@ EVAL_BATCH_WINDOWS = 16
 
 
 def model_spec(num_features: int, hidden_sizes: Sequence[int], num_classes: int) -> dict[str, Any]:
-    """The JSON description of an MLP (`model_from_spec` reads it); `wiiide.models.model_spec` describes any model."""
+    """The JSON description of an MLP (`model_from_spec` reads it); `wiiide.training.models.model_spec` describes any model."""
     return {"type": "mlp", "num_features": num_features, "hidden_sizes": list(hidden_sizes), "num_classes": num_classes}
 
 
 def model_from_spec(spec: dict[str, Any]) -> nn.Module:
-    """Build the model a coordinator described (`wiiide.models.model_spec`: mlp, cnn, transformer or
+    """Build the model a coordinator described (`wiiide.training.models.model_spec`: mlp, cnn, transformer or
     embedding), with seed 0 (the coordinator sends its parameters right after, so the seed does not matter).
 
     Raises:
         ValueError: a malformed description (missing keys, non-integers) or sizes out of range
             (mlp: features 1..1,000,000, classes 1..100,000, 1..16 hidden layers of 1..65,536; the
-            others: `wiiide.models`).
+            others: `wiiide.training.models`).
     """
     return models.model_from_spec(spec)
 
@@ -167,7 +167,7 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, task: str = "classi
         x: classification: float32 features (n, features) or int64 ids (n, fields); language model:
             int64 (n, T) byte windows (at most `EVAL_MAX_WINDOWS` evenly spaced ones are used).
         y: int64 class labels (n,), or int64 next bytes (n, T).
-        task: ``classification`` or ``language_model`` (`wiiide.models.task_of`).
+        task: ``classification`` or ``language_model`` (`wiiide.training.models.task_of`).
 
     Returns:
         `ClassificationEval` or `LanguageModelEval`.
@@ -204,11 +204,11 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, task: str = "classi
 
 def held_out_metric(model: nn.Module, data: Any) -> tuple[str, float, bool]:
     """The one figure time to target is judged on: (name, value, higher_is_better) of `model` on the
-    held-out split of `data` (a `wiiide.data.Dataset`: ``x_test``, ``y_test`` and its ``task``).
+    held-out split of `data` (a `wiiide.training.data.Dataset`: ``x_test``, ``y_test`` and its ``task``).
 
     Classification: ``("accuracy", accuracy in 0..1, True)``, compared with ``target_accuracy``. A
     language model: ``("validation_loss", nats per byte, False)``, compared with ``target_loss``
-    (`wiiide.evaluation.target_of`).
+    (`wiiide.training.evaluation.target_of`).
 
     Raises:
         RuntimeError: from torch, when the shapes or dtypes do not fit the model.
