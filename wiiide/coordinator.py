@@ -52,7 +52,7 @@ from wiiide.metrics import NodeMetrics
 from wiiide.lr_schedule import LrRecord, LrSchedule
 from wiiide.training.model import FlatParams, MomentumSGD, evaluate, num_parameters
 from wiiide.training.models import build_model, model_spec
-from wiiide.node import (
+from wiiide.wire.node import (
     Heartbeats,
     NodeFailure,
     Terminated,
@@ -66,7 +66,7 @@ from wiiide.pace.server import PaceServer, uses_pace
 from wiiide.ps.digest import params_digest
 from wiiide.recovery import ServerRecovery
 from wiiide.sparse import SparseRows
-from wiiide.tensors import to_wire
+from wiiide.wire.tensors import to_wire
 from wiiide.wire.admission import HandshakeGate
 from wiiide.wire.auth import load_secret
 from wiiide.wire.encode import encode_message
@@ -112,7 +112,7 @@ class Coordinator(CoordinatorJoining):
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> int:
-        """Run to the end and write the metrics file; returns the exit code (`wiiide.node` EXIT_*)."""
+        """Run to the end and write the metrics file; returns the exit code (`wiiide.wire.node` EXIT_*)."""
         return run_node(self.cfg, self.metrics, self.log, self._main)
 
     def _main(self) -> None:

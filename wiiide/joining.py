@@ -17,8 +17,8 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass
 
-from wiiide.handshake import Hello, accept_hello, refusal_reason, send_welcome
-from wiiide.node import EXIT_CONNECT, EXIT_PEER_LOST, Connection, Heartbeats, NodeFailure
+from wiiide.wire.handshake import Hello, accept_hello, refusal_reason, send_welcome
+from wiiide.wire.node import EXIT_CONNECT, EXIT_PEER_LOST, Connection, Heartbeats, NodeFailure
 from wiiide.ps.partition import resolve_shards
 from wiiide.recovery import rejoin_hint
 from wiiide.wire.admission import REASON_DEADLINE, Pending, Refusal
@@ -121,7 +121,7 @@ class CoordinatorJoining:
         _close_quietly(sock)
 
     def _handshake(self, sock: socket.socket, peer: str, deadline: float) -> bool:
-        """Challenge-response (`wiiide.handshake.accept_hello`) by `deadline` (a time.monotonic() instant:
+        """Challenge-response (`wiiide.wire.handshake.accept_hello`) by `deadline` (a time.monotonic() instant:
         accept + handshake_timeout_s, enforced on every read, whatever the peer sends and however slowly)
         and with a 64 KiB frame limit. Returns True if the peer authenticated (it is queued for `_admit`).
 

@@ -47,7 +47,7 @@ from torch import nn
 from wiiide.codecs.rows import check_row_ids
 from wiiide.errors import ProtocolError
 from wiiide.lr_schedule import wire_lr
-from wiiide.tensors import to_wire
+from wiiide.wire.tensors import to_wire
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import Frame, Message, WireTensor
 

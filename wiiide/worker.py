@@ -31,9 +31,9 @@ from wiiide.log import TieredLog
 from wiiide.lr_schedule import wire_lr
 from wiiide.metrics import NodeMetrics
 from wiiide.training.model import FlatParams, model_from_spec
-from wiiide.handshake import Refused, dial, join
+from wiiide.wire.handshake import Refused, dial, join
 from wiiide.training.models import check_batch, loss_mean, set_activation_checkpointing
-from wiiide.node import (
+from wiiide.wire.node import (
     EXIT_CONNECT,
     EXIT_PEER_LOST,
     Connection,
@@ -45,7 +45,7 @@ from wiiide.pace.compress import PULL_KINDS, DeltaPush, WorkerCopy
 from wiiide.pace.outer import gradient, local_delta
 from wiiide.sparse import UPDATE_KIND, SparseRows
 from wiiide.tensor_memory import ForwardScope, tensor_memory
-from wiiide.tensors import from_wire, to_wire
+from wiiide.wire.tensors import from_wire, to_wire
 from wiiide.wire.auth import HANDSHAKE_MAX_FRAME_BYTES, load_secret
 from wiiide.wire.tls import TLSHandshakeError, client_context
 
@@ -85,7 +85,7 @@ class Worker:
         self._last_params_unix_s = 0.0
 
     def run(self) -> int:
-        """Run to the end and write the metrics file; returns the exit code (`wiiide.node` EXIT_*)."""
+        """Run to the end and write the metrics file; returns the exit code (`wiiide.wire.node` EXIT_*)."""
         return run_node(self.cfg, self.metrics, self.log, self._main)
 
     def _connect(self, timeout_s: float) -> socket.socket:
@@ -94,7 +94,7 @@ class Worker:
         delay_s, attempts, last_error = CONNECT_FIRST_DELAY_S, 0, None
         while True:
             attempts += 1
-            try:  # with tls on, the coordinator's certificate must name coordinator_host (wiiide.handshake.dial)
+            try:  # with tls on, the coordinator's certificate must name coordinator_host (wiiide.wire.handshake.dial)
                 sock, options = dial(cfg, cfg.coordinator_host, cfg.port, max(0.5, min(5.0, deadline - time.monotonic())))
                 self.metrics.socket_options.append(options)
                 self.metrics.event("connected", attempts=attempts)

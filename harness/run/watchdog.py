@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from wiiide.node import EXIT_PEER_LOST
+from wiiide.wire.node import EXIT_PEER_LOST
 from wiiide.progress import PROGRESS_DIR
 
 WATCHED_ENGINES = ("ddp", "fsdp")

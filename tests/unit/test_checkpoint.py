@@ -324,7 +324,7 @@ def test_worker_that_never_joined_retries_a_silent_coordinator_until_connect_tim
     import socket
     import threading
 
-    from wiiide.node import EXIT_PEER_LOST
+    from wiiide.wire.node import EXIT_PEER_LOST
     from wiiide.worker import Worker
 
     monkeypatch.setenv("WIIIIIDE_SECRET", "unit-tests-shared-secret-0123456789")

@@ -368,7 +368,7 @@ def test_an_unforeseen_exception_in_a_handshake_is_a_logged_refusal(acceptor, mo
             raise RuntimeError("boom")
         return verify(*args, **kwargs)
 
-    monkeypatch.setattr("wiiide.handshake.verify", broken_verify)
+    monkeypatch.setattr("wiiide.wire.handshake.verify", broken_verify)
     with capture_log("wiiide.coordinator") as records:
         with connect(port) as sock:
             reader = FrameReader(sock, 1 << 20)

@@ -12,7 +12,7 @@ import pytest
 from wiiide.config import RunConfig
 from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
-from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure
+from wiiide.wire.node import EXIT_PEER_LOST, Connection, NodeFailure
 from wiiide.ps.link_probe import (
     AUTO_RULES,
     MAX_FINEST_WIRE_BYTES,

@@ -31,7 +31,7 @@ from wiiide.errors import ConfigError, PeerClosed, ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.training.model import FlatParams, build_mlp, model_spec
-from wiiide.node import (
+from wiiide.wire.node import (
     EXIT_CONNECT,
     EXIT_ERROR,
     EXIT_OK,

@@ -227,7 +227,7 @@ def test_a_server_that_closes_during_the_handshake_is_a_lost_connection_the_work
 
 
 def test_a_shard_over_tls_serves_the_cluster_and_checks_the_name_its_peer_expects(tmp_path, pki):
-    """Worker-shard connections take the coordinator's TLS wrapping (`wiiide.handshake`): a worker
+    """Worker-shard connections take the coordinator's TLS wrapping (`wiiide.wire.handshake`): a worker
     dialling the shard by the name on its certificate joins over TLS 1.3; one expecting another name,
     or holding a stranger's certificate, never reaches the HMAC handshake."""
     import numpy as np

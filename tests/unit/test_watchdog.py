@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.run.watchdog import RankWatchdog, node_key
-from wiiide.node import EXIT_PEER_LOST
+from wiiide.wire.node import EXIT_PEER_LOST
 from wiiide.progress import ProgressBeat, progress_path
 
 RUNNING = {"coordinator": "running", "worker-1": "running", "worker-2": "running"}

@@ -68,7 +68,7 @@ from wiiide.metrics import NodeMetrics, summarize
 from wiiide.training.model import evaluate
 from wiiide.training.models import build_model, shard_units
 from wiiide.training.models import loss_sum as summed_loss
-from wiiide.node import (
+from wiiide.wire.node import (
     EXIT_CONNECT,
     EXIT_ERROR,
     EXIT_PEER_LOST,
@@ -279,7 +279,7 @@ class TorchNode:
         self.beat = ProgressBeat(cfg.metrics_dir, self.metrics.node_id, role)
 
     def run(self) -> int:
-        """Run this rank to the end and write its metrics file; returns the exit code (`wiiide.node` EXIT_*)."""
+        """Run this rank to the end and write its metrics file; returns the exit code (`wiiide.wire.node` EXIT_*)."""
         return run_node(self.cfg, self.metrics, self.log, self._main)
 
     # ------------------------------------------------------------------------------------------

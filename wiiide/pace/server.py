@@ -65,7 +65,7 @@ from wiiide.pace.outer import OuterOptimizer
 from wiiide.pace.record import PaceRecord, pace_extra
 from wiiide.pace.staleness import SSPClock, staleness_scale
 from wiiide.pace.feedback import policy_may_be_lossy
-from wiiide.tensors import to_wire
+from wiiide.wire.tensors import to_wire
 from wiiide.wire.messages import WireTensor
 
 POLL_S = 0.2  # how often the loop looks at the clock, at silent and at joining workers when no frame arrives

@@ -13,7 +13,7 @@ Sparse rows (`wiiide.ps.sparse_rows`): a table partition's touched rows out afte
 The coordinator uses the same client with role ``coordinator`` (no pushes) to pull the final
 parameters (``pull_final``).
 
-Handshake (`wiiide.ps.outbox.connect_shard`): the dialling side of `wiiide.handshake` (TLS with ``tls``
+Handshake (`wiiide.ps.outbox.connect_shard`): the dialling side of `wiiide.wire.handshake` (TLS with ``tls``
 on); the hello's node id is ``<role>-<rank>@<node id>`` (so the MAC covers the rank) and the shard's
 welcome MAC covers its shard id.
 """
@@ -38,7 +38,7 @@ from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.training.model import FlatParams
-from wiiide.node import Connection, Heartbeats
+from wiiide.wire.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT
 from wiiide.pace.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, received_values
 from wiiide.ps.partition import Partition

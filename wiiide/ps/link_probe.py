@@ -70,7 +70,7 @@ from typing import NamedTuple
 import numpy as np
 
 from wiiide.errors import ProtocolError
-from wiiide.node import Connection
+from wiiide.wire.node import Connection
 from wiiide.ps.partition import PER_SHARD_FINEST_BYTES
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import Message, WireTensor

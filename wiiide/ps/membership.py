@@ -49,11 +49,11 @@ import torch
 
 from wiiide.errors import ProtocolError, WiiideError
 from wiiide.training.evaluation import record_held_out
-from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure
+from wiiide.wire.node import EXIT_PEER_LOST, Connection, NodeFailure
 from wiiide.ps.digest import params_digest
 from wiiide.ps.partition import Partition, resolve_shards
 from wiiide.ps.plan import PS_FAILED
-from wiiide.tensors import to_wire
+from wiiide.wire.tensors import to_wire
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import WireTensor
 

@@ -1,5 +1,5 @@
 """The plumbing of a node's connections to the shards: dialling and authenticating to a shard
-(`connect_shard`, the dialling side of `wiiide.handshake`), a sender thread's loop over its outbox
+(`connect_shard`, the dialling side of `wiiide.wire.handshake`), a sender thread's loop over its outbox
 (shared by the shards' pull senders, `wiiide.ps.shard`, and the workers' push senders,
 `wiiide.ps.client`), the step a push or pull frame carries, and where a shard listens.
 """
@@ -12,10 +12,10 @@ from typing import Any, Callable
 
 from wiiide.config import RunConfig
 from wiiide.errors import ProtocolError
-from wiiide.handshake import dial, join
+from wiiide.wire.handshake import dial, join
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.node import Connection, NodeFailure
+from wiiide.wire.node import Connection, NodeFailure
 from wiiide.pace.feedback import DENSE_KIND, LOSSY_KIND
 from wiiide.wire.auth import HANDSHAKE_MAX_FRAME_BYTES
 from wiiide.wire.messages import Frame
@@ -61,7 +61,7 @@ class ShardFailed(NodeFailure):
 def connect_shard(cfg: RunConfig, secret: bytes, metrics: NodeMetrics, log: TieredLog, host: str, port: int,
                   shard: int, role: str, rank: int, node_id: str, pool=None, tls_name: str | None = None) -> Connection:
     """Connect (retrying for connect_timeout_s) and authenticate to shard `shard` at host:port through
-    `wiiide.handshake` (`dial`, `join`): the same socket knobs, deadlines, limits and, with ``tls`` on,
+    `wiiide.wire.handshake` (`dial`, `join`): the same socket knobs, deadlines, limits and, with ``tls`` on,
     TLS as the connection to the coordinator; the shard's certificate must name `tls_name` (None: `host`).
 
     A shard that accepts the connection but is silent for handshake_timeout_s is taken as not serving

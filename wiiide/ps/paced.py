@@ -36,7 +36,7 @@ from typing import Any
 from wiiide.training.data import BatchSampler, Dataset
 from wiiide.errors import ProtocolError
 from wiiide.training.evaluation import stop_at_target
-from wiiide.node import EXIT_PEER_LOST, NodeFailure
+from wiiide.wire.node import EXIT_PEER_LOST, NodeFailure
 from wiiide.pace.adaptive import AdaptiveBatch
 from wiiide.pace.reading import compute_seconds, ready_connections
 from wiiide.pace.record import PaceRecord

@@ -19,7 +19,7 @@ from wiiide.config import RunConfig
 from wiiide.training.data import Dataset
 from wiiide.errors import ProtocolError
 from wiiide.training.model import FlatParams
-from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure
+from wiiide.wire.node import EXIT_PEER_LOST, Connection, NodeFailure
 from wiiide.ps import link_probe
 from wiiide.ps.checkpoints import ShardsRestored, restore_shards
 from wiiide.ps.digest import params_digest

@@ -22,7 +22,7 @@ After the usual join (`wiiide.coordinator`, `wiiide.worker`, whose welcome carri
 
 A lost worker (and the shard it hosts) does not end the run: the coordinator starts the next
 incarnation over the nodes that remain, from a surviving worker's copy of the parameters
-(`wiiide.ps.membership`); the run fails (exit 4, `wiiide.node.EXIT_PEER_LOST`) only when none remain.
+(`wiiide.ps.membership`); the run fails (exit 4, `wiiide.wire.node.EXIT_PEER_LOST`) only when none remain.
 
 A lost coordinator, with checkpoints on (`wiiide.ps.checkpoints`), restarts the whole sharded run: each
 worker sees its shards fail and its coordinator connection close, drops its shard and rejoins the
@@ -47,7 +47,7 @@ from wiiide.errors import ProtocolError, WiiideError
 from wiiide.training.evaluation import stop_at_target
 from wiiide.training.model import FlatParams
 from wiiide.training.models import check_batch, loss_mean
-from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure, touch
+from wiiide.wire.node import EXIT_PEER_LOST, Connection, NodeFailure, touch
 from wiiide.ps import link_probe
 from wiiide.ps.checkpoints import announce_step
 from wiiide.ps.client import ShardClient, ShardFailed
@@ -85,7 +85,7 @@ from wiiide.ps.plan import (  # noqa: F401 (_restore, _seconds: the tests' names
 from wiiide.ps.shard import ROLE_COORDINATOR, ROLE_WORKER, ShardServer
 from wiiide.ps.snapshots import ShardSnapshots
 from wiiide.ps.sparse_rows import table_shape
-from wiiide.tensors import from_wire, to_wire
+from wiiide.wire.tensors import from_wire, to_wire
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import WireTensor
 

@@ -11,7 +11,7 @@ answered as soon as its last push arrived, not at the end of the step. Pulls are
 workers' copy (`wiiide.pace.feedback.PullReplica`), compressed by the shard's own policy. With sparse rows
 (`wiiide.ps.sparse_rows`) a table partition is whole rows, pushed and pulled as the rows touched.
 
-Connections: the coordinator's handshake and session set-up (`wiiide.handshake`: the same frames,
+Connections: the coordinator's handshake and session set-up (`wiiide.wire.handshake`: the same frames,
 limits, deadlines, socket knobs and TLS; the welcome's MAC covers the shard id instead of a rank) behind a
 `wiiide.wire.admission.HandshakeGate`. Each peer has a receiver thread (pushes in) and a sender thread
 (pulls out): full duplex.
@@ -48,8 +48,8 @@ from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.lr_schedule import LrRecord, LrSchedule
 from wiiide.metrics import NodeMetrics
-from wiiide.handshake import accept_hello, send_welcome, tell_refused
-from wiiide.node import Connection, Heartbeats
+from wiiide.wire.handshake import accept_hello, send_welcome, tell_refused
+from wiiide.wire.node import Connection, Heartbeats
 from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
 from wiiide.pace.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas, received_values
 from wiiide.ps.local_sgd import shard_optimizer
@@ -258,7 +258,7 @@ class ShardServer:
                                  daemon=True).start()
 
     def _handshake(self, pending: Pending) -> _Peer:
-        """`wiiide.handshake.accept_hello` (TLS first with ``tls`` on), bounded by the pending connection's
+        """`wiiide.wire.handshake.accept_hello` (TLS first with ``tls`` on), bounded by the pending connection's
         deadline, then the hello's role and rank; the welcome's MAC covers the shard id.
 
         Raises:

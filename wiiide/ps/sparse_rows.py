@@ -44,7 +44,7 @@ from wiiide.lr_schedule import wire_lr
 from wiiide.pace.outer import gradient
 from wiiide.ps.partition import Partition
 from wiiide.sparse import SparseRows, sgd_rows, sum_rows
-from wiiide.tensors import to_wire
+from wiiide.wire.tensors import to_wire
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import Frame, Message, WireTensor
 

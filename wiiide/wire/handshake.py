@@ -31,7 +31,7 @@ from wiiide.config import RunConfig
 from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.node import Connection
+from wiiide.wire.node import Connection
 from wiiide.wire.admission import REASON_DEADLINE
 from wiiide.wire.auth import HANDSHAKE_MAX_FRAME_BYTES, check_nonce, hello_frame, hello_mac, new_nonce, verify, welcome_mac
 from wiiide.wire.encode import encode_message
