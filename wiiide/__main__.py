@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_torch(cfg, args.role)
     if args.role == "coordinator":
-        from wiiide.coordinator import main as run
+        from wiiide.server.coordinator import main as run
     else:
         from wiiide.worker import main as run
     return run(cfg)

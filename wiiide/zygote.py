@@ -191,7 +191,7 @@ def preload() -> None:
     import torch  # noqa: F401
 
     import wiiide.__main__  # noqa: F401
-    import wiiide.coordinator  # noqa: F401
+    import wiiide.server.coordinator  # noqa: F401
     import wiiide.worker  # noqa: F401
 
 

@@ -151,7 +151,7 @@ class Totals(_Model):
     peak_rss_bytes: int | None = None
     batches_per_worker: dict[str, int] | None = None
     worker_batches_sum: int | None = None
-    # workers at their own pace (wiiide.pace.record): per-worker samples, the staleness k (server versions
+    # workers at their own pace (wiiide.server.pace.record): per-worker samples, the staleness k (server versions
     # between read and apply) of every applied update, the clock gap fastest - slowest (pushes), and
     # every worker's batch size over time as change points [[t_s, samples], ...]
     samples_per_worker: dict[str, int] | None = None
@@ -197,7 +197,7 @@ class Totals(_Model):
     target_reached: bool | None = None
     held_out_metric: str | None = None
     held_out_target: float | None = None
-    # checkpoints and recovery (wiiide.recovery): set when the coordinator was restarted from a checkpoint;
+    # checkpoints and recovery (wiiide.server.recovery): set when the coordinator was restarted from a checkpoint;
     # steps_lost = steps the killed coordinator had reached - restored_step; recovery_s: its last step to
     # the first step after the restart (wall clock)
     restored_step: int | None = None

@@ -19,7 +19,7 @@ from typing import Iterator
 import pytest
 
 from wiiide.config import RunConfig
-from wiiide.coordinator import Coordinator
+from wiiide.server.coordinator import Coordinator
 from wiiide.errors import PeerClosed, ProtocolError
 from wiiide.metrics import MAX_EVENTS_PER_KIND, NodeMetrics
 from wiiide.wire.admission import (

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from wiiide.config import RunConfig
-from wiiide.coordinator import Coordinator
+from wiiide.server.coordinator import Coordinator
 from wiiide.errors import ConfigError, PeerClosed, ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics

@@ -11,7 +11,7 @@ from wiiide.config import RunConfig
 from wiiide.errors import ConfigError
 from wiiide.training.model import FlatParams
 from wiiide.training.models import build_from_spec, loss_mean, set_activation_checkpointing
-from wiiide.pace.outer import gradient
+from wiiide.server.pace.outer import gradient
 from wiiide.tensor_memory import (
     ActivationMeter,
     ForwardScope,

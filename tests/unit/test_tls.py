@@ -29,7 +29,7 @@ from tests.unit.test_handshake import (
     wait_for,
 )
 from wiiide.config import RunConfig
-from wiiide.coordinator import Coordinator
+from wiiide.server.coordinator import Coordinator
 from wiiide.errors import ConfigError
 from wiiide.wire.admission import REASON_DEADLINE
 from wiiide.wire.auth import hello_frame, verify, welcome_mac
@@ -234,9 +234,9 @@ def test_a_shard_over_tls_serves_the_cluster_and_checks_the_name_its_peer_expect
 
     from wiiide.log import TieredLog
     from wiiide.metrics import NodeMetrics
-    from wiiide.ps.client import ShardFailed, connect_shard
-    from wiiide.ps.partition import partition_flat
-    from wiiide.ps.shard import ROLE_WORKER, ShardServer
+    from wiiide.server.ps.client import ShardFailed, connect_shard
+    from wiiide.server.ps.partition import partition_flat
+    from wiiide.server.ps.shard import ROLE_WORKER, ShardServer
 
     fields = {"num_workers": 1, "log_tier": "silent", "handshake_timeout_s": 2, "connect_timeout_s": 2}
     shard_cfg = node_cfg(pki, "coordinator", **fields)  # the shard's node: certificate names localhost, 127.0.0.1

@@ -175,7 +175,7 @@ def test_a_frame_read_ahead_is_seen_by_the_pace_servers_wait(streams):
     import selectors
     from types import SimpleNamespace
 
-    from wiiide.pace.server import PaceServer
+    from wiiide.server.pace.server import PaceServer
 
     client, server = streams
     cfg = RunConfig(log_tier="silent")

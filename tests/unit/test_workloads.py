@@ -1,4 +1,4 @@
-"""The workloads (wiiide.training.models, wiiide.training.corpus, wiiide.codecs.rows, wiiide.sparse): every model builds
+"""The workloads (wiiide.training.models, wiiide.training.corpus, wiiide.codecs.rows, wiiide.server.sparse): every model builds
 from its config and trains one step; the corpus is deterministic and refuses what is not there; the
 rows codec round-trips and refuses ids it must not write; the sparse parameter server keeps workers
 bitwise in step and moves fewer bytes than the dense one."""
@@ -16,7 +16,7 @@ import torch
 
 from wiiide.codecs.rows import RowsCodec
 from wiiide.config import RunConfig
-from wiiide.coordinator import Coordinator
+from wiiide.server.coordinator import Coordinator
 from wiiide.training.corpus import (
     STDLIB_MODULES,
     load_corpus,
@@ -47,7 +47,7 @@ from wiiide.training.models.embedding import (
     make_zipf_data,
     zipf_probabilities,
 )
-from wiiide.sparse import SparseRows
+from wiiide.server.sparse import SparseRows
 from wiiide.wire.decode import decode_payload, parse_header
 from wiiide.wire.encode import encode_message
 from wiiide.wire.format import PREFIX

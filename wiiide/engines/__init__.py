@@ -1,6 +1,6 @@
 """Training engines that run on WIIIIIDE's nodes, so they can be measured on the same containers and links.
 
-- ``wiiide``: the parameter server (`wiiide.coordinator`, `wiiide.worker`).
+- ``wiiide``: the parameter server (`wiiide.server.coordinator`, `wiiide.worker`).
 - ``ddp``, ``fsdp``: PyTorch's DistributedDataParallel and FSDP2 over gloo (`torch_dist`); the
   coordinator is rank 0 and the rendezvous host.
 

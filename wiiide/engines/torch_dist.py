@@ -85,7 +85,7 @@ from wiiide.training.workload import workload_record
 RANK_KEY = "wiiide/next_rank"
 STOP_CHECK_EVERY_STEPS = 10
 RSS_SAMPLE_EVERY_STEPS = 10
-TRAINING_MARKER = "coordinator.training"  # wiiide.coordinator's: written by rank 0 when the first step starts
+TRAINING_MARKER = "coordinator.training"  # wiiide.server.coordinator's: written by rank 0 when the first step starts
 PROFILE_ACTIVE_STEPS = 5
 # ddp post_local_sgd: gradients are all-reduced at step 0 only (the models start equal anyway); local SGD and
 # the periodic parameter averaging start at step 1.

@@ -21,9 +21,9 @@ def workload_record(cfg: RunConfig, data: Dataset, model: nn.Module) -> dict[str
 
 
 def sparse_comm_expected(cfg: RunConfig, numel: int) -> dict[str, Any]:
-    """The ``comm.expected`` record of the sparse parameter server (`wiiide.sparse.expected_bytes_per_step`),
+    """The ``comm.expected`` record of the sparse parameter server (`wiiide.server.sparse.expected_bytes_per_step`),
     in the fields the harness reads (``total_bytes`` per step)."""
-    from wiiide.sparse import expected_bytes_per_step
+    from wiiide.server.sparse import expected_bytes_per_step
 
     table = cfg.embedding_rows * cfg.embedding_dim
     figures = expected_bytes_per_step(cfg.embedding_rows, cfg.embedding_dim, numel - table, cfg.num_workers,

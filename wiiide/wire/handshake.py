@@ -3,7 +3,7 @@
 Both sides of every connection go through here, so every connection has the same deadline, frame
 limits, socket knobs and TLS:
 
-- the accepting side (`accept_hello`: the coordinator, each `wiiide.ps.shard.ShardServer`) applies
+- the accepting side (`accept_hello`: the coordinator, each `wiiide.server.ps.shard.ShardServer`) applies
   the socket options (`wiiide.wire.sockets.configure_socket`), wraps TLS when ``tls`` is on
   (`wiiide.wire.tls.wrap_server`), sends the challenge and checks the hello (protocol version, node
   id, nonce, MAC: `wiiide.wire.auth`), all by one absolute deadline (accept + ``handshake_timeout_s``)

@@ -3,7 +3,7 @@ small MLP; and its synthetic data, whose labels have structure the model can lea
 
 Model: each sample is `fields` ids into one table of `rows` x `dim` float32; the looked-up rows are
 concatenated (fields x dim) and go through Linear(fields*dim -> 64), ReLU, Linear(64 -> 2). The table
-is the first parameter, so in a flat parameter vector it comes first (`wiiide.sparse` relies on it).
+is the first parameter, so in a flat parameter vector it comes first (`wiiide.server.sparse` relies on it).
 A step touches at most batch x fields rows: with 1 M rows, 32 x 8 ids touch at most 256 rows, 0.03 %.
 
 Data (`make_zipf_data`): ids are drawn with P(id = k) proportional to 1 / (k + 1)^s (Zipf's law over
@@ -41,7 +41,7 @@ class EmbeddingMLP(nn.Module):
 
     def forward_looked_up(self, looked_up: torch.Tensor) -> torch.Tensor:
         """Logits (batch, 2) of the rows already looked up, float32 (batch, fields, dim): the model after
-        its table (`wiiide.sparse` looks the rows up itself, so that the table's gradient is one row per
+        its table (`wiiide.server.sparse` looks the rows up itself, so that the table's gradient is one row per
         distinct id and never a dense (rows, dim) tensor)."""
         return self.head(torch.relu(self.fc(looked_up.flatten(1))))
 

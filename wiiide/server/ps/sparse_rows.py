@@ -1,19 +1,19 @@
 """Sparse embedding rows on the sharded servers (``sparse_embedding: true`` with ``ps_shards`` > 1).
 
-The embedding table is the first ``rows x dim`` values of the flat vector (`wiiide.sparse`). Its
-partitions are cut at row boundaries (`wiiide.ps.partition.align_to_rows`), so each shard owns whole
+The embedding table is the first ``rows x dim`` values of the flat vector (`wiiide.server.sparse`). Its
+partitions are cut at row boundaries (`wiiide.server.ps.partition.align_to_rows`), so each shard owns whole
 rows ``[r0, r1)`` of it (a *row partition*); the partitions after the table (the MLP) are dense as
 ever. Per step, for a row partition:
 
 - push (`WorkerRows.gradient`): a worker computes the table's gradient as its batch's distinct rows
-  (`wiiide.sparse.SparseRows.gradient`: no dense ``rows x dim`` gradient exists) and sends each row
+  (`wiiide.server.sparse.SparseRows.gradient`: no dense ``rows x dim`` gradient exists) and sends each row
   partition's shard only the touched rows of that range: ``ids`` (partition-local row numbers, int32
   below 2^31 rows, strictly increasing) and ``rows`` (float32 ``u x dim``), raw, in a ``ps_rows``
   frame; a partition none of its rows touched gets an empty one (the shard counts every worker's push).
-  The MLP's partitions are pushed by the backward hooks as before (`wiiide.ps.client`).
+  The MLP's partitions are pushed by the backward hooks as before (`wiiide.server.ps.client`).
 - the shard (`apply_rows`): once every worker's push is in, the rows are summed per id in rank order
-  (`wiiide.sparse.sum_rows`, as the central server sums them), divided by the workers, and plain SGD
-  runs on those rows only (`wiiide.sparse.sgd_rows`; momentum is refused with sparse rows, as on the
+  (`wiiide.server.sparse.sum_rows`, as the central server sums them), divided by the workers, and plain SGD
+  runs on those rows only (`wiiide.server.sparse.sgd_rows`; momentum is refused with sparse rows, as on the
   central server, since it would move every row every step).
 - pull: the shard sends every worker the averaged rows and the step's learning rate (``ps_rows_update``);
   the worker runs the very `sgd_rows` the shard ran (`WorkerRows.apply`), so both copies stay bitwise
@@ -41,9 +41,9 @@ from torch import nn
 from wiiide.codecs.rows import check_row_ids
 from wiiide.errors import ProtocolError
 from wiiide.lr_schedule import wire_lr
-from wiiide.pace.outer import gradient
-from wiiide.ps.partition import Partition
-from wiiide.sparse import SparseRows, sgd_rows, sum_rows
+from wiiide.server.pace.outer import gradient
+from wiiide.server.ps.partition import Partition
+from wiiide.server.sparse import SparseRows, sgd_rows, sum_rows
 from wiiide.wire.tensors import to_wire
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import Frame, Message, WireTensor
@@ -78,7 +78,7 @@ class RowTable:
 
     @property
     def id_dtype(self) -> type:
-        """The ids' wire dtype: int32 below 2^31 rows, else int64 (as `wiiide.sparse`)."""
+        """The ids' wire dtype: int32 below 2^31 rows, else int64 (as `wiiide.server.sparse`)."""
         return np.int32 if self.rows < 2**31 else np.int64
 
     def owns(self, part: Partition) -> bool:
@@ -163,7 +163,7 @@ class WorkerRows:
                  send: Callable[[Partition, Frame], None], scope: Any = None) -> float:
         """The batch's gradient (the MLP's in ``flat.grads``, where the backward hooks push it from) and
         one ``ps_rows`` push per row partition through `send` (its touched rows). Returns the mean loss.
-        `scope`: as `wiiide.sparse.SparseRows.gradient`'s.
+        `scope`: as `wiiide.server.sparse.SparseRows.gradient`'s.
 
         Raises:
             IndexError: an id outside the table (`SparseRows.gradient`).
@@ -198,8 +198,8 @@ def step_gradient(rows: WorkerRows | None, model: nn.Module, flat: Any, x: torch
                   micro_batches: int, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], step: int,
                   send: Callable[[Partition, Frame], None], scope: Any = None) -> float:
     """A sharded worker's gradient of one batch (x, y) at `step`, in `micro_batches` pieces: dense
-    (`wiiide.pace.outer.gradient`) without sparse rows, else `WorkerRows.gradient` (the table's rows
-    pushed through `send`). The backward hooks of `wiiide.ps.client` push the dense partitions. Returns
+    (`wiiide.server.pace.outer.gradient`) without sparse rows, else `WorkerRows.gradient` (the table's rows
+    pushed through `send`). The backward hooks of `wiiide.server.ps.client` push the dense partitions. Returns
     the mean loss. `scope`: the forward's `wiiide.tensor_memory.ForwardScope` (autocast, the meter).
 
     Raises:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from wiiide.wire.handshake import Hello, accept_hello, refusal_reason, send_welcome
 from wiiide.wire.node import EXIT_CONNECT, EXIT_PEER_LOST, Connection, Heartbeats, NodeFailure
-from wiiide.ps.partition import resolve_shards
-from wiiide.recovery import rejoin_hint
+from wiiide.server.ps.partition import resolve_shards
+from wiiide.server.recovery import rejoin_hint
 from wiiide.wire.admission import REASON_DEADLINE, Pending, Refusal
 
 @dataclass
@@ -28,7 +28,7 @@ class _Joining:
     """A connection that passed the handshake, waiting for the main thread to admit it."""
 
     hello: Hello
-    rejoin: dict | None = None  # a rejoining worker's hint (wiiide.recovery.rejoin_hint)
+    rejoin: dict | None = None  # a rejoining worker's hint (wiiide.server.recovery.rejoin_hint)
 
     @property
     def conn(self) -> Connection:
@@ -58,7 +58,7 @@ class WorkerSlot:
 
 
 class CoordinatorJoining:
-    """The membership half of `wiiide.coordinator.Coordinator` (module docstring)."""
+    """The membership half of `wiiide.server.coordinator.Coordinator` (module docstring)."""
 
 
     def _accept_loop(self) -> None:

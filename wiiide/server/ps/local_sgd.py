@@ -1,17 +1,17 @@
 """Local SGD and DiLoCo on the sharded servers (``ps_shards`` > 1, ``local_steps`` H > 1).
 
-A round of the sharded barrier (`wiiide.ps.session`) is one outer step:
+A round of the sharded barrier (`wiiide.server.ps.session`) is one outer step:
 
 1. the coordinator hands each worker H x batch_size rows (``batch`` or ``batch_indices``), as the
-   central server's rounds do (`wiiide.pace.server`: the same sampler, drawn in rank order);
-2. the worker takes H plain SGD steps on them from the parameters it pulled (`wiiide.pace.outer.local_delta`,
+   central server's rounds do (`wiiide.server.pace.server`: the same sampler, drawn in rank order);
+2. the worker takes H plain SGD steps on them from the parameters it pulled (`wiiide.server.pace.outer.local_delta`,
    at the schedule's rate for the round), puts its model delta ``params_pulled - params_after`` into
    its flat gradient buffer, sets its parameters back to what it pulled (the shards' replica of its
-   copy, `wiiide.pace.feedback.PullReplica`) and pushes the delta partition by partition to the shards
-   that own them (`wiiide.ps.client.ShardClient.push_all`; a lossy policy encodes each partition with
-   the push's error-feedback residual, `wiiide.pace.feedback.ErrorFeedback`);
+   copy, `wiiide.server.pace.feedback.PullReplica`) and pushes the delta partition by partition to the shards
+   that own them (`wiiide.server.ps.client.ShardClient.push_all`; a lossy policy encodes each partition with
+   the push's error-feedback residual, `wiiide.server.pace.feedback.ErrorFeedback`);
 3. each shard (`shard_optimizer`) averages its partitions' deltas over the workers (in rank order) and applies the outer step
-   to its slice (`wiiide.pace.outer.PartitionOuterStep`: ``avg``, or DiLoCo's Nesterov with its momentum
+   to its slice (`wiiide.server.pace.outer.PartitionOuterStep`: ``avg``, or DiLoCo's Nesterov with its momentum
    buffer on the shard), then sends the slice back (a delta against the workers' copy, compressed
    both ways as the gradients of synchronous rounds are);
 4. the worker applies the pulls to its parameters (`ShardClient.finish_step`) and reports ``step_done``.
@@ -20,7 +20,7 @@ So every worker's link carries its delta out and the new parameters in, each cut
 go to k nodes, instead of every worker's bytes crossing one server's link. The coordinator still hands
 out the batches and keeps the barrier, the held-out evaluation and the stop.
 
-With fixed H, seed and fp32 this is the central server's local SGD (`wiiide.pace.server`) operation
+With fixed H, seed and fp32 this is the central server's local SGD (`wiiide.server.pace.server`) operation
 for operation, except the order in which the mean adds the workers' deltas: the central server adds
 them as they arrive, a shard in rank order. With two workers the two orders give the same float32
 sum (addition is commutative); with more they can differ in the last bit.
@@ -38,13 +38,13 @@ from wiiide.errors import ProtocolError
 from wiiide.lr_schedule import LrSchedule
 from wiiide.training.model import FlatParams, MomentumSGD
 from wiiide.training.models import loss_mean
-from wiiide.pace.outer import PartitionOuterStep, local_delta
+from wiiide.server.pace.outer import PartitionOuterStep, local_delta
 
 
 def shard_optimizer(values: torch.Tensor, cfg: Any) -> MomentumSGD | PartitionOuterStep:
-    """The optimizer a shard (`wiiide.ps.shard`) applies to the partition `values` (float32, 1-D, with
+    """The optimizer a shard (`wiiide.server.ps.shard`) applies to the partition `values` (float32, 1-D, with
     ``.grad``): with ``local_steps`` > 1 the outer step over the workers' mean model delta
-    (`wiiide.pace.outer.PartitionOuterStep`: ``outer_optimizer`` avg or nesterov with ``outer_learning_rate``
+    (`wiiide.server.pace.outer.PartitionOuterStep`: ``outer_optimizer`` avg or nesterov with ``outer_learning_rate``
     and ``outer_momentum``), else `wiiide.training.model.MomentumSGD` at ``learning_rate`` and ``momentum``.
     `cfg` is a `wiiide.config.RunConfig`."""
     if cfg.local_steps > 1:
@@ -66,7 +66,7 @@ class LocalRounds:
         cfg: the run's `wiiide.config.RunConfig` (local_steps, grad_accum_steps, the schedule of the inner
             rate, debug_step_sleep_s).
         model, flat: the worker's model and its `FlatParams`.
-        client: the worker's `wiiide.ps.client.ShardClient`, attached without hooks.
+        client: the worker's `wiiide.server.ps.client.ShardClient`, attached without hooks.
         kind: the model's type (``mlp``, ``transformer``...: the loss, `wiiide.training.models.loss_mean`).
         rank: the worker's rank (debug_sleep_worker_rank).
         scope: the worker's forward scope (`wiiide.tensor_memory.ForwardScope`: mixed precision's autocast

@@ -1,27 +1,27 @@
 """Sharded training at the workers' own pace: the coordinator's SSP clock and batch handout.
 
-With ``ps_shards`` > 1 and ``staleness_bound`` != 0 or ``adaptive_batch`` on (`wiiide.pace.server.uses_pace`),
-`wiiide.ps.session` runs this loop in place of its step barrier. The shard is the unit, as in ps-lite and
-BytePS: the shards hold the parameters and apply the pushes (`wiiide.ps.shard`: with s >= 1 or async each
+With ``ps_shards`` > 1 and ``staleness_bound`` != 0 or ``adaptive_batch`` on (`wiiide.server.pace.server.uses_pace`),
+`wiiide.server.ps.session` runs this loop in place of its step barrier. The shard is the unit, as in ps-lite and
+BytePS: the shards hold the parameters and apply the pushes (`wiiide.server.ps.shard`: with s >= 1 or async each
 push as it arrives, scaled by its staleness, and the partition pulled back by the pushing worker alone; in
 rounds, s = 0, the mean of every worker's push, weighted by samples with adaptive batches), while this
 node keeps what is not bulk:
 
-- **the clock** (`wiiide.pace.staleness.SSPClock`): a worker's clock counts its ``step_done`` (each one
+- **the clock** (`wiiide.server.pace.staleness.SSPClock`): a worker's clock counts its ``step_done`` (each one
   after its pushes were applied and its pulls were in). The coordinator hands a worker task ``j`` (its
   ``j``-th batch, 0-based) only while ``j - slowest clock <= s`` (Ho et al. 2013: a worker at clock ``c``
   starts only while the slowest is at ``c - s`` or later), so the rule holds when the worker starts it,
   however early the batch arrived. A worker holds at most `TASKS_AHEAD` + 1 batches (one computing, one
   waiting), so its next batch is there when its pulls are in, as with the barrier's ``HANDOUT_AHEAD``.
   In rounds the shards keep the step, and the handout runs `TASKS_AHEAD` ahead as the barrier does;
-- **the batch sizes** (`wiiide.pace.adaptive.AdaptiveBatch`, with ``adaptive_batch``): from each worker's
+- **the batch sizes** (`wiiide.server.pace.adaptive.AdaptiveBatch`, with ``adaptive_batch``): from each worker's
   ``compute_s``, under a bound also from the clocks; in rounds one split per round for every worker;
-- **the pace record** (`wiiide.pace.record.PaceRecord`): per-worker pushes and samples, the staleness of
+- **the pace record** (`wiiide.server.pace.record.PaceRecord`): per-worker pushes and samples, the staleness of
   every applied push (the largest the shards reported over the push's partitions: updates of the
   partition since the worker's copy of it), the clock gap, the batch sizes, in the coordinator's
   metrics as the central pace server records them, so the report reads the same.
 
-One thread waits on every worker's connection at once (`selectors`, as `wiiide.pace.server` does). A worker
+One thread waits on every worker's connection at once (`selectors`, as `wiiide.server.pace.server` does). A worker
 lost, silent for ``io_timeout_s`` or misbehaving fails the run (exit 4), as the barrier does.
 """
 
@@ -37,11 +37,11 @@ from wiiide.training.data import BatchSampler, Dataset
 from wiiide.errors import ProtocolError
 from wiiide.training.evaluation import stop_at_target
 from wiiide.wire.node import EXIT_PEER_LOST, NodeFailure
-from wiiide.pace.adaptive import AdaptiveBatch
-from wiiide.pace.reading import compute_seconds, ready_connections
-from wiiide.pace.record import PaceRecord
-from wiiide.pace.staleness import SSPClock
-from wiiide.ps.plan import PS_FAILED, batch_frame
+from wiiide.server.pace.adaptive import AdaptiveBatch
+from wiiide.server.pace.reading import compute_seconds, ready_connections
+from wiiide.server.pace.record import PaceRecord
+from wiiide.server.pace.staleness import SSPClock
+from wiiide.server.ps.plan import PS_FAILED, batch_frame
 
 TASKS_AHEAD = 1  # batches a worker may hold beyond the one it computes (the barrier's HANDOUT_AHEAD)
 POLL_S = 0.2  # how often the loop looks at the clock, the shard and silent workers when no frame arrives
@@ -70,10 +70,10 @@ class PacedHandout:
     """The coordinator's side of a paced sharded run (module docstring).
 
     Args:
-        coord: the `wiiide.coordinator.Coordinator` (cfg, metrics, log, policy, drop).
+        coord: the `wiiide.server.coordinator.Coordinator` (cfg, metrics, log, policy, drop).
         data: the training set (batches of samples for workers without its fingerprint).
         workers: the joined workers; handout: rank -> ``indices`` or ``samples``.
-        shard: the coordinator's own `wiiide.ps.shard.ShardServer` (its ``failure`` ends the run).
+        shard: the coordinator's own `wiiide.server.ps.shard.ShardServer` (its ``failure`` ends the run).
         sampler: the batch stream (`wiiide.training.data.BatchSampler`); start: ``time.perf_counter()`` at the start.
         evaluator: the started background evaluator, or None.
     """

@@ -4,9 +4,9 @@ A worker lost mid-run (killed, its link cut, silent for ``io_timeout_s``) takes 
 hosts one, its shard with it. The run goes on, as torchft's per-step quorum does (its ``manager.py``: a
 new quorum when a member leaves, the state recovered live from a healthy peer), in *incarnations*:
 
-1. **Noticed.** A shard that loses a peer fails and tells its other peers (`wiiide.ps.shard`); each
+1. **Noticed.** A shard that loses a peer fails and tells its other peers (`wiiide.server.ps.shard`); each
    worker then reports ``ps_failed`` to the coordinator, whose barrier also sees the lost connection.
-   The coordinator closes its shard and client, waits `wiiide.ps.session.LOSS_GRACE_S` for the other
+   The coordinator closes its shard and client, waits `wiiide.server.ps.session.LOSS_GRACE_S` for the other
    peers' reports, and declares incarnation n + 1 (`Membership.recover`).
 2. **State from a healthy peer.** At the barrier's step B every worker holds the whole model: its copy,
    assembled from the pulls of step B - 1, is the same on every worker (every worker applies the same
@@ -18,7 +18,7 @@ new quorum when a member leaves, the state recovered live from a healthy peer), 
    dropped (`Coordinator.drop`).
 3. **Re-plan.** The shards are re-planned over the surviving nodes (``ps_shards: all``: the coordinator
    and every survivor; an integer k: at most k), told by ``ps_rehost`` {"ps_shards", "shard"}, and the
-   usual join, plan and ready follow (`wiiide.ps.session`): each new shard starts from the copy of step B
+   usual join, plan and ready follow (`wiiide.server.ps.session`): each new shard starts from the copy of step B
    and, for the partitions whose momentum survived, that momentum (the lost shard's momentum restarts at
    zero, as do the error-feedback residuals). The barrier goes on at step B with the batch stream seeded
    with seed + B.
@@ -50,9 +50,9 @@ import torch
 from wiiide.errors import ProtocolError, WiiideError
 from wiiide.training.evaluation import record_held_out
 from wiiide.wire.node import EXIT_PEER_LOST, Connection, NodeFailure
-from wiiide.ps.digest import params_digest
-from wiiide.ps.partition import Partition, resolve_shards
-from wiiide.ps.plan import PS_FAILED
+from wiiide.server.ps.digest import params_digest
+from wiiide.server.ps.partition import Partition, resolve_shards
+from wiiide.server.ps.plan import PS_FAILED
 from wiiide.wire.tensors import to_wire
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import WireTensor
@@ -69,7 +69,7 @@ class Replan(WiiideError):
 
 
 def sha256_of(values: np.ndarray) -> str:
-    """The SHA-256 of a float32 vector's bytes (`wiiide.ps.digest.params_digest`)."""
+    """The SHA-256 of a float32 vector's bytes (`wiiide.server.ps.digest.params_digest`)."""
     return params_digest(values)["sha256"]
 
 

@@ -76,7 +76,7 @@ def sum_rows(pushed: list[tuple[np.ndarray, np.ndarray]], dim: int) -> tuple[tor
     return ids, torch.zeros(ids.numel(), dim, dtype=torch.float32).index_add_(0, inverse, all_rows)
 
 
-sgd_rows = _sgd_rows  # the public name (the sharded servers' row partitions run it too: wiiide.ps.sparse_rows)
+sgd_rows = _sgd_rows  # the public name (the sharded servers' row partitions run it too: wiiide.server.ps.sparse_rows)
 
 
 class SparseRows:
@@ -120,9 +120,9 @@ class SparseRows:
         Args:
             model: the `EmbeddingMLP` whose parameters `flat` (`wiiide.training.model.FlatParams`) holds.
             x: int64 (b, fields) ids; y: int64 (b,) labels.
-            micro_batches: >= 1 pieces, each its own forward and backward (as `wiiide.pace.outer.gradient`).
+            micro_batches: >= 1 pieces, each its own forward and backward (as `wiiide.server.pace.outer.gradient`).
             loss_fn: (logits, y) -> the mean loss of the piece.
-            scope: as `wiiide.pace.outer.gradient`'s (CPU autocast, the activation meter).
+            scope: as `wiiide.server.pace.outer.gradient`'s (CPU autocast, the activation meter).
 
         Returns:
             ids: int64 (u,) the batch's distinct ids, increasing; rows: float32 (u, dim) their gradient;

@@ -1,16 +1,16 @@
-"""Checkpoints of the central pace server (`wiiide.pace.server`) and its resume after a restart.
+"""Checkpoints of the central pace server (`wiiide.server.pace.server`) and its resume after a restart.
 
-The pace server writes through the synchronous server's writer (`wiiide.recovery.ServerRecovery`, the
-atomic, hashed safetensors files of `wiiide.checkpoint`; no pickle), at the same intervals
+The pace server writes through the synchronous server's writer (`wiiide.server.recovery.ServerRecovery`, the
+atomic, hashed safetensors files of `wiiide.server.checkpoint`; no pickle), at the same intervals
 (``checkpoint_every_steps`` counts the server's updates, its versions). A checkpoint holds:
 
 - ``params`` and ``momentum``: the parameters and the optimizer's momentum (gradient pushes);
-- ``outer_momentum``: local SGD's outer optimizer state (DiLoCo's Nesterov buffer, `wiiide.pace.outer`),
+- ``outer_momentum``: local SGD's outer optimizer state (DiLoCo's Nesterov buffer, `wiiide.server.pace.outer`),
   once it has one (``outer_optimizer: nesterov`` after its first outer step; ``avg`` keeps none);
 - the version (updates applied: the checkpoint's step), the training seconds so far and the number of
   tasks handed out (``next_task``: the restarted server numbers its tasks on from it).
 
-What is not saved, and why a resume does not need it: the SSP clocks (`wiiide.pace.staleness`) count
+What is not saved, and why a resume does not need it: the SSP clocks (`wiiide.server.pace.staleness`) count
 pushes of tasks that are gone after a restart. Every worker rejoins on a new connection with no task
 in flight and takes the restored parameters, so all start at one clock and the bound holds from the
 restart on; an old gap between clocks would only make the first tasks wait for pushes that no longer
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from wiiide.pace.outer import OuterOptimizer
+from wiiide.server.pace.outer import OuterOptimizer
 
 OUTER_MOMENTUM = "outer_momentum"
 

@@ -59,7 +59,7 @@ class PaceRecord:
 
 
 def pace_extra(server: Any) -> dict[str, Any]:
-    """The metrics' ``extra`` entries of a finished pace run (`wiiide.pace.server.PaceServer`): its
+    """The metrics' ``extra`` entries of a finished pace run (`wiiide.server.pace.server.PaceServer`): its
     `PaceRecord`'s, the epochs, the learning rates applied (`wiiide.lr_schedule.LrRecord`) and under
     ``pace`` the pacing knobs, the tasks sent with and without parameters, the updates and (local SGD
     with lossy pulls) what the workers' copies owe."""

@@ -1,30 +1,30 @@
 """Sharded training (``ps_shards`` > 1): the coordinator's loop and a worker's.
 
-After the usual join (`wiiide.coordinator`, `wiiide.worker`, whose welcome carries ``ps_shards``):
+After the usual join (`wiiide.server.coordinator`, `wiiide.worker`, whose welcome carries ``ps_shards``):
 
 1. each worker that hosts a shard (ranks 1..k-1; shard 0 is the coordinator's) starts listening and
    every worker sends ``ps_join`` (its shard port, the fingerprint of the data set it holds);
    under ``partitions_per_shard: auto`` the coordinator then probes its link to each worker
-   (``ps_probe`` / ``ps_probe_ack``, `wiiide.ps.link_probe`) to choose the pieces per shard;
+   (``ps_probe`` / ``ps_probe_ack``, `wiiide.server.ps.link_probe`) to choose the pieces per shard;
 2. the coordinator sends ``ps_plan``: the shards' addresses (the host it saw each worker connect from,
-   ``""`` for its own: the workers' ``coordinator_host``), the partitions (`wiiide.ps.partition`), the
+   ``""`` for its own: the workers' ``coordinator_host``), the partitions (`wiiide.server.ps.partition`), the
    batch handout (``indices`` to workers whose data set has the coordinator's fingerprint, else
    ``samples``) and the initial parameters;
-3. each worker connects to every shard (`wiiide.ps.client`) and sends ``ps_ready``;
+3. each worker connects to every shard (`wiiide.server.ps.client`) and sends ``ps_ready``;
 4. per step the coordinator hands out the batches (``batch`` with samples, or ``batch_indices``), one
    step ahead (`HANDOUT_AHEAD`);
    each worker computes, pushes and pulls through the shards and reports ``step_done`` (its loss): the
    coordinator's step barrier. Parameters never pass through the coordinator's link during training.
-   With ``local_steps`` H > 1 a step is a round of local SGD (`wiiide.ps.local_sgd`): H batches, then a
+   With ``local_steps`` H > 1 a step is a round of local SGD (`wiiide.server.ps.local_sgd`): H batches, then a
    model delta pushed and the shards' outer step;
 5. at the end the coordinator pulls the exact parameters from the shards (for evaluation) and sends
    them with ``stop``; each worker records the max abs difference between its copy and them.
 
 A lost worker (and the shard it hosts) does not end the run: the coordinator starts the next
 incarnation over the nodes that remain, from a surviving worker's copy of the parameters
-(`wiiide.ps.membership`); the run fails (exit 4, `wiiide.wire.node.EXIT_PEER_LOST`) only when none remain.
+(`wiiide.server.ps.membership`); the run fails (exit 4, `wiiide.wire.node.EXIT_PEER_LOST`) only when none remain.
 
-A lost coordinator, with checkpoints on (`wiiide.ps.checkpoints`), restarts the whole sharded run: each
+A lost coordinator, with checkpoints on (`wiiide.server.ps.checkpoints`), restarts the whole sharded run: each
 worker sees its shards fail and its coordinator connection close, drops its shard and rejoins the
 restarted coordinator (`wiiide.worker`); that one waits for every worker, restores the newest step
 complete and verified on every shard and sends it with the plan (``start_step``, ``params`` and
@@ -41,20 +41,20 @@ import numpy as np
 import torch
 from torch import nn
 
-from wiiide.checkpoint import CheckpointSchedule
+from wiiide.server.checkpoint import CheckpointSchedule
 from wiiide.training.data import BatchSampler, Dataset, load_dataset
 from wiiide.errors import ProtocolError, WiiideError
 from wiiide.training.evaluation import stop_at_target
 from wiiide.training.model import FlatParams
 from wiiide.training.models import check_batch, loss_mean
 from wiiide.wire.node import EXIT_PEER_LOST, Connection, NodeFailure, touch
-from wiiide.ps import link_probe
-from wiiide.ps.checkpoints import announce_step
-from wiiide.ps.client import ShardClient, ShardFailed
-from wiiide.pace.feedback import policy_may_be_lossy
-from wiiide.ps.link_probe import PieceRule
-from wiiide.ps.local_sgd import LocalRounds, round_rows
-from wiiide.ps.membership import (
+from wiiide.server.ps import link_probe
+from wiiide.server.ps.checkpoints import announce_step
+from wiiide.server.ps.client import ShardClient, ShardFailed
+from wiiide.server.pace.feedback import policy_may_be_lossy
+from wiiide.server.ps.link_probe import PieceRule
+from wiiide.server.ps.local_sgd import LocalRounds, round_rows
+from wiiide.server.ps.membership import (
     PS_RECOVER,
     PS_REHOST,
     Membership,
@@ -64,9 +64,9 @@ from wiiide.ps.membership import (
     await_order,
     copy_digests,
 )
-from wiiide.ps.paced import PacedHandout
-from wiiide.ps.partition import Partition, plan_partitions, shard_loads_bytes
-from wiiide.ps.plan import (  # noqa: F401 (_restore, _seconds: the tests' names too)
+from wiiide.server.ps.paced import PacedHandout
+from wiiide.server.ps.partition import Partition, plan_partitions, shard_loads_bytes
+from wiiide.server.ps.plan import (  # noqa: F401 (_restore, _seconds: the tests' names too)
     _peer_host,
     _piece_rule,
     _plan_addresses,
@@ -82,9 +82,9 @@ from wiiide.ps.plan import (  # noqa: F401 (_restore, _seconds: the tests' names
     plan_record,
     read_workers,
 )
-from wiiide.ps.shard import ROLE_COORDINATOR, ROLE_WORKER, ShardServer
-from wiiide.ps.snapshots import ShardSnapshots
-from wiiide.ps.sparse_rows import table_shape
+from wiiide.server.ps.shard import ROLE_COORDINATOR, ROLE_WORKER, ShardServer
+from wiiide.server.ps.snapshots import ShardSnapshots
+from wiiide.server.ps.sparse_rows import table_shape
 from wiiide.wire.tensors import from_wire, to_wire
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import WireTensor
@@ -97,10 +97,10 @@ LOSS_GRACE_S = 0.5  # after a failure, the coordinator waits this long to collec
 def run_coordinator(coord, data: Dataset, model: nn.Module, flat: FlatParams, training_marker: str) -> None:
     """The coordinator's side of a sharded run, from the joined workers to the stop (module docstring).
 
-    `coord` is the `wiiide.coordinator.Coordinator` (its cfg, metrics, log and secret; membership through `members` and `drop`);
+    `coord` is the `wiiide.server.coordinator.Coordinator` (its cfg, metrics, log and secret; membership through `members` and `drop`);
     `training_marker`: the file name touched in metrics_dir when the first step starts. On
     return `flat` holds the shards' final parameters. A worker or shard lost mid-run starts the next
-    incarnation (`wiiide.ps.membership`); raises NodeFailure (exit 4) when none can go on.
+    incarnation (`wiiide.server.ps.membership`); raises NodeFailure (exit 4) when none can go on.
     """
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
     workers = [w for w in coord.members() if w.alive]
@@ -217,12 +217,12 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
     `start_step` and, as the central server, draws its batches from a stream seeded with seed + start_step.
 
     A step the barrier passed is on disk on every shard when it is a checkpoint step: a shard sends
-    a partition's pull after writing its checkpoint (`wiiide.ps.shard.ShardServer`). With
+    a partition's pull after writing its checkpoint (`wiiide.server.ps.shard.ShardServer`). With
     checkpoint_every_s, the barrier announces a step ahead of every shard through `client`
-    (`wiiide.ps.checkpoints.announce_step`) before it hands out the next batches.
+    (`wiiide.server.ps.checkpoints.announce_step`) before it hands out the next batches.
 
     With eval_every_s (the coordinator's ``evaluator``), snapshots pulled from the shards through
-    `client` on another thread (`wiiide.ps.snapshots`) are evaluated while the barrier runs, and
+    `client` on another thread (`wiiide.server.ps.snapshots`) are evaluated while the barrier runs, and
     stop_at_target ends the handout once the target is reached. After a recovery (`members`: a later
     incarnation) duration_s and the evaluator go on counting from the first incarnation's start."""
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
@@ -239,7 +239,7 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
         snapshots = ShardSnapshots(evaluator, client, partitions, partitions[-1].stop,
                                    lambda: (metrics.steps, metrics.samples)).start()
     try:
-        if cfg.staleness_bound != 0 or cfg.adaptive_batch:  # the SSP clock's handout (wiiide.ps.paced)
+        if cfg.staleness_bound != 0 or cfg.adaptive_batch:  # the SSP clock's handout (wiiide.server.ps.paced)
             PacedHandout(coord, data, workers, handout, shard, sampler, start, evaluator).run()
         else:
             _barrier(coord, data, workers, handout, shard, timer, sampler, start, start_step, client, evaluator,
@@ -257,7 +257,7 @@ def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: Shar
     cfg, metrics, log = coord.cfg, coord.metrics, coord.log
 
     def more(sent: int) -> bool:
-        if members is not None and members.rejoin_due():  # drain, then readmit (wiiide.ps.membership)
+        if members is not None and members.rejoin_due():  # drain, then readmit (wiiide.server.ps.membership)
             return False
         if stop_at_target(cfg, evaluator):
             return False
@@ -310,7 +310,7 @@ def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: Shar
             metrics.sample_rss()
         if coord.recovery is not None:  # steps lost and recovery time at the first step after a restart
             coord.recovery.note_step(step)
-        if members is not None:  # the same after a worker's loss (wiiide.ps.membership)
+        if members is not None:  # the same after a worker's loss (wiiide.server.ps.membership)
             members.note_step(step)
         log.step(step, "step %d: loss %.4f, %d workers, %.1f batches/s (sharded)", step, metrics.losses[-1],
                  len(workers), metrics.batches / (now - start))
@@ -323,7 +323,7 @@ def _barrier(coord, data: Dataset, workers, handout: dict[int, str], shard: Shar
 # ---------------------------------------------------------------------------------------------------
 def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, secret: bytes) -> None:
     """A worker's side of a sharded run, from its welcome to the stop (module docstring), through every
-    incarnation (`wiiide.ps.membership`: after a loss it answers ``ps_recover`` and joins the next).
+    incarnation (`wiiide.server.ps.membership`: after a loss it answers ``ps_recover`` and joins the next).
 
     Raises:
         ProtocolError: a malformed plan, batch or pull; NodeFailure: the coordinator stopped the run.
@@ -428,10 +428,10 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
             check_batch(kind, x, y)
         except ValueError as exc:
             raise ProtocolError(str(exc)) from None
-        if rounds is not None:  # local SGD: H steps, then the model delta pushed (wiiide.ps.local_sgd)
+        if rounds is not None:  # local SGD: H steps, then the model delta pushed (wiiide.server.ps.local_sgd)
             loss_value = rounds.push_round(step, x, y)
         else:
-            micro_batches = min(cfg.grad_accum_steps, int(x.shape[0]))  # as `wiiide.pace.outer.gradient` cuts them
+            micro_batches = min(cfg.grad_accum_steps, int(x.shape[0]))  # as `wiiide.server.pace.outer.gradient` cuts them
             if cfg.debug_step_sleep_s > 0 and cfg.debug_sleep_worker_rank in (0, metrics.rank):
                 time.sleep(cfg.debug_step_sleep_s)  # a test's straggler, before its pushes
             client.begin_step(step, micro_batches, int(x.shape[0]) if cfg.adaptive_batch else None)
@@ -442,7 +442,7 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
         compute_s = time.perf_counter() - t0
         metrics.add_compute(step, compute_s, time.thread_time() - cpu0)
         wait_s += client.finish_step(step)
-        snapshots.keep(step + 1, flat.params)  # a live copy for a recovery (wiiide.ps.membership)
+        snapshots.keep(step + 1, flat.params)  # a live copy for a recovery (wiiide.server.ps.membership)
         worker._last_step, worker._last_params_unix_s = step, time.time()  # the hello's rejoin hint
         conn.send([encode_message("step_done", {"step": step, "loss": loss_value, "samples": int(x.shape[0]),
                                                 "compute_s": compute_s, "staleness": client.staleness})])

@@ -8,7 +8,7 @@ synchronous rounds. One step:
 2. receive every live worker's ``gradients`` (flat float32 vector, its loss);
 3. average the gradients (the mean over workers, as DDP's all-reduce does), apply one optimizer step.
 
-With ``staleness_bound`` != 0, ``local_steps`` > 1 or ``adaptive_batch``, `wiiide.pace.server.PaceServer`
+With ``staleness_bound`` != 0, ``local_steps`` > 1 or ``adaptive_batch``, `wiiide.server.pace.server.PaceServer`
 runs the training on the same connections instead: workers at their own pace (bounded staleness,
 asynchronous updates, local SGD, adaptive batch sizes).
 
@@ -18,11 +18,11 @@ evaluates on the held-out split and writes its metrics (held-out accuracy, per-w
 A worker whose connection fails or who sends a malformed frame is closed and dropped from the round;
 the run goes on with the rest (and fails when none are left).
 
-Checkpoints (`wiiide.recovery`, off unless checkpoint_every_steps / checkpoint_every_s): after a step
+Checkpoints (`wiiide.server.recovery`, off unless checkpoint_every_steps / checkpoint_every_s): after a step
 the parameters and momentum may be written; a restarted coordinator restores the newest checkpoint
 that verifies, waits rejoin_timeout_s for its workers and trains on from that step.
 
-Joining (`wiiide.joining`, which `Coordinator` inherits): an acceptor thread accepts connections for the whole run and a `wiiide.wire.admission.HandshakeGate`
+Joining (`wiiide.server.joining`, which `Coordinator` inherits): an acceptor thread accepts connections for the whole run and a `wiiide.wire.admission.HandshakeGate`
 decides which handshake now (on a slot thread), which wait and which are refused at once; each
 handshake must be complete `handshake_timeout_s` after accept, an absolute deadline enforced on every
 read (with ``tls`` on, the TLS handshake runs first on the slot thread, within the same deadline:
@@ -61,11 +61,11 @@ from wiiide.wire.node import (
     touch,
     wait_for_start_gate,
 )
-from wiiide.joining import CoordinatorJoining, WorkerSlot, _Joining
-from wiiide.pace.server import PaceServer, uses_pace
-from wiiide.ps.digest import params_digest
-from wiiide.recovery import ServerRecovery
-from wiiide.sparse import SparseRows
+from wiiide.server.joining import CoordinatorJoining, WorkerSlot, _Joining
+from wiiide.server.pace.server import PaceServer, uses_pace
+from wiiide.server.ps.digest import params_digest
+from wiiide.server.recovery import ServerRecovery
+from wiiide.server.sparse import SparseRows
 from wiiide.wire.tensors import to_wire
 from wiiide.wire.admission import HandshakeGate
 from wiiide.wire.auth import load_secret
@@ -108,7 +108,7 @@ class Coordinator(CoordinatorJoining):
         self._spec: dict = {}
         self.evaluator = None  # wiiide.training.evaluation.BackgroundEvaluator when eval_every_s > 0
         self.sparse: SparseRows | None = None
-        self.recovery: ServerRecovery | None = None  # checkpoints and restore (wiiide.recovery), made in _main
+        self.recovery: ServerRecovery | None = None  # checkpoints and restore (wiiide.server.recovery), made in _main
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -134,7 +134,7 @@ class Coordinator(CoordinatorJoining):
                 self.metrics.extra["comm"] = {"expected": sparse_comm_expected(cfg, flat.numel)}
             self.metrics.extra.update(workload_record(cfg, data, model))
             self.recovery = ServerRecovery(cfg, self.metrics, self.log)
-            # the sharded servers restore their own checkpoints once the plan is known (wiiide.ps.checkpoints)
+            # the sharded servers restore their own checkpoints once the plan is known (wiiide.server.ps.checkpoints)
             start_step, trained_s = self.recovery.restore(flat, optimizer) if cfg.ps_shards == "1" else (0, 0.0)
             self.metrics.extra.update({
                 "dataset": data.name, "train_samples": len(data.y_train), "test_samples": len(data.y_test),
@@ -148,12 +148,12 @@ class Coordinator(CoordinatorJoining):
             self._accept_workers(spec, restarted=self.recovery.incarnation > 1)
             wait_for_start_gate(cfg, self.metrics, self.log)  # links shaped before any training traffic
             self.evaluator = evaluator_for(cfg, lambda: build_model(cfg, data.num_features, data.num_classes), data)
-            if self.cfg.ps_shards != "1":  # sharded servers (wiiide/ps/): the shards train, this node keeps the barrier
-                from wiiide.ps.session import run_coordinator
+            if self.cfg.ps_shards != "1":  # sharded servers (wiiide/server/ps/): the shards train, this node keeps the barrier
+                from wiiide.server.ps.session import run_coordinator
 
                 run_coordinator(self, data, model, flat, TRAINING_MARKER)
             else:
-                if uses_pace(cfg):  # workers at their own pace (wiiide.pace.server)
+                if uses_pace(cfg):  # workers at their own pace (wiiide.server.pace.server)
                     touch(str(Path(cfg.metrics_dir) / TRAINING_MARKER))
                     PaceServer(self, data, flat, optimizer).run()
                 else:

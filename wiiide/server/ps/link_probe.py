@@ -71,7 +71,7 @@ import numpy as np
 
 from wiiide.errors import ProtocolError
 from wiiide.wire.node import Connection
-from wiiide.ps.partition import PER_SHARD_FINEST_BYTES
+from wiiide.server.ps.partition import PER_SHARD_FINEST_BYTES
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import Message, WireTensor
 
@@ -90,7 +90,7 @@ MAX_FINEST_WIRE_BYTES = 16 << 20  # auto's pieces need not be larger than this o
 
 class PieceRule(NamedTuple):
     """How a run cuts each shard's range: at least `per_shard` pieces while they stay about
-    `finest_wire_bytes` or more on the wire (`wiiide.ps.partition.range_partition_count`)."""
+    `finest_wire_bytes` or more on the wire (`wiiide.server.ps.partition.range_partition_count`)."""
 
     per_shard: int
     finest_wire_bytes: int

@@ -1,7 +1,7 @@
 """The plumbing of a node's connections to the shards: dialling and authenticating to a shard
 (`connect_shard`, the dialling side of `wiiide.wire.handshake`), a sender thread's loop over its outbox
-(shared by the shards' pull senders, `wiiide.ps.shard`, and the workers' push senders,
-`wiiide.ps.client`), the step a push or pull frame carries, and where a shard listens.
+(shared by the shards' pull senders, `wiiide.server.ps.shard`, and the workers' push senders,
+`wiiide.server.ps.client`), the step a push or pull frame carries, and where a shard listens.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from wiiide.wire.handshake import dial, join
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.wire.node import Connection, NodeFailure
-from wiiide.pace.feedback import DENSE_KIND, LOSSY_KIND
+from wiiide.server.pace.feedback import DENSE_KIND, LOSSY_KIND
 from wiiide.wire.auth import HANDSHAKE_MAX_FRAME_BYTES
 from wiiide.wire.messages import Frame
 from wiiide.wire.sockets import shard_congestion

@@ -2,10 +2,10 @@
 
 Under ``ps_shards`` > 1 the parameters live on the shards; for ``eval_every_s`` (held-out curve, time
 to target, ``stop_at_target``) a thread on the coordinator pulls every partition from its shard
-(`wiiide.ps.client.ShardClient.pull_final`) each time the `wiiide.training.evaluation.BackgroundEvaluator` is
+(`wiiide.server.ps.client.ShardClient.pull_final`) each time the `wiiide.training.evaluation.BackgroundEvaluator` is
 due and hands the assembled flat vector to it. The barrier never waits for a pull. A snapshot is the
 partitions as they are when their shards answer: each at the barrier's step or ahead of it by the
-steps in flight (`wiiide.ps.session.HANDOUT_AHEAD`); the point is recorded with the barrier's step and
+steps in flight (`wiiide.server.ps.session.HANDOUT_AHEAD`); the point is recorded with the barrier's step and
 samples at the time of the pull. The final evaluation uses the exact final parameters.
 """
 
@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from wiiide.ps.partition import Partition
+from wiiide.server.ps.partition import Partition
 
 POLL_S = 0.05  # how often the thread checks whether a snapshot is due
 

@@ -3,8 +3,8 @@ pieces a shard's range is cut into (the link probe's rule), and the worker's rea
 coordinator's ``ps_plan`` (partitions, shard addresses, start step and momentum, the incarnation's
 workers), the coordinator's one-message receive from a worker during set-up, the frame of a worker's
 batch, a restarted coordinator's restore of the newest step complete on every shard (`_restore`) and
-the plan's record (`plan_record`). The loops that use them are in `wiiide.ps.session` (set-up,
-barrier) and `wiiide.ps.paced` (workers at their own pace).
+the plan's record (`plan_record`). The loops that use them are in `wiiide.server.ps.session` (set-up,
+barrier) and `wiiide.server.ps.paced` (workers at their own pace).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from wiiide.training.data import Dataset
 from wiiide.errors import ProtocolError
 from wiiide.training.model import FlatParams
 from wiiide.wire.node import EXIT_PEER_LOST, Connection, NodeFailure
-from wiiide.ps import link_probe
-from wiiide.ps.checkpoints import ShardsRestored, restore_shards
-from wiiide.ps.digest import params_digest
-from wiiide.ps.link_probe import PieceRule
+from wiiide.server.ps import link_probe
+from wiiide.server.ps.checkpoints import ShardsRestored, restore_shards
+from wiiide.server.ps.digest import params_digest
+from wiiide.server.ps.link_probe import PieceRule
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import WireTensor
-from wiiide.ps.partition import PER_SHARD_FINEST_BYTES, Partition, finest_raw_bytes, resolve_shards, shard_loads_bytes
+from wiiide.server.ps.partition import PER_SHARD_FINEST_BYTES, Partition, finest_raw_bytes, resolve_shards, shard_loads_bytes
 
 PS_FAILED = "ps_failed"  # worker -> coordinator: one of my shards failed ({"cause"}); the coordinator orders what next
 
@@ -42,9 +42,9 @@ def data_fingerprint(data: Dataset) -> str:
 
 def partition_finest_bytes(cfg: RunConfig, wire_bytes: int = PER_SHARD_FINEST_BYTES) -> int:
     """The smallest piece `cfg.partitions_per_shard` cuts a shard's range into (raw bytes): about
-    `wire_bytes` (64 KiB; 1 MiB on a fast link, `wiiide.ps.link_probe.PieceRule`) on the wire, i.e. that
+    `wire_bytes` (64 KiB; 1 MiB on a fast link, `wiiide.server.ps.link_probe.PieceRule`) on the wire, i.e. that
     x the fixed lossy codec's ratio under ``fixed:<lossy codec>`` (both directions use it after the
-    warm-up), `wire_bytes` otherwise (`wiiide.ps.partition.finest_raw_bytes`)."""
+    warm-up), `wire_bytes` otherwise (`wiiide.server.ps.partition.finest_raw_bytes`)."""
     return finest_raw_bytes(fixed_lossy_ratio(cfg.compression, RATIO_SAMPLE_NUMEL), wire_bytes)
 
 
@@ -56,7 +56,7 @@ def num_shards(cfg: RunConfig) -> int:
     return resolve_shards(cfg.ps_shards, cfg.num_workers + 1)
 
 def _piece_rule(coord, workers) -> tuple[PieceRule, dict | None]:
-    """How this run cuts its shards' ranges (`wiiide.ps.link_probe.piece_rule`) and, under
+    """How this run cuts its shards' ranges (`wiiide.server.ps.link_probe.piece_rule`) and, under
     ``partitions_per_shard: auto``, the link probe's record for the report (None otherwise).
     Raises NodeFailure when a worker is lost or misbehaves during the probe."""
     cfg = coord.cfg
@@ -168,7 +168,7 @@ def batch_frame(policy, data: Dataset, handout: str, step: int, idx: np.ndarray)
 def _restore(coord, plans: list[tuple[PieceRule, list[Partition]]], k: int,
              flat: FlatParams) -> tuple[ShardsRestored | None, PieceRule, list[Partition]]:
     """With checkpoints on: the newest step complete and verified on every shard
-    (`wiiide.ps.checkpoints.restore_shards`) into `flat`, recorded in the coordinator's ``recovery``.
+    (`wiiide.server.ps.checkpoints.restore_shards`) into `flat`, recorded in the coordinator's ``recovery``.
 
     `plans` are (piece rule, partitions): the run's own first, then the others ``auto`` may pick, tried
     in turn when the first's checkpoints do not restore. Returns the restored state (None: a fresh
@@ -203,7 +203,7 @@ def _restore(coord, plans: list[tuple[PieceRule, list[Partition]]], k: int,
 
 
 def read_workers(meta: dict, num_workers: int) -> list[int]:
-    """The plan's worker ranks (``workers``: the incarnation's, `wiiide.ps.membership`); all of
+    """The plan's worker ranks (``workers``: the incarnation's, `wiiide.server.ps.membership`); all of
     1..`num_workers` when it names none. Raises ProtocolError for a list that is not distinct ranks."""
     ranks = meta.get("workers")
     if ranks is None:

@@ -1,10 +1,10 @@
 """The central parameter server's loop when workers go at their own pace.
 
-`wiiide.coordinator.Coordinator` runs this instead of its synchronous rounds when ``staleness_bound``
+`wiiide.server.coordinator.Coordinator` runs this instead of its synchronous rounds when ``staleness_bound``
 is not 0, ``local_steps`` > 1 or ``adaptive_batch`` is on (`uses_pace`). Each worker gets a task
 (the current parameters and its batch: ``local_steps`` x its batch size rows) as soon as the SSP rule
-lets it (`wiiide.pace.staleness.SSPClock`) and pushes a gradient (H = 1, tensor ``grad``) or a model
-delta (H > 1, tensor ``delta``; `wiiide.pace.outer`). One thread does it all: it waits on every worker's
+lets it (`wiiide.server.pace.staleness.SSPClock`) and pushes a gradient (H = 1, tensor ``grad``) or a model
+delta (H > 1, tensor ``delta``; `wiiide.server.pace.outer`). One thread does it all: it waits on every worker's
 socket at once (`selectors`), reads the frame of whichever is ready, applies it and sends tasks. (A
 receiver thread per worker was the first design: every frame then cost two thread hand-offs, which
 on 2 loaded cores took tens of milliseconds each, and a reader that reuses its buffer must not read
@@ -32,7 +32,7 @@ batch alone and the worker computes on the copy it holds (the staleness recorded
 copy's version). Off, every task carries the newest parameters.
 
 Local SGD with a lossy compression policy (``compression: fixed:int8``, say) compresses the outer step
-both ways (`wiiide.pace.compress`): each worker pushes its delta with an error-feedback residual, and
+both ways (`wiiide.server.pace.compress`): each worker pushes its delta with an error-feedback residual, and
 its parameters go out as a delta against the copy it holds, which the server tracks.
 
 Workers leave (a failed connection or a malformed frame: dropped, their task lost, the clock no longer
@@ -57,14 +57,14 @@ from wiiide.errors import ProtocolError
 from wiiide.training.evaluation import record_held_out, stop_at_target
 from wiiide.lr_schedule import LrRecord, LrSchedule
 from wiiide.training.model import FlatParams, MomentumSGD
-from wiiide.pace.adaptive import AdaptiveBatch
-from wiiide.pace.checkpoints import checkpoint_after_update, resume_from
-from wiiide.pace.compress import ReplicaPulls
-from wiiide.pace.reading import compute_seconds, ready_connections
-from wiiide.pace.outer import OuterOptimizer
-from wiiide.pace.record import PaceRecord, pace_extra
-from wiiide.pace.staleness import SSPClock, staleness_scale
-from wiiide.pace.feedback import policy_may_be_lossy
+from wiiide.server.pace.adaptive import AdaptiveBatch
+from wiiide.server.pace.checkpoints import checkpoint_after_update, resume_from
+from wiiide.server.pace.compress import ReplicaPulls
+from wiiide.server.pace.reading import compute_seconds, ready_connections
+from wiiide.server.pace.outer import OuterOptimizer
+from wiiide.server.pace.record import PaceRecord, pace_extra
+from wiiide.server.pace.staleness import SSPClock, staleness_scale
+from wiiide.server.pace.feedback import policy_may_be_lossy
 from wiiide.wire.tensors import to_wire
 from wiiide.wire.messages import WireTensor
 
@@ -127,7 +127,7 @@ class PaceServer:
         self.tensor_name = "grad" if cfg.local_steps == 1 else "delta"
         self.outer = (OuterOptimizer(flat, cfg.outer_optimizer, cfg.outer_learning_rate, cfg.outer_momentum)
                       if cfg.local_steps > 1 else None)
-        # a restarted coordinator's checkpoint (wiiide.pace.checkpoints): version, seconds, tasks handed out
+        # a restarted coordinator's checkpoint (wiiide.server.pace.checkpoints): version, seconds, tasks handed out
         self.resume = resume_from(getattr(host, "recovery", None), self.outer)
         self.sampler = BatchSampler(len(data.y_train), cfg.batch_size, cfg.seed + self.resume.step)
         self.adaptive = (AdaptiveBatch(cfg.num_workers * self.sampler.batch_size, cfg.adaptive_smoothing,
@@ -146,7 +146,7 @@ class PaceServer:
         # ssp_cache: rank -> (version of the parameters the worker holds, slowest live clock when sent)
         self._held: dict[int, tuple[int, int]] | None = {} if cfg.ssp_cache else None
         self.params_sent = self.params_skipped = 0  # tasks with and without parameters
-        # local SGD with a lossy policy: pulls as deltas against each worker's copy (wiiide.pace.compress),
+        # local SGD with a lossy policy: pulls as deltas against each worker's copy (wiiide.server.pace.compress),
         # through a policy of their own (dense for the first lossy_warmup_steps versions)
         self.pulls = (ReplicaPulls(CompressionPolicy.from_config(cfg.replace(lossy_warmup_steps=0)))
                       if cfg.local_steps > 1 and policy_may_be_lossy(cfg) else None)
@@ -282,7 +282,7 @@ class PaceServer:
         if not ready or (self.rounds and self._buffer):
             return
         sizes = None
-        if self.adaptive is not None:  # under a bound, the clocks too (wiiide.pace.adaptive)
+        if self.adaptive is not None:  # under a bound, the clocks too (wiiide.server.pace.adaptive)
             bounded = self.clock.bound is not None and self.clock.bound > 0
             sizes = self.adaptive.sizes(self._live_ranks(), self.clock.clocks if bounded else None)
         for w in ready:

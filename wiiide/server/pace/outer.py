@@ -154,7 +154,7 @@ class _Slice:
 class PartitionOuterStep:
     """The outer step over one flat float32 slice of the parameters, with `wiiide.training.model.MomentumSGD`'s
     interface for a step (``params``, ``lr``, `step`), so that a sharded server's shard
-    (`wiiide.ps.shard`) applies `OuterOptimizer` to each partition it owns: `step` takes the slice's mean
+    (`wiiide.server.ps.shard`) applies `OuterOptimizer` to each partition it owns: `step` takes the slice's mean
     model delta from ``param.grad``. The outer step's formulas are elementwise, so the slices of a
     vector stepped one by one move as the whole vector stepped at once.
 

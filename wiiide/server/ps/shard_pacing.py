@@ -1,4 +1,4 @@
-"""A shard's side of pacing (`wiiide.ps.paced` is the coordinator's): under async or a staleness bound
+"""A shard's side of pacing (`wiiide.server.ps.paced` is the coordinator's): under async or a staleness bound
 every push is applied as it arrives, scaled by its staleness, and answered to the pushing worker alone;
 in rounds of adaptive batches a push carries its ``samples``, by which the shard weights it.
 """
@@ -12,12 +12,12 @@ import numpy as np
 import torch
 
 from wiiide.errors import ProtocolError
-from wiiide.pace.staleness import staleness_scale
+from wiiide.server.pace.staleness import staleness_scale
 from wiiide.wire.messages import Frame
 
 
 def apply_on_arrival(shard: Any, owned: Any, rank: int, values: np.ndarray, push_step: Any) -> Frame:
-    """Async / SSP: one optimizer step of `shard` (a `wiiide.ps.shard.ShardServer`) on partition `owned`
+    """Async / SSP: one optimizer step of `shard` (a `wiiide.server.ps.shard.ShardServer`) on partition `owned`
     from worker `rank`'s push `values` (float32, the partition's numel), scaled by ``staleness_scale(k)``
     with k = the partition's updates since the shard last sent `rank` its copy; returns the pull for
     `rank` alone, a delta against that worker's replica (meta: the push's step, ``staleness``: k). The

@@ -1,8 +1,8 @@
-"""Checkpoints of a sharded parameter server (``ps_shards`` > 1) and their restore (`wiiide.checkpoint`).
+"""Checkpoints of a sharded parameter server (``ps_shards`` > 1) and their restore (`wiiide.server.checkpoint`).
 
 Writing: every shard writes its own file, ``ps-shard-<i>-step<step>.safetensors`` (`shard_prefix`), in
-the run's checkpoint folder (`wiiide.recovery.checkpoint_dir`) with the same atomic, hashed writer as the
-central server (`wiiide.checkpoint.CheckpointStore`): ``params`` and ``momentum``, each the shard's
+the run's checkpoint folder (`wiiide.server.recovery.checkpoint_dir`) with the same atomic, hashed writer as the
+central server (`wiiide.server.checkpoint.CheckpointStore`): ``params`` and ``momentum``, each the shard's
 partitions concatenated in partition order (float32), at every step that is a multiple of
 ``checkpoint_every_steps``, and at the steps the coordinator announces (``checkpoint_at``) when
 ``checkpoint_every_s`` passed. A partition's step counter is the step of the run (every worker pushes
@@ -11,10 +11,10 @@ brings it to step s, and writes the file once all its partitions reached s. The 
 message; an announced step is one no shard can have reached yet (`announce_step`), and a shard whose
 partitions passed it anyway (the announcement overtaken by pushes on other connections) logs that it
 missed it: that step is then incomplete and the restore uses another. The run metadata names the shard, the shard count,
-the partitions' ``[start, stop)`` bounds and the training knobs (`wiiide.recovery.training_identity`).
+the partitions' ``[start, stop)`` bounds and the training knobs (`wiiide.server.recovery.training_identity`).
 
 Restore (`restore_shards`, called by the restarted coordinator before it sends the plan): the newest step
-complete and verified on EVERY shard (`wiiide.checkpoint.load_newest_complete`), so the restored shards
+complete and verified on EVERY shard (`wiiide.server.checkpoint.load_newest_complete`), so the restored shards
 are consistent; a shard file that fails its hash (or is missing, truncated, from another plan) makes its
 step incomplete and the previous complete step is used, with the reason logged. The coordinator
 assembles the full parameter and momentum vectors from the files and sends them with the plan; each
@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from wiiide.checkpoint import (
+from wiiide.server.checkpoint import (
     Checkpoint,
     CheckpointError,
     CheckpointStore,
@@ -45,8 +45,8 @@ from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics, summarize
 from wiiide.training.model import MomentumSGD
-from wiiide.ps.partition import Partition
-from wiiide.recovery import checkpoint_dir, momentum_to_flat, training_identity
+from wiiide.server.ps.partition import Partition
+from wiiide.server.recovery import checkpoint_dir, momentum_to_flat, training_identity
 
 CHECKPOINT_AT = "checkpoint_at"  # coordinator -> shard: {"step": s}, checkpoint when the partitions reach s
 MAX_ANNOUNCED = 64  # announced steps a shard keeps at most (one per checkpoint_every_s)

@@ -9,7 +9,7 @@
 - `record`: what a run records of all this (staleness histogram, clock gap, per-worker samples and
   batch sizes over time);
 - `feedback`: error-feedback residuals of a lossy direction (push: worker -> server, pull: server ->
-  worker), kept by the sharded servers (`wiiide.ps`) and by the compressed pulls of `compress`;
+  worker), kept by the sharded servers (`wiiide.server.ps`) and by the compressed pulls of `compress`;
 - `server`: the central parameter server's loop when workers go at their own pace
   (`staleness_bound` != 0, `local_steps` > 1 or `adaptive_batch`).
 """

@@ -1,4 +1,4 @@
-"""The central parameter server's checkpoints and its recovery after a restart (`wiiide.checkpoint`).
+"""The central parameter server's checkpoints and its recovery after a restart (`wiiide.server.checkpoint`).
 
 `ServerRecovery` is what the coordinator calls: `restore` once before training (the newest checkpoint
 that verifies, if any: parameters, momentum buffers, steps and training time so far), `after_step`
@@ -11,7 +11,7 @@ records, under ``checkpoints`` and ``recovery`` in the coordinator's metrics:
   coordinator had applied or was applying when it died (it is exact to one step: the last gradient a
   worker sent may or may not have been applied);
 - ``steps_lost`` = steps_at_crash - restored_step (>= 0);
-- under the pace server (`wiiide.pace.checkpoints`) a worker's ``last_step`` is the id of its last task, so
+- under the pace server (`wiiide.server.pace.checkpoints`) a worker's ``last_step`` is the id of its last task, so
   these two are ``tasks_at_crash`` and ``tasks_lost`` (tasks handed out by the killed coordinator after
   the restored checkpoint's, i.e. work handed out again);
 - ``recovery_s``: from the old coordinator's last sign of life, the latest ``last_params_unix_s``
@@ -39,7 +39,7 @@ import numpy as np
 import psutil
 import torch
 
-from wiiide.checkpoint import CheckpointError, CheckpointSchedule, CheckpointStore
+from wiiide.server.checkpoint import CheckpointError, CheckpointSchedule, CheckpointStore
 from wiiide.config import RunConfig
 from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
@@ -53,7 +53,7 @@ MAX_HINT_STEP = 10**15
 TRAINING_KNOBS = ("dataset", "synthetic_samples", "synthetic_features", "synthetic_classes", "test_fraction",
                   "hidden_sizes", "learning_rate", "lr_schedule", "lr_warmup_steps", "lr_decay_steps", "lr_min_ratio",
                   "momentum", "seed")
-# Local SGD's outer step keeps state of its own (`wiiide.pace.outer`): a checkpoint of a local-SGD run also
+# Local SGD's outer step keeps state of its own (`wiiide.server.pace.outer`): a checkpoint of a local-SGD run also
 # carries these, and only a run with the same values restores it.
 OUTER_KNOBS = ("outer_optimizer", "outer_momentum")
 
@@ -272,7 +272,7 @@ class ServerRecovery:
     def note_step(self, step: int) -> None:
         """After `step` steps: at the first step of this incarnation, the recovery figures (steps lost,
         recovery time) when it restored a checkpoint or workers rejoined it. The sharded servers
-        (`wiiide.ps.session`), which write their own checkpoints, call this alone."""
+        (`wiiide.server.ps.session`), which write their own checkpoints, call this alone."""
         if self._first_step_done:
             return
         self._first_step_done = True

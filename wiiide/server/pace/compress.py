@@ -4,7 +4,7 @@ With ``local_steps`` H > 1 every averaging round moves a model delta in from eac
 parameters out to each: 2 x N x the model through the server's one link. Both directions can go
 through the compression policy's codec (``compression: fixed:int8`` sends about a quarter of the
 bytes) without letting the error build up, with the error-feedback machinery of the sharded servers
-(`wiiide.pace.feedback`):
+(`wiiide.server.pace.feedback`):
 
 - push (worker -> server): `DeltaPush` encodes each delta plus the residual the codec did not deliver
   last time (`ErrorFeedback`), so the sum of what the server decoded plus the worker's residual is
@@ -33,7 +33,7 @@ import torch
 
 from wiiide.codecs.policy import CompressionPolicy
 from wiiide.errors import ProtocolError
-from wiiide.pace.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, PullReplica
+from wiiide.server.pace.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, PullReplica
 from wiiide.wire.messages import Frame
 
 PULL_KINDS = (DENSE_KIND, LOSSY_KIND)  # what a worker receives as a pull from the pace server

@@ -1,7 +1,7 @@
 """What the loops at the workers' pace read from their workers: which connections have a frame waiting
 (one thread waits on every worker's socket at once, `selectors`), and the compute seconds a worker
-reports with its push or ``step_done``. Used by the central pace server (`wiiide.pace.server`) and the
-sharded servers' paced handout (`wiiide.ps.paced`).
+reports with its push or ``step_done``. Used by the central pace server (`wiiide.server.pace.server`) and the
+sharded servers' paced handout (`wiiide.server.ps.paced`).
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def range_partition_count(nbytes: float, partition_bytes: float, per_shard: int 
 def finest_raw_bytes(wire_ratio: float | None, wire_bytes: int = PER_SHARD_FINEST_BYTES) -> int:
     """The finest piece `partitions_per_shard` cuts a range into, in raw float32 bytes, for pieces of about
     `wire_bytes` on the wire (default `PER_SHARD_FINEST_BYTES`; 1 MiB on a fast link,
-    `wiiide.ps.link_probe`): that size x `wire_ratio` (raw / sent bytes of the run's fixed lossy codec,
+    `wiiide.server.ps.link_probe`): that size x `wire_ratio` (raw / sent bytes of the run's fixed lossy codec,
     `wiiide.codecs.policy.fixed_lossy_ratio`; None or below 1: 1, the pieces' raw bytes).
 
     Why on the wire: a piece pays a frame each way on every node it passes through (a codec call, a
@@ -296,7 +296,7 @@ def plan_partitions(numel: int, num_shards: int, num_workers: int, partition_byt
     (``partitions_per_shard``), and ``partition_placement``: ``contiguous`` (one range per shard) or
     ``interleaved`` (dealt in turns, `partition_by_weights`), pieces no finer than `finest_bytes`
     (`finest_raw_bytes`). `table`: (rows, dim) of an embedding table at the head of the vector whose
-    rows travel sparse (`wiiide.ps.sparse_rows`): the cuts are then moved to its row boundaries
+    rows travel sparse (`wiiide.server.ps.sparse_rows`): the cuts are then moved to its row boundaries
     (`align_to_rows`), in contiguous ranges whatever `placement` (interleaving deals a backward's dense
     pieces to different shards; a row partition's push is its touched rows, and one range per shard
     makes it one row partition, two frames a step instead of two a piece).

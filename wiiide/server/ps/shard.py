@@ -8,15 +8,15 @@ averages the gradients (summed in rank order, as the central server sums them, s
 ``all`` agree to the last bit in fp32), applies `wiiide.training.model.MomentumSGD` to that partition (its
 momentum buffer lives here only) and sends the partition back to every worker at once: a partition is
 answered as soon as its last push arrived, not at the end of the step. Pulls are deltas against the
-workers' copy (`wiiide.pace.feedback.PullReplica`), compressed by the shard's own policy. With sparse rows
-(`wiiide.ps.sparse_rows`) a table partition is whole rows, pushed and pulled as the rows touched.
+workers' copy (`wiiide.server.pace.feedback.PullReplica`), compressed by the shard's own policy. With sparse rows
+(`wiiide.server.ps.sparse_rows`) a table partition is whole rows, pushed and pulled as the rows touched.
 
 Connections: the coordinator's handshake and session set-up (`wiiide.wire.handshake`: the same frames,
 limits, deadlines, socket knobs and TLS; the welcome's MAC covers the shard id instead of a rank) behind a
 `wiiide.wire.admission.HandshakeGate`. Each peer has a receiver thread (pushes in) and a sender thread
 (pulls out): full duplex.
 
-Pacing (`wiiide.ps.paced`): with ``staleness_bound`` s >= 1 or ``async`` a shard applies every push
+Pacing (`wiiide.server.ps.paced`): with ``staleness_bound`` s >= 1 or ``async`` a shard applies every push
 as it arrives (no waiting for the other workers), scaled by its staleness (``staleness_scaling``;
 k = the partition's updates since it last sent that worker the partition), and sends the partition
 back to the pushing worker only, as a delta against that worker's own replica; the pull's meta carries
@@ -26,7 +26,7 @@ back to the pushing worker only, as a delta against that worker's own replica; t
 Shard loss: an update needs every worker's push for its partition, so a peer that disconnects mid-run
 fails the shard (`failure`: the first cause, `lost`: every one); it tells every other peer
 (``shard_failed`` with the cause), and the coordinator goes on without the lost worker in a new
-incarnation with new shards (`wiiide.ps.membership`, which reads the momentum a shard kept through
+incarnation with new shards (`wiiide.server.ps.membership`, which reads the momentum a shard kept through
 `partition_states`; `expect_workers` names the workers an incarnation's shards serve).
 """
 
@@ -50,14 +50,14 @@ from wiiide.lr_schedule import LrRecord, LrSchedule
 from wiiide.metrics import NodeMetrics
 from wiiide.wire.handshake import accept_hello, send_welcome, tell_refused
 from wiiide.wire.node import Connection, Heartbeats
-from wiiide.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
-from wiiide.pace.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas, received_values
-from wiiide.ps.local_sgd import shard_optimizer
-from wiiide.ps.outbox import close_quietly, drain_outbox, frame_step, shard_bind_host  # noqa: F401 (frame_step)
-from wiiide.ps.partition import Partition
-from wiiide.ps.shard_pacing import apply_on_arrival, push_samples
-from wiiide.ps.sparse_rows import ROWS_PULL_KIND, ROWS_PUSH_KIND, RowTable, apply_rows
-from wiiide.recovery import momentum_from_flat, momentum_to_flat
+from wiiide.server.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
+from wiiide.server.pace.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas, received_values
+from wiiide.server.ps.local_sgd import shard_optimizer
+from wiiide.server.ps.outbox import close_quietly, drain_outbox, frame_step, shard_bind_host  # noqa: F401 (frame_step)
+from wiiide.server.ps.partition import Partition
+from wiiide.server.ps.shard_pacing import apply_on_arrival, push_samples
+from wiiide.server.ps.sparse_rows import ROWS_PULL_KIND, ROWS_PUSH_KIND, RowTable, apply_rows
+from wiiide.server.recovery import momentum_from_flat, momentum_to_flat
 from wiiide.wire.admission import HandshakeGate, Pending
 from wiiide.wire.encode import encode_message, with_meta
 from wiiide.wire.messages import Frame, WireTensor
@@ -74,7 +74,7 @@ class _Owned:
 
     part: Partition
     param: torch.Tensor
-    optimizer: Any  # MomentumSGD, or PartitionOuterStep (wiiide.ps.local_sgd.shard_optimizer)
+    optimizer: Any  # MomentumSGD, or PartitionOuterStep (wiiide.server.ps.local_sgd.shard_optimizer)
     replica: PullReplica
     step: int = 0
     pushes: dict[int, np.ndarray] = field(default_factory=dict)
@@ -126,7 +126,7 @@ class ShardServer:
         self.lrs = LrRecord(LrSchedule.from_config(cfg))  # step t's rate, the same on every shard; configure restarts it
         self.on_arrival = cfg.staleness_bound != 0  # async / SSP: every push applied as it arrives
         self.weighted = cfg.adaptive_batch and not self.on_arrival  # rounds of adaptive batches
-        self.table = RowTable.from_config(cfg)  # sparse rows: the table's partitions take rows (wiiide.ps.sparse_rows)
+        self.table = RowTable.from_config(cfg)  # sparse rows: the table's partitions take rows (wiiide.server.ps.sparse_rows)
         metrics.extra.setdefault("ps", {})["shard"] = self.stats
 
     # --- set-up -----------------------------------------------------------------------------------
@@ -152,14 +152,14 @@ class ShardServer:
         flat float32 vector) at step `start_step` (a restored checkpoint's, with its `momentum`: the
         whole flat float32 vector, or None); `lossy_pulls`: the policy may pick a lossy codec (pulls
         become deltas, dense through the warm-up; a lossless codec other than none makes them deltas too,
-        `wiiide.pace.feedback.pulls_as_deltas`). Checkpoints every checkpoint_every_steps (`wiiide.ps.checkpoints`)."""
+        `wiiide.server.pace.feedback.pulls_as_deltas`). Checkpoints every checkpoint_every_steps (`wiiide.server.ps.checkpoints`)."""
         cfg = self.cfg
         for p in partitions:
             if p.shard != self.shard_id:
                 continue
             values = torch.from_numpy(np.array(params[p.start:p.stop], dtype=np.float32, copy=True))
             values.grad = torch.zeros_like(values)
-            optimizer = shard_optimizer(values, cfg)  # MomentumSGD; local SGD's outer step (wiiide.ps.local_sgd)
+            optimizer = shard_optimizer(values, cfg)  # MomentumSGD; local SGD's outer step (wiiide.server.ps.local_sgd)
             if momentum is not None and cfg.momentum != 0:
                 momentum_from_flat(optimizer, momentum[p.start:p.stop])
             self.owned[p.index] = owned = _Owned(p, values, optimizer, PullReplica(values.numpy()), step=start_step)
@@ -174,7 +174,7 @@ class ShardServer:
         self.stats.update({"partitions": len(self.owned), "bytes": sum(o.part.nbytes for o in self.owned.values())})
 
     def expect_workers(self, ranks) -> None:
-        """Serve the workers of these ranks only (a run that lost some, `wiiide.ps.membership`): an update
+        """Serve the workers of these ranks only (a run that lost some, `wiiide.server.ps.membership`): an update
         waits for their pushes alone. Call before `start`."""
         self.worker_ranks = set(ranks)
         self.num_workers = len(self.worker_ranks)
@@ -182,7 +182,7 @@ class ShardServer:
     def partition_states(self) -> list[tuple[int, int, np.ndarray | None, np.ndarray]]:
         """(partition index, its step, a copy of its momentum buffer as flat float32 or None without one,
         a copy of the averaged gradient its last update applied) for every owned partition
-        (`wiiide.ps.membership` keeps a lost run's momentum from it)."""
+        (`wiiide.server.ps.membership` keeps a lost run's momentum from it)."""
         with self._lock:
             return [(i, o.step, momentum_to_flat(o.optimizer), o.param.grad.numpy().copy())
                     for i, o in sorted(self.owned.items())]

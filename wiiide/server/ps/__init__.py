@@ -8,5 +8,5 @@
 - `links`: the sender loop of a shard link (both ends).
 - `checkpoints`: a shard's checkpoint files and the restore of the newest step complete on every shard.
 
-``ps_shards: 1`` never reaches this package: it is the central server of `wiiide.coordinator`.
+``ps_shards: 1`` never reaches this package: it is the central server of `wiiide.server.coordinator`.
 """

@@ -4,16 +4,16 @@ A worker pushes each partition's gradient to the partition's shard the moment ba
 it: per-parameter hooks (``Tensor.register_post_accumulate_grad_hook``) count down the parameters
 each partition overlaps, as DDP's Reducer marks a bucket ready when its last gradient arrives, so
 the last layers' partitions are on the wire while backward still runs. Each shard connection has a
-sender thread (encodes with error feedback, `wiiide.pace.feedback.ErrorFeedback`, and sends) and a
+sender thread (encodes with error feedback, `wiiide.server.pace.feedback.ErrorFeedback`, and sends) and a
 receiver thread (decodes pulls into an inbox): full duplex. The main thread applies the pulls (an
 absolute value or a delta) once backward is over and all partitions of the step are in.
 
-Sparse rows (`wiiide.ps.sparse_rows`): a table partition's touched rows out after backward, changed rows in.
+Sparse rows (`wiiide.server.ps.sparse_rows`): a table partition's touched rows out after backward, changed rows in.
 
 The coordinator uses the same client with role ``coordinator`` (no pushes) to pull the final
 parameters (``pull_final``).
 
-Handshake (`wiiide.ps.outbox.connect_shard`): the dialling side of `wiiide.wire.handshake` (TLS with ``tls``
+Handshake (`wiiide.server.ps.outbox.connect_shard`): the dialling side of `wiiide.wire.handshake` (TLS with ``tls``
 on); the hello's node id is ``<role>-<rank>@<node id>`` (so the MAC covers the rank) and the shard's
 welcome MAC covers its shard id.
 """
@@ -39,11 +39,11 @@ from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
 from wiiide.training.model import FlatParams
 from wiiide.wire.node import Connection, Heartbeats
-from wiiide.ps.checkpoints import CHECKPOINT_AT
-from wiiide.pace.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, received_values
-from wiiide.ps.partition import Partition
-from wiiide.ps.outbox import ShardFailed, connect_shard, drain_outbox, frame_step
-from wiiide.ps.sparse_rows import ROWS_PULL_KIND, RowTable, WorkerRows, step_gradient
+from wiiide.server.ps.checkpoints import CHECKPOINT_AT
+from wiiide.server.pace.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, received_values
+from wiiide.server.ps.partition import Partition
+from wiiide.server.ps.outbox import ShardFailed, connect_shard, drain_outbox, frame_step
+from wiiide.server.ps.sparse_rows import ROWS_PULL_KIND, RowTable, WorkerRows, step_gradient
 from wiiide.wire.encode import encode_message
 from wiiide.wire.sockets import congestion_of, tcp_cwnd_bytes
 
@@ -92,7 +92,7 @@ class ShardClient:
         self._closing = threading.Event()
         self._partitions: list[Partition] = []
         self._flat: FlatParams | None = None
-        self._rows: WorkerRows | None = None  # sparse rows: the table's partitions (wiiide.ps.sparse_rows)
+        self._rows: WorkerRows | None = None  # sparse rows: the table's partitions (wiiide.server.ps.sparse_rows)
         self._step = 0
         self._samples: int | None = None  # adaptive batches: the step's samples, in every push's meta
         self.staleness = 0  # async / SSP: the largest staleness the shards reported for the last step's pushes
@@ -183,7 +183,7 @@ class ShardClient:
 
     def gradient(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, micro_batches: int, loss_fn,
                  scope: Any = None) -> float:
-        """The batch's mean loss, its gradient pushed as it is made (`wiiide.ps.sparse_rows.step_gradient`;
+        """The batch's mean loss, its gradient pushed as it is made (`wiiide.server.ps.sparse_rows.step_gradient`;
         `scope`: the worker's `wiiide.tensor_memory.ForwardScope`)."""
         return step_gradient(self._rows, model, self._flat, x, y, micro_batches, loss_fn, self._step,
                              lambda part, frame: self.links[part.shard].outbox.put(frame), scope)
@@ -202,7 +202,7 @@ class ShardClient:
 
     def push_all(self, step: int) -> None:
         """Push every partition of ``flat.grads`` for `step` at once, tail first, without backward's hooks:
-        local SGD's model delta (`wiiide.ps.local_sgd`); `finish_step` then waits for the pulls. The
+        local SGD's model delta (`wiiide.server.ps.local_sgd`); `finish_step` then waits for the pulls. The
         senders read ``flat.grads`` until every shard has answered: leave it unchanged until then."""
         self.begin_step(step, 0)
         for part in reversed(self._partitions):
@@ -386,7 +386,7 @@ class ShardClient:
 
     def announce_checkpoint(self, step: int) -> None:
         """Tell every shard to checkpoint when its partitions reach `step` (the coordinator's time trigger,
-        `wiiide.ps.checkpoints.ShardCheckpointer.announce`)."""
+        `wiiide.server.ps.checkpoints.ShardCheckpointer.announce`)."""
         frame = encode_message(CHECKPOINT_AT, {"step": int(step)})
         for link in self.links:
             link.outbox.put(frame)
