@@ -4,5 +4,6 @@
 - ``ddp``, ``fsdp``: PyTorch's DistributedDataParallel and FSDP2 over gloo (`torch_dist`); the
   coordinator is rank 0 and the rendezvous host.
 
-`comm` holds the communication profiler every engine is measured with.
+`comm` holds the communication profiler every engine is measured with; `progress` the progress files each
+rank writes while it trains (the harness's watchdog reads them).
 """

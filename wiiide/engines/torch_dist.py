@@ -77,7 +77,7 @@ from wiiide.wire.node import (
     touch,
     wait_for_start_gate,
 )
-from wiiide.progress import ProgressBeat
+from wiiide.engines.progress import ProgressBeat
 from wiiide.tensor_memory import ForwardScope, autocast_dtype, tensor_memory
 from wiiide.wire.sockets import congestion_in_force, set_route_congestion
 from wiiide.training.workload import workload_record
