@@ -1,4 +1,4 @@
-"""Where the shards go (`wiiide.ps.placement`): the workers with the most CPU, read from the cgroup."""
+"""Where the shards go (`wiiide.server.ps.placement`): the workers with the most CPU, read from the cgroup."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from wiiide.ps.placement import hello_cpus, node_cpus, place_shards
+from wiiide.server.ps.placement import hello_cpus, node_cpus, place_shards
 
 
 def test_equal_cpu_keeps_the_placement_by_rank():

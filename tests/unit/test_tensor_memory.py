@@ -1,5 +1,5 @@
 """Tensor memory accounting, CPU autocast and activation checkpointing (`wiiide.tensor_memory`,
-`wiiide.models.transformer`): sizes worked out by hand from the architectures."""
+`wiiide.training.models.transformer`): sizes worked out by hand from the architectures."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from torch import nn
 
 from wiiide.config import RunConfig
 from wiiide.errors import ConfigError
-from wiiide.model import FlatParams
-from wiiide.models import build_from_spec, loss_mean, set_activation_checkpointing
-from wiiide.pace.outer import gradient
+from wiiide.training.model import FlatParams
+from wiiide.training.models import build_from_spec, loss_mean, set_activation_checkpointing
+from wiiide.server.pace.outer import gradient
 from wiiide.tensor_memory import (
     ActivationMeter,
     ForwardScope,
@@ -149,8 +149,8 @@ def test_the_metered_first_forward_does_not_import_dynamo():
     from pathlib import Path
 
     code = ("import sys, torch\n"
-            "from wiiide.model import build_mlp, FlatParams\n"
-            "from wiiide.pace.outer import gradient\n"
+            "from wiiide.training.model import build_mlp, FlatParams\n"
+            "from wiiide.server.pace.outer import gradient\n"
             "from wiiide.tensor_memory import ForwardScope\n"
             "m = build_mlp(8, [16], 4, seed=0); f = FlatParams(m); scope = ForwardScope('none')\n"
             "seen = []\n"
