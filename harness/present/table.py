@@ -219,7 +219,8 @@ def report_title(report: Report) -> str:
 
 def format_table(report: Report | Mapping[str, Any]) -> str:
     """The report's points as a text table: index, params, the links applied (when a point shapes
-    links), status, ok repeats, then each `TABLE_COLUMNS` figure as median ± stdev over the ok
+    links), status, ok repeats, the figures against ddp (`baseline_cells`, when the report has an engine
+    axis with ddp), then each `TABLE_COLUMNS` figure as median ± stdev over the ok
     repeats with ``!`` for unstable; then a legend and each failed point's error.
 
     Raises:
@@ -233,13 +234,13 @@ def format_table(report: Report | Mapping[str, Any]) -> str:
     has_windows = any(cell != "-" for cell in windows)
     versus = baseline_cells(report)
     header = ["#", *params, *(LINK_COLUMNS if has_links else []), *([WINDOW_COLUMN] if has_windows else []),
-              "status", "n", *[c[0] for c in columns], *baseline_columns(report)]
+              "status", "n", *baseline_columns(report), *[c[0] for c in columns]]
     rows = []
     for i, point in enumerate(report.points):
         rows.append([point.index, *[format_value(point.params.get(p)) for p in params],
                      *(link_cells(point) if has_links else []), *([windows[i]] if has_windows else []),
-                     point.status, len(point.ok_repeats),
-                     *[stats_cell(point, key, kind) for _, key, kind in columns], *versus.get(point.index, [])])
+                     point.status, len(point.ok_repeats), *versus.get(point.index, []),
+                     *[stats_cell(point, key, kind) for _, key, kind in columns]])
     machine = report.machine_info
     title = (f"{report.name} ({report.spec.description}) | backend {report.backend.name} | "
              f"{machine.cpu_count_logical} CPUs, {(machine.memory_total_bytes or 0) / 2**30:.0f} GiB | "
