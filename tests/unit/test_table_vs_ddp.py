@@ -82,3 +82,14 @@ def test_a_group_without_its_ddp_point_shows_no_ratio(tmp_path):
     ])
     rows = _rows(format_table(report))
     assert rows[("a", "central")][5:7] == ["3.00x", "-"] and rows[("b", "central")][5:7] == ["-", "-"]
+
+
+def test_the_html_table_has_the_same_cells_under_its_headers(tmp_path):
+    from harness.present.html import render_page
+
+    report = _report(tmp_path, [({"link": "a", "engine": "central"}, [(300.0, 1.0)]),
+                                ({"link": "a", "engine": "ddp"}, [(100.0, 2.0)])])
+    page = render_page([("vs-1", report)])
+    head = re.findall(r"<th[^>]*>([^<]*)</th>", page)
+    assert head.index("samples/s vs ddp") == head.index("n ok") + 1 and "to target vs ddp" in head
+    assert re.search(r"<td>3.00x</td><td>0.50x</td>", page) and "beat ddp" in page
