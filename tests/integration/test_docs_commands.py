@@ -110,7 +110,7 @@ def test_an_unknown_group_is_refused_with_the_groups():
 
 
 def test_the_dry_run_prints_what_the_docs_show(tmp_path: Path):
-    command = shown(CLI, "wiiide-lab sweep experiments/quick.yaml --dry-run --backend local --repeats 3")
+    command = shown(CLI, "wiiide-lab sweep experiments/quick.yaml --dry-run --backend local --only link=none --repeats 3")
     blocks = fenced_blocks(CLI)
     at = next(i for i, block in enumerate(blocks) if command in block)
     done = run(command, "--results-dir", str(tmp_path))
