@@ -149,8 +149,8 @@ def test_the_metered_first_forward_does_not_import_dynamo():
     from pathlib import Path
 
     code = ("import sys, torch\n"
-            "from wiiide.model import build_mlp, FlatParams\n"
-            "from wiiide.pace.outer import gradient\n"
+            "from wiiide.training.model import build_mlp, FlatParams\n"
+            "from wiiide.server.pace.outer import gradient\n"
             "from wiiide.tensor_memory import ForwardScope\n"
             "m = build_mlp(8, [16], 4, seed=0); f = FlatParams(m); scope = ForwardScope('none')\n"
             "seen = []\n"
