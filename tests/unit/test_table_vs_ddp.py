@@ -8,7 +8,7 @@ import re
 from harness.present.table import VS_BASELINE_COLUMN, format_table
 from harness.results.report import ReportWriter, load_report
 from harness.results.totals import repeat_held_out, repeat_totals
-from wiiide.evaluation import Evaluation, HeldOutCurve
+from wiiide.training.evaluation import Evaluation, HeldOutCurve
 
 HEADER = {"name": "vs", "machine_info": {"cpu_count_logical": 2}, "commit_info": {"id": "abc"},
           "backend": {"name": "local"}, "param_names": ["link", "engine"],
