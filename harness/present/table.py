@@ -102,8 +102,9 @@ BASELINE_ENGINE = "ddp"
 VS_BASELINE_COLUMN = f"samples/s vs {BASELINE_ENGINE}"
 TARGET_VS_BASELINE_COLUMN = f"to target vs {BASELINE_ENGINE}"
 VS_BASELINE_LEGEND = (f"vs {BASELINE_ENGINE}: the point's median over the median of the {BASELINE_ENGINE} point with the "
-                      f"same other params; samples/s (the global batch over the median step time) above 1.00x "
-                      f"and time to target below 1.00x beat {BASELINE_ENGINE} (significance: wiiide-lab compare)")
+                      f"same other params; samples/s (the global batch over the mean step time after warm-up) "
+                      f"above 1.00x and time to target below 1.00x beat {BASELINE_ENGINE} (significance: wiiide-lab "
+                      f"compare)")
 
 
 def has_targets(report: Report) -> bool:
