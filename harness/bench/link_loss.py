@@ -7,7 +7,10 @@ absent, even where the kernel has it), the worker sends numbered UDP datagrams (
 no GRO), and the report keeps, beside the loss asked, the mechanism's own count (dropped / seen packets
 of the chain) and the UDP count (1 - distinct datagrams received / sent). Writes
 ``bench-link-<stamp>.json`` with `machine_info` and `commit_info`. With ``--measure delay,capacity`` the
-same pair measures the delay line instead or as well (`harness.bench.link_delay`).
+same pair measures the delay line instead or as well (`harness.bench.link_delay`). With ``--netns`` the
+same probes and targets run through netem between two network namespaces on this kernel
+(`harness.bench.link_netem`), and with ``--vm`` that check runs in a KVM VM of Debian's kernel
+(`harness.bench.link_vm`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,22 @@ for i in range(int(sys.argv[3])):
 """
 
 
+def udp_trial(receiver, sender, receiver_host: str, packets: int, what: str) -> int:
+    """`packets` numbered datagrams from `sender` to `receiver` (anything with ``exec_run(argv,
+    demux=True)``, as docker SDK containers; `receiver_host` is the receiver's name or address): the
+    number of distinct ones received. Raises RuntimeError (naming `what`) when either end fails."""
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(
+        exec=receiver.exec_run(["python", "-c", RECEIVE, str(PORT)], demux=True)))
+    thread.start()
+    code, out = sender.exec_run(["python", "-c", "import time; time.sleep(0.5)\n" + SEND, receiver_host,
+                                 str(PORT), str(packets)])
+    thread.join(timeout=120)
+    if code != 0 or "exec" not in result or result["exec"][0] != 0:
+        raise RuntimeError(f"bench-link: the UDP trial at {what} failed: {out!r} {result.get('exec')!r}")
+    return json.loads(result["exec"][1][0])["received"]
+
+
 def measure(coordinator, worker, loss_pct: float, packets: int, caps, progress: Callable[[str], None]) -> dict[str, Any]:
     """One loss setting: apply it on the coordinator, send `packets` datagrams from the worker, read the
     chain's counters, reset. Returns the asked, counted and UDP loss in percent with the raw counts."""
@@ -59,16 +78,7 @@ def measure(coordinator, worker, loss_pct: float, packets: int, caps, progress: 
     plan = plan_shaping(LinkProfile(loss_pct=loss_pct), dataclasses.replace(caps, netem=False))
     apply_plan(runner, plan)
     try:
-        result: dict[str, Any] = {}
-        thread = threading.Thread(target=lambda: result.update(
-            exec=coordinator.exec_run(["python", "-c", RECEIVE, str(PORT)], demux=True)))
-        thread.start()
-        code, out = worker.exec_run(["python", "-c", "import time; time.sleep(0.5)\n" + SEND, "coordinator",
-                                     str(PORT), str(packets)])
-        thread.join(timeout=120)
-        if code != 0 or "exec" not in result or result["exec"][0] != 0:
-            raise RuntimeError(f"bench-link: the UDP trial at {loss_pct:g} % failed: {out!r} {result.get('exec')!r}")
-        received = json.loads(result["exec"][1][0])["received"]
+        received = udp_trial(coordinator, worker, "coordinator", packets, f"{loss_pct:g} %")
         counters = read_fallback_counters(runner)
     finally:
         reset_links(runner)
@@ -82,6 +92,7 @@ def measure(coordinator, worker, loss_pct: float, packets: int, caps, progress: 
 
 
 MEASURES = ("loss", "delay", "capacity")
+NETEM_MEASURES = ("loss", "delay", "rate")  # --netns and --vm (harness.bench.link_netem)
 
 
 def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress: Callable[[str], None],
@@ -148,14 +159,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The verb's options (the ``bench-link`` subparser of ``python -m harness``)."""
     p.add_argument("--loss", default="0.1,1,5", help="losses asked in percent, comma-separated (default 0.1,1,5)")
     p.add_argument("--datagrams", type=int, default=100_000, help="UDP datagrams per loss (default 100000)")
-    p.add_argument("--measure", default="loss",
-                   help="what to measure, comma-separated: loss, delay, capacity (default loss)")
+    p.add_argument("--measure", default=None,
+                   help="what to measure, comma-separated: loss, delay, capacity (default loss); with --netns "
+                        "or --vm: loss, delay, rate (default all three)")
     p.add_argument("--delay", default="2,10,50,100",
                    help="round trips asked in ms for --measure delay, half on each container (default 2,10,50,100)")
     p.add_argument("--round-trips", type=int, default=200, help="TCP round trips per delay (default 200)")
     p.add_argument("--capacity", default="1,25",
                    help="round trips in ms of the TCP flow of --measure capacity (default 1,25)")
     p.add_argument("--seconds", type=float, default=10.0, help="length of each TCP flow in s (default 10)")
+    p.add_argument("--rate", default="100mbit",
+                   help="rates of --measure rate with --netns or --vm, comma-separated (default 100mbit)")
+    p.add_argument("--netns", action="store_true",
+                   help="through netem on this kernel, between two network namespaces (root; no Docker)")
+    p.add_argument("--vm", action="store_true",
+                   help="the --netns check in a KVM VM of Debian's kernel (for kernels without netem)")
+    p.add_argument("--vm-timeout", type=float, default=600.0, help="the VM's time limit in s (default 600)")
+    p.add_argument("--tcg", action="store_true", help="with --vm: emulate (no KVM), much slower")
     p.add_argument("--results-dir", help=f"where {REPORT_NAME}-<stamp>.json goes (default results/)")
 
 
@@ -174,14 +194,31 @@ def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = p
         raise SpecError(f"bench-link: --loss must be percentages separated by commas, got {args.loss!r}") from None
     if not losses or not all(0 < pct < 100 for pct in losses) or args.datagrams < 1:
         raise SpecError("bench-link: every --loss must be in (0, 100) percent and --datagrams >= 1")
-    measures = tuple(part.strip() for part in args.measure.split(",") if part.strip())
-    if not measures or not set(measures) <= set(MEASURES):
-        raise SpecError(f"bench-link: --measure takes {', '.join(MEASURES)} (comma-separated), got {args.measure!r}")
+    netem = args.netns or args.vm
+    allowed = NETEM_MEASURES if netem else MEASURES
+    text = args.measure if args.measure is not None else ",".join(NETEM_MEASURES) if netem else "loss"
+    measures = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not measures or not set(measures) <= set(allowed):
+        raise SpecError(f"bench-link: --measure takes {', '.join(allowed)} (comma-separated)"
+                        f"{' with --netns or --vm' if netem else ''}, got {text!r}")
     rtts, capacity = _milliseconds(args.delay, "--delay"), _milliseconds(args.capacity, "--capacity")
     if args.round_trips < 1 or not 0 < args.seconds <= 600:
         raise SpecError("bench-link: --round-trips must be >= 1 and --seconds in (0, 600]")
+    if args.vm and (args.netns or not 0 < args.vm_timeout <= 3600):
+        raise SpecError("bench-link: --vm runs --netns itself (give one), and --vm-timeout must be in (0, 3600] s")
     results_dir = Path(args.results_dir) if args.results_dir else REPO_ROOT / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
+    if netem:
+        rates = _rates(args.rate)
+        if args.netns:
+            from harness.bench.link_netem import run_netns
+            print(run_netns(losses, args.datagrams, rtts, args.round_trips, results_dir, progress, measures, rates))
+            return 0
+        from harness.bench.link_vm import run_vm
+        options = ["--measure", ",".join(measures), "--loss", args.loss, "--datagrams", str(args.datagrams),
+                   "--delay", args.delay, "--round-trips", str(args.round_trips), "--rate", args.rate]
+        print(run_vm(options, results_dir, progress, args.vm_timeout, args.tcg))
+        return 0
     print(run_bench(losses, args.datagrams, results_dir, progress, measures, rtts, args.round_trips, capacity,
                     args.seconds))
     return 0
@@ -197,4 +234,18 @@ def _milliseconds(text: str, option: str) -> tuple[float, ...]:
         raise SpecError(f"bench-link: {option} must be round trips in ms separated by commas, got {text!r}") from None
     if not values or not all(0 < v <= 10_000 for v in values):
         raise SpecError(f"bench-link: every {option} round trip must be in (0, 10000] ms, got {text!r}")
+    return values
+
+
+def _rates(text: str) -> tuple[int, ...]:
+    """Rates with units (``100mbit``), comma-separated, each > 0. Raises SpecError naming --rate."""
+    from harness.errors import SpecError
+    from wiiide.units import UnitError, parse_rate_bps
+
+    try:
+        values = tuple(parse_rate_bps(part.strip()) for part in text.split(",") if part.strip())
+    except (UnitError, ValueError) as exc:
+        raise SpecError(f"bench-link: --rate must be rates with units (100mbit) separated by commas: {exc}") from None
+    if not values or not all(v > 0 for v in values):
+        raise SpecError(f"bench-link: every --rate must be above 0, got {text!r}")
     return values
