@@ -175,7 +175,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vm", action="store_true",
                    help="the --netns check in a KVM VM of Debian's kernel (for kernels without netem)")
     p.add_argument("--vm-timeout", type=float, default=600.0, help="the VM's time limit in s (default 600)")
-    p.add_argument("--tcg", action="store_true", help="with --vm: emulate (no KVM), much slower")
+    p.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto",
+                   help="with --vm: KVM, or TCG emulation (much slower); auto: KVM where it boots a stock kernel")
     p.add_argument("--results-dir", help=f"where {REPORT_NAME}-<stamp>.json goes (default results/)")
 
 
@@ -217,7 +218,7 @@ def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = p
         from harness.bench.link_vm import run_vm
         options = ["--measure", ",".join(measures), "--loss", args.loss, "--datagrams", str(args.datagrams),
                    "--delay", args.delay, "--round-trips", str(args.round_trips), "--rate", args.rate]
-        print(run_vm(options, results_dir, progress, args.vm_timeout, args.tcg))
+        print(run_vm(options, results_dir, progress, args.vm_timeout, args.accel))
         return 0
     print(run_bench(losses, args.datagrams, results_dir, progress, measures, rtts, args.round_trips, capacity,
                     args.seconds))

@@ -38,7 +38,8 @@ def check_env(repo_root: Path) -> dict[str, str]:
 
 
 def kvm_usable() -> tuple[bool, str]:
-    """Whether /dev/kvm can be opened for reading and writing, and why not. Raises nothing."""
+    """Whether /dev/kvm can be opened for reading and writing, and why not ("" when it can). Raises
+    nothing."""
     try:
         fd = os.open("/dev/kvm", os.O_RDWR)
     except OSError as exc:
@@ -47,13 +48,44 @@ def kvm_usable() -> tuple[bool, str]:
     return True, ""
 
 
+def choose_accelerator(asked: str, kvm_problem: str, kvm_modules: Sequence[str]) -> tuple[str, str]:
+    """``kvm`` or ``tcg`` for `asked` (``auto``, ``kvm`` or ``tcg``), with why: ``auto`` takes KVM when
+    /dev/kvm opens (`kvm_problem` empty) and is served by ``kvm_intel`` or ``kvm_amd`` (of the loaded
+    `kvm_modules`); a KVM served only by ``kvm_pvm`` (PVM, which runs guest kernels built for it) does
+    not boot Debian's kernel: it stops right after decompressing it, so auto takes TCG there.
+
+    Raises:
+        ClusterError: ``kvm`` asked and /dev/kvm does not open.
+    """
+    from harness.errors import ClusterError
+
+    hardware = [m for m in kvm_modules if m in ("kvm_intel", "kvm_amd")]
+    if asked == "tcg":
+        return "tcg", "asked (--accel tcg)"
+    if kvm_problem:
+        if asked == "kvm":
+            raise ClusterError(f"netem VM: KVM is unusable here ({kvm_problem}); --accel tcg emulates instead")
+        return "tcg", f"KVM unusable: {kvm_problem}"
+    if asked == "kvm" or hardware:
+        return "kvm", "asked (--accel kvm)" if asked == "kvm" else f"/dev/kvm by {hardware[0]}"
+    if "kvm_pvm" in kvm_modules:
+        return "tcg", ("/dev/kvm is served by kvm_pvm only, which does not boot a stock kernel (it stops after "
+                       "decompressing it)")
+    return "kvm", "/dev/kvm opens"
+
+
+def loaded_kvm_modules() -> list[str]:
+    """The KVM modules loaded here (``/sys/module/kvm_*``). Raises nothing."""
+    return sorted(p.name for p in Path("/sys/module").glob("kvm_*"))
+
+
 def run_vm(options: Sequence[str], results_dir: Path, progress: Callable[[str], None], timeout_s: float = 600.0,
-           tcg: bool = False, build_dir: Path | None = None) -> Path:
+           accel_asked: str = "auto", build_dir: Path | None = None) -> Path:
     """Boot the VM once to run ``bench-link --netns`` with `options`; write the host's report to
     `results_dir` and return its path (the check's own exit code and ``all_ok`` are in it).
 
     Raises:
-        ClusterError: a tool or the kernel cannot be had, KVM is unusable (without `tcg`), or the VM
+        ClusterError: a tool or the kernel cannot be had, KVM is asked and unusable, or the VM
         left no report (timed out, or the check failed before writing it; the console's tail is in
         the message).
     """
@@ -63,9 +95,8 @@ def run_vm(options: Sequence[str], results_dir: Path, progress: Callable[[str], 
     from harness.vm import initramfs, kernel, qemu
     from wiiide.metrics import write_json_atomic
 
-    kvm, why = kvm_usable()
-    if not kvm and not tcg:
-        raise ClusterError(f"netem VM: KVM is unusable here ({why}); --tcg emulates instead (much slower)")
+    accel, accel_why = choose_accelerator(accel_asked, kvm_usable()[1], loaded_kvm_modules())
+    kvm = accel == "kvm"
     build = build_dir or REPO_ROOT / "build" / "netem-vm"
     kernel.ensure_host_packages(progress)
     kern = kernel.ensure_kernel(build, progress)
@@ -78,8 +109,8 @@ def run_vm(options: Sequence[str], results_dir: Path, progress: Callable[[str], 
                                  check_env(REPO_ROOT))
     image = initramfs.build_initramfs(build / "initramfs", build / f"initramfs-{kern.version}.cpio",
                                       initramfs.file_list(Path(os.path.realpath(_which("busybox"))), modules), init)
-    qemu_argv = qemu.qemu_argv(kern.vmlinuz, image, share, kvm=kvm and not tcg)
-    progress(f"[netem-vm] booting Debian's {kern.version} ({'KVM' if kvm and not tcg else 'TCG'}), "
+    qemu_argv = qemu.qemu_argv(kern.vmlinuz, image, share, kvm=kvm)
+    progress(f"[netem-vm] booting Debian's {kern.version} ({accel.upper()}: {accel_why}), "
              f"time limit {timeout_s:g} s: {shlex.join(qemu_argv)}")
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     boot = qemu.boot(qemu_argv, timeout_s, share / "console.log")
@@ -91,7 +122,8 @@ def run_vm(options: Sequence[str], results_dir: Path, progress: Callable[[str], 
         "name": REPORT_NAME, "created_at_utc": started,
         "finished_at_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine_info": machine_info(), "commit_info": commit_info(),
-        "vm": {"kernel_version": kern.version, "kernel_deb": kern.deb.name, "accelerator": "kvm" if kvm and not tcg else "tcg",
+        "vm": {"kernel_version": kern.version, "kernel_deb": kern.deb.name, "accelerator": accel,
+               "accelerator_reason": accel_why,
                "qemu_argv": qemu_argv, "check_argv": argv, "modules": [initramfs.module_name(m) for m in modules],
                "boot_elapsed_s": boot.elapsed_s, "qemu_exit_code": boot.code, "check_exit_code": code,
                "console_log": str(share / "console.log")},

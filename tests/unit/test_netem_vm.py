@@ -92,7 +92,7 @@ def test_init_loads_the_modules_in_order_then_runs_the_command_chrooted_and_powe
     assert insmods == ["/lib/modules/virtio.ko", "/lib/modules/9p.ko"]
     host_mount = next(i for i, line in enumerate(lines) if " hostroot /mnt/host" in line)
     assert lines.index(next(line for line in lines if line.startswith("insmod /lib/modules/9p.ko"))) < host_mount
-    assert ",ro hostroot /mnt/host" in lines[host_mount]
+    assert "ro" in lines[host_mount].split(" -o ")[1].split()[0].split(",")
     assert any(line.startswith("mount -t 9p") and "results /mnt/host/work/build/run-1" in line for line in lines)
     chroot = next(line for line in lines if line.startswith("chroot /mnt/host "))
     assert "/usr/bin/env -i" in chroot and "PYTHONPATH=/work/repo" in chroot
@@ -182,3 +182,15 @@ def _args(*argv: str) -> argparse.Namespace:
 def test_bad_netem_options_fail_before_anything_starts(argv, needle, tmp_path):
     with pytest.raises(SpecError, match=needle):
         main_from_args(_args(*argv, "--results-dir", str(tmp_path)), progress=lambda _: None)
+
+
+def test_auto_takes_kvm_from_hardware_and_tcg_where_only_pvm_serves_dev_kvm():
+    assert link_vm.choose_accelerator("auto", "", ["kvm_amd"])[0] == "kvm"
+    accel, why = link_vm.choose_accelerator("auto", "", ["kvm_pvm"])
+    assert accel == "tcg" and "kvm_pvm" in why
+    assert link_vm.choose_accelerator("auto", "/dev/kvm: No such file or directory", []) == (
+        "tcg", "KVM unusable: /dev/kvm: No such file or directory")
+    assert link_vm.choose_accelerator("kvm", "", ["kvm_pvm"])[0] == "kvm"
+    assert link_vm.choose_accelerator("tcg", "", ["kvm_intel"])[0] == "tcg"
+    with pytest.raises(ClusterError, match="--accel tcg"):
+        link_vm.choose_accelerator("kvm", "/dev/kvm: Permission denied", ["kvm_intel"])
