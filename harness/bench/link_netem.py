@@ -241,7 +241,7 @@ def run_netns(losses_pct: Sequence[float], packets: int, rtts_ms: Sequence[float
         LinkShapingError: the pair cannot be made (not root), or this kernel has no netem.
     """
     from harness.run.tc_exec import ContainerExec, probe_with
-    from wiiide.metrics import write_json_atomic
+    from wiiide.atomic_write import write_json_atomic
 
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     peers = pair_up()
@@ -250,6 +250,7 @@ def run_netns(losses_pct: Sequence[float], packets: int, rtts_ms: Sequence[float
         if not caps.netem:
             raise LinkShapingError(f"bench-link --netns: this kernel ({platform.release()}) has no netem: "
                                    f"{caps.errors.get('netem')}")
+        progress(f"[bench-link] netem on {platform.release()}: namespaces {' and '.join(NAMESPACES)} up")
         delays = [measure_delay(peers, rtt, round_trips, caps, progress) for rtt in rtts_ms] if "delay" in measures else []
         losses = [measure_loss(peers, pct, packets, caps, progress) for pct in losses_pct] if "loss" in measures else []
         rates = [measure_rate(peers, r, rate_delay_ms, caps, progress) for r in rates_bps] if "rate" in measures else []
@@ -269,3 +270,25 @@ def run_netns(losses_pct: Sequence[float], packets: int, rtts_ms: Sequence[float
     path = results_dir / f"{REPORT_NAME}-{stamp}.json"
     write_json_atomic(path, report)
     return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m harness.bench.link_netem --netns ...``: the verb's ``bench-link --netns`` without the
+    CLI's other imports (what the VM runs: under emulation each import costs seconds). Returns its exit
+    code; a bad option prints the error and returns 2."""
+    import argparse
+
+    from harness.bench.link_loss import add_arguments, main_from_args
+    from harness.errors import SpecError
+
+    parser = argparse.ArgumentParser(prog="python -m harness.bench.link_netem")
+    add_arguments(parser)
+    try:
+        return main_from_args(parser.parse_args(argv), progress=lambda line: print(line, flush=True))
+    except (SpecError, LinkShapingError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
