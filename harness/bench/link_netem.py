@@ -145,10 +145,23 @@ def loss_within_target(counted_pct: float, asked_pct: float) -> bool:
     return abs(counted_pct - asked_pct) <= asked_pct * LOSS_TARGET_REL_PCT / 100
 
 
+def measure_unshaped(peers: Sequence[NetnsPeer], round_trips: int, progress: Callable[[str], None]) -> dict[str, Any]:
+    """The ping-pong with nothing in its path: the probe's own round trip on this machine (under
+    emulation it is milliseconds, and every shaped median carries it)."""
+    from harness.links import rtt
+
+    _reset(peers)
+    summary = rtt.summarize(rtt.measure_rtt(peers[0], peers[1], ADDRESSES[0], round_trips + rtt.WARMUP_SAMPLES), 0.0)
+    progress(f"[bench-link] unshaped round trip: median {summary['median_rtt_ms']:.3f} ms, "
+             f"p99 {summary['p99_rtt_ms']:.3f} ms")
+    return summary
+
+
 def measure_delay(peers: Sequence[NetnsPeer], rtt_ms: float, round_trips: int, caps,
-                  progress: Callable[[str], None]) -> dict[str, Any]:
+                  progress: Callable[[str], None], unshaped_median_ms: float = 0.0) -> dict[str, Any]:
     """One round trip asked: netem with half of it on each namespace's egress, the ping-pong from the
-    sender to the receiver, tc's read-back, reset."""
+    sender to the receiver, tc's read-back, reset. ``added_median_ms`` is the median less
+    `unshaped_median_ms` (the probe's own round trip), with ``added_median_ok`` by the median's target."""
     from harness.bench.link_delay import within_target
     from harness.links import rtt
     from harness.spec.links import LinkProfile
@@ -164,8 +177,10 @@ def measure_delay(peers: Sequence[NetnsPeer], rtt_ms: float, round_trips: int, c
              "mechanisms": {p.name: dict(plan.mechanisms) for p, (plan, _) in zip(peers, shaped)},
              "netem_read_back": {p.name: rec for p, (_, rec) in zip(peers, shaped)}, **summary,
              **within_target(summary["median_rtt_ms"], summary["p99_rtt_ms"], rtt_ms)}
+    added = round(summary["median_rtt_ms"] - unshaped_median_ms, 4)
+    trial.update(added_median_ms=added, added_median_ok=within_target(added, added, rtt_ms)["median_ok"])
     progress(f"[bench-link] netem round trip {rtt_ms:g} ms asked: median {summary['median_rtt_ms']:.3f} ms, "
-             f"p99 {summary['p99_rtt_ms']:.3f} ms over {summary['samples']} "
+             f"p99 {summary['p99_rtt_ms']:.3f} ms over {summary['samples']}, {added:.3f} ms over the unshaped "
              f"(median {'ok' if trial['median_ok'] else 'MISSED'}, p99 {'ok' if trial['p99_ok'] else 'MISSED'})")
     return trial
 
@@ -251,7 +266,9 @@ def run_netns(losses_pct: Sequence[float], packets: int, rtts_ms: Sequence[float
             raise LinkShapingError(f"bench-link --netns: this kernel ({platform.release()}) has no netem: "
                                    f"{caps.errors.get('netem')}")
         progress(f"[bench-link] netem on {platform.release()}: namespaces {' and '.join(NAMESPACES)} up")
-        delays = [measure_delay(peers, rtt, round_trips, caps, progress) for rtt in rtts_ms] if "delay" in measures else []
+        unshaped = measure_unshaped(peers, round_trips, progress) if "delay" in measures else None
+        delays = [measure_delay(peers, rtt, round_trips, caps, progress, unshaped["median_rtt_ms"])
+                  for rtt in rtts_ms] if unshaped else []
         losses = [measure_loss(peers, pct, packets, caps, progress) for pct in losses_pct] if "loss" in measures else []
         rates = [measure_rate(peers, r, rate_delay_ms, caps, progress) for r in rates_bps] if "rate" in measures else []
     finally:
@@ -262,7 +279,7 @@ def run_netns(losses_pct: Sequence[float], packets: int, rtts_ms: Sequence[float
               "plan": {"measures": list(measures), "losses_pct": list(losses_pct), "datagrams": packets,
                        "rtts_ms": list(rtts_ms), "round_trips": round_trips, "rates_bps": list(rates_bps),
                        "rate_delay_ms": rate_delay_ms},
-              "delay_trials": delays, "loss_trials": losses, "rate_trials": rates,
+              "unshaped_rtt": unshaped, "delay_trials": delays, "loss_trials": losses, "rate_trials": rates,
               "all_ok": all(t["median_ok"] and t["p99_ok"] for t in delays)
                         and all(t["counted_ok"] and t["udp_ok"] for t in losses)
                         and all(t["rate_ok"] for t in rates)}
