@@ -17,76 +17,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
+import sys
 import tempfile
-import threading
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 REPORT_NAME = "bench-link"
-PORT = 5021
-# Receiver: distinct sequence numbers until 2 s of silence after the first datagram; prints JSON. A datagram
-# numbered READY is the sender's hello, answered (the sender waits for it: a receiver may start after it).
-RECEIVE = """
-import json, socket, sys
-READY = (1 << 64) - 1
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-s.bind(("0.0.0.0", int(sys.argv[1]))); s.settimeout(60); got = set()
-try:
-    while True:
-        data, addr = s.recvfrom(64); seq = int.from_bytes(data[:8], "big")
-        if seq == READY:
-            s.sendto(b"ready", addr); continue
-        got.add(seq); s.settimeout(2)
-except socket.timeout:
-    pass
-print(json.dumps({"received": len(got)}))
-"""
-# Sender: hello (READY) every 0.2 s until the receiver answers (60 s at most), then argv[3] datagrams of
-# 64 bytes, paced by a 1 ms pause every 200 (no receive-buffer overflow).
-SEND = """
-import socket, sys, time
-READY = (1 << 64) - 1
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); addr = (sys.argv[1], int(sys.argv[2])); pad = bytes(56)
-s.settimeout(0.2)
-for _ in range(300):
-    s.sendto(READY.to_bytes(8, "big") + pad, addr)
-    try:
-        s.recv(64); break
-    except socket.timeout:
-        pass
-else:
-    sys.exit("no receiver answered the hello")
-for i in range(int(sys.argv[3])):
-    s.sendto(i.to_bytes(8, "big") + pad, addr)
-    if i % 200 == 199:
-        time.sleep(0.001)
-"""
-
-
-def udp_trial(receiver, sender, receiver_host: str, packets: int, what: str) -> int:
-    """`packets` numbered datagrams from `sender` to `receiver` (anything with ``exec_run(argv,
-    demux=True)``, as docker SDK containers; `receiver_host` is the receiver's name or address): the
-    number of distinct ones received. Raises RuntimeError (naming `what`) when either end fails."""
-    result: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: result.update(
-        exec=receiver.exec_run(["python", "-c", RECEIVE, str(PORT)], demux=True)))
-    thread.start()
-    code, out = sender.exec_run(["python", "-c", SEND, receiver_host, str(PORT), str(packets)])
-    thread.join(timeout=120)
-    if code != 0 or "exec" not in result or result["exec"][0] != 0:
-        raise RuntimeError(f"bench-link: the UDP trial at {what} failed: {out!r} {result.get('exec')!r}")
-    return json.loads(result["exec"][1][0])["received"]
-
-
 def measure(coordinator, worker, loss_pct: float, packets: int, caps, progress: Callable[[str], None]) -> dict[str, Any]:
     """One loss setting: apply it on the coordinator, send `packets` datagrams from the worker, read the
     chain's counters, reset. Returns the asked, counted and UDP loss in percent with the raw counts."""
     from harness.links.plan import plan_shaping
     from harness.run.tc_exec import ContainerExec, apply_plan, read_fallback_counters, reset_links
     from harness.spec.links import LinkProfile
+
+    from harness.links.udp import udp_trial
 
     runner = ContainerExec(coordinator)
     reset_links(runner)
@@ -265,3 +211,22 @@ def _rates(text: str) -> tuple[int, ...]:
     if not values or not all(v > 0 for v in values):
         raise SpecError(f"bench-link: every --rate must be above 0, got {text!r}")
     return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.bench.link_loss [options]``: the verb without the CLI's other imports (what the
+    netem VM runs: under emulation each import costs seconds). Returns the exit code; a bad option or a
+    kernel without netem prints the error and returns 2."""
+    from harness.errors import LinkShapingError, SpecError
+
+    parser = argparse.ArgumentParser(prog="python -m harness.bench.link_loss")
+    add_arguments(parser)
+    try:
+        return main_from_args(parser.parse_args(argv), progress=lambda line: print(line, flush=True))
+    except (SpecError, LinkShapingError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -27,9 +27,9 @@ CHECK_PATTERN = "bench-link-netem-*.json"
 
 def check_argv(options: Sequence[str], results_dir: Path, python: str = sys.executable) -> list[str]:
     """The command the VM runs in the host's tree: this interpreter, ``bench-link --netns`` through its
-    lean entry (``-m harness.bench.link_netem``: the CLI's other imports take minutes under emulation),
+    lean entry (``-m harness.bench.link_loss``: the CLI's other imports take minutes under emulation),
     `options` (the check's own, e.g. ``--measure loss,delay``) and ``--results-dir`` the share."""
-    return [python, "-m", "harness.bench.link_netem", "--netns", *options, "--results-dir", str(results_dir)]
+    return [python, "-m", "harness.bench.link_loss", "--netns", *options, "--results-dir", str(results_dir)]
 
 
 def check_env(repo_root: Path) -> dict[str, str]:

@@ -144,7 +144,7 @@ def test_the_kernel_package_is_read_from_apt_cache_depends():
 
 def test_the_vm_runs_this_interpreter_on_this_checkout_with_the_checks_options():
     argv = link_vm.check_argv(["--measure", "delay"], Path("/b/run-1"), python="/usr/bin/python3")
-    assert argv == ["/usr/bin/python3", "-m", "harness.bench.link_netem", "--netns", "--measure", "delay",
+    assert argv == ["/usr/bin/python3", "-m", "harness.bench.link_loss", "--netns", "--measure", "delay",
                     "--results-dir", "/b/run-1"]
     assert link_vm.check_env(Path("/repo"))["PYTHONPATH"] == "/repo"
 
