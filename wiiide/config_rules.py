@@ -48,7 +48,7 @@ def _validate_engine(c: Any) -> None:
         if is_set and not applies:
             raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs {needs} "
                               f"(engine is {c.engine!r}, ddp_comm_hook {c.ddp_comm_hook!r})")
-    if c.ps_shards != "1":  # the sharded servers (wiiide/ps/): what they do not take, each with why
+    if c.ps_shards != "1":  # the sharded servers (wiiide/server/ps/): what they do not take, each with why
         pacing = ("sharded local SGD applies the outer step when every worker's delta of the round is in "
                   "(synchronous rounds); H local steps between pushes under a staleness clock run on the central "
                   "server's connections")
@@ -65,7 +65,7 @@ def _validate_engine(c: Any) -> None:
             if is_set:
                 raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs ps_shards 1 (the central "
                                   f"server), not ps_shards {c.ps_shards!r}: {why}")
-        if c.local_steps > 1:  # wiiide.ps.local_sgd: a shard's file holds its parameters and MomentumSGD's buffer
+        if c.local_steps > 1:  # wiiide.server.ps.local_sgd: a shard's file holds its parameters and MomentumSGD's buffer
             for name in ("checkpoint_every_steps", "checkpoint_every_s"):
                 _check(getattr(c, name) == 0, name, getattr(c, name), "0 with local_steps > 1 and ps_shards > 1 "
                        "(a shard's checkpoint holds its partitions' parameters and the synchronous optimizer's "

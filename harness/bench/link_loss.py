@@ -7,9 +7,10 @@ absent, even where the kernel has it), the worker sends numbered UDP datagrams (
 no GRO), and the report keeps, beside the loss asked, the mechanism's own count (dropped / seen packets
 of the chain) and the UDP count (1 - distinct datagrams received / sent). Writes
 ``bench-link-<stamp>.json`` with `machine_info` and `commit_info`. With ``--measure delay,capacity`` the
-same pair measures the delay line instead or as well (`harness.bench.link_delay`). With ``--netns`` the
-same probes and targets run through netem between two network namespaces on this kernel
-(`harness.bench.link_netem`), and with ``--vm`` that check runs in a KVM VM of Debian's kernel
+same pair measures the delay line instead or as well (`harness.bench.link_delay`); with ``--measure
+reorder,duplicate,gemodel`` netem's per-packet impairments without netem (`harness.bench.link_impair`).
+With ``--netns`` the loss and delay probes and targets run through netem between two network namespaces
+on this kernel (`harness.bench.link_netem`), and with ``--vm`` that check runs in a VM of Debian's kernel
 (`harness.bench.link_vm`).
 """
 
@@ -24,15 +25,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+
 REPORT_NAME = "bench-link"
 def measure(coordinator, worker, loss_pct: float, packets: int, caps, progress: Callable[[str], None]) -> dict[str, Any]:
     """One loss setting: apply it on the coordinator, send `packets` datagrams from the worker, read the
     chain's counters, reset. Returns the asked, counted and UDP loss in percent with the raw counts."""
+    from harness.bench.link_udp import udp_trial
     from harness.links.plan import plan_shaping
     from harness.run.tc_exec import ContainerExec, apply_plan, read_fallback_counters, reset_links
     from harness.spec.links import LinkProfile
-
-    from harness.links.udp import udp_trial
 
     runner = ContainerExec(coordinator)
     reset_links(runner)
@@ -52,22 +53,23 @@ def measure(coordinator, worker, loss_pct: float, packets: int, caps, progress: 
     return trial
 
 
-MEASURES = ("loss", "delay", "capacity")
+MEASURES = ("loss", "delay", "capacity", "reorder", "duplicate", "gemodel")
 NETEM_MEASURES = ("loss", "delay", "rate")  # --netns and --vm (harness.bench.link_netem)
 
 
 def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress: Callable[[str], None],
               measures: tuple[str, ...] = ("loss",), rtts_ms: tuple[float, ...] = (), round_trips: int = 200,
-              capacity_rtts_ms: tuple[float, ...] = (), flow_s: float = 10.0) -> Path:
+              capacity_rtts_ms: tuple[float, ...] = (), flow_s: float = 10.0, impair_datagrams: int = 20_000) -> Path:
     """Start the pair, measure each of `losses_pct` (and, as `measures` asks, the delay line's round trips
-    `rtts_ms` and a TCP flow at each of `capacity_rtts_ms` for `flow_s`), remove the pair, write the JSON;
-    return its path.
+    `rtts_ms` and a TCP flow at each of `capacity_rtts_ms` for `flow_s`; the trials of reorder, duplicate
+    and gemodel with `impair_datagrams` each, `harness.bench.link_impair.TRIALS`), remove the pair,
+    write the JSON; return its path.
 
     Raises:
         ClusterError: the pair cannot start. LinkShapingError: the image or kernel has no statistic match
-        (loss) or no delay line (delay, capacity).
+        (loss) or no delay line (delay, capacity, reorder, gemodel), or no TEE target (duplicate).
     """
-    from harness.bench import link_delay
+    from harness.bench import link_delay, link_impair
     from harness.errors import LinkShapingError
     from harness.run.compose import cluster_down, cluster_up
     from harness.run.docker_client import docker_client
@@ -82,7 +84,9 @@ def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress
     caps = probe_capabilities(docker_client(), image)
     if "loss" in measures and not caps.statistic:
         raise LinkShapingError(f"bench-link: no iptables statistic match in {image} or the kernel: {caps.errors}")
-    if {"delay", "capacity"} & set(measures) and not caps.nfqueue:
+    if "duplicate" in measures and not (caps.tee and caps.statistic):
+        raise LinkShapingError(f"bench-link: no TEE target (xt_TEE) in the kernel: {caps.errors}")
+    if {"delay", "capacity", "reorder", "gemodel"} & set(measures) and not caps.nfqueue:
         raise LinkShapingError(f"bench-link: no delay line (NFQUEUE and wiiide-delayline) in {image} or the kernel: "
                                f"{caps.errors}")
     extra: dict[str, Any] = {}
@@ -101,6 +105,11 @@ def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress
                 extra["unshaped_flow"] = link_delay.measure_unshaped(by_role, flow_s, progress)
                 extra["capacity_trials"] = [link_delay.measure_capacity(by_role, rtt, flow_s, caps, progress)
                                             for rtt in capacity_rtts_ms]
+            for kind in ("reorder", "duplicate", "gemodel"):
+                if kind in measures:
+                    extra[f"{kind}_trials"] = [link_impair.measure_impairment(
+                        by_role["coordinator"], by_role["worker"], keys, impair_datagrams, caps, progress)
+                        for keys in link_impair.TRIALS[kind]]
     finally:
         cluster_down(progress)
     report = {"name": REPORT_NAME, "created_at_utc": started,
@@ -108,7 +117,8 @@ def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress
               "machine_info": machine_info(), "commit_info": commit_info(), "image": image,
               "plan": {"measures": list(measures), "losses_pct": losses_pct, "datagrams": packets,
                        "rtts_ms": list(rtts_ms), "round_trips": round_trips,
-                       "capacity_rtts_ms": list(capacity_rtts_ms), "flow_s": flow_s},
+                       "capacity_rtts_ms": list(capacity_rtts_ms), "flow_s": flow_s,
+                       "impair_datagrams": impair_datagrams},
               "trials": trials, **extra}
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = results_dir / f"{REPORT_NAME}-{stamp}.json"
@@ -121,8 +131,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss", default="0.1,1,5", help="losses asked in percent, comma-separated (default 0.1,1,5)")
     p.add_argument("--datagrams", type=int, default=100_000, help="UDP datagrams per loss (default 100000)")
     p.add_argument("--measure", default=None,
-                   help="what to measure, comma-separated: loss, delay, capacity (default loss); with --netns "
-                        "or --vm: loss, delay, rate (default all three)")
+                   help="what to measure, comma-separated: loss, delay, capacity, reorder, duplicate, gemodel "
+                        "(default loss); with --netns or --vm: loss, delay, rate (default all three)")
+    p.add_argument("--impair-datagrams", type=int, default=20_000,
+                   help="UDP datagrams per reorder/duplicate/gemodel trial (default 20000)")
     p.add_argument("--delay", default="2,10,50,100",
                    help="round trips asked in ms for --measure delay, half on each container (default 2,10,50,100)")
     p.add_argument("--round-trips", type=int, default=200, help="TCP round trips per delay (default 200)")
@@ -164,8 +176,8 @@ def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = p
         raise SpecError(f"bench-link: --measure takes {', '.join(allowed)} (comma-separated)"
                         f"{' with --netns or --vm' if netem else ''}, got {text!r}")
     rtts, capacity = _milliseconds(args.delay, "--delay"), _milliseconds(args.capacity, "--capacity")
-    if args.round_trips < 1 or not 0 < args.seconds <= 600:
-        raise SpecError("bench-link: --round-trips must be >= 1 and --seconds in (0, 600]")
+    if args.round_trips < 1 or not 0 < args.seconds <= 600 or args.impair_datagrams < 1:
+        raise SpecError("bench-link: --round-trips and --impair-datagrams must be >= 1 and --seconds in (0, 600]")
     if args.vm and (args.netns or not 0 < args.vm_timeout <= 3600):
         raise SpecError("bench-link: --vm runs --netns itself (give one), and --vm-timeout must be in (0, 3600] s")
     results_dir = Path(args.results_dir) if args.results_dir else REPO_ROOT / "results"
@@ -182,7 +194,7 @@ def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = p
         print(run_vm(options, results_dir, progress, args.vm_timeout, args.accel))
         return 0
     print(run_bench(losses, args.datagrams, results_dir, progress, measures, rtts, args.round_trips, capacity,
-                    args.seconds))
+                    args.seconds, args.impair_datagrams))
     return 0
 
 

@@ -8,7 +8,7 @@ are the docker path's own: `harness.links.plan.plan_shaping` of a `LinkProfile` 
 probed capabilities (`harness.run.tc_exec.probe_with`), applied and read back by
 `harness.run.tc_exec.apply_plan` through a `NetnsPeer` (a namespace with the ``exec_run`` of a docker
 SDK container). The probes are the docker benchmark's: the TCP ping-pong of `harness.links.rtt` and
-the numbered UDP datagrams of `harness.links.udp.udp_trial`; the targets are
+the numbered UDP datagrams of `harness.bench.link_udp.udp_trial`; the targets are
 `harness.bench.link_delay.within_target` and `LOSS_TARGET_REL_PCT`.
 
 - delay: half of each round trip asked on each namespace's egress (netem ``delay``, jitter 0).
@@ -189,7 +189,7 @@ def measure_loss(peers: Sequence[NetnsPeer], loss_pct: float, packets: int, caps
                  progress: Callable[[str], None]) -> dict[str, Any]:
     """One loss asked: netem loss on the sender's egress, `packets` UDP datagrams to the receiver,
     netem's own count (read back after the trial) beside the UDP count, reset."""
-    from harness.links.udp import udp_trial
+    from harness.bench.link_udp import udp_trial
     from harness.run.tc_exec import ContainerExec, read_back
     from harness.spec.links import LinkProfile
 
