@@ -42,7 +42,7 @@ ROWS = [tuple(row) for row in AllPairs([list(PLACEMENTS), list(PACINGS), list(MO
 
 def _knobs(row: tuple, folder) -> dict:
     placement, pacing, model, codec, tls, ckpt, evaluation = row
-    knobs = {"dataset": "digits", "num_workers": 2, "log_tier": "silent", "duration_s": 1.5, "max_steps": 60,
+    knobs = {"dataset": "digits", "num_workers": 2, "log_tier": "silent", "duration_s": 30, "max_steps": 20,
              "connect_timeout_s": 60, "learning_rate": 0.1, "lossy_warmup_steps": 2, "partition_bytes": "8KiB",
              **PLACEMENTS[placement], **PACINGS[pacing], **MODELS[model], "compression": CODECS[codec],
              "tls": tls == "tls-on"}
