@@ -34,7 +34,7 @@ _STATS_KEYS: dict[str, type | tuple[type, ...]] = {
     "distribution": str, "draws": int, "max_len_packets": int, "queued_packets": int, "accepted_packets": int,
     "held_packets": int, "max_held_packets": int, "dropped_full_packets": int, "kernel_queue_dropped_packets": int,
     "kernel_user_dropped_packets": int, "late_mean_us": (int, float), "late_max_us": (int, float),
-    "cpu_user_s": (int, float), "cpu_system_s": (int, float)}
+    "early_max_us": (int, float), "wake_lead_us": (int, float), "cpu_user_s": (int, float), "cpu_system_s": (int, float)}
 
 
 def runs_in_background(argv: list[str] | tuple[str, ...]) -> bool:
@@ -70,8 +70,11 @@ def parse_stats(text: str) -> dict[str, Any]:
     was set, else 0), ``delay_us``, ``jitter_us``, ``distribution``,
     ``draws``, packet counts (``queued_packets``, ``accepted_packets``, ``held_packets``,
     ``max_held_packets``, ``dropped_full_packets``; the kernel queue's own ``kernel_queue_dropped_packets``
-    and ``kernel_user_dropped_packets``), lateness ``late_mean_us``/``late_max_us`` (verdict minus due
-    time, microseconds) and ``cpu_user_s``/``cpu_system_s``.
+    and ``kernel_user_dropped_packets``), lateness ``late_mean_us`` (the mean of verdict minus due time,
+    signed: negative when verdicts came early on the whole), ``late_max_us`` and ``early_max_us`` (the
+    latest and the earliest verdict against its due time), ``wake_lead_us`` (how long before a due time
+    the delay line asks to wake: its running estimate of its wake-ups' lateness; all microseconds) and
+    ``cpu_user_s``/``cpu_system_s``.
 
     Raises:
         ValueError: not a JSON object, a key missing or of another type.

@@ -198,7 +198,8 @@ STATS = ('{"pid": 41, "running": true, "realtime": false, "nice": 0, "slice_us":
          '"distribution": "uniform", "draws": 1, "max_len_packets": 1000, "queued_packets": 509, '
          '"accepted_packets": 509, "held_packets": 0, "max_held_packets": 2, "dropped_full_packets": 0, '
          '"kernel_queue_dropped_packets": 0, "kernel_user_dropped_packets": 0, "late_mean_us": 461.8, '
-         '"late_max_us": 30415.1, "cpu_user_s": 0.003011, "cpu_system_s": 0.062916}\n')
+         '"late_max_us": 30415.1, "early_max_us": 96.0, "wake_lead_us": 131.5, '
+         '"cpu_user_s": 0.003011, "cpu_system_s": 0.062916}\n')
 
 
 def test_the_delay_lines_stats_are_read_and_a_bad_file_refused():
