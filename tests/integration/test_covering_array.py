@@ -13,6 +13,7 @@ import pytest
 from allpairspy import AllPairs
 
 from tests.integration.local_run import run_local
+from tests.integration.warm_nodes import WarmNodes
 from wiiide.config import RunConfig
 from wiiide.errors import ConfigError
 
@@ -65,12 +66,19 @@ def _config(row: tuple, folder, refused: list) -> RunConfig:
     return RunConfig(**knobs)
 
 
+@pytest.fixture(scope="module")
+def warm():
+    """Nodes forked from one warm process (`tests.integration.warm_nodes`): 36 runs skip 108 imports of torch."""
+    with WarmNodes() as nodes:
+        yield nodes
+
+
 def _physical(message: str) -> bool:
     return any(re.search(pattern, message) for pattern in REFUSALS)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=["-".join(row) for row in ROWS])
-def test_every_pair_of_choices_trains_or_is_refused_for_a_physical_reason(tmp_path, row):
+def test_every_pair_of_choices_trains_or_is_refused_for_a_physical_reason(tmp_path, row, warm):
     refused: list = []
     try:
         cfg = _config(row, tmp_path, refused)
@@ -78,7 +86,7 @@ def test_every_pair_of_choices_trains_or_is_refused_for_a_physical_reason(tmp_pa
         assert _physical(str(exc)), f"{row} refused for a reason not in REFUSALS: {exc}"
         return
     assert all(_physical(message) for _, _, message in refused), refused
-    coord = run_local(cfg, tmp_path / "run")["coordinator"]
+    coord = run_local(cfg, tmp_path / "run", popen=warm.popen)["coordinator"]
     assert coord["steps"] >= 2
     held_out = coord["validation_loss"] if cfg.model == "transformer" else coord["test_loss"]
     assert held_out is not None and held_out < coord["loss_first"], (held_out, coord["loss_first"])

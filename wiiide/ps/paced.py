@@ -98,7 +98,8 @@ class PacedHandout:
         self.tasks: dict[int, deque[_Task]] = {w.rank: deque() for w in workers}
         self.round_sizes: dict[int, dict[int, int]] = {}  # rounds: round -> every worker's batch size
         self.round_done: dict[int, list[_Done]] = {}  # rounds: round -> the pushes reported so far
-        self.handed = start_step  # tasks handed out since the run began (async / SSP: a partition's step)
+        self.handed = 0 if self.rounds else start_step  # tasks handed out (async / SSP: since the run began, a
+        # partition's step)
         self._heard: dict[int, float] = {}
         self._last = start
         self._selector = selectors.DefaultSelector()
