@@ -12,6 +12,7 @@ import shutil
 import pytest
 
 from tests.integration.local_run import run_local
+from tests.integration.warm_nodes import WarmNodes
 from wiiide.checkpoint import CheckpointStore
 from wiiide.config import RunConfig
 from wiiide.log import TieredLog
@@ -55,11 +56,18 @@ def _restore(cfg: RunConfig, folder, plan_step: int):
     return restore_shards(cfg.replace(checkpoint_dir=str(folder)), partitions, SHARDS, partitions[-1].stop, _Log(cfg))
 
 
+@pytest.fixture(scope="module")
+def warm():
+    """Nodes forked from one warm process (`tests.integration.warm_nodes`)."""
+    with WarmNodes() as nodes:
+        yield nodes
+
+
 @pytest.mark.parametrize("label", list(PACINGS))
-def test_a_sharded_run_checkpoints_stops_and_a_restart_restores_it_and_goes_on(tmp_path, label):
+def test_a_sharded_run_checkpoints_stops_and_a_restart_restores_it_and_goes_on(tmp_path, label, warm):
     knobs, every, steps = PACINGS[label]
     first_cfg = _cfg(tmp_path, knobs, every, steps)
-    first = run_local(first_cfg, tmp_path / "first")["coordinator"]
+    first = run_local(first_cfg, tmp_path / "first", popen=warm.popen)["coordinator"]
     assert first["steps"] == steps and first["checkpoints"]["last_step"] == steps
     ckpt = tmp_path / "ckpt"
     newest = {s: CheckpointStore(ckpt, shard_prefix(s)).read(ckpt / f"ps-shard-{s}-step{steps:012d}.safetensors")
@@ -74,7 +82,7 @@ def test_a_sharded_run_checkpoints_stops_and_a_restart_restores_it_and_goes_on(t
         assert first["pace"]["checkpoint_cut"]["cut"] == "drain"
         assert first["pace"]["checkpoint_cut"]["cuts_drained"] == steps // every
 
-    second = run_local(first_cfg.replace(max_steps=2 * steps), tmp_path / "second")["coordinator"]
+    second = run_local(first_cfg.replace(max_steps=2 * steps), tmp_path / "second", popen=warm.popen)["coordinator"]
     rec = second["recovery"]
     assert rec["restored_step"] == steps and rec["restored_shards"] == SHARDS and rec["refused"] == []
     assert rec["restored_params_sha256"] == first["params_digest"]["sha256"]  # the parameters the first run ended with
