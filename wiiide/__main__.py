@@ -4,7 +4,7 @@ Exit codes: 0 done, 1 error, 2 bad configuration, 3 could not connect (worker) o
 came (coordinator), 4 peer lost, 143 SIGTERM.
 
 The process ends with `exit_now` once the node is done: its metrics file is written (atomically, by
-`wiiide.node.run_node`) and its output flushed by then, so the interpreter's own shutdown (tearing
+`wiiide.wire.node.run_node`) and its output flushed by then, so the interpreter's own shutdown (tearing
 down torch's modules and objects: about 0.5 s of CPU per node, seconds when nine nodes end at once
 on two cores) is skipped.
 """
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_torch(cfg, args.role)
     if args.role == "coordinator":
-        from wiiide.coordinator import main as run
+        from wiiide.server.coordinator import main as run
     else:
         from wiiide.worker import main as run
     return run(cfg)

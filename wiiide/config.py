@@ -158,7 +158,7 @@ class RunConfig(BaseSettings):
     warmup_steps: Int = _field(10, "0..100000", "first steps left out of the Training Summary's step timings",
                                ge=0, le=100_000)
 
-    # --- held-out evaluation during training: time to target (wiiide.evaluation) ---------------
+    # --- held-out evaluation during training: time to target (wiiide.training.evaluation) ---------------
     _section("evaluation")
     eval_every_s: Float = _field(0.0, f"0 (off) or 0 < x <= {MAX_TIMEOUT_S:g} seconds",
                                  "evaluate a snapshot of the parameters on the held-out split this often, on a "
@@ -195,7 +195,7 @@ class RunConfig(BaseSettings):
     profile: Bool = _field(False, "a boolean",
                            "ddp/fsdp: torch.profiler traces into the run's folder (metrics_dir's parent)")
 
-    # --- workers at their own pace (wiiide.pace) ------------------------------------------------
+    # --- workers at their own pace (wiiide.server.pace) ------------------------------------------------
     _section("pace")
     staleness_bound: StalenessBound = _field(
         0, "0 (synchronous rounds) | an integer s in 1..1000000 (stale synchronous parallel) | async (no bound)",
@@ -227,7 +227,7 @@ class RunConfig(BaseSettings):
                                        "step (tests' straggler)", ge=0.0, le=60.0)
     debug_sleep_worker_rank: Int = _field(0, "0 (every worker) or a worker rank 1..256",
                                           "debug_step_sleep_s applies to this worker rank only", ge=0, le=256)
-    # --- sharded parameter server (wiiide/ps/) -------------------------------------------------
+    # --- sharded parameter server (wiiide/server/ps/) -------------------------------------------------
     _section("ps")
     ps_shards: PsShards = _field("1", "1 | all | an integer 1..nodes (coordinator + workers)",
                                  "wiiide: server shards; 1: the central server on the coordinator; all: one on "
@@ -240,30 +240,30 @@ class RunConfig(BaseSettings):
         "ps_shards > 1: the fewest partitions per shard while they stay about 64 KiB or more on the wire (64 KiB x "
         "the codec's ratio under a fixed lossy codec), each still at most partition_bytes: a small model in pieces "
         "a shard answers one after the other; auto: up to 8 of about piece_link_s on the probed link or more "
-        "(wiiide.ps.link_probe)")
+        "(wiiide.server.ps.link_probe)")
     piece_link_s: Float = _field(0.004, "0..1 seconds",
                                  "partitions_per_shard auto: a piece's time on the link the coordinator's probe "
                                  "measures, rate / 8 x this in bytes on the wire rounded down to a power of two, "
                                  "64 KiB..16 MiB (4 ms: 64 KiB at 100 and 200 Mbit/s, 256 KiB at 1 Gbit/s; "
-                                 "wiiide.ps.link_probe)", ge=0.0, le=1.0)
+                                 "wiiide.server.ps.link_probe)", ge=0.0, le=1.0)
     partition_balance: Literal["pipeline", "egress", "bytes"] = _field(
         "pipeline", "pipeline | egress | bytes",
         "ps_shards > 1: pipeline: the coordinator's range at the tail of the vector, pushed first, with shares "
-        "that level every node's finish time (wiiide.ps.partition.pipeline_shard_weights); egress: shares that "
+        "that level every node's finish time (wiiide.server.ps.partition.pipeline_shard_weights); egress: shares that "
         "level every node's bytes sent per step, the coordinator's range first (egress_shard_weights); bytes: "
         "equal bytes per shard")
     partition_placement: Literal["contiguous", "interleaved"] = _field(
         "interleaved", "contiguous | interleaved",
         "ps_shards > 1: contiguous: one range of the vector per shard (ps-lite's key ranges); interleaved: the same "
         "pieces dealt to the shards in turns (BytePS's placement), so that pieces backward makes one after the other "
-        "go to different shards (wiiide.ps.partition.partition_by_weights)")
+        "go to different shards (wiiide.server.ps.partition.partition_by_weights)")
     shard_port: Int = _field(0, "0 (a free port, reported at join) or 1..65535",
                              "ps_shards > 1: TCP port a node's shard listens on", ge=0, le=65535)
     push_schedule: Literal["concurrent", "ordered"] = _field(
         "ordered", "concurrent | ordered",
         "ps_shards > 1: concurrent: a sender thread per shard, every push offered to the kernel at once; ordered: "
         "one thread sends the pushes in backward's order, each once the one before has left the socket "
-        "(TCP_NOTSENT_LOWAT), so every worker sends a partition at the same time (wiiide.ps.client)")
+        "(TCP_NOTSENT_LOWAT), so every worker sends a partition at the same time (wiiide.server.ps.client)")
     batch_handout: Literal["auto", "indices", "samples"] = _field(
         "auto", "auto | indices | samples",
         "ps_shards > 1: send a worker the batch's indices (it holds the data set) or its samples; auto: "
@@ -348,7 +348,7 @@ class RunConfig(BaseSettings):
                                     "(a stalled collective) instead of waiting out its timeout; 0: off",
                                     ge=0.0, le=MAX_TIMEOUT_S)
 
-    # --- checkpoints and recovery (wiiide.checkpoint; off while both intervals are 0) ------------
+    # --- checkpoints and recovery (wiiide.server.checkpoint; off while both intervals are 0) ------------
     _section("recovery")
     checkpoint_every_steps: Int = _field(0, ">= 0 (0: not by steps)",
                                          "coordinator: write a checkpoint every this many steps", ge=0)

@@ -48,7 +48,7 @@ def _validate_engine(c: Any) -> None:
         if is_set and not applies:
             raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs {needs} "
                               f"(engine is {c.engine!r}, ddp_comm_hook {c.ddp_comm_hook!r})")
-    if c.ps_shards != "1":  # the sharded servers (wiiide/ps/): what they do not take, each with why
+    if c.ps_shards != "1":  # the sharded servers (wiiide/server/ps/): what they do not take, each with why
         pacing = ("sharded local SGD applies the outer step when every worker's delta of the round is in "
                   "(synchronous rounds); H local steps between pushes under a staleness clock run on the central "
                   "server's connections")

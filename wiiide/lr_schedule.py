@@ -1,7 +1,7 @@
 """Learning-rate schedules: the rate of optimizer step ``t`` as a pure function of ``t``.
 
 One schedule serves every engine and pacing (``docs/training.md``): the central server and each
-parameter-server shard set their `wiiide.model.MomentumSGD`'s ``lr`` to `LrSchedule.lr` before
+parameter-server shard set their `wiiide.training.model.MomentumSGD`'s ``lr`` to `LrSchedule.lr` before
 every step, the pace server does the same per update (and hands local SGD's workers the inner rate
 of their task), and DDP/FSDP wrap `LrSchedule.factor` in ``torch.optim.lr_scheduler.LambdaLR``.
 

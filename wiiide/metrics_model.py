@@ -169,7 +169,7 @@ class NodeMetricsFile(_Record):
     validation_loss: float | None = None  # language model: held-out next-byte cross-entropy, nats
     perplexity: float | None = None
     time_to_target_s: float | None = None  # None: the target was not reached (or not asked)
-    held_out: dict[str, Any] | None = None  # wiiide.evaluation.BackgroundEvaluator.to_dict: the curve
+    held_out: dict[str, Any] | None = None  # wiiide.training.evaluation.BackgroundEvaluator.to_dict: the curve
     batches_per_worker: dict[str, int] | None = None  # rank -> batches
     workers_connected: int | None = None
     comm: dict[str, Any] | None = None  # engines: expected and measured communication per step

@@ -4,10 +4,10 @@ Protocol, after ``hello`` -> ``welcome`` (rank, model description): for every st
 ``params`` (flat float32 vector) and ``batch`` (x float32 (b, f), y int64 (b,); meta: step and
 optionally ``local_steps`` H), runs forward and backward (in ``grad_accum_steps`` micro-batches) and
 sends ``gradients`` (meta: step, loss, samples) holding the flat float32 gradient ``grad``, or for
-H > 1 the model delta ``delta`` after H local SGD steps (`wiiide.pace.outer`). ``stop`` ends it.
+H > 1 the model delta ``delta`` after H local SGD steps (`wiiide.server.pace.outer`). ``stop`` ends it.
 With H > 1 and a lossy compression policy the parameters arrive instead as pulls (absolute, or a delta
 against the copy this worker holds) and deltas go out with an error-feedback residual
-(`wiiide.pace.compress`).
+(`wiiide.server.pace.compress`).
 
 A worker that cannot reach the coordinator retries for `connect_timeout_s`, then exits with code 3
 and a message that says so; a worker that loses its coordinator mid-run exits with code 4.
@@ -30,10 +30,10 @@ from wiiide.errors import PeerClosed, ProtocolError
 from wiiide.log import TieredLog
 from wiiide.lr_schedule import wire_lr
 from wiiide.metrics import NodeMetrics
-from wiiide.model import FlatParams, model_from_spec
-from wiiide.handshake import Refused, dial, join
-from wiiide.models import check_batch, loss_mean, set_activation_checkpointing
-from wiiide.node import (
+from wiiide.training.model import FlatParams, model_from_spec
+from wiiide.wire.handshake import Refused, dial, join
+from wiiide.training.models import check_batch, loss_mean, set_activation_checkpointing
+from wiiide.wire.node import (
     EXIT_CONNECT,
     EXIT_PEER_LOST,
     Connection,
@@ -41,11 +41,11 @@ from wiiide.node import (
     NodeFailure,
     run_node,
 )
-from wiiide.pace.compress import PULL_KINDS, DeltaPush, WorkerCopy
-from wiiide.pace.outer import gradient, local_delta
-from wiiide.sparse import UPDATE_KIND, SparseRows
+from wiiide.server.pace.compress import PULL_KINDS, DeltaPush, WorkerCopy
+from wiiide.server.pace.outer import gradient, local_delta
+from wiiide.server.sparse import UPDATE_KIND, SparseRows
 from wiiide.tensor_memory import ForwardScope, tensor_memory
-from wiiide.tensors import from_wire, to_wire
+from wiiide.wire.tensors import from_wire, to_wire
 from wiiide.wire.auth import HANDSHAKE_MAX_FRAME_BYTES, load_secret
 from wiiide.wire.tls import TLSHandshakeError, client_context
 
@@ -79,13 +79,13 @@ class Worker:
         self.scope = ForwardScope(cfg.mixed_precision)
         self.metrics.extra.update({"mixed_precision": cfg.mixed_precision,
                                    "activation_checkpointing": cfg.activation_checkpointing})
-        # for a restarted coordinator (wiiide.recovery): the last step this worker sent gradients for and
+        # for a restarted coordinator (wiiide.server.recovery): the last step this worker sent gradients for and
         # when it last received parameters (wall clock), sent as the hello's ``rejoin`` hint
         self._last_step: int | None = None
         self._last_params_unix_s = 0.0
 
     def run(self) -> int:
-        """Run to the end and write the metrics file; returns the exit code (`wiiide.node` EXIT_*)."""
+        """Run to the end and write the metrics file; returns the exit code (`wiiide.wire.node` EXIT_*)."""
         return run_node(self.cfg, self.metrics, self.log, self._main)
 
     def _connect(self, timeout_s: float) -> socket.socket:
@@ -94,7 +94,7 @@ class Worker:
         delay_s, attempts, last_error = CONNECT_FIRST_DELAY_S, 0, None
         while True:
             attempts += 1
-            try:  # with tls on, the coordinator's certificate must name coordinator_host (wiiide.handshake.dial)
+            try:  # with tls on, the coordinator's certificate must name coordinator_host (wiiide.wire.handshake.dial)
                 sock, options = dial(cfg, cfg.coordinator_host, cfg.port, max(0.5, min(5.0, deadline - time.monotonic())))
                 self.metrics.socket_options.append(options)
                 self.metrics.event("connected", attempts=attempts)
@@ -115,7 +115,7 @@ class Worker:
         """Join and train; after losing the coordinator, try to rejoin for io_timeout_s, then give up.
 
         So a worker dropped by the coordinator (paused, link cut) comes back at the next step, a
-        restarted coordinator (wiiide.recovery) gets its workers back if it listens again within
+        restarted coordinator (wiiide.server.recovery) gets its workers back if it listens again within
         rejoin_timeout_s (0: io_timeout_s), and a lost coordinator ends every worker within
         io_timeout_s + that.
         """
@@ -182,8 +182,8 @@ class Worker:
                 raise ProtocolError(f"welcome carries a bad ps_shards {ps_shards!r:.40}")
             if ps_shards == 1:
                 self._train(conn, model, spec["type"], spec.get("sparse_rows") is True and spec["type"] == "embedding")
-            else:  # sharded servers (wiiide/ps/)
-                from wiiide.ps.session import run_worker
+            else:  # sharded servers (wiiide/server/ps/)
+                from wiiide.server.ps.session import run_worker
 
                 run_worker(self, conn, model, welcome.meta, secret)
         except (PeerClosed, ConnectionError, socket.timeout, ssl.SSLError) as exc:  # SSLError: a TLS alert, a bad record
@@ -201,7 +201,7 @@ class Worker:
         flat = FlatParams(model)
         sparse = SparseRows(model, flat.numel) if sparse_rows else None
         has_params = False
-        copy = WorkerCopy(flat.numel)  # the pace server's compressed pulls (wiiide.pace.compress)
+        copy = WorkerCopy(flat.numel)  # the pace server's compressed pulls (wiiide.server.pace.compress)
         push = DeltaPush(self.policy)  # local SGD's deltas, with an error-feedback residual
         while True:
             msg = conn.receive(["params", "batch", "stop", *PULL_KINDS])
@@ -246,7 +246,7 @@ class Worker:
             try:  # wrong feature count, label out of range, a sequence too long
                 if sparse is None:
                     update, loss_value = self._update(model, flat, x, y, local_steps, kind, lr)
-                else:  # the table's gradient as the batch's rows (wiiide.sparse)
+                else:  # the table's gradient as the batch's rows (wiiide.server.sparse)
                     ids, rows_grad, loss_value = sparse.gradient(model, flat, x, y, self.cfg.grad_accum_steps,
                                                                  partial(loss_mean, kind), self.scope)
                     if self.cfg.debug_step_sleep_s > 0 and self.cfg.debug_sleep_worker_rank in (0, metrics.rank):
@@ -275,7 +275,7 @@ class Worker:
                 local_steps: int, kind: str = "mlp", lr: float | None = None) -> tuple[tuple[str, torch.Tensor], float]:
         """The push for one batch: (("grad", mean gradient) or ("delta", model delta after `local_steps`
         local SGD steps at rate `lr`, default learning_rate), mean loss), in grad_accum_steps micro-batches
-        each (`wiiide.pace.outer`)."""
+        each (`wiiide.server.pace.outer`)."""
         cfg = self.cfg
         sleep_s = cfg.debug_step_sleep_s if cfg.debug_sleep_worker_rank in (0, self.metrics.rank) else 0.0
         if local_steps == 1:

@@ -184,14 +184,14 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 def preload() -> None:
     """Import what every node needs before its first step (torch, numpy, the node modules): the cost
     a zygote pays once instead of once per run. Nothing is seeded or started here: the nodes seed
-    every generator they use from their config (`wiiide.model`, `wiiide.data`), torch's default
+    every generator they use from their config (`wiiide.training.model`, `wiiide.training.data`), torch's default
     generator is as in a fresh interpreter, and no thread runs when the zygote forks."""
     import numpy  # noqa: F401
     import numpy.random  # noqa: F401  (the coordinator's batch sampler; every generator is seeded per run)
     import torch  # noqa: F401
 
     import wiiide.__main__  # noqa: F401
-    import wiiide.coordinator  # noqa: F401
+    import wiiide.server.coordinator  # noqa: F401
     import wiiide.worker  # noqa: F401
 
 

@@ -9,6 +9,18 @@
  * pareto, paretonormal: the very files tc hands netem, NETEM_DIST_SCALE 8192), summed over --draws
  * draws. As netem's tfifo, packets leave in the order of their due times: a jitter reorders them.
  *
+ * Beside the delay, netem's per-packet impairments that need a verdict of their own, each as
+ * net/sched/sch_netem.c draws it (get_crandom's correlated uniform draw, probabilities as u32 / 2^32):
+ *   --reorder-pct P [--reorder-corr-pct C] [--gap G]: netem's reorder: once G-1 packets have been
+ *     delayed since the last reordered one, a packet is accepted at once (not held) with probability
+ *     P; G is 1 unless given (iproute2's default), so every packet may be sent early;
+ *   --ge-p-pct p --ge-r-pct r --ge-1h-pct 1-h --ge-1k-pct 1-k: netem's Gilbert-Elliott loss
+ *     (loss_gilb_ell): a good and a bad state, good -> bad with probability p, bad -> good with r,
+ *     a packet lost with 1-k in the good state and 1-h in the bad one (tc-netem(8), "loss gemodel");
+ *     a lost packet gets the verdict NF_DROP on arrival, before it is held.
+ * The stats count each: reordered_packets, loss_dropped_packets (and loss_bursts, runs of lost
+ * packets in a row).
+ *
  * The queue copies no payload (NFQNL_COPY_META) and takes GSO packets whole (NFQA_CFG_F_GSO), so a
  * 64 KB TSO segment costs one message and one verdict. With no jitter, due times follow arrival and
  * one batch verdict accepts every packet that is due.
@@ -54,9 +66,9 @@
 #define SOL_NETLINK 270
 #endif
 
-#define PID_FILE "/tmp/wiiide-delayline.pid"
-#define STATS_FILE "/tmp/wiiide-delayline.json"
-#define ERROR_FILE "/tmp/wiiide-delayline.err"
+/* queue 0's files; queue N > 0 has its own (wiiide-delayline-N.pid, ...): one instance per queue */
+static char PID_FILE[64] = "/tmp/wiiide-delayline.pid", STATS_FILE[64] = "/tmp/wiiide-delayline.json",
+            ERROR_FILE[64] = "/tmp/wiiide-delayline.err";
 #define NETEM_DIST_SCALE 8192
 #define DIST_MAX 16384
 #define RCVBUF_BYTES (16 << 20)
@@ -66,6 +78,7 @@
 #define STATS_EVERY_NS 250000000ull /* the stats file's age at most: a read right after a trial is current */
 
 struct held { uint64_t due_ns; uint64_t seq; uint32_t id; };
+struct crnd { uint32_t last, rho; }; /* netem's struct crndstate */
 
 static struct {
     int queue, draws, max_len;
@@ -83,6 +96,13 @@ static struct {
     struct nfq_q_handle *qh;
     volatile sig_atomic_t stop;
     int realtime, nice, slice_us;
+    /* reorder (netem: reorder, reorder_cor, gap, counter) and Gilbert-Elliott loss (netem: clg a1..a4) */
+    uint32_t reorder, gap, counter;
+    struct crnd reorder_cor;
+    int ge, ge_bad, last_lost;
+    uint32_t ge_p, ge_r, ge_1h, ge_1k;
+    double reorder_pct, reorder_corr_pct, ge_pct[4];
+    uint64_t reordered, loss_dropped, loss_bursts, ge_bad_entries;
 } S;
 
 static uint64_t now_ns(void) {
@@ -94,6 +114,38 @@ static uint64_t now_ns(void) {
 static uint32_t rnd32(void) { /* xorshift64*: netem's draws need no more than a uniform 32-bit value */
     S.rng ^= S.rng >> 12; S.rng ^= S.rng << 25; S.rng ^= S.rng >> 27;
     return (uint32_t)((S.rng * 2685821657736338717ull) >> 32);
+}
+
+/* netem's get_crandom: a uniform u32, correlated with the last one by rho / 2^32 */
+static uint32_t crandom(struct crnd *c) {
+    if (c->rho == 0) return rnd32();
+    uint64_t rho = (uint64_t)c->rho + 1;
+    uint32_t answer = (uint32_t)(((uint64_t)rnd32() * ((1ull << 32) - rho) + (uint64_t)c->last * rho) >> 32);
+    c->last = answer;
+    return answer;
+}
+
+/* a percentage (0..100) as netem's u32 probability, as iproute2's get_percent: rint(p * UINT32_MAX) */
+static uint32_t pct_u32(double pct) { return (uint32_t)(pct / 100.0 * 4294967295.0 + 0.5); }
+
+/* netem's loss_gilb_ell: the loss is drawn in the state the packet finds, then the state moves */
+static int ge_lost(void) {
+    if (!S.ge_bad) {
+        if (rnd32() < S.ge_p) { S.ge_bad = 1; S.ge_bad_entries++; }
+        return S.ge_1k == UINT32_MAX || (S.ge_1k && rnd32() < S.ge_1k);
+    }
+    if (rnd32() < S.ge_r) S.ge_bad = 0;
+    return S.ge_1h == UINT32_MAX || (S.ge_1h && rnd32() < S.ge_1h);
+}
+
+/* netem_enqueue's reorder test: true when this packet goes out at once */
+static int reorder_now(void) {
+    if (S.gap == 0 || S.counter < S.gap - 1 || S.reorder == 0 || S.reorder < crandom(&S.reorder_cor)) {
+        S.counter++;
+        return 0;
+    }
+    S.counter = 0;
+    return 1;
 }
 
 /* netem's tabledist (net/sched/sch_netem.c), in nanoseconds: mu + a draw of sigma */
@@ -176,6 +228,20 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     if (!ph) return 0;
     uint32_t id = ntohl(ph->packet_id);
     S.queued++;
+    if (S.ge) {
+        int lost = ge_lost();
+        if (lost) {
+            S.loss_dropped++;
+            if (!S.last_lost) S.loss_bursts++;
+        }
+        S.last_lost = lost;
+        if (lost) return nfq_set_verdict(qh, id, NF_DROP, 0, NULL);
+    }
+    if (S.gap && reorder_now()) {
+        S.reordered++;
+        S.accepted++;
+        return nfq_set_verdict(qh, id, NF_ACCEPT, 0, NULL);
+    }
     if (S.heap_len >= S.heap_cap) { /* the kernel's queue is as long as ours: only if max_len was raised */
         S.dropped_full++;
         return nfq_set_verdict(qh, id, NF_DROP, 0, NULL);
@@ -229,7 +295,8 @@ static void write_stats(int running) {
     getrusage(RUSAGE_SELF, &ru);
     unsigned long long qd, ud;
     kernel_counters(&qd, &ud);
-    char tmp[] = STATS_FILE ".tmp";
+    char tmp[80];
+    snprintf(tmp, sizeof tmp, "%s.tmp", STATS_FILE);
     FILE *f = fopen(tmp, "w");
     if (!f) return;
     fprintf(f, "{\"pid\": %d, \"running\": %s, \"realtime\": %s, \"nice\": %d, \"slice_us\": %d, \"queue\": %d, \"delay_us\": %lld, \"jitter_us\": %lld, "
@@ -237,14 +304,20 @@ static void write_stats(int running) {
             "\"accepted_packets\": %llu, \"held_packets\": %zu, \"max_held_packets\": %llu, "
             "\"dropped_full_packets\": %llu, \"kernel_queue_dropped_packets\": %llu, "
             "\"kernel_user_dropped_packets\": %llu, \"late_mean_us\": %.1f, \"late_max_us\": %.1f, "
-            "\"early_max_us\": %.1f, \"wake_lead_us\": %.1f, \"cpu_user_s\": %.6f, \"cpu_system_s\": %.6f}\n",
+            "\"early_max_us\": %.1f, \"wake_lead_us\": %.1f, \"cpu_user_s\": %.6f, \"cpu_system_s\": %.6f, "
+            "\"reorder_pct\": %.6f, \"reorder_corr_pct\": %.6f, \"gap\": %u, \"reordered_packets\": %llu, "
+            "\"gemodel\": %s, \"ge_p_pct\": %.6f, \"ge_r_pct\": %.6f, \"ge_1h_pct\": %.6f, \"ge_1k_pct\": %.6f, "
+            "\"loss_dropped_packets\": %llu, \"loss_bursts\": %llu, \"ge_bad_entries\": %llu}\n",
             (int)getpid(), running ? "true" : "false", S.realtime ? "true" : "false", S.nice, S.slice_us, S.queue, (long long)(S.delay_ns / 1000),
             (long long)(S.jitter_ns / 1000), S.distribution ? S.distribution : "uniform", S.draws, S.max_len,
             (unsigned long long)S.queued, (unsigned long long)S.accepted, S.heap_len,
             (unsigned long long)S.max_held, (unsigned long long)S.dropped_full, qd, ud,
             S.accepted ? (double)S.late_total_ns / 1e3 / (double)S.accepted : 0.0, S.late_max_ns / 1e3,
             S.early_max_ns / 1e3, S.wake_lead_ns / 1e3,
-            ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6, ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6);
+            ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6, ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6,
+            S.reorder_pct, S.reorder_corr_pct, S.gap, (unsigned long long)S.reordered, S.ge ? "true" : "false",
+            S.ge_pct[0], S.ge_pct[1], S.ge_pct[2], S.ge_pct[3], (unsigned long long)S.loss_dropped,
+            (unsigned long long)S.loss_bursts, (unsigned long long)S.ge_bad_entries);
     fclose(f);
     rename(tmp, STATS_FILE);
 }
@@ -357,7 +430,9 @@ static int short_slice(unsigned us) {
 static void usage(void) {
     fprintf(stderr, "usage: wiiide-delayline --queue N --delay-us D [--jitter-us J] [--distribution "
                     "uniform|normal|pareto|paretonormal] [--draws K] [--max-len P]\n"
-                    "       wiiide-delayline --wait-ready [--timeout-s S] | --stop | --check [--queue N]\n");
+                    "         [--reorder-pct P [--reorder-corr-pct C] [--gap G]]\n"
+                    "         [--ge-p-pct p --ge-r-pct r --ge-1h-pct 1-h --ge-1k-pct 1-k]\n"
+                    "       wiiide-delayline [--queue N] --wait-ready [--timeout-s S] | --stop | --check\n");
     exit(2);
 }
 
@@ -372,20 +447,36 @@ static long long number(const char *s, const char *what, long long lo, long long
     return v;
 }
 
+static double pct(const char *s, const char *what) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || end == s || !(v >= 0.0 && v <= 100.0)) {
+        fprintf(stderr, "wiiide-delayline: %s must be a percentage in 0..100, got %s\n", what, s);
+        exit(2);
+    }
+    return v;
+}
+
 int main(int argc, char **argv) {
-    int check = 0;
+    int check = 0, stop = 0, wait = 0, ge_given = 0, reorder_given = 0, gap_given = 0;
     double timeout_s = 5.0;
     S.queue = 0; S.draws = 1; S.max_len = 1000;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--stop")) return stop_running();
+        if (!strcmp(a, "--stop")) { stop = 1; continue; }
         if (!strcmp(a, "--check")) { check = 1; continue; }
-        if (!strcmp(a, "--wait-ready")) {
-            if (v && !strcmp(v, "--timeout-s") && i + 2 < argc) timeout_s = atof(argv[i + 2]);
-            return wait_ready(timeout_s > 0 ? timeout_s : 5.0);
-        }
+        if (!strcmp(a, "--wait-ready")) { wait = 1; continue; }
         if (!v) usage();
         if (!strcmp(a, "--queue")) S.queue = (int)number(v, "--queue", 0, 65535);
+        else if (!strcmp(a, "--timeout-s")) timeout_s = atof(v);
+        else if (!strcmp(a, "--reorder-pct")) { S.reorder_pct = pct(v, a); reorder_given = 1; }
+        else if (!strcmp(a, "--reorder-corr-pct")) S.reorder_corr_pct = pct(v, a);
+        else if (!strcmp(a, "--gap")) { S.gap = (uint32_t)number(v, "--gap", 1, 1 << 30); gap_given = 1; }
+        else if (!strcmp(a, "--ge-p-pct")) { S.ge_pct[0] = pct(v, a); ge_given |= 1; }
+        else if (!strcmp(a, "--ge-r-pct")) { S.ge_pct[1] = pct(v, a); ge_given |= 2; }
+        else if (!strcmp(a, "--ge-1h-pct")) { S.ge_pct[2] = pct(v, a); ge_given |= 4; }
+        else if (!strcmp(a, "--ge-1k-pct")) { S.ge_pct[3] = pct(v, a); ge_given |= 8; }
         else if (!strcmp(a, "--delay-us")) S.delay_ns = number(v, "--delay-us", 0, 60000000) * 1000;
         else if (!strcmp(a, "--jitter-us")) S.jitter_ns = number(v, "--jitter-us", 0, 60000000) * 1000;
         else if (!strcmp(a, "--draws")) S.draws = (int)number(v, "--draws", 1, 16);
@@ -394,6 +485,28 @@ int main(int argc, char **argv) {
         else usage();
         i++;
     }
+    if (S.queue != 0) {
+        snprintf(PID_FILE, sizeof PID_FILE, "/tmp/wiiide-delayline-%d.pid", S.queue);
+        snprintf(STATS_FILE, sizeof STATS_FILE, "/tmp/wiiide-delayline-%d.json", S.queue);
+        snprintf(ERROR_FILE, sizeof ERROR_FILE, "/tmp/wiiide-delayline-%d.err", S.queue);
+    }
+    if (stop) return stop_running();
+    if (wait) return wait_ready(timeout_s > 0 ? timeout_s : 5.0);
+    if (ge_given && ge_given != 15) {
+        fprintf(stderr, "wiiide-delayline: the Gilbert-Elliott loss takes all four of --ge-p-pct, --ge-r-pct, "
+                        "--ge-1h-pct and --ge-1k-pct\n");
+        return 2;
+    }
+    if (gap_given && !reorder_given) {
+        fprintf(stderr, "wiiide-delayline: --gap needs --reorder-pct\n");
+        return 2;
+    }
+    S.ge = ge_given == 15;
+    S.ge_p = pct_u32(S.ge_pct[0]); S.ge_r = pct_u32(S.ge_pct[1]);
+    S.ge_1h = pct_u32(S.ge_pct[2]); S.ge_1k = pct_u32(S.ge_pct[3]);
+    S.reorder = pct_u32(S.reorder_pct);
+    S.reorder_cor.rho = pct_u32(S.reorder_corr_pct);
+    if (reorder_given && !gap_given) S.gap = 1; /* iproute2: reorder without gap is gap 1 */
     char err[512];
     if (check) {
         struct nfq_handle *h = bind_queue(err, sizeof err);
@@ -436,7 +549,7 @@ int main(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     FILE *pf = fopen(PID_FILE, "w");
-    if (!pf) fail_start("cannot write " PID_FILE);
+    if (!pf) fail_start("cannot write the pid file");
     fprintf(pf, "%d\n", (int)getpid());
     fclose(pf);
     write_stats(1);

@@ -19,7 +19,7 @@ from harness.analysis.round_sim import STAGE_NAMES, NodeCpu, simulate_sharded_st
 from harness.links.readback import burst_in_force_bytes
 from wiiide.codecs import codec_from_name
 from wiiide.codecs.policy import fixed_lossy_ratio, parse_policy_name
-from wiiide.ps.partition import (
+from wiiide.server.ps.partition import (
     FLOAT32_BYTES,
     PER_SHARD_FINEST_BYTES,
     partition_by_weights,
@@ -358,7 +358,7 @@ def _report_partitions(loads: Sequence[int], workers: int, partition_bytes: Any,
     at the tail or at the head), cut into partitions of at most `partition_bytes`, at least `per_shard`
     per shard while they stay `finest_bytes` or more (the run's ``ps.partition_finest_bytes``; reports
     from older reports: 64 KiB), dealt in turns with `placement` ``interleaved``
-    (`wiiide.ps.partition.partition_by_weights`); with ``bytes``, `plan_partitions`. None when that does
+    (`wiiide.server.ps.partition.partition_by_weights`); with ``bytes``, `plan_partitions`. None when that does
     not give the loads the run reported."""
     if not isinstance(partition_bytes, int) or any(load % FLOAT32_BYTES or load <= 0 for load in loads):
         return None

@@ -19,7 +19,7 @@ delay d per link, M the model's float32 bytes and r the codec's ratio (M' = M / 
 - sharded servers (k shards, one on the coordinator and one on each of the first k - 1 workers; ``all``:
   k = P): a worker holding a shard sends its pushes to the other shards and serves its slice to the
   other workers, ``M' (k-1)/k + (W-1) M'/k``; the coordinator serves its slice to every worker, ``W M'/k``;
-  partitions pipeline the pushes and pulls (`wiiide.ps.client`), so the busiest egress sets
+  partitions pipeline the pushes and pulls (`wiiide.server.ps.client`), so the busiest egress sets
   ``links_s = max(...) / R``, ``latency_s = 2 d``.
 - ring all-reduce (DDP, and FSDP's all-gathers and reduce-scatters): each rank sends the engine's
   expected bytes per rank (`wiiide.engines.comm.estimate`, from the report's

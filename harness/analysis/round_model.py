@@ -81,7 +81,7 @@ def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, r
     """Seconds from the first push to the last pull of one synchronous step with sharded servers, by a
     fluid simulation of every node's link rather than the busiest node's bytes (`sharded_link_s`).
 
-    What it simulates (the code of `wiiide.ps.client` and `wiiide.ps.shard`): node 0 is the coordinator,
+    What it simulates (the code of `wiiide.server.ps.client` and `wiiide.server.ps.shard`): node 0 is the coordinator,
     node w worker w; shard j lives on node j. Each worker pushes every partition, tail of the vector first
     (backward's order), each on its own connection to the partition's shard; a connection sends its
     messages one after the other (one TCP stream, one sender thread), and a node's egress rate is shared
@@ -109,7 +109,7 @@ def sharded_round_s(partitions: Sequence[tuple[int, float]], num_workers: int, r
     which on the digits model's rounds of 10-40 ms is 10-40 % of the links' time.
 
     Args:
-        partitions: (shard, bytes) of each partition in vector order (`wiiide.ps.partition.plan_partitions`).
+        partitions: (shard, bytes) of each partition in vector order (`wiiide.server.ps.partition.plan_partitions`).
         num_workers: W >= 1; rate_bps: each node's egress (TCP payload), bit/s > 0.
         worker_ratio, coordinator_ratio: raw / sent bytes of what workers and the coordinator send.
         push_window_bytes: None: pushes concurrent; bytes >= 0: ordered pushes with that window.

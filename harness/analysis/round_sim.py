@@ -16,7 +16,7 @@ through several steps, from what the nodes measured of their own CPU in eight st
   between busy groups first, then between a group's runnable threads (sched(7), "group scheduling"):
   each node with runnable threads gets an equal share of the cores, at most one core per runnable
   thread, what a node cannot use going to the others (water-filling).
-- **Threads and their work** (the code of `wiiide.ps.client` and `wiiide.ps.shard`): a worker's
+- **Threads and their work** (the code of `wiiide.server.ps.client` and `wiiide.server.ps.shard`): a worker's
   training thread runs forward and backward (its CPU, held to at least the wall time the run measured
   for its median or, for worker 1, its slowest worker: on a shared machine the scheduler lets one worker
   fall behind, which a fair share does not reproduce); then one sender thread per shard encodes each
@@ -126,7 +126,7 @@ def simulate_sharded_steps(partitions: Sequence[tuple[int, float]], num_workers:
     """The steady step (s) of synchronous sharded servers on one machine (the module's docstring).
 
     Args:
-        partitions: (shard, raw bytes) of each partition in vector order (`wiiide.ps.partition`); shard 0
+        partitions: (shard, raw bytes) of each partition in vector order (`wiiide.server.ps.partition`); shard 0
             is the coordinator's, shard w worker w's.
         num_workers: W >= 1. rate_bps: each node's egress (TCP payload), bit/s > 0.
         nodes: W + 1 `NodeCpu`, the coordinator's first.

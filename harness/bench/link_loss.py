@@ -7,7 +7,8 @@ absent, even where the kernel has it), the worker sends numbered UDP datagrams (
 no GRO), and the report keeps, beside the loss asked, the mechanism's own count (dropped / seen packets
 of the chain) and the UDP count (1 - distinct datagrams received / sent). Writes
 ``bench-link-<stamp>.json`` with `machine_info` and `commit_info`. With ``--measure delay,capacity`` the
-same pair measures the delay line instead or as well (`harness.bench.link_delay`).
+same pair measures the delay line instead or as well (`harness.bench.link_delay`); with ``--measure
+reorder,duplicate,gemodel`` netem's per-packet impairments without netem (`harness.bench.link_impair`).
 """
 
 from __future__ import annotations
@@ -22,31 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from harness.bench.link_udp import PORT, RECEIVE, SEND
+
 REPORT_NAME = "bench-link"
-PORT = 5021
-# Receiver: distinct sequence numbers until 2 s of silence after the first datagram; prints JSON.
-RECEIVE = """
-import json, socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-s.bind(("0.0.0.0", int(sys.argv[1]))); s.settimeout(60); got = set()
-try:
-    while True:
-        got.add(int.from_bytes(s.recv(64)[:8], "big")); s.settimeout(2)
-except socket.timeout:
-    pass
-print(json.dumps({"received": len(got)}))
-"""
-# Sender: argv[3] datagrams of 64 bytes, paced by a 1 ms pause every 200 (no receive-buffer overflow).
-SEND = """
-import socket, sys, time
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); addr = (sys.argv[1], int(sys.argv[2])); pad = bytes(56)
-for i in range(int(sys.argv[3])):
-    s.sendto(i.to_bytes(8, "big") + pad, addr)
-    if i % 200 == 199:
-        time.sleep(0.001)
-"""
-
-
 def measure(coordinator, worker, loss_pct: float, packets: int, caps, progress: Callable[[str], None]) -> dict[str, Any]:
     """One loss setting: apply it on the coordinator, send `packets` datagrams from the worker, read the
     chain's counters, reset. Returns the asked, counted and UDP loss in percent with the raw counts."""
@@ -81,21 +60,22 @@ def measure(coordinator, worker, loss_pct: float, packets: int, caps, progress: 
     return trial
 
 
-MEASURES = ("loss", "delay", "capacity")
+MEASURES = ("loss", "delay", "capacity", "reorder", "duplicate", "gemodel")
 
 
 def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress: Callable[[str], None],
               measures: tuple[str, ...] = ("loss",), rtts_ms: tuple[float, ...] = (), round_trips: int = 200,
-              capacity_rtts_ms: tuple[float, ...] = (), flow_s: float = 10.0) -> Path:
+              capacity_rtts_ms: tuple[float, ...] = (), flow_s: float = 10.0, impair_datagrams: int = 20_000) -> Path:
     """Start the pair, measure each of `losses_pct` (and, as `measures` asks, the delay line's round trips
-    `rtts_ms` and a TCP flow at each of `capacity_rtts_ms` for `flow_s`), remove the pair, write the JSON;
-    return its path.
+    `rtts_ms` and a TCP flow at each of `capacity_rtts_ms` for `flow_s`; the trials of reorder, duplicate
+    and gemodel with `impair_datagrams` each, `harness.bench.link_impair.TRIALS`), remove the pair,
+    write the JSON; return its path.
 
     Raises:
         ClusterError: the pair cannot start. LinkShapingError: the image or kernel has no statistic match
-        (loss) or no delay line (delay, capacity).
+        (loss) or no delay line (delay, capacity, reorder, gemodel), or no TEE target (duplicate).
     """
-    from harness.bench import link_delay
+    from harness.bench import link_delay, link_impair
     from harness.errors import LinkShapingError
     from harness.run.compose import cluster_down, cluster_up
     from harness.run.docker_client import docker_client
@@ -110,7 +90,9 @@ def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress
     caps = probe_capabilities(docker_client(), image)
     if "loss" in measures and not caps.statistic:
         raise LinkShapingError(f"bench-link: no iptables statistic match in {image} or the kernel: {caps.errors}")
-    if {"delay", "capacity"} & set(measures) and not caps.nfqueue:
+    if "duplicate" in measures and not (caps.tee and caps.statistic):
+        raise LinkShapingError(f"bench-link: no TEE target (xt_TEE) in the kernel: {caps.errors}")
+    if {"delay", "capacity", "reorder", "gemodel"} & set(measures) and not caps.nfqueue:
         raise LinkShapingError(f"bench-link: no delay line (NFQUEUE and wiiide-delayline) in {image} or the kernel: "
                                f"{caps.errors}")
     extra: dict[str, Any] = {}
@@ -129,6 +111,11 @@ def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress
                 extra["unshaped_flow"] = link_delay.measure_unshaped(by_role, flow_s, progress)
                 extra["capacity_trials"] = [link_delay.measure_capacity(by_role, rtt, flow_s, caps, progress)
                                             for rtt in capacity_rtts_ms]
+            for kind in ("reorder", "duplicate", "gemodel"):
+                if kind in measures:
+                    extra[f"{kind}_trials"] = [link_impair.measure_impairment(
+                        by_role["coordinator"], by_role["worker"], keys, impair_datagrams, caps, progress)
+                        for keys in link_impair.TRIALS[kind]]
     finally:
         cluster_down(progress)
     report = {"name": REPORT_NAME, "created_at_utc": started,
@@ -136,7 +123,8 @@ def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress
               "machine_info": machine_info(), "commit_info": commit_info(), "image": image,
               "plan": {"measures": list(measures), "losses_pct": losses_pct, "datagrams": packets,
                        "rtts_ms": list(rtts_ms), "round_trips": round_trips,
-                       "capacity_rtts_ms": list(capacity_rtts_ms), "flow_s": flow_s},
+                       "capacity_rtts_ms": list(capacity_rtts_ms), "flow_s": flow_s,
+                       "impair_datagrams": impair_datagrams},
               "trials": trials, **extra}
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = results_dir / f"{REPORT_NAME}-{stamp}.json"
@@ -149,7 +137,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss", default="0.1,1,5", help="losses asked in percent, comma-separated (default 0.1,1,5)")
     p.add_argument("--datagrams", type=int, default=100_000, help="UDP datagrams per loss (default 100000)")
     p.add_argument("--measure", default="loss",
-                   help="what to measure, comma-separated: loss, delay, capacity (default loss)")
+                   help="what to measure, comma-separated: loss, delay, capacity, reorder, duplicate, gemodel "
+                        "(default loss)")
+    p.add_argument("--impair-datagrams", type=int, default=20_000,
+                   help="UDP datagrams per reorder/duplicate/gemodel trial (default 20000)")
     p.add_argument("--delay", default="2,10,50,100",
                    help="round trips asked in ms for --measure delay, half on each container (default 2,10,50,100)")
     p.add_argument("--round-trips", type=int, default=200, help="TCP round trips per delay (default 200)")
@@ -178,12 +169,12 @@ def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = p
     if not measures or not set(measures) <= set(MEASURES):
         raise SpecError(f"bench-link: --measure takes {', '.join(MEASURES)} (comma-separated), got {args.measure!r}")
     rtts, capacity = _milliseconds(args.delay, "--delay"), _milliseconds(args.capacity, "--capacity")
-    if args.round_trips < 1 or not 0 < args.seconds <= 600:
-        raise SpecError("bench-link: --round-trips must be >= 1 and --seconds in (0, 600]")
+    if args.round_trips < 1 or not 0 < args.seconds <= 600 or args.impair_datagrams < 1:
+        raise SpecError("bench-link: --round-trips and --impair-datagrams must be >= 1 and --seconds in (0, 600]")
     results_dir = Path(args.results_dir) if args.results_dir else REPO_ROOT / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
     print(run_bench(losses, args.datagrams, results_dir, progress, measures, rtts, args.round_trips, capacity,
-                    args.seconds))
+                    args.seconds, args.impair_datagrams))
     return 0
 
 

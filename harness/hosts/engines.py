@@ -57,6 +57,9 @@ def leftovers(project: str = PROJECT, client=None) -> dict[str, list[str]]:
     return {kind: [o.name for o in objs] for kind, objs in _objects(client, project).items() if objs}
 
 
+REMOVE_TIMEOUT_S = 600  # one Engine API call of `hosts down` (a container or volume removed), seconds
+
+
 def hosts_down(progress: Progress, project: str = PROJECT) -> None:
     """Remove every host container (with its dockerd, tasks and swarm state), the registry, their volumes,
     the hosts' network and the socket folders. Nothing there: nothing done. Idempotent.
@@ -66,7 +69,9 @@ def hosts_down(progress: Progress, project: str = PROJECT) -> None:
     """
     import docker.errors
 
-    client = docker_client()
+    # a host's volume holds its engine's /var/lib/docker (the node image pulled into overlay2, 1.3 GB):
+    # removing it took over a minute on a loaded machine, past the SDK's default timeout
+    client = docker_client(timeout_s=REMOVE_TIMEOUT_S)
     objs = _objects(client, project)
     for container in objs["containers"]:
         try:

@@ -25,7 +25,7 @@ import json
 from typing import Any
 
 DELAY_LINE = "wiiide-delayline"  # the consumer's binary in the node image (/usr/local/bin)
-STATS_FILE = "/tmp/wiiide-delayline.json"  # inside the container; rewritten every 250 ms and at exit
+STATS_FILE = "/tmp/wiiide-delayline.json"  # queue 0's, inside the container; rewritten every 250 ms and at exit
 READY_TIMEOUT_S = 5.0
 
 # the stats file's keys and their types; a file missing one, or with another type, is refused
@@ -34,7 +34,16 @@ _STATS_KEYS: dict[str, type | tuple[type, ...]] = {
     "distribution": str, "draws": int, "max_len_packets": int, "queued_packets": int, "accepted_packets": int,
     "held_packets": int, "max_held_packets": int, "dropped_full_packets": int, "kernel_queue_dropped_packets": int,
     "kernel_user_dropped_packets": int, "late_mean_us": (int, float), "late_max_us": (int, float),
-    "early_max_us": (int, float), "wake_lead_us": (int, float), "cpu_user_s": (int, float), "cpu_system_s": (int, float)}
+    "early_max_us": (int, float), "wake_lead_us": (int, float), "cpu_user_s": (int, float), "cpu_system_s": (int, float),
+    "reorder_pct": (int, float), "reorder_corr_pct": (int, float), "gap": int, "reordered_packets": int,
+    "gemodel": bool, "ge_p_pct": (int, float), "ge_r_pct": (int, float), "ge_1h_pct": (int, float),
+    "ge_1k_pct": (int, float), "loss_dropped_packets": int, "loss_bursts": int, "ge_bad_entries": int}
+
+
+def stats_file(queue_num: int = 0) -> str:
+    """The stats file of the delay line bound to `queue_num` (inside the container): `STATS_FILE` for
+    queue 0, ``/tmp/wiiide-delayline-N.json`` for queue N (one instance per queue, a pair's link each)."""
+    return STATS_FILE if queue_num == 0 else f"/tmp/wiiide-delayline-{queue_num}.json"
 
 
 def runs_in_background(argv: list[str] | tuple[str, ...]) -> bool:
@@ -43,14 +52,15 @@ def runs_in_background(argv: list[str] | tuple[str, ...]) -> bool:
     return len(argv) > 1 and argv[0] == DELAY_LINE and argv[1] == "--queue"
 
 
-def wait_ready_argv(timeout_s: float = READY_TIMEOUT_S) -> list[str]:
-    """Wait (up to `timeout_s`) until the started delay line has bound its queue; exits 1 with its error."""
-    return [DELAY_LINE, "--wait-ready", "--timeout-s", f"{timeout_s:g}"]
+def wait_ready_argv(timeout_s: float = READY_TIMEOUT_S, queue_num: int = 0) -> list[str]:
+    """Wait (up to `timeout_s`) until the delay line started on `queue_num` has bound it; exits 1 with
+    its error."""
+    return [DELAY_LINE, "--wait-ready", "--timeout-s", f"{timeout_s:g}", *(["--queue", str(queue_num)] if queue_num else [])]
 
 
-def stop_argv() -> list[str]:
-    """Stop the running delay line (nothing running is fine: exit 0)."""
-    return [DELAY_LINE, "--stop"]
+def stop_argv(queue_num: int = 0) -> list[str]:
+    """Stop the delay line running on `queue_num` (nothing running is fine: exit 0)."""
+    return [DELAY_LINE, "--stop", *(["--queue", str(queue_num)] if queue_num else [])]
 
 
 def check_argv(queue_num: int = 0) -> list[str]:
@@ -74,7 +84,10 @@ def parse_stats(text: str) -> dict[str, Any]:
     signed: negative when verdicts came early on the whole), ``late_max_us`` and ``early_max_us`` (the
     latest and the earliest verdict against its due time), ``wake_lead_us`` (how long before a due time
     the delay line asks to wake: its running estimate of its wake-ups' lateness; all microseconds) and
-    ``cpu_user_s``/``cpu_system_s``.
+    ``cpu_user_s``/``cpu_system_s``; netem's reorder (``reorder_pct``,
+    ``reorder_corr_pct``, ``gap``, ``reordered_packets``: accepted at once) and Gilbert-Elliott loss
+    (``gemodel``, ``ge_p_pct`` .. ``ge_1k_pct``, ``loss_dropped_packets``, ``loss_bursts``: runs of lost
+    packets, ``ge_bad_entries``: good -> bad transitions).
 
     Raises:
         ValueError: not a JSON object, a key missing or of another type.

@@ -16,6 +16,12 @@ straight out, unshaped (tc-htb(8), "default"). A pair profile without a rate get
 `NOMINAL_LINE_RATE_BPS` as its class's rate (netem does the work). Sizes (burst, quantum) are
 `harness.links.tc`'s.
 
+Where the kernel has no netem, a pair's delay, loss, reorder and duplicate go through the fallback
+(`harness.links.fallback`) matched on the peer's source address on arrival: each end impairs what it
+receives from the peer (``iptables ... -i eth0 -s PEER/32``), in a chain, a queue and a delay line of
+the pair's own (`harness.links.fallback.pair_chain`: chain ``WIIIIIDE-LINK-<minor>``, queue <minor>),
+so a round trip sees the same two one-way terms as netem on both ends' egress. The class keeps the rate.
+
 A pair link's bytes are its class's counters (``tc -s class show``), read at every counter read;
 `parse_filters` reads ``tc -j filter show`` back to confirm each peer's filter points at its class.
 Nothing here runs a command.
@@ -29,6 +35,16 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from harness.errors import LinkShapingError
+from harness.links.fallback import (
+    NETEM,
+    UNSUPPORTED,
+    choose_mechanisms,
+    fallback_chains,
+    missing_parts,
+    pair_chain,
+    rule_commands,
+    rule_reset_commands,
+)
 from harness.links.plan import Capabilities, describe
 from harness.links.schedule import check_timeline, htb_class_args
 from harness.links.tc import DEFAULT_DEV, NOMINAL_LINE_RATE_BPS, netem_args
@@ -74,12 +90,30 @@ class PairClass:
     classid: str
     netem_handle: str
     netem: bool
+    mechanisms: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def minor(self) -> int:
+        """The class's minor (``1:11`` -> 0x11), the fallback's queue number for the pair."""
+        return int(self.classid.split(":")[1], 16)
+
+    @property
+    def fallback_chains(self) -> tuple[str | None, str | None]:
+        """The fallback's chains this class installs (`harness.links.fallback.fallback_chains`)."""
+        chain, dup_chain, _ = pair_chain(self.minor)
+        return fallback_chains(dict(self.mechanisms), chain, dup_chain)
+
+    @property
+    def delay_line(self) -> bool:
+        """Whether the pair has a delay line of its own (a key applied by it)."""
+        return "delay-line" in self.mechanisms.values()
 
     def to_dict(self) -> dict[str, Any]:
-        """The report's record of the class (without counters)."""
+        """The report's record of the class (without counters): ``mechanisms`` says what applies each
+        impairment key (``netem``, or the fallback's mechanisms)."""
         return {"peer": self.peer, "link": self.link, "classid": self.classid,
                 "requested": self.requested.to_dict(), "applied_profile": self.applied.to_dict(),
-                "summary": describe(self.applied)}
+                "summary": describe(self.applied), "mechanisms": dict(self.mechanisms)}
 
 
 @dataclass(frozen=True)
@@ -92,24 +126,29 @@ class PairPlan:
 
 
 def _applied(node: str, peer: str, profile: LinkProfile, caps: Capabilities, allow_partial: bool,
-             unsupported: list[str]) -> LinkProfile | None:
-    """The part of `profile` this kernel applies on the pair's class (None: nothing)."""
+             unsupported: list[str]) -> tuple[LinkProfile | None, dict[str, str]]:
+    """The part of `profile` this kernel applies on the pair's class (None: nothing), and the mechanism
+    of each impairment key it applies."""
     where = f"pair {node}->{peer}"
     if not caps.htb:
         raise LinkShapingError(f"{where}: pair links are htb classes and this kernel has no htb")
     if isinstance(profile, TimedProfile):
         profile, missing = check_timeline(profile, caps.netem, allow_partial)
         unsupported += [f"{where}: {m}" for m in missing]
+    mechanisms = choose_mechanisms(profile, caps.netem, caps.fallback)
     if profile.needs_netem and not caps.netem:
-        asked = ", ".join(part for part, on in (
-            (f"delay {profile.delay_ms:g} ms", profile.delay_ms), (f"jitter {profile.jitter_ms:g} ms", profile.jitter_ms),
-            (f"loss {profile.loss_pct:g} %", profile.loss_pct)) if on)
-        if not allow_partial:
-            raise LinkShapingError(f"{where}: link profile {profile.name!r} asks for {asked} but this kernel has "
-                                   f"no netem; set allow_partial: true to apply the rate alone")
-        unsupported.append(f"{where}: {asked}: this kernel has no netem")
-        return profile.without_netem()
-    return profile
+        missing, changes = missing_parts(profile, mechanisms)
+        if missing:
+            asked = ", ".join(missing)
+            if not allow_partial:
+                raise LinkShapingError(f"{where}: link profile {profile.name!r} asks for {asked} but this kernel has "
+                                       f"no netem (nor a fallback for it); set allow_partial: true to apply the rest")
+            unsupported.append(f"{where}: {asked}: this kernel has no netem")
+            mechanisms = {key: how for key, how in mechanisms.items() if how != UNSUPPORTED}
+            profile = profile.replace(**changes)
+            if not profile.needs_netem and not mechanisms:
+                return profile.without_netem(), {}
+    return profile, mechanisms
 
 
 def plan_pairs(topology: Topology, node: str, num_workers: int, caps: Capabilities,
@@ -118,8 +157,8 @@ def plan_pairs(topology: Topology, node: str, num_workers: int, caps: Capabiliti
     a link (`Topology.link_for`), with what this kernel applies of it.
 
     Raises:
-        LinkShapingError: the kernel has no htb, or a pair asks for delay/loss (or a schedule of them)
-        without netem and `allow_partial` is false.
+        LinkShapingError: the kernel has no htb, or a pair asks for an impairment (or a schedule of one)
+        that neither netem nor a fallback applies here and `allow_partial` is false.
     """
     classes, unsupported = [], []
     for peer in node_names(num_workers):
@@ -128,12 +167,12 @@ def plan_pairs(topology: Topology, node: str, num_workers: int, caps: Capabiliti
         link, profile = topology.link_for(node, peer)
         if profile is None:
             continue
-        applied = _applied(node, peer, profile, caps, allow_partial, unsupported)
+        applied, mechanisms = _applied(node, peer, profile, caps, allow_partial, unsupported)
         if applied is None:
             continue
         minor = class_minor(peer)
         classes.append(PairClass(peer, link, profile, applied, f"1:{minor:x}", f"{NETEM_MAJOR_BASE + minor:x}:",
-                                 netem=applied.needs_netem))
+                                 netem=applied.needs_netem and caps.netem, mechanisms=mechanisms))
     return PairPlan(node, tuple(classes), tuple(unsupported))
 
 
@@ -161,6 +200,23 @@ def pair_commands(plan: PairPlan, peer_ips: Mapping[str, str], dev: str = DEFAUL
                              "netem", *netem_args(cls.applied)])
         commands.append(["tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", FILTER_PRIO,
                          "u32", "match", "ip", "dst", f"{address}/32", "flowid", cls.classid])
+    for cls in plan.classes:  # after the tree: the fallback's rules on what arrives from each peer
+        fallback = {key: how for key, how in cls.mechanisms.items() if how != NETEM}
+        if fallback:
+            chain, dup_chain, queue = pair_chain(cls.minor)
+            commands += rule_commands(cls.applied, fallback, dev, queue, str(peer_ips[cls.peer]), chain, dup_chain)
+    return commands
+
+
+def pair_reset_commands(plan: PairPlan, peer_ips: Mapping[str, str], dev: str = DEFAULT_DEV) -> list[list[str]]:
+    """Undo the fallback's rules and delay lines of `plan` (`harness.links.fallback.rule_reset_commands`
+    per peer; the tc tree goes with ``tc qdisc del dev eth0 root``); each fails harmlessly when there is
+    nothing to remove. Raises nothing."""
+    commands = []
+    for cls in plan.classes:
+        if any(how != NETEM for how in cls.mechanisms.values()) and cls.peer in peer_ips:
+            chain, dup_chain, queue = pair_chain(cls.minor)
+            commands += rule_reset_commands(dev, queue, str(peer_ips[cls.peer]), chain, dup_chain)
     return commands
 
 

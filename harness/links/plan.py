@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from harness.errors import LinkShapingError
-from harness.links.fallback import UNSUPPORTED, FallbackCapabilities, choose_mechanisms, rule_commands
+from harness.links.fallback import UNSUPPORTED, FallbackCapabilities, choose_mechanisms, missing_parts, rule_commands
 from harness.links.tc import DEFAULT_DEV, profile_commands, shaped_devices
 from harness.spec.links import LinkProfile
 from wiiide.units import format_rate
@@ -33,6 +33,7 @@ class Capabilities:
     errors: Mapping[str, str] = dataclasses.field(default_factory=dict)
     statistic: bool = False  # iptables' statistic match with DROP, in the node image (harness.links.fallback)
     nfqueue: bool = False  # the NFQUEUE target and the delay line's consumer in the node image
+    tee: bool = False  # the TEE target (xt_TEE) in the mangle table: duplication without netem
 
     def has(self, kind: str) -> bool:
         """Whether the kernel has `kind` (``netem``, ``tbf``, ``htb`` or ``ifb``).
@@ -45,12 +46,12 @@ class Capabilities:
     def to_dict(self) -> dict[str, Any]:
         """The report's ``capabilities`` record: one bool per kind and tc's message for each missing one."""
         return {"netem": self.netem, "tbf": self.tbf, "htb": self.htb, "ifb": self.ifb,
-                "statistic": self.statistic, "nfqueue": self.nfqueue, "errors": dict(self.errors)}
+                "statistic": self.statistic, "nfqueue": self.nfqueue, "tee": self.tee, "errors": dict(self.errors)}
 
     @property
     def fallback(self) -> FallbackCapabilities:
         """What the fallback without netem can use (`harness.links.fallback`)."""
-        return FallbackCapabilities(statistic=self.statistic, nfqueue=self.nfqueue)
+        return FallbackCapabilities(statistic=self.statistic, nfqueue=self.nfqueue, tee=self.tee)
 
 
 ALL_CAPABILITIES = Capabilities(netem=True, tbf=True, htb=True, ifb=True)
@@ -72,6 +73,13 @@ def describe(profile: LinkProfile | None) -> str:
     if profile.loss_pct:
         corr = f" ({profile.loss_corr_pct:g}% correlated)" if profile.loss_corr_pct else ""
         parts.append(f"{profile.loss_pct:g}% loss{corr}")
+    if profile.reorder_pct:
+        gap = f" gap {profile.reorder_gap}" if profile.reorder_gap is not None else ""
+        parts.append(f"{profile.reorder_pct:g}% reorder{gap}")
+    if profile.loss_gemodel_pct is not None:
+        parts.append("gemodel loss (p {:g}% r {:g}% 1-h {:g}% 1-k {:g}%)".format(*profile.loss_gemodel_pct))
+    if profile.duplicate_pct:
+        parts.append(f"{profile.duplicate_pct:g}% duplicate")
     if profile.limit_packets is not None:
         parts.append(f"limit {profile.limit_packets}p")
     return " ".join(parts) + (", both directions (ingress via ifb)" if profile.ingress else ", egress")
@@ -131,18 +139,9 @@ def plan_shaping(profile: LinkProfile | None, caps: Capabilities, allow_partial:
     mechanisms = choose_mechanisms(profile, caps.netem, caps.fallback)
     fallback_commands: list[list[str]] = []
     if profile.needs_netem and not caps.netem:
-        missing = {key for key, how in mechanisms.items() if how == UNSUPPORTED}
-        asked = [f"delay {profile.delay_ms:g} ms"] if "delay" in missing else []
-        asked += [f"jitter {profile.jitter_ms:g} ms"] if "jitter" in missing else []
-        asked += [f"loss {profile.loss_pct:g} %"] if "loss" in missing else []
-        if "loss" not in missing and "loss_correlation" in missing:
-            asked.append(f"loss correlation {profile.loss_corr_pct:g} %")
+        asked, kept = missing_parts(profile, mechanisms)
         if asked:
             drop(", ".join(asked), "netem")
-        kept = {"delay_ms": 0.0, "jitter_ms": 0.0, "jitter_distribution": None} if "delay" in missing else {}
-        kept.update({"loss_pct": 0.0} if "loss" in missing else {})
-        kept.update({"loss_corr_pct": 0.0} if "loss_correlation" in missing or "loss" in missing else {})
-        kept.update({"jitter_ms": 0.0, "jitter_distribution": None} if "jitter" in missing else {})
         mechanisms = {key: how for key, how in mechanisms.items() if how != UNSUPPORTED}
         fallback_commands = rule_commands(profile, mechanisms, dev)
         # the applied profile keeps what the fallback applies; tc gets its rate part alone (tc_part below)

@@ -9,8 +9,9 @@ A record (the shape the reports have always stored, so reports written before st
   ``noqueue``...), ``handle`` (``1:``, ``1:1``), ``parent`` (``root`` or the parent's handle);
 - the options read, each only when tc printed it: ``rate_bps``, ``ceil_bps`` (bit/s), ``burst_bytes``,
   ``cburst_bytes`` (bytes), ``latency_ms`` (tbf), ``limit_packets`` (a queue counted in packets),
-  ``delay_ms``, ``jitter_ms`` (netem; jitter only when non-zero), ``loss_pct``, ``loss_corr_pct``
-  (netem, 0..100; the correlation only when non-zero);
+  ``delay_ms``, ``jitter_ms`` (netem; jitter only when non-zero), ``loss_pct``, ``loss_corr_pct``,
+  ``reorder_pct``, ``reorder_corr_pct``, ``reorder_gap``, ``duplicate_pct``, ``duplicate_corr_pct``
+  (netem, 0..100; a correlation only when non-zero) and ``loss_gemodel_pct`` ([p, r, 1-h, 1-k]);
 - with ``-s``: ``sent_bytes``, ``sent_packets``, ``drops``, ``overlimits``, ``requeues``,
   ``backlog_bytes``, ``backlog_packets``.
 
@@ -66,11 +67,15 @@ def _number(value: Any, key: str, where: str) -> float:
 # netem's JSON objects (tc/q_netem.c netem_print_opt) -> (their key, our key, factor) for the value and
 # for its companion, recorded only when non-zero: seconds -> ms, fractions of 1 -> percent
 _NETEM = {"delay": (("delay", "delay_ms", 1000), ("jitter", "jitter_ms", 1000)),
-          "loss-random": (("loss", "loss_pct", 100), ("correlation", "loss_corr_pct", 100))}
+          "loss-random": (("loss", "loss_pct", 100), ("correlation", "loss_corr_pct", 100)),
+          "reorder": (("reorder", "reorder_pct", 100), ("correlation", "reorder_corr_pct", 100)),
+          "duplicate": (("duplicate", "duplicate_pct", 100), ("correlation", "duplicate_corr_pct", 100))}
+GEMODEL_JSON_KEYS = ("p", "r", "1-h", "1-k")  # netem_print_opt's "loss-gemodel" object, fractions of 1
 
 
 def _netem_options(options: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """netem's delay object (seconds) and loss-random object (fractions) -> ms and percent."""
+    """netem's delay object (seconds), loss-random, reorder, duplicate and loss-gemodel objects (fractions)
+    and gap -> ms, percent and packets."""
     out: dict[str, Any] = {}
     for name, ((key, ours, factor), (companion, companion_ours, companion_factor)) in _NETEM.items():
         values = options.get(name)
@@ -79,6 +84,12 @@ def _netem_options(options: Mapping[str, Any], where: str) -> dict[str, Any]:
             extra = round(_number(values.get(companion, 0), f"{name}.{companion}", where) * companion_factor, 6)
             if extra:
                 out[companion_ours] = extra
+    gemodel = options.get("loss-gemodel")
+    if isinstance(gemodel, Mapping):
+        out["loss_gemodel_pct"] = [round(_number(gemodel.get(k), f"loss-gemodel.{k}", where) * 100, 6)
+                                   for k in GEMODEL_JSON_KEYS]
+    if "reorder_pct" in out and options.get("gap"):
+        out["reorder_gap"] = _integer(options["gap"], "gap", where)
     return out
 
 

@@ -119,8 +119,10 @@ def htb_quantum_bytes(rate_bps: int) -> int:
 
 
 def netem_args(profile: LinkProfile) -> list[str]:
-    """The options after ``netem`` (tc-netem(8)): ``limit`` packets, ``delay`` and jitter in whole
-    microseconds [``distribution``], ``loss`` [correlation] in percent. Raises nothing."""
+    """The options after ``netem`` (tc-netem(8)), in its order: ``limit`` packets, ``delay`` and jitter
+    in whole microseconds [``distribution``], ``reorder`` percent [correlation] [``gap`` packets],
+    ``loss`` [``random``] percent [correlation] or ``loss gemodel p r 1-h 1-k`` (percent), ``duplicate``
+    percent [correlation]. Raises nothing."""
     args = ["limit", str(netem_limit_packets(profile))]
     if profile.delay_ms > 0:
         args += ["delay", _us(profile.delay_ms)]
@@ -128,10 +130,22 @@ def netem_args(profile: LinkProfile) -> list[str]:
             args.append(_us(profile.jitter_ms))
             if profile.jitter_distribution not in (None, "uniform"):
                 args += ["distribution", profile.jitter_distribution]
+    if profile.reorder_pct > 0:
+        args += ["reorder", _pct_arg(profile.reorder_pct)]
+        if profile.reorder_corr_pct > 0:
+            args.append(_pct_arg(profile.reorder_corr_pct))
+        if profile.reorder_gap is not None:
+            args += ["gap", str(profile.reorder_gap)]
     if profile.loss_pct > 0:
         args += ["loss", _pct_arg(profile.loss_pct)]
         if profile.loss_corr_pct > 0:
             args.append(_pct_arg(profile.loss_corr_pct))
+    if profile.loss_gemodel_pct is not None:
+        args += ["loss", "gemodel", *(_pct_arg(v) for v in profile.loss_gemodel_pct)]
+    if profile.duplicate_pct > 0:
+        args += ["duplicate", _pct_arg(profile.duplicate_pct)]
+        if profile.duplicate_corr_pct > 0:
+            args.append(_pct_arg(profile.duplicate_corr_pct))
     return args
 
 

@@ -158,7 +158,7 @@ def result_line(record: dict[str, Any]) -> str:
     """The one line a finished run gets: ``    ok: <batches/s>, <goodput MB/s>, <accuracy %>`` (a language
     model: ``validation loss <nats>``) or ``    FAILED: <error>`` (goodput in MB/s = 1e6 bytes/s; accuracy
     of the held-out split, %). A sharded run whose coordinator probed its links (``partitions_per_shard:
-    auto``, `wiiide.ps.link_probe`) adds ``; <n> partitions over <k> shards (links probed at <Mbit/s>)``."""
+    auto``, `wiiide.server.ps.link_probe`) adds ``; <n> partitions over <k> shards (links probed at <Mbit/s>)``."""
     totals = record.get("totals") or {}
     if record.get("status") == "ok":
         return (f"    ok: {totals.get('batches_per_s') or 0:.0f} batches/s, "

@@ -151,7 +151,7 @@ class Totals(_Model):
     peak_rss_bytes: int | None = None
     batches_per_worker: dict[str, int] | None = None
     worker_batches_sum: int | None = None
-    # workers at their own pace (wiiide.pace.record): per-worker samples, the staleness k (server versions
+    # workers at their own pace (wiiide.server.pace.record): per-worker samples, the staleness k (server versions
     # between read and apply) of every applied update, the clock gap fastest - slowest (pushes), and
     # every worker's batch size over time as change points [[t_s, samples], ...]
     samples_per_worker: dict[str, int] | None = None
@@ -190,14 +190,14 @@ class Totals(_Model):
     # the links stage: the rate in force on the coordinator's egress, and the share of it used
     link_rate_bps: float | None = None
     coordinator_egress_utilisation: float | None = None
-    # held-out evaluation during training (wiiide.evaluation): the wall time from the start of training
+    # held-out evaluation during training (wiiide.training.evaluation): the wall time from the start of training
     # to the first evaluation that reached the target; None when not reached (target_reached False)
     # or not asked (target_reached None)
     time_to_target_s: float | None = None
     target_reached: bool | None = None
     held_out_metric: str | None = None
     held_out_target: float | None = None
-    # checkpoints and recovery (wiiide.recovery): set when the coordinator was restarted from a checkpoint;
+    # checkpoints and recovery (wiiide.server.recovery): set when the coordinator was restarted from a checkpoint;
     # steps_lost = steps the killed coordinator had reached - restored_step; recovery_s: its last step to
     # the first step after the restart (wall clock)
     restored_step: int | None = None
@@ -238,7 +238,7 @@ class Container(_Model):
 
 
 class HeldOutPoint(_Model):
-    """One held-out evaluation during training (`wiiide.evaluation.Evaluation`): ``t_s`` seconds since
+    """One held-out evaluation during training (`wiiide.training.evaluation.Evaluation`): ``t_s`` seconds since
     training started when the parameters were copied, the step and training samples then, the metric's
     ``value`` (its unit: the metric's), ``eval_s`` seconds the evaluation took, ``final``: the
     evaluation of the final parameters."""

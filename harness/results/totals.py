@@ -96,7 +96,7 @@ def _engine_figures(nodes: dict[str, dict[str, Any]], containers: dict[str, dict
     }
 
 
-# The coordinator's figures of a run at the workers' own pace (wiiide.pace.record.PaceRecord.to_extra).
+# The coordinator's figures of a run at the workers' own pace (wiiide.server.pace.record.PaceRecord.to_extra).
 PACE_KEYS = ("samples_per_worker", "pushes_per_worker", "staleness_histogram", "staleness_max", "staleness_mean",
              "clock_gap_max", "clock_gap_mean", "batch_sizes_per_worker")
 
@@ -150,7 +150,7 @@ def _server_figures(nodes: dict[str, dict[str, Any]], containers: dict[str, dict
 
 def _recovery_figure(coord: Mapping[str, Any], key: str, combine) -> Any:
     """`key` of a restarted coordinator's ``recovery``, else `combine` (sum, max) of the sharded run's
-    worker-loss recoveries' (``ps.recoveries``, `wiiide.ps.membership`); None when neither has it."""
+    worker-loss recoveries' (``ps.recoveries``, `wiiide.server.ps.membership`); None when neither has it."""
     value = (coord.get("recovery") or {}).get(key)
     if value is not None:
         return value
@@ -191,7 +191,7 @@ def _held_out_figures(nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 
 def repeat_held_out(nodes: Mapping[str, Mapping[str, Any]]) -> HeldOut | None:
     """The repeat's held-out curve and time to target (`HeldOut`), from the coordinator's (rank 0's)
-    ``held_out`` record (`wiiide.evaluation`); None when the run did not evaluate during training.
+    ``held_out`` record (`wiiide.training.evaluation`); None when the run did not evaluate during training.
 
     Raises:
         pydantic.ValidationError: the record holds a value of the wrong type (a bug in the node).

@@ -31,14 +31,21 @@ from typing import Any, Callable
 
 from harness.errors import ClusterError, LinkShapingError
 from harness.links import rtt, window
-from harness.links.fallback import DELAY_LINE_MECHANISM
+from harness.links.fallback import DELAY_LINE_MECHANISM, fallback_chains
 from harness.links.pairs import PairPlan, node_name, plan_pairs
 from harness.links.plan import Capabilities, ShapingPlan
 from harness.links.readback import rate_in_force_bps
 from harness.links.schedule import plan_timed_shaping
 from harness.run.backend import PhaseClock, Sampler
 from harness.run.link_timeline import LinkTimeline
-from harness.run.pair_shaping import node_ips, shape_pairs, timeline_targets, update_pair_counters
+from harness.run.pair_shaping import (
+    node_ips,
+    probe_pair_rtts,
+    read_pair_fallback,
+    shape_pairs,
+    timeline_targets,
+    update_pair_counters,
+)
 from harness.run.tc_exec import (
     ContainerExec,
     HostNetnsExec,
@@ -157,6 +164,9 @@ class ClusterConditions:
             for item in rec["unsupported"]:
                 progress(f"    link NOT APPLIED ({rec['role']}): {item}")
         self._probe_rtt(containers, progress)
+        if self.pair_plans:
+            by_node = {node_name(*container_identity(c)): c for c in containers}
+            probe_pair_rtts(by_node, self.pair_plans.values(), self._ips, self.links["pairs"], progress)
         if self._shaped:
             self._sampler = Sampler(lambda t_s: self._read_counters(t0), COUNTER_INTERVAL_S).start()
 
@@ -217,7 +227,8 @@ class ClusterConditions:
             "applied_rate_bps": rate_in_force_bps(applied.get(plan.devices[0], [])),
             "applied_at_s": round(time.monotonic() - t0, 3), "end_counters": None, "end_counters_at_s": None,
             "counter_reads": 0, "counter_reader": "exec" if counters is None else "host-netns",
-            "fallback_counters": read_fallback_counters(runner) if _uses_rules(plan) else None,
+            "fallback_counters": read_fallback_counters(runner, *fallback_chains(plan.mechanisms))
+            if _uses_rules(plan) else None,
             "delay_line": read_delay_line_stats(runner) if _uses_delay_line(plan) else None,
         }
         self._shaped[c.name] = (counters or runner, plan.devices)
@@ -274,7 +285,8 @@ class ClusterConditions:
             record = self.links["containers"][name]
             if record.get("fallback_counters") is not None:
                 try:
-                    record["fallback_counters"] = read_fallback_counters(runner)
+                    record["fallback_counters"] = read_fallback_counters(
+                        runner, *fallback_chains(record.get("mechanisms", {})))
                 except LinkShapingError:
                     continue
             if record.get("delay_line") is not None:
@@ -286,6 +298,9 @@ class ClusterConditions:
                           counter_reads=record["counter_reads"] + 1)
             if "pairs" in self.links and record.get("role") is not None:
                 update_pair_counters(self.links["pairs"], node_name(record["role"], record["worker_index"]), counters)
+                pair_plan = self.pair_plans.get((record["role"], record["worker_index"]))
+                if pair_plan is not None:
+                    read_pair_fallback(runner, pair_plan, self.links["pairs"])
 
     def stop(self) -> None:
         """Stop the link timelines and the counter reads; the last reading stands as each container's

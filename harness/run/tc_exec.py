@@ -16,8 +16,8 @@ from typing import Any, Iterable, Iterator, Mapping
 from harness.errors import LinkShapingError
 from harness.links.plan import Capabilities, ShapingPlan
 from harness.links.readback import parse_classes, parse_tc_json, show_commands
-from harness.links.delayline import STATS_FILE, check_argv, parse_stats, runs_in_background, stats_command
-from harness.links.fallback import parse_rule_counters, rule_counters_command, rule_reset_commands
+from harness.links.delayline import check_argv, parse_stats, runs_in_background, stats_command, stats_file
+from harness.links.fallback import CHAIN, DUP_CHAIN, TEE_GATEWAY, parse_rule_counters, rule_counters_command, rule_reset_commands
 from harness.links.tc import ingress_commands, reset_commands
 
 
@@ -253,29 +253,34 @@ def read_back(runner: ContainerExec, devices: Iterable[str]) -> dict[str, list[d
     return records
 
 
-def read_fallback_counters(runner: ContainerExec) -> dict[str, Any]:
+def read_fallback_counters(runner: ContainerExec, chain: str | None = CHAIN, dup_chain: str | None = None) -> dict[str, Any]:
     """The fallback's own loss count in the container (`harness.links.fallback.parse_rule_counters`:
-    ``seen_packets``, ``dropped_packets``, ``loss_pct``), read from its iptables chain.
+    ``seen_packets``, ``dropped_packets``, ``loss_pct``), read from its iptables chain `chain`; with
+    `dup_chain` (the duplicate rules were installed), its ``duplicate`` record too (``seen_packets``,
+    ``duplicated_packets``, ``duplicate_pct``); `chain` None: the duplicate chain alone was installed.
 
     Raises:
         LinkShapingError: the listing failed (no chain, no iptables, the container has exited) or a
         counter was not a number.
     """
-    text = runner.run(rule_counters_command())
     try:
-        return parse_rule_counters(text)
+        out = parse_rule_counters(runner.run(rule_counters_command(chain))) if chain else {}
+        if dup_chain is not None:
+            dup = parse_rule_counters(runner.run(rule_counters_command(dup_chain)))
+            out["duplicate"] = {k: dup.get(k) for k in ("seen_packets", "duplicated_packets", "duplicate_pct")}
+        return out
     except ValueError as exc:
         raise LinkShapingError(f"cannot read the fallback's counters: {exc}") from None
 
 
-def read_delay_line_stats(runner: ContainerExec | HostNetnsExec) -> dict[str, Any]:
+def read_delay_line_stats(runner: ContainerExec | HostNetnsExec, queue_num: int = 0) -> dict[str, Any]:
     """The delay line's own account in the container (`harness.links.delayline.parse_stats`: packets,
     lateness in microseconds, ``cpu_s``), read from its stats file.
 
     Raises:
         LinkShapingError: no stats file (never started, or the container has exited) or not its stats.
     """
-    text = runner.run(stats_command(runner.container_path(STATS_FILE)))
+    text = runner.run(stats_command(runner.container_path(stats_file(queue_num))))
     try:
         return parse_stats(text)
     except ValueError as exc:
@@ -324,6 +329,9 @@ PROBES: dict[str, list[list[str]]] = {
     "nfqueue": [["iptables", "-w", "-t", "mangle", "-N", PROBE_CHAIN],
                 ["iptables", "-w", "-t", "mangle", "-A", PROBE_CHAIN, "-j", "NFQUEUE", "--queue-num", "0",
                  "--queue-bypass"], check_argv(0)],
+    # the fallback's duplicate (harness.links.fallback): the TEE target (xt_TEE) in the mangle table
+    "tee": [["iptables", "-w", "-t", "mangle", "-N", PROBE_CHAIN],
+            ["iptables", "-w", "-t", "mangle", "-A", PROBE_CHAIN, "-j", "TEE", "--gateway", TEE_GATEWAY]],
 }
 
 

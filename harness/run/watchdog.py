@@ -7,7 +7,7 @@ Two rules, checked at every poll of `harness.run.loop.run_point`:
   rank that exits non-zero while others still run leaves them waiting in gloo (or failing later with
   a less clear message). The point fails at once: ``rank 2 (worker-2) exited with code -9``.
 - **no rank made progress**: each rank writes a progress file about once a second while it trains
-  (`wiiide.progress`); when none of the files of ranks still in ``setup``/``train`` changed for
+  (`wiiide.engines.progress`); when none of the files of ranks still in ``setup``/``train`` changed for
   `stall_timeout_s` seconds (by the harness's own clock), the point fails:
   ``no rank made progress for 60 s (last: rank 0 step 5, ...): a collective stalled?``. Before
   the first progress file (rendezvous, the start gate) the connect timeout and the harness's
@@ -23,8 +23,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from wiiide.node import EXIT_PEER_LOST
-from wiiide.progress import PROGRESS_DIR
+from wiiide.wire.node import EXIT_PEER_LOST
+from wiiide.engines.progress import PROGRESS_DIR
 
 WATCHED_ENGINES = ("ddp", "fsdp")
 STALLABLE_PHASES = ("setup", "train")

@@ -5,6 +5,15 @@ In a spec (``link_presets``, ``link``) a profile is a mapping of YAML keys with 
 
     {rate: 100mbit, delay: 20ms, jitter: 2ms, distribution: normal, loss: 1%, loss_correlation: 25%,
      limit_packets: 1000, ingress: true, qdisc: htb}
+    {delay: 20ms, reorder: 25%, reorder_correlation: 50%, gap: 5, duplicate: 1%,
+     loss_gemodel: {p: 1%, r: 30%, 1-h: 100%, 1-k: 0%}}
+
+The keys after ``qdisc`` are netem's own (tc-netem(8)): ``reorder PERCENT [CORRELATION] [gap DISTANCE]``
+(it needs a delay, as tc refuses reordering without one), ``duplicate PERCENT [CORRELATION]`` and
+``loss gemodel p [r [1-h [1-k]]]``, the Gilbert-Elliott loss: p the good -> bad and r the bad -> good
+transition probability, 1-h the loss in the bad state, 1-k in the good one, as a mapping of those four
+names or a list in netem's order; what is left out takes netem's defaults (r = 100 % - p, 1-h = 100 %,
+1-k = 0 %). A profile has one loss model: ``loss`` (random) or ``loss_gemodel``.
 
 Raises `harness.errors.SpecError` for a value out of range; the tc commands that realise a profile are
 built by `harness.links.tc`.
@@ -42,8 +51,16 @@ MAX_LIMIT_PACKETS = 10_000_000
 PROFILE_KEYS = {
     "rate": "rate_bps", "delay": "delay_ms", "jitter": "jitter_ms", "distribution": "jitter_distribution",
     "loss": "loss_pct", "loss_correlation": "loss_corr_pct", "limit_packets": "limit_packets",
-    "ingress": "ingress", "qdisc": "root_qdisc",
+    "ingress": "ingress", "qdisc": "root_qdisc", "reorder": "reorder_pct", "reorder_correlation": "reorder_corr_pct",
+    "gap": "reorder_gap", "duplicate": "duplicate_pct", "duplicate_correlation": "duplicate_corr_pct",
+    "loss_gemodel": "loss_gemodel_pct",
 }
+GEMODEL_KEYS = ("p", "r", "1-h", "1-k")  # netem's names, in its order (tc-netem(8), "loss gemodel")
+MAX_GAP_PACKETS = 1 << 30
+# the fields only netem (or the fallback without it) applies, each with the value that turns it off
+NETEM_OFF: dict[str, Any] = {"delay_ms": 0.0, "jitter_ms": 0.0, "jitter_distribution": None, "loss_pct": 0.0,
+                             "loss_corr_pct": 0.0, "reorder_pct": 0.0, "reorder_corr_pct": 0.0, "reorder_gap": None,
+                             "duplicate_pct": 0.0, "duplicate_corr_pct": 0.0, "loss_gemodel_pct": None}
 
 
 def _rate_bps(value: Any, info: ValidationInfo) -> Any:
@@ -63,6 +80,34 @@ def _time_ms(value: Any, info: ValidationInfo) -> Any:
 def _pct(value: Any) -> Any:
     """``1``, ``0.5``, ``"1%"`` -> percent."""
     return unit(parse_pct, value)
+
+
+def _gemodel(value: Any) -> Any:
+    """``{p: 1%, r: 30%, 1-h: 100%, 1-k: 0%}`` or ``[1%, 30%]`` -> (p, r, 1-h, 1-k) in percent, with
+    netem's defaults for what is left out (iproute2's q_netem.c: r = 100 - p, 1-h = 100, 1-k = 0)."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        for key in value:
+            if key not in GEMODEL_KEYS:
+                raise fail(f"unknown key; allowed: {', '.join(GEMODEL_KEYS)}", str(key))
+        if "p" not in value:
+            raise fail("missing: p (the good -> bad transition probability) is required", "p")
+        given = {key: value[key] for key in GEMODEL_KEYS if key in value}
+    elif isinstance(value, (list, tuple)) and 1 <= len(value) <= 4:
+        given = dict(zip(GEMODEL_KEYS, value))
+    else:
+        raise fail(f"{shown(value)}; allowed: a mapping of {', '.join(GEMODEL_KEYS)} or a list of 1 to 4 percentages")
+    pct: dict[str, float] = {}
+    for key, raw in given.items():
+        try:
+            pct[key] = unit(parse_pct, raw)
+        except ValueError as exc:
+            raise fail(str(exc), key) from None
+        if not 0 <= pct[key] <= 100:
+            raise fail(f"{pct[key]:g} %; allowed: 0..100 % (a probability)", key)
+    p = pct["p"]
+    return (p, pct.get("r", 100.0 - p), pct.get("1-h", 100.0), pct.get("1-k", 0.0))
 
 
 def _check_rate(rate_bps: int | None) -> int | None:
@@ -128,6 +173,22 @@ class LinkProfile(SpecModel):
     ingress: Annotated[StrictBool, Field(description="shape incoming traffic too, through ifb")] = False
     root_qdisc: Annotated[Literal[ROOT_QDISCS], Field(  # type: ignore[valid-type]
         alias="qdisc", description="the rate class at the root")] = "htb"
+    reorder_pct: Annotated[StrictFloat, Field(alias="reorder"), BeforeValidator(_pct), _between(0, 100, "%"),
+                           _PCT_SCHEMA] = 0.0
+    reorder_corr_pct: Annotated[StrictFloat, Field(alias="reorder_correlation"), BeforeValidator(_pct),
+                                _between(0, 100, "%"), _PCT_SCHEMA] = 0.0
+    reorder_gap: Annotated[StrictInt | None, Field(alias="gap", ge=1, le=MAX_GAP_PACKETS, description=(
+        "netem's reorder gap in packets: a packet may be sent early once gap-1 have been delayed (unset: 1)"))] = None
+    duplicate_pct: Annotated[StrictFloat, Field(alias="duplicate"), BeforeValidator(_pct), _between(0, 100, "%"),
+                             _PCT_SCHEMA] = 0.0
+    duplicate_corr_pct: Annotated[StrictFloat, Field(alias="duplicate_correlation"), BeforeValidator(_pct),
+                                  _between(0, 100, "%"), _PCT_SCHEMA] = 0.0
+    loss_gemodel_pct: Annotated[tuple[StrictFloat, StrictFloat, StrictFloat, StrictFloat] | None,
+                                Field(alias="loss_gemodel"), BeforeValidator(_gemodel), WithJsonSchema({
+                                    "anyOf": [{"type": "object", "properties": {k: {} for k in GEMODEL_KEYS},
+                                               "required": ["p"], "additionalProperties": False},
+                                              {"type": "array", "minItems": 1, "maxItems": 4}],
+                                    "description": "netem's Gilbert-Elliott loss: p, r, 1-h, 1-k in percent"})] = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "LinkProfile":
@@ -138,8 +199,19 @@ class LinkProfile(SpecModel):
             raise fail(f"{self.jitter_distribution!r} needs a jitter > 0", "distribution")
         if self.loss_corr_pct and not self.loss_pct:
             raise fail(f"{self.loss_corr_pct:g} % needs a loss > 0", "loss_correlation")
+        if self.reorder_pct and not d:
+            raise fail(f"{self.reorder_pct:g} % needs a delay > 0 (a packet is reordered by going out "
+                       f"without the delay; tc refuses reordering without one)", "reorder")
+        if self.reorder_corr_pct and not self.reorder_pct:
+            raise fail(f"{self.reorder_corr_pct:g} % needs a reorder > 0", "reorder_correlation")
+        if self.reorder_gap is not None and not self.reorder_pct:
+            raise fail(f"{self.reorder_gap} packets needs a reorder > 0", "gap")
+        if self.duplicate_corr_pct and not self.duplicate_pct:
+            raise fail(f"{self.duplicate_corr_pct:g} % needs a duplicate > 0", "duplicate_correlation")
+        if self.loss_gemodel_pct is not None and (self.loss_pct or self.loss_corr_pct):
+            raise fail("a profile has one loss model: give loss (random) or loss_gemodel, not both", "loss_gemodel")
         if self.rate_bps is None and not self.needs_netem:
-            raise ValueError("does nothing: set a rate, a delay or a loss")
+            raise ValueError("does nothing: set a rate, a delay, a loss or a duplicate")
         return self
 
     @classmethod
@@ -161,8 +233,9 @@ class LinkProfile(SpecModel):
 
     @property
     def needs_netem(self) -> bool:
-        """Whether a netem qdisc is needed (a delay or a loss)."""
-        return self.delay_ms > 0 or self.loss_pct > 0
+        """Whether a netem qdisc is needed (a delay, a loss of either model, or a duplicate; a reorder
+        needs a delay)."""
+        return self.delay_ms > 0 or self.loss_pct > 0 or self.duplicate_pct > 0 or self.loss_gemodel_pct is not None
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by its Python name (``rate_bps``, ``delay_ms``, ...), as reports record it."""
@@ -176,4 +249,4 @@ class LinkProfile(SpecModel):
         """The rate part alone (None when there is no rate)."""
         if self.rate_bps is None:
             return None
-        return self.replace(delay_ms=0.0, jitter_ms=0.0, jitter_distribution=None, loss_pct=0.0, loss_corr_pct=0.0)
+        return self.replace(**NETEM_OFF)

@@ -28,7 +28,7 @@ from harness import REPO_ROOT
 from harness.errors import SpecError
 from harness.links.trace import DEFAULT_WINDOW_MS, TraceError, period_ms, rate_steps, read_trace
 from harness.spec.base import fail, shown, unit
-from harness.spec.links import PROFILE_KEYS, LinkProfile
+from harness.spec.links import NETEM_OFF, PROFILE_KEYS, LinkProfile
 from wiiide.units import parse_time_ms
 
 STEP_KEYS = {"rate": "rate_bps", "delay": "delay_ms", "jitter": "jitter_ms", "loss": "loss_pct"}
@@ -63,8 +63,7 @@ class TimedProfile(LinkProfile):
         if self.rate_bps is None:
             return None
         kept = tuple((at, {"rate_bps": c["rate_bps"]}) for at, c in self.timeline if "rate_bps" in c)
-        return self.replace(delay_ms=0.0, jitter_ms=0.0, jitter_distribution=None, loss_pct=0.0,
-                            loss_corr_pct=0.0, timeline=kept)
+        return self.replace(**NETEM_OFF, timeline=kept)
 
     def without_changes_of(self, fields: set[str]) -> "TimedProfile":
         """A copy whose later steps no longer set `fields` (steps left empty are dropped)."""

@@ -91,7 +91,7 @@ def test_local_sgd_and_adaptive_batches_learn(pace_report):
     local = pace_report["local-4"]["repeats"][0]["totals"]
     assert local["batches_per_worker"] == {"1": 4 * local["steps"], "2": 4 * local["steps"]}
     assert local["test_accuracy"] > 0.5
-    int8 = pace_report["local-4-int8"]["repeats"][0]["totals"]  # deltas and pulls in int8 (wiiide.pace.compress)
+    int8 = pace_report["local-4-int8"]["repeats"][0]["totals"]  # deltas and pulls in int8 (wiiide.server.pace.compress)
     assert int8["batches_per_worker"] == {"1": 4 * int8["steps"], "2": 4 * int8["steps"]}
     assert int8["test_accuracy"] > 0.5
     # the workers' deltas and the pulls travel in int8 (about 3.9x smaller); the batches, the bulk of the

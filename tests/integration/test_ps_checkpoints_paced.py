@@ -13,13 +13,13 @@ import pytest
 
 from tests.integration.local_run import run_local
 from tests.integration.warm_nodes import WarmNodes
-from wiiide.checkpoint import CheckpointStore
+from wiiide.server.checkpoint import CheckpointStore
 from wiiide.config import RunConfig
 from wiiide.log import TieredLog
-from wiiide.ps.checkpoints import restore_shards, shard_prefix
-from wiiide.ps.digest import params_digest
-from wiiide.ps.paced_checkpoints import HANDOUT_KEY
-from wiiide.ps.partition import Partition
+from wiiide.server.ps.checkpoints import restore_shards, shard_prefix
+from wiiide.server.ps.digest import params_digest
+from wiiide.server.ps.paced_checkpoints import HANDOUT_KEY
+from wiiide.server.ps.partition import Partition
 
 SHARDS = 3  # the coordinator + 2 workers
 PACINGS = {  # label -> (knobs, checkpoint_every_steps, steps of the first run)

@@ -1,7 +1,7 @@
-"""Local SGD and DiLoCo on the sharded servers (`wiiide.ps.local_sgd`) on loopback: ``python -m wiiide``
+"""Local SGD and DiLoCo on the sharded servers (`wiiide.server.ps.local_sgd`) on loopback: ``python -m wiiide``
 subprocesses.
 
-- with H, seed and fp32 fixed, central (ps_shards 1, `wiiide.pace.server`) and sharded (ps_shards all)
+- with H, seed and fp32 fixed, central (ps_shards 1, `wiiide.server.pace.server`) and sharded (ps_shards all)
   local SGD reach the same parameters: bit for bit with two workers (the mean of two deltas is the same
   float32 sum in either order), for avg and Nesterov;
 - sharded local SGD trains with avg, Nesterov and int8 outer steps both ways (loss falls, held-out

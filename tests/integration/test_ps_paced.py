@@ -1,7 +1,7 @@
 """Sharded servers (``ps_shards: all``) at the workers' own pace on the local backend, one worker slowed
 (debug_step_sleep_s on rank 1): async, a staleness bound of 2, and adaptive batches in rounds and under
 the bound. Each trains (the loss falls, a held-out accuracy is reported) and records the pace record the
-central pace server records (`wiiide.pace.record`). What stays unsupported is refused up front.
+central pace server records (`wiiide.server.pace.record`). What stays unsupported is refused up front.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sharded parameter servers (wiiide/ps/) on loopback: ``python -m wiiide`` subprocesses.
+"""Sharded parameter servers (wiiide/server/ps/) on loopback: ``python -m wiiide`` subprocesses.
 
 - central (ps_shards 1) and sharded (ps_shards all) training from the same seed reach the same
   parameters after 20 steps (fp32; the coordinator's ``params_digest``);

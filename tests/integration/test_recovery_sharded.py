@@ -1,7 +1,7 @@
 """A sharded run (ps_shards all: the coordinator and both workers host a shard) whose coordinator is
 killed mid-run and restarted on the local backend: the workers notice the lost coordinator, rejoin the
 restarted one, and the whole sharded run restarts from the newest step whose checkpoint is complete and
-verified on every shard (wiiide.ps.checkpoints); the restored parameters are bit for bit those of an
+verified on every shard (wiiide.server.ps.checkpoints); the restored parameters are bit for bit those of an
 uninterrupted run at that step, the steps lost are fewer than checkpoint_every_steps, and the run
 completes."""
 

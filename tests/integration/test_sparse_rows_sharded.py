@@ -1,7 +1,7 @@
 """Sparse embedding rows on the sharded servers (``ps_shards: all``, ``sparse_embedding: true``) on
 loopback, ``python -m wiiide`` subprocesses: the run trains (loss falls), every worker's copy equals the
 shards' parameters, and from one seed in fp32 it reaches the parameters of the central server's sparse
-run (the same sums in the same order: `wiiide.sparse.sum_rows` per row partition, rank order for the
+run (the same sums in the same order: `wiiide.server.sparse.sum_rows` per row partition, rank order for the
 MLP's)."""
 
 from __future__ import annotations

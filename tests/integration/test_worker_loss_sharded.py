@@ -1,7 +1,7 @@
 """A worker killed mid-run under ps_shards all (3 workers: the coordinator and every worker host a
 shard) on the local backend: the run goes on with the two that remain, the lost shard's partitions
 re-planned over the surviving nodes from a surviving worker's copy of the parameters
-(wiiide.ps.membership), and after the recovery every shard's parameters and every worker's copy have
+(wiiide.server.ps.membership), and after the recovery every shard's parameters and every worker's copy have
 the same digest."""
 
 from __future__ import annotations

@@ -16,13 +16,13 @@ TEST_SECRET = "unit-tests-shared-secret-0123456789"  # test_nodes.SECRET, for in
 
 @pytest.fixture
 def conn_pair():
-    """Two `wiiide.node.Connection` ends of one loopback TCP connection, (coordinator's, worker's), named
+    """Two `wiiide.wire.node.Connection` ends of one loopback TCP connection, (coordinator's, worker's), named
     "worker 1" and "coordinator"; TCP, as the socket knobs (TCP_QUICKACK) and ``SIOCOUTQ`` need. Each end
     times out after 10 s."""
     from wiiide.config import RunConfig
     from wiiide.log import TieredLog
     from wiiide.metrics import NodeMetrics
-    from wiiide.node import Connection
+    from wiiide.wire.node import Connection
 
     cfg = RunConfig(log_tier="silent")
     with socket.create_server(("127.0.0.1", 0)) as server:

@@ -1,4 +1,4 @@
-"""Checkpoints (wiiide.checkpoint, wiiide.recovery): round trip, refusal of a corrupted, truncated or
+"""Checkpoints (wiiide.server.checkpoint, wiiide.server.recovery): round trip, refusal of a corrupted, truncated or
 mis-shaped file with the previous one used, atomic writes (a leftover temporary file is ignored),
 pruning, the schedule, momentum buffers, and a coordinator's restore."""
 
@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from wiiide.checkpoint import CheckpointError, CheckpointSchedule, CheckpointStore
+from wiiide.server.checkpoint import CheckpointError, CheckpointSchedule, CheckpointStore
 from wiiide.config import RunConfig
 from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.model import FlatParams, MomentumSGD, build_mlp
-from wiiide.recovery import (
+from wiiide.training.model import FlatParams, MomentumSGD, build_mlp
+from wiiide.server.recovery import (
     ServerRecovery,
     momentum_from_flat,
     momentum_to_flat,
@@ -324,7 +324,7 @@ def test_worker_that_never_joined_retries_a_silent_coordinator_until_connect_tim
     import socket
     import threading
 
-    from wiiide.node import EXIT_PEER_LOST
+    from wiiide.wire.node import EXIT_PEER_LOST
     from wiiide.worker import Worker
 
     monkeypatch.setenv("WIIIIIDE_SECRET", "unit-tests-shared-secret-0123456789")
@@ -361,8 +361,8 @@ def test_worker_that_never_joined_retries_a_silent_coordinator_until_connect_tim
 def test_pace_checkpoint_restores_the_outer_momentum_and_refuses_another_outer_optimizer(tmp_path):
     from types import SimpleNamespace
 
-    from wiiide.pace.checkpoints import PaceResume, checkpoint_after_update, resume_from
-    from wiiide.pace.outer import OuterOptimizer
+    from wiiide.server.pace.checkpoints import PaceResume, checkpoint_after_update, resume_from
+    from wiiide.server.pace.outer import OuterOptimizer
 
     server, metrics, flat, opt = _server(tmp_path, local_steps=4, outer_optimizer="nesterov")
     assert resume_from(server, None).step == 0 and server.hint_unit == ("tasks", 0)

@@ -1,4 +1,4 @@
-"""`wiiide.node.close_after_delivery`: a coordinator's last frames reach a worker that is slow to read
+"""`wiiide.wire.node.close_after_delivery`: a coordinator's last frames reach a worker that is slow to read
 them, however many bytes the worker sent that the coordinator never read; a peer that never takes
 them is closed after the idle timeout and named."""
 
@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from wiiide.node import HEARTBEAT, close_after_delivery, unsent_nbytes
+from wiiide.wire.node import HEARTBEAT, close_after_delivery, unsent_nbytes
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import WireTensor
 

@@ -1,4 +1,4 @@
-"""wiiide.data: the digits and synthetic splits, and the batch sampler."""
+"""wiiide.training.data: the digits and synthetic splits, and the batch sampler."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from wiiide.config import RunConfig
-from wiiide.data import BatchSampler, load_dataset, load_digits_arrays, stratified_split
+from wiiide.training.data import BatchSampler, load_dataset, load_digits_arrays, stratified_split
 from wiiide.errors import ConfigError
 
 
@@ -142,7 +142,7 @@ def test_digits_load_does_not_import_scikit_learn():
     import subprocess
     import sys
 
-    code = ("import sys; from wiiide.config import RunConfig; from wiiide.data import load_dataset; "
+    code = ("import sys; from wiiide.config import RunConfig; from wiiide.training.data import load_dataset; "
             "load_dataset(RunConfig(dataset='digits')); print(sorted(m for m in sys.modules if m.startswith('sklearn')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

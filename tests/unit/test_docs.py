@@ -29,7 +29,7 @@ MODULE_PATH = re.compile(r"(?<![\w./-])((?:wiiide|harness)(?:\.[A-Za-z_][A-Za-z0
 PRODUCT_TREES = ("wiiide", "harness", "experiments", "studies", "docs", "docker")
 PRODUCT_FILES = ("README.md", "CHANGELOG.md", "Makefile", "pyproject.toml", "compose.yaml")
 PRODUCT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".j2", ".sh", ".json", ""}
-# a file or folder of the tree named in code: `wiiide/ps/shard.py`, `harness/links/`
+# a file or folder of the tree named in code: `wiiide/server/ps/shard.py`, `harness/links/`
 TREE_PATH = re.compile(r"`((?:wiiide|harness|tests|docker|studies)/[A-Za-z0-9_./-]*)`")
 
 
@@ -204,7 +204,7 @@ def test_every_named_module_path_exists(path: Path):
 def test_the_narration_and_module_checks_find_what_they_look_for():
     """The checks above see narration and a moved module (so they can fail), and pass the plain words."""
     assert len(narration_in("measured in session 16\nSessions 18 and 20\nsee issue #44\nIssue no. 3\n")) == 4
-    assert not narration_in("wiiide.ps.session\nthe session layer\nno session tickets\nan issue of 3 frames")
+    assert not narration_in("wiiide.server.ps.session\nthe session layer\nno session tickets\nan issue of 3 frames")
     assert MODULE_PATH.findall("`wiiide.protocol`, io.wiiide.harness.x, https://wiiide.invalid/s") == ["wiiide.protocol"]
     assert not module_path_exists("wiiide.protocol") and not module_path_exists("harness.present.round_model")
     assert module_path_exists("wiiide.wire.auth") and module_path_exists("harness.analysis.round_model")

@@ -134,7 +134,7 @@ def test_ranks_from_the_store_counter_are_distinct_and_bounded(free_port):
     import torch.distributed as dist
 
     from wiiide.engines.torch_dist import claim_rank
-    from wiiide.node import EXIT_CONNECT, NodeFailure
+    from wiiide.wire.node import EXIT_CONNECT, NodeFailure
 
     master = dist.TCPStore("127.0.0.1", free_port, is_master=True, timeout=timedelta(seconds=20),
                            wait_for_workers=False)

@@ -1,4 +1,4 @@
-"""Held-out evaluation during training (wiiide.evaluation): the ordered curve, the first crossing of
+"""Held-out evaluation during training (wiiide.training.evaluation): the ordered curve, the first crossing of
 the target, "not reached", and the background thread evaluating copies of the parameters."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from wiiide.config import RunConfig
 from wiiide.errors import ConfigError
-from wiiide.evaluation import (
+from wiiide.training.evaluation import (
     BackgroundEvaluator,
     Evaluation,
     HeldOutCurve,
@@ -21,7 +21,7 @@ from wiiide.evaluation import (
     target_of,
 )
 from wiiide.metrics import NodeMetrics
-from wiiide.model import FlatParams, build_mlp, held_out_metric
+from wiiide.training.model import FlatParams, build_mlp, held_out_metric
 
 
 def _curve(values, higher=True, target=0.9):

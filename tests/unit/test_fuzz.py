@@ -129,7 +129,7 @@ def tcp_pair() -> tuple[socket.socket, socket.socket]:
 
 @pytest.fixture(scope="module")
 def coordinator():
-    from wiiide.coordinator import Coordinator
+    from wiiide.server.coordinator import Coordinator
 
     cfg = RunConfig(handshake_timeout_s=1.0, log_tier="silent", num_workers=1)
     node = Coordinator(cfg)

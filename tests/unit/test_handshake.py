@@ -19,7 +19,7 @@ from typing import Iterator
 import pytest
 
 from wiiide.config import RunConfig
-from wiiide.coordinator import Coordinator
+from wiiide.server.coordinator import Coordinator
 from wiiide.errors import PeerClosed, ProtocolError
 from wiiide.metrics import MAX_EVENTS_PER_KIND, NodeMetrics
 from wiiide.wire.admission import (
@@ -368,7 +368,7 @@ def test_an_unforeseen_exception_in_a_handshake_is_a_logged_refusal(acceptor, mo
             raise RuntimeError("boom")
         return verify(*args, **kwargs)
 
-    monkeypatch.setattr("wiiide.handshake.verify", broken_verify)
+    monkeypatch.setattr("wiiide.wire.handshake.verify", broken_verify)
     with capture_log("wiiide.coordinator") as records:
         with connect(port) as sock:
             reader = FrameReader(sock, 1 << 20)

@@ -433,7 +433,7 @@ def test_probe_reports_what_the_kernel_lacks_and_cleans_up():
     assert ["ip", "link", "del", "ifbprobe"] in container.calls
     assert ["iptables", "-w", "-t", "mangle", "-X", "WIIIIIDE-PROBE"] in container.calls
     assert probe_with(ContainerExec(FakeContainer())) == Capabilities(True, True, True, True, statistic=True,
-                                                                      nfqueue=True)
+                                                                      nfqueue=True, tee=True)
     # an image without the delay line (its check cannot run) probes without nfqueue, loss still applies
     no_delay_line = probe_with(ContainerExec(FakeContainer(fail_kinds=("netem", "wiiide-delayline"))))
     assert (no_delay_line.statistic, no_delay_line.nfqueue) == (True, False) and "nfqueue" in no_delay_line.errors

@@ -13,6 +13,7 @@ from harness.errors import SpecError
 from harness.links.fallback import (
     CHAIN,
     DELAY_LINE,
+    DUP_CHAIN,
     FallbackCapabilities,
     choose_mechanisms,
     delay_line_argv,
@@ -86,8 +87,9 @@ def test_loss_without_statistic_installs_no_rule():
 def test_reset_removes_the_jump_then_stops_the_delay_line_then_the_chain():
     commands = rule_reset_commands("eth0")
     assert commands[0][4:] == ["-D", "PREROUTING", "-i", "eth0", "-j", CHAIN]
-    assert commands[1] == [DELAY_LINE, "--stop"]  # nothing queued any more: what it holds goes out, then it exits
-    assert [c[4:] for c in commands[2:]] == [["-F", CHAIN], ["-X", CHAIN]]
+    assert commands[1][4:] == ["-D", "INPUT", "-i", "eth0", "-j", DUP_CHAIN]
+    assert commands[2] == [DELAY_LINE, "--stop"]  # nothing queued any more: what it holds goes out, then it exits
+    assert [c[4:] for c in commands[3:]] == [["-F", CHAIN], ["-X", CHAIN], ["-F", DUP_CHAIN], ["-X", DUP_CHAIN]]
     assert rule_counters_command()[4:] == ["-L", CHAIN, "-v", "-x", "-n"]
 
 
@@ -199,7 +201,10 @@ STATS = ('{"pid": 41, "running": true, "realtime": false, "nice": 0, "slice_us":
          '"accepted_packets": 509, "held_packets": 0, "max_held_packets": 2, "dropped_full_packets": 0, '
          '"kernel_queue_dropped_packets": 0, "kernel_user_dropped_packets": 0, "late_mean_us": 461.8, '
          '"late_max_us": 30415.1, "early_max_us": 96.0, "wake_lead_us": 131.5, '
-         '"cpu_user_s": 0.003011, "cpu_system_s": 0.062916}\n')
+         '"cpu_user_s": 0.003011, "cpu_system_s": 0.062916, "reorder_pct": 25.000000, '
+         '"reorder_corr_pct": 0.000000, "gap": 1, "reordered_packets": 131, "gemodel": true, "ge_p_pct": 1.000000, '
+         '"ge_r_pct": 30.000000, "ge_1h_pct": 100.000000, "ge_1k_pct": 0.000000, "loss_dropped_packets": 17, '
+         '"loss_bursts": 12, "ge_bad_entries": 12}\n')
 
 
 def test_the_delay_lines_stats_are_read_and_a_bad_file_refused():

@@ -1,4 +1,4 @@
-"""The link probe of ``partitions_per_shard: auto`` (`wiiide.ps.link_probe`) over a loopback TCP connection."""
+"""The link probe of ``partitions_per_shard: auto`` (`wiiide.server.ps.link_probe`) over a loopback TCP connection."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from wiiide.config import RunConfig
 from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
-from wiiide.node import EXIT_PEER_LOST, Connection, NodeFailure
-from wiiide.ps.link_probe import (
+from wiiide.wire.node import EXIT_PEER_LOST, Connection, NodeFailure
+from wiiide.server.ps.link_probe import (
     AUTO_RULES,
     MAX_FINEST_WIRE_BYTES,
     MAX_PROBES,
@@ -28,7 +28,7 @@ from wiiide.ps.link_probe import (
     probe_link,
     receive_answering_probes,
 )
-from wiiide.ps.session import _piece_rule
+from wiiide.server.ps.session import _piece_rule
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import WireTensor
 
@@ -200,7 +200,7 @@ def test_the_runs_rate_is_the_slowest_workers_slower_direction():
 
 
 def test_a_worker_lost_during_the_probe_fails_the_run_naming_it(conn_pair):
-    """The coordinator's side (`wiiide.ps.session._pieces_per_shard`): a worker that closes its
+    """The coordinator's side (`wiiide.server.ps.session._pieces_per_shard`): a worker that closes its
     connection instead of answering is dropped, and the run fails with exit 4 and the worker named."""
     coord_conn, worker = conn_pair
     dropped = []

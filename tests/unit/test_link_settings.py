@@ -28,7 +28,7 @@ from harness.sweep import run_sweep
 from wiiide.config import RunConfig
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.node import NodeFailure, wait_for_start_gate
+from wiiide.wire.node import NodeFailure, wait_for_start_gate
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PRESETS = {"slow": {"rate": "10mbit"}, "fast": {"rate": "1gbit"}, "wan": {"rate": "100mbit", "delay": "20ms"}}

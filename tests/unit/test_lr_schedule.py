@@ -11,7 +11,7 @@ from torch.optim.lr_scheduler import ConstantLR, CosineAnnealingLR, LambdaLR, Li
 from wiiide.config import RunConfig
 from wiiide.errors import ConfigError, ProtocolError
 from wiiide.lr_schedule import LrRecord, LrSchedule, wire_lr
-from wiiide.model import MomentumSGD
+from wiiide.training.model import MomentumSGD
 
 BASE_LR = 0.2
 # torch's LinearLR needs a start factor > 0: this one is 0 to within 1e-12 of the base rate

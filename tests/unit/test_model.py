@@ -1,4 +1,4 @@
-"""wiiide.model: the MLP, its JSON description, and flat parameter/gradient vectors."""
+"""wiiide.training.model: the MLP, its JSON description, and flat parameter/gradient vectors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from wiiide.model import (
+from wiiide.training.model import (
     FlatParams,
     build_mlp,
     evaluate,
@@ -220,7 +220,7 @@ def test_flat_params_share_storage_with_the_parameters():
 # --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("lr, momentum", [(0.05, 0.9), (0.1, 0.0), (0.01, 0.5)])
 def test_momentum_sgd_matches_torch_sgd_bit_for_bit(lr, momentum):
-    from wiiide.model import MomentumSGD
+    from wiiide.training.model import MomentumSGD
 
     ours, ref = build_mlp(64, [32, 16], 10, seed=3), build_mlp(64, [32, 16], 10, seed=3)
     flat_ours, flat_ref = FlatParams(ours), FlatParams(ref)
@@ -243,7 +243,7 @@ def test_momentum_sgd_does_not_import_dynamo():
     import sys
     from pathlib import Path
 
-    code = ("import sys; from wiiide.model import build_mlp, FlatParams, MomentumSGD\n"
+    code = ("import sys; from wiiide.training.model import build_mlp, FlatParams, MomentumSGD\n"
             "m = build_mlp(8, [4], 2, seed=0); f = FlatParams(m); o = MomentumSGD(m.parameters(), 0.1, 0.9)\n"
             "f.grads.fill_(1.0); o.step(); o.step()\n"
             "print('torch._dynamo' in sys.modules)\n")

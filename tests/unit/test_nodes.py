@@ -26,12 +26,12 @@ import torch
 from torch import nn
 
 from wiiide.config import RunConfig
-from wiiide.coordinator import Coordinator
+from wiiide.server.coordinator import Coordinator
 from wiiide.errors import ConfigError, PeerClosed, ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.model import FlatParams, build_mlp, model_spec
-from wiiide.node import (
+from wiiide.training.model import FlatParams, build_mlp, model_spec
+from wiiide.wire.node import (
     EXIT_CONNECT,
     EXIT_ERROR,
     EXIT_OK,

@@ -1,4 +1,4 @@
-"""wiiide.pace: the SSP rule, delta averaging and the outer step, gradient accumulation, adaptive batch sizes."""
+"""wiiide.server.pace: the SSP rule, delta averaging and the outer step, gradient accumulation, adaptive batch sizes."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 from wiiide.config import ConfigError, RunConfig
-from wiiide.model import FlatParams, MomentumSGD, build_mlp
-from wiiide.pace.adaptive import AdaptiveBatch, split_exact
-from wiiide.pace.outer import OuterOptimizer, PartitionOuterStep, gradient, local_delta
-from wiiide.pace.server import uses_pace
-from wiiide.pace.staleness import SSPClock, staleness_scale
+from wiiide.training.model import FlatParams, MomentumSGD, build_mlp
+from wiiide.server.pace.adaptive import AdaptiveBatch, split_exact
+from wiiide.server.pace.outer import OuterOptimizer, PartitionOuterStep, gradient, local_delta
+from wiiide.server.pace.server import uses_pace
+from wiiide.server.pace.staleness import SSPClock, staleness_scale
 
 
 # --- the staleness rule --------------------------------------------------------------------------
@@ -276,7 +276,7 @@ def test_clock_feedback_keeps_a_bounded_run_off_its_bound():
     import heapq
     import random
 
-    from wiiide.pace.staleness import SSPClock
+    from wiiide.server.pace.staleness import SSPClock
 
     def simulate(clock_gain: float, seed: int) -> tuple[float, float]:
         rng, speeds = random.Random(seed), {1: 1000.0, 2: 1000.0, 3: 1000.0, 4: 450.0}  # samples/s
@@ -312,7 +312,7 @@ def test_clock_feedback_keeps_a_bounded_run_off_its_bound():
 
 def test_a_pushs_compute_seconds_are_checked_before_they_size_batches():
     from wiiide.errors import ProtocolError
-    from wiiide.pace.reading import compute_seconds as _compute_seconds
+    from wiiide.server.pace.reading import compute_seconds as _compute_seconds
 
     assert _compute_seconds({"step": 3}) is None  # an older worker: the server times the round trip
     assert _compute_seconds({"compute_s": 0.025}) == 0.025 and _compute_seconds({"compute_s": 0}) == 0.0

@@ -1,4 +1,4 @@
-"""Local SGD's outer step compressed both ways (wiiide.pace.compress): frames go through a real
+"""Local SGD's outer step compressed both ways (wiiide.server.pace.compress): frames go through a real
 socket pair and frame reader, as the server and the worker read them."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 from wiiide.codecs.policy import CompressionPolicy
 from wiiide.errors import ProtocolError
-from wiiide.pace.compress import PULL_KINDS, DeltaPush, ReplicaPulls, WorkerCopy
+from wiiide.server.pace.compress import PULL_KINDS, DeltaPush, ReplicaPulls, WorkerCopy
 from wiiide.wire.reader import FrameReader
 from wiiide.wire.send import send_frames
 

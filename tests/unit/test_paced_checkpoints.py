@@ -1,4 +1,4 @@
-"""The coordinator's side of paced shards' checkpoints (wiiide.ps.paced_checkpoints): under async and a
+"""The coordinator's side of paced shards' checkpoints (wiiide.server.ps.paced_checkpoints): under async and a
 staleness bound the handout stops at each checkpoint step until every task is reported (the drain), a
 time-triggered checkpoint announces the step after the tasks handed out, rounds are never held back, and
 the SSP clocks saved at a cut are restored only when they account for every update of the step."""
@@ -6,7 +6,7 @@ the SSP clocks saved at a cut are restored only when they account for every upda
 from __future__ import annotations
 
 from wiiide.config import RunConfig
-from wiiide.ps.paced_checkpoints import PacedCheckpoints, handout_meta, restored_clocks
+from wiiide.server.ps.paced_checkpoints import PacedCheckpoints, handout_meta, restored_clocks
 
 
 class _Client:

@@ -14,7 +14,7 @@ import torch
 
 from wiiide.codecs import NoCodec, ZlibCodec
 from wiiide.errors import PeerClosed, ProtocolError
-from wiiide.tensors import from_wire, to_wire
+from wiiide.wire.tensors import from_wire, to_wire
 from wiiide.wire import encode as wire_encode
 from wiiide.wire.decode import parse_header
 from wiiide.wire.encode import encode_message, with_meta

@@ -1,4 +1,4 @@
-"""Sharded parameter servers (wiiide/ps/): partitioning, error feedback both ways, delta pulls."""
+"""Sharded parameter servers (wiiide/server/ps/): partitioning, error feedback both ways, delta pulls."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from wiiide.codecs.policy import CompressionPolicy, fixed_lossy_ratio
 from wiiide.config import RunConfig
 from wiiide.errors import ConfigError
-from wiiide.model import FlatParams, build_mlp
-from wiiide.ps.digest import params_digest
-from wiiide.ps.feedback import ErrorFeedback, PullReplica, decoded_values, pulls_as_deltas, received_values
-from wiiide.ps.partition import (
+from wiiide.training.model import FlatParams, build_mlp
+from wiiide.server.ps.digest import params_digest
+from wiiide.server.pace.feedback import ErrorFeedback, PullReplica, decoded_values, pulls_as_deltas, received_values
+from wiiide.server.ps.partition import (
     egress_shard_weights,
     finest_raw_bytes,
     pipeline_shard_weights,
@@ -23,7 +23,7 @@ from wiiide.ps.partition import (
     resolve_shards,
     shard_loads_bytes,
 )
-from wiiide.ps.session import _seconds, partition_finest_bytes, policy_may_be_lossy
+from wiiide.server.ps.session import _seconds, partition_finest_bytes, policy_may_be_lossy
 from wiiide.units import MIB
 from wiiide.wire.messages import WireTensor
 
@@ -363,8 +363,8 @@ def _node(cfg: RunConfig, role: str, name: str):
 def _worker_clients(cfg: RunConfig, port: int, models, flats, parts, clients: list) -> list:
     """Connect one worker client per model (ranks 1..) to the shard at 127.0.0.1:port, hooks attached;
     each is appended to `clients` as it is made (so the caller closes those made before a failure)."""
-    from wiiide.ps.client import ShardClient
-    from wiiide.ps.shard import ROLE_WORKER
+    from wiiide.server.ps.client import ShardClient
+    from wiiide.server.ps.shard import ROLE_WORKER
 
     for rank, (model, flat) in enumerate(zip(models, flats), start=1):
         m, lg = _node(cfg, "worker", f"w{rank}")
@@ -378,8 +378,8 @@ def _worker_clients(cfg: RunConfig, port: int, models, flats, parts, clients: li
 def test_a_shard_averages_pushes_steps_its_optimizer_slice_and_answers_every_worker(push_schedule):
     import torch
 
-    from wiiide.model import MomentumSGD
-    from wiiide.ps.shard import ShardServer
+    from wiiide.training.model import MomentumSGD
+    from wiiide.server.ps.shard import ShardServer
 
     cfg = RunConfig(num_workers=2, log_tier="silent", learning_rate=0.1, momentum=0.9, io_timeout_s=5,
                     connect_timeout_s=5, push_schedule=push_schedule)
@@ -448,7 +448,7 @@ def test_ordered_pushes_are_encoded_while_an_earlier_push_is_still_being_sent():
 
     import torch
 
-    from wiiide.ps.shard import ShardServer
+    from wiiide.server.ps.shard import ShardServer
 
     cfg = RunConfig(num_workers=1, log_tier="silent", learning_rate=0.1, io_timeout_s=5, connect_timeout_s=5,
                     push_schedule="ordered", compression="fixed:int8", lossy_warmup_steps=0)
@@ -505,7 +505,7 @@ class _Arrived:
 
 def test_a_push_reports_the_rate_its_shards_pulls_arrived_at_with_network_aware_only():
     from wiiide.codecs.policy import FEEDBACK_META_KEY
-    from wiiide.ps.client import push_meta
+    from wiiide.server.ps.client import push_meta
 
     base = dict(ps_shards="all", partition_bytes=64 * 1024)
     aware = CompressionPolicy.from_config(RunConfig(compression="network-aware", **base))
@@ -527,7 +527,7 @@ def test_a_shards_pull_tells_each_worker_the_rate_of_its_own_pushes():
     """The shard encodes a pull once for every worker; with network-aware each worker's copy carries the
     rate that worker's pushes arrived at (its uplink to this shard), and the payload is shared."""
     from wiiide.codecs.policy import FEEDBACK_META_KEY
-    from wiiide.ps.shard import ShardServer
+    from wiiide.server.ps.shard import ShardServer
 
     cfg = RunConfig(num_workers=3, log_tier="silent", compression="network-aware", ps_shards="all",
                     partition_bytes=64 * 1024)
@@ -552,8 +552,8 @@ def test_a_shards_pull_tells_each_worker_the_rate_of_its_own_pushes():
 
 
 def test_a_shard_refuses_a_peer_without_the_secret():
-    from wiiide.ps.client import ShardFailed, connect_shard
-    from wiiide.ps.shard import ROLE_WORKER, ShardServer
+    from wiiide.server.ps.client import ShardFailed, connect_shard
+    from wiiide.server.ps.shard import ROLE_WORKER, ShardServer
 
     cfg = RunConfig(num_workers=1, log_tier="silent", handshake_timeout_s=2, connect_timeout_s=2)
     metrics, log = _node(cfg, "worker", "shard1")
@@ -582,8 +582,8 @@ def test_a_worker_keeps_its_first_shard_connections_alive_while_a_later_shard_co
     count the worker as lost (at 8 workers with the 26 MB model they did, 16 s into the plans)."""
     import threading
 
-    from wiiide.ps.client import ShardClient
-    from wiiide.ps.shard import ROLE_WORKER, ShardServer
+    from wiiide.server.ps.client import ShardClient
+    from wiiide.server.ps.shard import ROLE_WORKER, ShardServer
 
     cfg = RunConfig(num_workers=1, log_tier="silent", io_timeout_s=0.5, heartbeat_interval_s=0.1,
                     connect_timeout_s=10, handshake_timeout_s=0.5)
@@ -636,8 +636,8 @@ class _RecordingConn:
 def test_drain_outbox_reports_each_sent_frame_and_its_send_cpu_by_step():
     import queue
 
-    from wiiide.ps.feedback import DENSE_KIND
-    from wiiide.ps.outbox import drain_outbox, frame_step
+    from wiiide.server.pace.feedback import DENSE_KIND
+    from wiiide.server.ps.outbox import drain_outbox, frame_step
     from wiiide.wire.encode import encode_message
 
     push = encode_message(DENSE_KIND, {"step": 7, "partition": 2}, [WireTensor("p2", np.ones(4, np.float32))])

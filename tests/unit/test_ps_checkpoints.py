@@ -1,4 +1,4 @@
-"""Checkpoints of the sharded parameter server (wiiide.ps.checkpoints, wiiide.checkpoint.load_newest_complete):
+"""Checkpoints of the sharded parameter server (wiiide.server.ps.checkpoints, wiiide.server.checkpoint.load_newest_complete):
 one file per shard and step, written once every partition of the shard reached the step; the restore
 takes the newest step complete and verified on EVERY shard, and a corrupted or missing shard file falls
 back to the previous complete step with the reason logged."""
@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from wiiide.checkpoint import CheckpointStore, load_newest_complete
+from wiiide.server.checkpoint import CheckpointStore, load_newest_complete
 from wiiide.config import RunConfig
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.model import MomentumSGD
-from wiiide.ps.checkpoints import ShardCheckpointer, restore_shards, shard_prefix
-from wiiide.ps.link_probe import AUTO_RULES
-from wiiide.ps.partition import partition_flat
-from wiiide.ps.session import _restore
-from wiiide.recovery import ServerRecovery
+from wiiide.training.model import MomentumSGD
+from wiiide.server.ps.checkpoints import ShardCheckpointer, restore_shards, shard_prefix
+from wiiide.server.ps.link_probe import AUTO_RULES
+from wiiide.server.ps.partition import partition_flat
+from wiiide.server.ps.session import _restore
+from wiiide.server.recovery import ServerRecovery
 
 NUMEL = 1000
 SHARDS = 3
@@ -180,8 +180,8 @@ def _serve_steps(cfg, server, port, models, flats, parts, steps, first_step=0):
 
 def test_a_shard_restored_from_its_checkpoint_goes_on_exactly_as_the_uninterrupted_shard(tmp_path):
     from tests.unit.test_ps import SECRET, _node
-    from wiiide.model import FlatParams, build_mlp
-    from wiiide.ps.shard import ShardServer
+    from wiiide.training.model import FlatParams, build_mlp
+    from wiiide.server.ps.shard import ShardServer
 
     cfg = _cfg(tmp_path, checkpoint_every_steps=2, io_timeout_s=5, connect_timeout_s=5)
 
@@ -223,7 +223,7 @@ def test_a_shard_restored_from_its_checkpoint_goes_on_exactly_as_the_uninterrupt
 
 def test_a_step_the_coordinator_announces_is_written_and_one_a_partition_passed_is_missed(tmp_path):
     from wiiide.errors import ProtocolError
-    from wiiide.ps.checkpoints import announce_step
+    from wiiide.server.ps.checkpoints import announce_step
 
     cfg = _cfg(tmp_path, checkpoint_every_steps=0, checkpoint_every_s=5.0)  # time trigger only
     log = _Log(cfg)
@@ -280,8 +280,8 @@ def test_sharded_local_sgd_files_hold_the_outer_steps_nesterov_buffer_and_restor
     """With local_steps > 1 a shard's optimizer is the outer step (`PartitionOuterStep`): its file holds the
     anchor (``params``) and its slice of the Nesterov buffer (``outer_momentum``); the restored shards step
     on exactly as the uninterrupted ones, and a run with another outer optimizer refuses the files."""
-    from wiiide.pace.outer import PartitionOuterStep
-    from wiiide.ps.local_sgd import load_optimizer_state
+    from wiiide.server.pace.outer import PartitionOuterStep
+    from wiiide.server.ps.local_sgd import load_optimizer_state
 
     cfg = _cfg(tmp_path, local_steps=4, outer_optimizer="nesterov", outer_learning_rate=0.7, outer_momentum=0.9)
     partitions = partition_flat(NUMEL, SHARDS, 400)

@@ -1,4 +1,4 @@
-"""wiiide.ps.membership's pieces: a shard's momentum rewound to the barrier's step, the worker's
+"""wiiide.server.ps.membership's pieces: a shard's momentum rewound to the barrier's step, the worker's
 step snapshots, and the digests of a copy by shard."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from wiiide.model import MomentumSGD
-from wiiide.ps.membership import StepSnapshots, copy_digests, momentum_at, sha256_of
-from wiiide.ps.partition import Partition
-from wiiide.recovery import momentum_to_flat
+from wiiide.training.model import MomentumSGD
+from wiiide.server.ps.membership import StepSnapshots, copy_digests, momentum_at, sha256_of
+from wiiide.server.ps.partition import Partition
+from wiiide.server.recovery import momentum_to_flat
 
 
 def test_a_partition_one_update_past_the_barrier_gives_back_the_momentum_of_the_barrier():

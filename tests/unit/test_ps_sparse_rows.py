@@ -1,4 +1,4 @@
-"""Sparse rows on the sharded servers (wiiide.ps.sparse_rows, wiiide.ps.partition.align_to_rows): the
+"""Sparse rows on the sharded servers (wiiide.server.ps.sparse_rows, wiiide.server.ps.partition.align_to_rows): the
 table's partitions are whole rows, a push of a row partition carries only the touched rows of its range
 (bytes on the wire against the dense push), the shard's update and the worker's pull leave both copies
 equal to a dense SGD step, and a bad frame is refused."""
@@ -12,10 +12,10 @@ from torch import nn
 
 from tests.unit.test_workloads import decode
 from wiiide.errors import ProtocolError
-from wiiide.model import FlatParams
-from wiiide.models.embedding import build_embedding, make_zipf_data
-from wiiide.ps.partition import Partition, align_to_rows, plan_partitions
-from wiiide.ps.sparse_rows import ROWS_PUSH_KIND, RowTable, WorkerRows, apply_rows, rows_frame
+from wiiide.training.model import FlatParams
+from wiiide.training.models.embedding import build_embedding, make_zipf_data
+from wiiide.server.ps.partition import Partition, align_to_rows, plan_partitions
+from wiiide.server.ps.sparse_rows import ROWS_PUSH_KIND, RowTable, WorkerRows, apply_rows, rows_frame
 
 ROWS, DIM, FIELDS = 100_000, 16, 8
 

@@ -11,7 +11,7 @@ from harness.analysis.point_model import ModelRow, _link_burst_bytes, _report_pa
 from harness.analysis.round_model import sharded_link_s, sharded_round_s
 from harness.analysis.round_table import main, render, render_markdown
 from harness.cli import main as cli_main
-from wiiide.ps.partition import (
+from wiiide.server.ps.partition import (
     egress_shard_weights,
     partition_flat,
     pipeline_shard_weights,

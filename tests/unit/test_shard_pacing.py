@@ -1,4 +1,4 @@
-"""A shard's pacing on loopback (`wiiide.ps.shard`): pushes applied as they arrive under a staleness
+"""A shard's pacing on loopback (`wiiide.server.ps.shard`): pushes applied as they arrive under a staleness
 bound or async (scaled by staleness, answered to the pushing worker only), and pushes weighted by
 their samples in rounds of adaptive batches."""
 
@@ -9,9 +9,9 @@ import torch
 
 from tests.unit.test_ps import SECRET, _node, _worker_clients
 from wiiide.config import RunConfig
-from wiiide.model import FlatParams, build_mlp
-from wiiide.ps.partition import partition_flat
-from wiiide.ps.shard import ShardServer
+from wiiide.training.model import FlatParams, build_mlp
+from wiiide.server.ps.partition import partition_flat
+from wiiide.server.ps.shard import ShardServer
 
 LR = 0.1
 

@@ -281,7 +281,7 @@ def test_cli_rejects_a_bad_interval(capsys):
 
 def test_final_line_of_a_classifier_and_of_a_language_model():
     from harness.run.status import _FINAL_LINE
-    from wiiide.model import ClassificationEval, LanguageModelEval
+    from wiiide.training.model import ClassificationEval, LanguageModelEval
 
     for result in (ClassificationEval(0.9611, 0.127), LanguageModelEval(2.1092, 8.242, 8192)):
         line = f"2026-11-23 08:00:26,400 coordinator INFO held-out {result.log_text()} after 50208 steps"

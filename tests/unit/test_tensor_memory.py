@@ -1,5 +1,5 @@
 """Tensor memory accounting, CPU autocast and activation checkpointing (`wiiide.tensor_memory`,
-`wiiide.models.transformer`): sizes worked out by hand from the architectures."""
+`wiiide.training.models.transformer`): sizes worked out by hand from the architectures."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from torch import nn
 
 from wiiide.config import RunConfig
 from wiiide.errors import ConfigError
-from wiiide.model import FlatParams
-from wiiide.models import build_from_spec, loss_mean, set_activation_checkpointing
-from wiiide.pace.outer import gradient
+from wiiide.training.model import FlatParams
+from wiiide.training.models import build_from_spec, loss_mean, set_activation_checkpointing
+from wiiide.server.pace.outer import gradient
 from wiiide.tensor_memory import (
     ActivationMeter,
     ForwardScope,

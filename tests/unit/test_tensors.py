@@ -1,4 +1,4 @@
-"""wiiide.tensors: torch <-> wire conversions (no pickle; bfloat16 as 16-bit patterns)."""
+"""wiiide.wire.tensors: torch <-> wire conversions (no pickle; bfloat16 as 16-bit patterns)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from wiiide.tensors import from_wire, to_wire
+from wiiide.wire.tensors import from_wire, to_wire
 from wiiide.wire.format import DTYPES
 from wiiide.wire.messages import WireTensor
 

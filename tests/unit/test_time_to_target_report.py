@@ -16,7 +16,7 @@ from harness.present.table import format_table
 from harness.results.report import ReportWriter, load_report, parse_report
 from harness.results.totals import repeat_held_out, repeat_totals
 from tests.report_samples import buffers_report, report_validator
-from wiiide.evaluation import Evaluation, HeldOutCurve
+from wiiide.training.evaluation import Evaluation, HeldOutCurve
 
 HEADER = {"name": "ttt", "machine_info": {"cpu_count_logical": 2}, "commit_info": {"id": "abc"},
           "backend": {"name": "local"}, "spec": {"name": "ttt", "repeats": 2, "axes": {"engine": ["wiiide", "ddp"]}},
@@ -24,7 +24,7 @@ HEADER = {"name": "ttt", "machine_info": {"cpu_count_logical": 2}, "commit_info"
 
 
 def _nodes(values: list[float], every_s: float = 0.5, target: float | None = 0.9) -> dict[str, dict]:
-    """A coordinator whose held-out record is what wiiide.evaluation writes for these accuracies."""
+    """A coordinator whose held-out record is what wiiide.training.evaluation writes for these accuracies."""
     curve = HeldOutCurve("accuracy", True, target)
     for i, v in enumerate(values):
         curve.add(Evaluation(t_s=every_s * i, step=20 * i, samples=1280 * i, value=v, eval_s=0.002))

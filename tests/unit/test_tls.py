@@ -29,7 +29,7 @@ from tests.unit.test_handshake import (
     wait_for,
 )
 from wiiide.config import RunConfig
-from wiiide.coordinator import Coordinator
+from wiiide.server.coordinator import Coordinator
 from wiiide.errors import ConfigError
 from wiiide.wire.admission import REASON_DEADLINE
 from wiiide.wire.auth import hello_frame, verify, welcome_mac
@@ -227,16 +227,16 @@ def test_a_server_that_closes_during_the_handshake_is_a_lost_connection_the_work
 
 
 def test_a_shard_over_tls_serves_the_cluster_and_checks_the_name_its_peer_expects(tmp_path, pki):
-    """Worker-shard connections take the coordinator's TLS wrapping (`wiiide.handshake`): a worker
+    """Worker-shard connections take the coordinator's TLS wrapping (`wiiide.wire.handshake`): a worker
     dialling the shard by the name on its certificate joins over TLS 1.3; one expecting another name,
     or holding a stranger's certificate, never reaches the HMAC handshake."""
     import numpy as np
 
     from wiiide.log import TieredLog
     from wiiide.metrics import NodeMetrics
-    from wiiide.ps.client import ShardFailed, connect_shard
-    from wiiide.ps.partition import partition_flat
-    from wiiide.ps.shard import ROLE_WORKER, ShardServer
+    from wiiide.server.ps.client import ShardFailed, connect_shard
+    from wiiide.server.ps.partition import partition_flat
+    from wiiide.server.ps.shard import ROLE_WORKER, ShardServer
 
     fields = {"num_workers": 1, "log_tier": "silent", "handshake_timeout_s": 2, "connect_timeout_s": 2}
     shard_cfg = node_cfg(pki, "coordinator", **fields)  # the shard's node: certificate names localhost, 127.0.0.1

@@ -20,7 +20,7 @@ from wiiide.config import RunConfig
 from wiiide.errors import PeerClosed
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.node import Connection
+from wiiide.wire.node import Connection
 from wiiide.wire.encode import encode_message
 from wiiide.wire.format import DeadlineExceeded
 from wiiide.wire.messages import WireTensor
@@ -105,7 +105,7 @@ def test_a_heartbeat_thread_may_write_while_the_main_thread_reads(streams):
     payloads = [tensor_of(256 * 1024 + i, i) for i in range(24)]
     heartbeats_sent = 300
 
-    def heartbeat_thread() -> None:  # what wiiide.node.Heartbeats does, as often as it can
+    def heartbeat_thread() -> None:  # what wiiide.wire.node.Heartbeats does, as often as it can
         for _ in range(heartbeats_sent):
             conn.send([encode_message("heartbeat")])
         conn.send([encode_message("done")])
@@ -175,7 +175,7 @@ def test_a_frame_read_ahead_is_seen_by_the_pace_servers_wait(streams):
     import selectors
     from types import SimpleNamespace
 
-    from wiiide.pace.server import PaceServer
+    from wiiide.server.pace.server import PaceServer
 
     client, server = streams
     cfg = RunConfig(log_tier="silent")

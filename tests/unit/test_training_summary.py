@@ -1,4 +1,4 @@
-"""The Training Summary block rank 0 prints at the end (wiiide.node.run_node), read against the per-step records."""
+"""The Training Summary block rank 0 prints at the end (wiiide.wire.node.run_node), read against the per-step records."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from wiiide.config import RunConfig
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics
-from wiiide.node import run_node
+from wiiide.wire.node import run_node
 
 
 def _train(metrics: NodeMetrics) -> None:

@@ -1,4 +1,4 @@
-"""The run's watchdog (harness.run.watchdog) and the ranks' progress files (wiiide.progress):
+"""The run's watchdog (harness.run.watchdog) and the ranks' progress files (wiiide.engines.progress):
 a dead rank and a stalled collective are named at once; no timing, the clock is passed in."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from harness.run.watchdog import RankWatchdog, node_key
-from wiiide.node import EXIT_PEER_LOST
-from wiiide.progress import ProgressBeat, progress_path
+from wiiide.wire.node import EXIT_PEER_LOST
+from wiiide.engines.progress import ProgressBeat, progress_path
 
 RUNNING = {"coordinator": "running", "worker-1": "running", "worker-2": "running"}
 

@@ -229,7 +229,7 @@ def test_decoded_values_kept_at_encoding_are_what_the_receiver_decodes(name):
     """Error feedback takes `Frame.decoded` for what the receiver gets: for the blockwise quantizers it is
     computed from the codes while encoding, and must equal the payload decoded, value for value (short last
     block, two tensors, zeros and tiny values included); the other codecs give None (decoded by the
-    sender, `wiiide.ps.feedback.decoded_values`). The payload is the same either way."""
+    sender, `wiiide.server.pace.feedback.decoded_values`). The payload is the same either way."""
     g = gradient(10_007)
     tensors = [WireTensor("a", g[:6_001].reshape(1, -1)), WireTensor("b", g[6_001:] * 3)]
     frame = encode_message("gradients", {"step": 1}, tensors, codec_from_name(name), decoded_values=True)

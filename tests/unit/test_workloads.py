@@ -1,4 +1,4 @@
-"""The workloads (wiiide.models, wiiide.corpus, wiiide.codecs.rows, wiiide.sparse): every model builds
+"""The workloads (wiiide.training.models, wiiide.training.corpus, wiiide.codecs.rows, wiiide.server.sparse): every model builds
 from its config and trains one step; the corpus is deterministic and refuses what is not there; the
 rows codec round-trips and refuses ids it must not write; the sparse parameter server keeps workers
 bitwise in step and moves fewer bytes than the dense one."""
@@ -16,24 +16,24 @@ import torch
 
 from wiiide.codecs.rows import RowsCodec
 from wiiide.config import RunConfig
-from wiiide.coordinator import Coordinator
-from wiiide.corpus import (
+from wiiide.server.coordinator import Coordinator
+from wiiide.training.corpus import (
     STDLIB_MODULES,
     load_corpus,
     stdlib_root,
     unigram_loss_nats,
     windows,
 )
-from wiiide.data import load_dataset
+from wiiide.training.data import load_dataset
 from wiiide.errors import ConfigError, ProtocolError
-from wiiide.model import (
+from wiiide.training.model import (
     ClassificationEval,
     FlatParams,
     LanguageModelEval,
     MomentumSGD,
     evaluate,
 )
-from wiiide.models import (
+from wiiide.training.models import (
     build_model,
     check_batch,
     loss_mean,
@@ -42,12 +42,12 @@ from wiiide.models import (
     shard_units,
     task_of,
 )
-from wiiide.models.embedding import (
+from wiiide.training.models.embedding import (
     expected_distinct_rows,
     make_zipf_data,
     zipf_probabilities,
 )
-from wiiide.sparse import SparseRows
+from wiiide.server.sparse import SparseRows
 from wiiide.wire.decode import decode_payload, parse_header
 from wiiide.wire.encode import encode_message
 from wiiide.wire.format import PREFIX

@@ -81,7 +81,7 @@ class Codec:
         `decode_message` gives (a zero may be -0.0 here), or None (here: a codec that would have to
         decode its own payload to know them).
 
-        Error feedback needs them (`wiiide.ps.feedback`); the blockwise quantizers compute them from
+        Error feedback needs them (`wiiide.server.pace.feedback`); the blockwise quantizers compute them from
         their codes in one pass instead of unpacking the payload again.
 
         Raises:

@@ -453,7 +453,7 @@ class CompressionPolicy:
 
     def drop_residuals(self, stream: str, name: str) -> None:
         """Forget the error-feedback residual any of this policy's codecs keeps for tensor `name` of `stream`
-        (top-k's), for a caller that keeps its own residual (`wiiide.ps.feedback`)."""
+        (top-k's), for a caller that keeps its own residual (`wiiide.server.pace.feedback`)."""
         for codec in [*self._codecs.values(), self._fixed]:
             residuals = getattr(codec, "residuals", None)
             if isinstance(residuals, dict):

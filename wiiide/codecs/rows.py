@@ -1,7 +1,7 @@
 """The ``rows`` codec: only the non-zero rows of each float32 tensor travel, as row ids plus values.
 
 For a dense tensor that is mostly zero rows (an embedding table's gradient computed densely). The
-parameter server's sparse embedding path (`wiiide.sparse`) does not use it: it never has the dense
+parameter server's sparse embedding path (`wiiide.server.sparse`) does not use it: it never has the dense
 tensor, and sends the ids and rows as tensors of their own, checked by `check_row_ids` as here (a
 codec must scan the dense tensor to encode and hand back the dense tensor when it decodes). Each
 tensor is seen as rows (its first dimension; a 1-D tensor has rows of one value). Per tensor, the

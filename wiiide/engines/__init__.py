@@ -1,8 +1,9 @@
 """Training engines that run on WIIIIIDE's nodes, so they can be measured on the same containers and links.
 
-- ``wiiide``: the parameter server (`wiiide.coordinator`, `wiiide.worker`).
+- ``wiiide``: the parameter server (`wiiide.server.coordinator`, `wiiide.worker`).
 - ``ddp``, ``fsdp``: PyTorch's DistributedDataParallel and FSDP2 over gloo (`torch_dist`); the
   coordinator is rank 0 and the rendezvous host.
 
-`comm` holds the communication profiler every engine is measured with.
+`comm` holds the communication profiler every engine is measured with; `progress` the progress files each
+rank writes while it trains (the harness's watchdog reads them).
 """

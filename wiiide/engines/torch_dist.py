@@ -58,17 +58,17 @@ import torch.distributed as dist
 from torch import nn
 
 from wiiide.config import RunConfig
-from wiiide.data import BatchSampler, load_dataset
+from wiiide.training.data import BatchSampler, load_dataset
 from wiiide.engines.comm import IntervalTimer, estimate
 from wiiide.errors import ConfigError
-from wiiide.evaluation import evaluator_for, record_held_out, stop_at_target
+from wiiide.training.evaluation import evaluator_for, record_held_out, stop_at_target
 from wiiide.log import TieredLog
 from wiiide.lr_schedule import LrRecord, LrSchedule
 from wiiide.metrics import NodeMetrics, summarize
-from wiiide.model import evaluate
-from wiiide.models import build_model, shard_units
-from wiiide.models import loss_sum as summed_loss
-from wiiide.node import (
+from wiiide.training.model import evaluate
+from wiiide.training.models import build_model, shard_units
+from wiiide.training.models import loss_sum as summed_loss
+from wiiide.wire.node import (
     EXIT_CONNECT,
     EXIT_ERROR,
     EXIT_PEER_LOST,
@@ -77,15 +77,15 @@ from wiiide.node import (
     touch,
     wait_for_start_gate,
 )
-from wiiide.progress import ProgressBeat
+from wiiide.engines.progress import ProgressBeat
 from wiiide.tensor_memory import ForwardScope, autocast_dtype, tensor_memory
 from wiiide.wire.sockets import congestion_in_force, set_route_congestion
-from wiiide.workload import workload_record
+from wiiide.training.workload import workload_record
 
 RANK_KEY = "wiiide/next_rank"
 STOP_CHECK_EVERY_STEPS = 10
 RSS_SAMPLE_EVERY_STEPS = 10
-TRAINING_MARKER = "coordinator.training"  # wiiide.coordinator's: written by rank 0 when the first step starts
+TRAINING_MARKER = "coordinator.training"  # wiiide.server.coordinator's: written by rank 0 when the first step starts
 PROFILE_ACTIVE_STEPS = 5
 # ddp post_local_sgd: gradients are all-reduced at step 0 only (the models start equal anyway); local SGD and
 # the periodic parameter averaging start at step 1.
@@ -279,7 +279,7 @@ class TorchNode:
         self.beat = ProgressBeat(cfg.metrics_dir, self.metrics.node_id, role)
 
     def run(self) -> int:
-        """Run this rank to the end and write its metrics file; returns the exit code (`wiiide.node` EXIT_*)."""
+        """Run this rank to the end and write its metrics file; returns the exit code (`wiiide.wire.node` EXIT_*)."""
         return run_node(self.cfg, self.metrics, self.log, self._main)
 
     # ------------------------------------------------------------------------------------------
@@ -495,7 +495,7 @@ class TorchNode:
         loss_sums: list[float] = []
         comm_s: list[float] = []
         prof = self._profiler(rank)
-        # rank 0 evaluates snapshots on a thread (wiiide.evaluation); FSDP's snapshot is an all-gather
+        # rank 0 evaluates snapshots on a thread (wiiide.training.evaluation); FSDP's snapshot is an all-gather
         # on every rank, so rank 0's decision travels with the stop flag
         evaluator = evaluator_for(cfg, lambda: build_model(cfg, data.num_features, data.num_classes),
                                   data) if rank == 0 else None

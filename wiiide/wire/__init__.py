@@ -18,6 +18,11 @@ Modules, one job each, in the order their imports run (a module imports only tho
 - `wiiide.wire.auth`: the HMAC handshake (hello, welcome, verify);
 - `wiiide.wire.admission`: the handshake gate (slots, per-address limits, refusals);
 - `wiiide.wire.sockets`: socket options from config, with read-back; congestion control per route.
+- `wiiide.wire.tensors`: torch tensors to and from `WireTensor` (no pickle);
+- `wiiide.wire.node`: `Connection` (one socket's frames with the node's accounting) and `run_node`,
+  the node's life cycle;
+- `wiiide.wire.handshake`: one handshake and session set-up for every connection (`accept_hello`,
+  `dial`, `join`), over `node`, `auth`, `tls`, `admission` and `sockets`.
 
 This package re-exports nothing: import the module that does the job.
 """

@@ -49,7 +49,7 @@ MAX_TENSORS = 4096
 MAX_NAME_CHARS = 256
 
 # dtype name on the wire -> numpy dtype holding its bytes (little-endian). bfloat16 travels as its raw
-# 16-bit patterns in a uint16 array; `wiiide.tensors` converts to and from torch.
+# 16-bit patterns in a uint16 array; `wiiide.wire.tensors` converts to and from torch.
 DTYPES: dict[str, np.dtype] = {
     "float64": np.dtype("<f8"),
     "float32": np.dtype("<f4"),

@@ -31,8 +31,8 @@ def real_gradient(dataset: str, hidden_sizes: Sequence[int], features: int = 256
     from torch import nn
 
     from wiiide.config import RunConfig
-    from wiiide.data import load_dataset
-    from wiiide.model import FlatParams, build_mlp
+    from wiiide.training.data import load_dataset
+    from wiiide.training.model import FlatParams, build_mlp
 
     torch.set_num_threads(1)
     cfg = RunConfig(dataset=dataset, hidden_sizes=tuple(hidden_sizes), synthetic_features=features)

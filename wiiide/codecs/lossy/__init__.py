@@ -7,7 +7,7 @@ chosen for float32 payloads; the policies use them for gradient messages only, a
 payload size is checked against what the header's shapes and ``codec_params`` imply before any
 array is built, so a lossy frame can never decode to more than its declared ``raw_nbytes``. Decoding
 always builds a new array (never a view of the payload), so a receiver may keep it past the next read
-(`wiiide.ps.feedback.received_values`).
+(`wiiide.server.pace.feedback.received_values`).
 
 Error bounds (tested in tests/unit/test_wire_codecs.py), for finite inputs x:
 - fp16: |x| <= 65504 (larger values are clamped to +-65504): relative error <= 2**-11 for normal

@@ -110,7 +110,7 @@ class Lloyd2BlockCodec(_LloydBlockCodec):
     code 0); all four codes are values. About 15x smaller at block 256, as `Int2BlockCodec`, with under a
     fifth of its squared error on a Gaussian (relative error 0.34 against 0.81: every value is sent as
     nonzero, where the ternary code rounds |x| < max/2 to 0). No bound on a value's error (the outer
-    level is a level, not a clamp at the max): meant to run under error feedback (`wiiide.ps.feedback`),
+    level is a level, not a clamp at the max): meant to run under error feedback (`wiiide.server.pace.feedback`),
     which carries the difference to the next step."""
 
     wire_id = "lloyd2"
@@ -155,7 +155,7 @@ class Lloyd3BlockCodec(_LloydBlockCodec):
     bits first (the last group padded with code 0); all eight codes are values. About 10x smaller at block
     256, with under a third of `Lloyd2BlockCodec`'s squared error on a Gaussian (0.035 against 0.12;
     `Int4BlockCodec`, 7.8x, has about 0.014). No bound on a value's error: meant to run under error
-    feedback (`wiiide.ps.feedback`), which carries the difference to the next step."""
+    feedback (`wiiide.server.pace.feedback`), which carries the difference to the next step."""
 
     wire_id = "lloyd3"
     BITS = 3

@@ -152,7 +152,7 @@ class Int4BlockCodec(_PackedBlockCodec):
     """4-bit blockwise absmax quantization: per block of `block` values one float32 scale
     (max|x| / 7) and one 4-bit code in -7..7 per value, two codes a byte (low nibble first, stored as
     code + 8). About 7.8x smaller at block 256. Meant to run under error feedback (the sharded server's
-    `wiiide.ps.feedback`), as 1- to 4-bit gradient quantizers do (Seide et al. 2014, 1-bit SGD;
+    `wiiide.server.pace.feedback`), as 1- to 4-bit gradient quantizers do (Seide et al. 2014, 1-bit SGD;
     Karimireddy et al. 2019, EF-SGD); without it the rounding error is lost each step."""
 
     wire_id = "int4"
@@ -177,7 +177,7 @@ class Int3ZstdBlockCodec(Int3BlockCodec):
     a byte (as int4's nibbles, stored as code + 4) and that byte stream compressed with Zstandard at level 1
     (whose Huffman coding of the 49 byte values does the work); the float32 scales travel as they are. A
     message decodes to exactly int3's values for the same input; only the size changes, and with the data.
-    (A sharded run still differs from int3's: its partitions follow its ratio, `wiiide.ps.partition`.)
+    (A sharded run still differs from int3's: its partitions follow its ratio, `wiiide.server.ps.partition`.)
 
     The size depends on the values: the heavier their tails, the more codes are 0 and the fewer bits a value.
     In blocks of 256, scales included: about 2.2 bits a value for Gaussian values and 1.8 for Laplace ones
@@ -219,7 +219,7 @@ class Int2BlockCodec(_PackedBlockCodec):
     (max|x|) and one code in -1..1 per value (rounded to nearest: |x| < scale / 2 becomes 0), four codes
     a byte (lowest bits first, stored as code + 2). About 15x smaller at block 256. The ternary levels of
     TernGrad (Wen et al. 2017) with deterministic rounding; meant to run under error feedback (the
-    sharded server's `wiiide.ps.feedback`), as `Int4BlockCodec` is."""
+    sharded server's `wiiide.server.pace.feedback`), as `Int4BlockCodec` is."""
 
     wire_id = "int2"
     BITS, LEVELS = 2, 1
