@@ -12,7 +12,7 @@ STAMP := build/.setup-stamp
 
 HOSTS ?= 3
 
-.PHONY: setup browser image docker-engine docker-engine-stop cluster-up cluster-down cluster-status hosts-up hosts-down sweep report test demo clean
+.PHONY: setup browser netem-vm image docker-engine docker-engine-stop cluster-up cluster-down cluster-status hosts-up hosts-down sweep report test demo clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,13 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null \
 		&& /usr/bin/chromium --version; \
 	else echo "chromium missing and not root: the browser test will skip"; fi
+
+# The netem path's fidelity check in a VM of Debian's kernel (docs/links-impairments.md, "Through netem"):
+# installs qemu-system-x86, busybox-static and cpio with apt-get when missing (root), fetches
+# linux-image-amd64's package into build/netem-vm/ (nothing installed on the host) and writes
+# results/bench-link-vm-<stamp>.json. ARGS: more bench-link options (ARGS="--accel tcg --vm-timeout 1500").
+netem-vm: setup
+	$(PYTHON) -m harness bench-link --vm $(ARGS)
 
 docker-engine:
 	bash docker/engine.sh start
@@ -72,11 +79,14 @@ test: setup browser
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
 
 # The main job. An engine is started when none answers and we are root (else the sweep runs on the
-# local backend and says so); the image is built when missing. The sweep prints its report's path last;
-# the report verb then prints the table, that path and, last, the HTML page's path.
+# local backend, which cannot shape links, with the unshaped points only, and says so); the image is
+# built when missing. The sweep prints its report's path last; the report verb then prints the table
+# (with each engine's samples/s against DDP's), that path and, last, the HTML page's path.
 demo: setup
-	-@bash docker/engine.sh start || echo "no Docker engine: the sweep runs on the local backend"
-	$(PYTHON) -m harness sweep experiments/quick.yaml --backend $(BACKEND) > build/demo-sweep.out
+	@if [ "$(BACKEND)" != local ] && bash docker/engine.sh start; then only=; \
+	else echo "no Docker engine (or BACKEND=local): the local backend runs the unshaped points only (link=none)"; \
+		only="--only link=none"; fi; \
+	$(PYTHON) -m harness sweep experiments/quick.yaml --backend $(BACKEND) $$only > build/demo-sweep.out
 	$(PYTHON) -m harness report "$$(tail -n 1 build/demo-sweep.out)" --html
 
 clean:

@@ -229,9 +229,10 @@ class RunConfig(BaseSettings):
                                           "debug_step_sleep_s applies to this worker rank only", ge=0, le=256)
     # --- sharded parameter server (wiiide/server/ps/) -------------------------------------------------
     _section("ps")
-    ps_shards: PsShards = _field("1", "1 | all | an integer 1..nodes (coordinator + workers)",
-                                 "wiiide: server shards; 1: the central server on the coordinator; all: one on "
-                                 "every node (coordinator and each worker); k: the coordinator and workers 1..k-1")
+    # all, not seed 001's central server: the faster placement on every shaped link measured (CHANGELOG.md)
+    ps_shards: PsShards = _field("all", "1 | all | an integer 1..nodes (coordinator + workers)",
+                                 "wiiide: server shards; all: one on every node (coordinator and each worker); "
+                                 "1: the central server on the coordinator; k: the coordinator and workers 1..k-1")
     partition_bytes: SizeBytes = _field(4 * _MIB, "4 bytes..1 GiB",
                                         "ps_shards > 1: largest parameter partition (BytePS's default 4 MiB); "
                                         "at least partitions_per_shard per shard", ge=4, le=1024 * _MIB)

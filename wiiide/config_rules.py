@@ -22,6 +22,8 @@ def _validate_engine(c: Any) -> None:
     """The engine's options; an option the chosen engine cannot apply is an error, not ignored."""
     torch_engine = c.engine in ("ddp", "fsdp")
     default_compression = type(c).model_fields["compression"].default
+    default_shards = type(c).model_fields["ps_shards"].default
+    shards_origin = " (the default)" if c.ps_shards == default_shards else ""
     only = [("ddp_comm_hook", c.ddp_comm_hook != "none", c.engine == "ddp", "engine ddp"),
             ("ddp_find_unused_parameters", c.ddp_find_unused_parameters, c.engine == "ddp", "engine ddp"),
             ("powersgd_rank", c.powersgd_rank != 1, c.ddp_comm_hook == "powersgd", "ddp_comm_hook powersgd"),
@@ -38,7 +40,7 @@ def _validate_engine(c: Any) -> None:
             ("debug_step_sleep_s", c.debug_step_sleep_s != 0, c.engine == "wiiide", "engine wiiide"),
             ("profile", c.profile, torch_engine, "engine ddp or fsdp"),
             ("compression", c.compression != default_compression, c.engine == "wiiide", "engine wiiide"),
-            ("ps_shards", c.ps_shards != "1", c.engine == "wiiide", "engine wiiide"),
+            ("ps_shards", c.ps_shards != default_shards, c.engine == "wiiide", "engine wiiide"),
             ("tls", c.tls, c.engine == "wiiide", "engine wiiide (gloo's own sockets are not wrapped)"),
             *((name, getattr(c, name) != 0, c.engine == "wiiide", "engine wiiide (a torch.distributed process "
                "group has a fixed world: a lost rank ends every rank's collectives, so there is no live run to "
@@ -48,7 +50,7 @@ def _validate_engine(c: Any) -> None:
         if is_set and not applies:
             raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs {needs} "
                               f"(engine is {c.engine!r}, ddp_comm_hook {c.ddp_comm_hook!r})")
-    if c.ps_shards != "1":  # the sharded servers (wiiide/server/ps/): what they do not take, each with why
+    if c.engine == "wiiide" and c.ps_shards != "1":  # the sharded servers (wiiide/server/ps/): what they do not take
         pacing = ("sharded local SGD applies the outer step when every worker's delta of the round is in "
                   "(synchronous rounds); H local steps between pushes under a staleness clock run on the central "
                   "server's connections")
@@ -60,7 +62,7 @@ def _validate_engine(c: Any) -> None:
                 ("ssp_cache", c.ssp_cache, cache)):
             if is_set:
                 raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs ps_shards 1 (the central "
-                                  f"server), not ps_shards {c.ps_shards!r}: {why}")
+                                  f"server), not ps_shards {c.ps_shards!r}{shards_origin}: {why}; set ps_shards: 1")
     if c.engine == "wiiide":
         _check(c.batch_size >= c.grad_accum_steps, "grad_accum_steps", c.grad_accum_steps,
                f"at most batch_size = {c.batch_size} (every micro-batch needs a sample)")

@@ -9,26 +9,28 @@ of the chain) and the UDP count (1 - distinct datagrams received / sent). Writes
 ``bench-link-<stamp>.json`` with `machine_info` and `commit_info`. With ``--measure delay,capacity`` the
 same pair measures the delay line instead or as well (`harness.bench.link_delay`); with ``--measure
 reorder,duplicate,gemodel`` netem's per-packet impairments without netem (`harness.bench.link_impair`).
+With ``--netns`` the loss and delay probes and targets run through netem between two network namespaces
+on this kernel (`harness.bench.link_netem`), and with ``--vm`` that check runs in a VM of Debian's kernel
+(`harness.bench.link_vm`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
+import sys
 import tempfile
-import threading
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from harness.bench.link_udp import PORT, RECEIVE, SEND
 
 REPORT_NAME = "bench-link"
 def measure(coordinator, worker, loss_pct: float, packets: int, caps, progress: Callable[[str], None]) -> dict[str, Any]:
     """One loss setting: apply it on the coordinator, send `packets` datagrams from the worker, read the
     chain's counters, reset. Returns the asked, counted and UDP loss in percent with the raw counts."""
+    from harness.bench.link_udp import udp_trial
     from harness.links.plan import plan_shaping
     from harness.run.tc_exec import ContainerExec, apply_plan, read_fallback_counters, reset_links
     from harness.spec.links import LinkProfile
@@ -38,16 +40,7 @@ def measure(coordinator, worker, loss_pct: float, packets: int, caps, progress: 
     plan = plan_shaping(LinkProfile(loss_pct=loss_pct), dataclasses.replace(caps, netem=False))
     apply_plan(runner, plan)
     try:
-        result: dict[str, Any] = {}
-        thread = threading.Thread(target=lambda: result.update(
-            exec=coordinator.exec_run(["python", "-c", RECEIVE, str(PORT)], demux=True)))
-        thread.start()
-        code, out = worker.exec_run(["python", "-c", "import time; time.sleep(0.5)\n" + SEND, "coordinator",
-                                     str(PORT), str(packets)])
-        thread.join(timeout=120)
-        if code != 0 or "exec" not in result or result["exec"][0] != 0:
-            raise RuntimeError(f"bench-link: the UDP trial at {loss_pct:g} % failed: {out!r} {result.get('exec')!r}")
-        received = json.loads(result["exec"][1][0])["received"]
+        received = udp_trial(coordinator, worker, "coordinator", packets, f"{loss_pct:g} %")
         counters = read_fallback_counters(runner)
     finally:
         reset_links(runner)
@@ -61,6 +54,7 @@ def measure(coordinator, worker, loss_pct: float, packets: int, caps, progress: 
 
 
 MEASURES = ("loss", "delay", "capacity", "reorder", "duplicate", "gemodel")
+NETEM_MEASURES = ("loss", "delay", "rate")  # --netns and --vm (harness.bench.link_netem)
 
 
 def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress: Callable[[str], None],
@@ -136,9 +130,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The verb's options (the ``bench-link`` subparser of ``python -m harness``)."""
     p.add_argument("--loss", default="0.1,1,5", help="losses asked in percent, comma-separated (default 0.1,1,5)")
     p.add_argument("--datagrams", type=int, default=100_000, help="UDP datagrams per loss (default 100000)")
-    p.add_argument("--measure", default="loss",
+    p.add_argument("--measure", default=None,
                    help="what to measure, comma-separated: loss, delay, capacity, reorder, duplicate, gemodel "
-                        "(default loss)")
+                        "(default loss); with --netns or --vm: loss, delay, rate (default all three)")
     p.add_argument("--impair-datagrams", type=int, default=20_000,
                    help="UDP datagrams per reorder/duplicate/gemodel trial (default 20000)")
     p.add_argument("--delay", default="2,10,50,100",
@@ -147,6 +141,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--capacity", default="1,25",
                    help="round trips in ms of the TCP flow of --measure capacity (default 1,25)")
     p.add_argument("--seconds", type=float, default=10.0, help="length of each TCP flow in s (default 10)")
+    p.add_argument("--rate", default="100mbit",
+                   help="rates of --measure rate with --netns or --vm, comma-separated (default 100mbit)")
+    p.add_argument("--netns", action="store_true",
+                   help="through netem on this kernel, between two network namespaces (root; no Docker)")
+    p.add_argument("--vm", action="store_true",
+                   help="the --netns check in a KVM VM of Debian's kernel (for kernels without netem)")
+    p.add_argument("--vm-timeout", type=float, default=600.0, help="the VM's time limit in s (default 600)")
+    p.add_argument("--accel", choices=("auto", "kvm", "tcg"), default="auto",
+                   help="with --vm: KVM, or TCG emulation (much slower); auto: KVM where it boots a stock kernel")
     p.add_argument("--results-dir", help=f"where {REPORT_NAME}-<stamp>.json goes (default results/)")
 
 
@@ -165,14 +168,31 @@ def main_from_args(args: argparse.Namespace, progress: Callable[[str], None] = p
         raise SpecError(f"bench-link: --loss must be percentages separated by commas, got {args.loss!r}") from None
     if not losses or not all(0 < pct < 100 for pct in losses) or args.datagrams < 1:
         raise SpecError("bench-link: every --loss must be in (0, 100) percent and --datagrams >= 1")
-    measures = tuple(part.strip() for part in args.measure.split(",") if part.strip())
-    if not measures or not set(measures) <= set(MEASURES):
-        raise SpecError(f"bench-link: --measure takes {', '.join(MEASURES)} (comma-separated), got {args.measure!r}")
+    netem = args.netns or args.vm
+    allowed = NETEM_MEASURES if netem else MEASURES
+    text = args.measure if args.measure is not None else ",".join(NETEM_MEASURES) if netem else "loss"
+    measures = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not measures or not set(measures) <= set(allowed):
+        raise SpecError(f"bench-link: --measure takes {', '.join(allowed)} (comma-separated)"
+                        f"{' with --netns or --vm' if netem else ''}, got {text!r}")
     rtts, capacity = _milliseconds(args.delay, "--delay"), _milliseconds(args.capacity, "--capacity")
     if args.round_trips < 1 or not 0 < args.seconds <= 600 or args.impair_datagrams < 1:
         raise SpecError("bench-link: --round-trips and --impair-datagrams must be >= 1 and --seconds in (0, 600]")
+    if args.vm and (args.netns or not 0 < args.vm_timeout <= 3600):
+        raise SpecError("bench-link: --vm runs --netns itself (give one), and --vm-timeout must be in (0, 3600] s")
     results_dir = Path(args.results_dir) if args.results_dir else REPO_ROOT / "results"
     results_dir.mkdir(parents=True, exist_ok=True)
+    if netem:
+        rates = _rates(args.rate)
+        if args.netns:
+            from harness.bench.link_netem import run_netns
+            print(run_netns(losses, args.datagrams, rtts, args.round_trips, results_dir, progress, measures, rates))
+            return 0
+        from harness.bench.link_vm import run_vm
+        options = ["--measure", ",".join(measures), "--loss", args.loss, "--datagrams", str(args.datagrams),
+                   "--delay", args.delay, "--round-trips", str(args.round_trips), "--rate", args.rate]
+        print(run_vm(options, results_dir, progress, args.vm_timeout, args.accel))
+        return 0
     print(run_bench(losses, args.datagrams, results_dir, progress, measures, rtts, args.round_trips, capacity,
                     args.seconds, args.impair_datagrams))
     return 0
@@ -189,3 +209,36 @@ def _milliseconds(text: str, option: str) -> tuple[float, ...]:
     if not values or not all(0 < v <= 10_000 for v in values):
         raise SpecError(f"bench-link: every {option} round trip must be in (0, 10000] ms, got {text!r}")
     return values
+
+
+def _rates(text: str) -> tuple[int, ...]:
+    """Rates with units (``100mbit``), comma-separated, each > 0. Raises SpecError naming --rate."""
+    from harness.errors import SpecError
+    from wiiide.units import UnitError, parse_rate_bps
+
+    try:
+        values = tuple(parse_rate_bps(part.strip()) for part in text.split(",") if part.strip())
+    except (UnitError, ValueError) as exc:
+        raise SpecError(f"bench-link: --rate must be rates with units (100mbit) separated by commas: {exc}") from None
+    if not values or not all(v > 0 for v in values):
+        raise SpecError(f"bench-link: every --rate must be above 0, got {text!r}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.bench.link_loss [options]``: the verb without the CLI's other imports (what the
+    netem VM runs: under emulation each import costs seconds). Returns the exit code; a bad option or a
+    kernel without netem prints the error and returns 2."""
+    from harness.errors import LinkShapingError, SpecError
+
+    parser = argparse.ArgumentParser(prog="python -m harness.bench.link_loss")
+    add_arguments(parser)
+    try:
+        return main_from_args(parser.parse_args(argv), progress=lambda line: print(line, flush=True))
+    except (SpecError, LinkShapingError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -42,6 +42,9 @@ from harness.present.charts import (
 )
 from harness.present.table import (
     TARGET_LEGEND,
+    VS_BASELINE_LEGEND,
+    baseline_cells,
+    baseline_columns,
     format_value,
     has_targets,
     stats_cell,
@@ -119,16 +122,19 @@ def _table(report: Report) -> dict[str, Any]:
     show_buffers = any(buffers.values())
     columns = table_columns(report)
     targets = has_targets(report)
-    head = ["#", *params, "status", "n ok", *[c[0] for c in columns], *(["MLPerf s"] if targets else []),
+    versus = baseline_cells(report)
+    head = ["#", *params, "status", "n ok", *baseline_columns(report), *[c[0] for c in columns],
+            *(["MLPerf s"] if targets else []),
             *(["socket buffers, requested → effective"] if show_buffers else []), "error"]
     text_columns = {*params, "status", "error"}
     rows = [{"index": p.index, "status": p.status, "params": [param_text(p.params.get(n)) for n in params],
              "n_ok": f"{len(p.ok_repeats)}/{len(p.repeats)}",
-             "cells": [*(stats_cell(p, key, kind, sep=" ") for _, key, kind in columns),
+             "cells": [*versus.get(p.index, []), *(stats_cell(p, key, kind, sep=" ") for _, key, kind in columns),
                        *([mlperf_cell(point_time_to_train(p))] if targets else [])],
              "buffers": buffers[p.index] or "-", "error": _short_error(p)} for p in report.points]
     return {"head": [(h, h in text_columns) for h in head], "rows": rows, "show_buffers": show_buffers,
-            "target_note": f"{TARGET_LEGEND}. {MLPERF_LEGEND}" if targets else None}
+            "target_note": ". ".join([*([f"{TARGET_LEGEND}. {MLPERF_LEGEND}"] if targets else []),
+                                      *([VS_BASELINE_LEGEND] if versus else [])]) or None}
 
 
 def _failures(report: Report) -> list[dict[str, Any]]:

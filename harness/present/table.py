@@ -97,6 +97,16 @@ TARGET_LEGEND = ("to target s: wall time from the start of training to the first
                  "reached the target, median over the repeats that reached it, (k/n) when only k of n did")
 
 
+# Shown when the report has an engine axis with ddp: each point's figures over ddp's in its group
+BASELINE_ENGINE = "ddp"
+VS_BASELINE_COLUMN = f"samples/s vs {BASELINE_ENGINE}"
+TARGET_VS_BASELINE_COLUMN = f"to target vs {BASELINE_ENGINE}"
+VS_BASELINE_LEGEND = (f"vs {BASELINE_ENGINE}: the point's median over the median of the {BASELINE_ENGINE} point with the "
+                      f"same other params; samples/s (the global batch over the mean step time after warm-up) "
+                      f"above 1.00x and time to target below 1.00x beat {BASELINE_ENGINE} (significance: wiiide-lab "
+                      f"compare)")
+
+
 def has_targets(report: Report) -> bool:
     """Whether any repeat of `report` evaluated against a target (its totals' ``target_reached`` is set)."""
     return any(r.totals.target_reached is not None for p in report.points for r in p.repeats)
@@ -137,6 +147,47 @@ def stats_cell(point: Point, key: str, kind: str = "", sep: str = "") -> str:
     return text
 
 
+def _median(point: Point, key: str) -> float | None:
+    stats = point.summary.get(key)
+    return stats.median if stats else None
+
+
+def _ratio_text(value: float | None, reference: float | None) -> str:
+    return "-" if value is None or not reference else f"{value / reference:.2f}x"
+
+
+def baseline_cells(report: Report) -> dict[int, list[str]]:
+    """Per point index, its cells under `VS_BASELINE_COLUMN` (and `TARGET_VS_BASELINE_COLUMN` when the
+    report has targets): the median samples/s (``throughput_samples_per_s``) and median time to target
+    (``time_to_target_s``, over the repeats that reached it) over those of the `BASELINE_ENGINE` point
+    whose other params are equal, as ``1.23x``; ``baseline`` on that point; ``-`` where either side has
+    no figure or the group has no baseline point. Empty when the report has no ``engine`` axis or no
+    point of that engine (the table then has no such columns)."""
+    if "engine" not in report.axes or not any(p.params.get("engine") == BASELINE_ENGINE for p in report.points):
+        return {}
+
+    def group(point: Point) -> str:
+        return repr(sorted((k, repr(v)) for k, v in point.params.items() if k != "engine"))
+
+    references = {group(p): p for p in report.points if p.params.get("engine") == BASELINE_ENGINE}
+    keys = ["throughput_samples_per_s", *(["time_to_target_s"] if has_targets(report) else [])]
+    cells: dict[int, list[str]] = {}
+    for point in report.points:
+        ref = references.get(group(point))
+        if ref is point:
+            cells[point.index] = ["baseline"] * len(keys)
+        else:
+            cells[point.index] = [_ratio_text(_median(point, k), ref and _median(ref, k)) for k in keys]
+    return cells
+
+
+def baseline_columns(report: Report) -> list[str]:
+    """The headers of `baseline_cells`: none, `VS_BASELINE_COLUMN`, or it and `TARGET_VS_BASELINE_COLUMN`."""
+    if not baseline_cells(report):
+        return []
+    return [VS_BASELINE_COLUMN, *([TARGET_VS_BASELINE_COLUMN] if has_targets(report) else [])]
+
+
 def link_cells(point: Point) -> list[str]:
     """The point's cells under `LINK_COLUMNS`: the rates in force and what was not applied (from its
     first repeat that shaped anything), and the median coordinator egress utilisation in %."""
@@ -169,7 +220,8 @@ def report_title(report: Report) -> str:
 
 def format_table(report: Report | Mapping[str, Any]) -> str:
     """The report's points as a text table: index, params, the links applied (when a point shapes
-    links), status, ok repeats, then each `TABLE_COLUMNS` figure as median ± stdev over the ok
+    links), status, ok repeats, the figures against ddp (`baseline_cells`, when the report has an engine
+    axis with ddp), then each `TABLE_COLUMNS` figure as median ± stdev over the ok
     repeats with ``!`` for unstable; then a legend and each failed point's error.
 
     Raises:
@@ -181,13 +233,14 @@ def format_table(report: Report | Mapping[str, Any]) -> str:
     columns = table_columns(report)
     windows = [window_cell(p) for p in report.points] if has_links else []
     has_windows = any(cell != "-" for cell in windows)
+    versus = baseline_cells(report)
     header = ["#", *params, *(LINK_COLUMNS if has_links else []), *([WINDOW_COLUMN] if has_windows else []),
-              "status", "n", *[c[0] for c in columns]]
+              "status", "n", *baseline_columns(report), *[c[0] for c in columns]]
     rows = []
     for i, point in enumerate(report.points):
         rows.append([point.index, *[format_value(point.params.get(p)) for p in params],
                      *(link_cells(point) if has_links else []), *([windows[i]] if has_windows else []),
-                     point.status, len(point.ok_repeats),
+                     point.status, len(point.ok_repeats), *versus.get(point.index, []),
                      *[stats_cell(point, key, kind) for _, key, kind in columns]])
     machine = report.machine_info
     title = (f"{report.name} ({report.spec.description}) | backend {report.backend.name} | "
@@ -196,4 +249,5 @@ def format_table(report: Report | Mapping[str, Any]) -> str:
     notes = [f"point {p.index} {p.status}: {p.error}" for p in report.points if p.status != "ok" and p.error]
     legend = f"medians over repeats, ±stdev; {UNSTABLE_LEGEND}"
     targets = [TARGET_LEGEND] if has_targets(report) else []
-    return render_table(title, header, rows, footer=[legend, *targets, *notes])
+    return render_table(title, header, rows, footer=[legend, *targets, *([VS_BASELINE_LEGEND] if versus else []),
+                                                     *notes])

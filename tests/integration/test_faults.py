@@ -22,7 +22,8 @@ from harness.sweep import run_sweep
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAST = {"dataset": "digits", "num_workers": 2, "log_tier": "normal", "log_every_steps": 100000,
-        "io_timeout_s": 2.0, "heartbeat_interval_s": 0.5, "connect_timeout_s": 30}
+        "io_timeout_s": 2.0, "heartbeat_interval_s": 0.5, "connect_timeout_s": 30,
+        "ps_shards": "1"}  # the central server's faults (the sharded ones: test_worker_loss_sharded.py)
 
 
 def _events(rep, kind):

@@ -23,7 +23,7 @@ def _run(node_env, node_procs, metrics_dir: Path, **fields) -> dict:  # noqa: F8
 
 
 def test_central_server_applies_the_scheduled_rate(tmp_path, node_env, node_procs):  # noqa: F811
-    coord = _run(node_env, node_procs, tmp_path / "central")["coordinator"]
+    coord = _run(node_env, node_procs, tmp_path / "central", ps_shards="1")["coordinator"]
     assert coord["steps"] == STEPS
     assert coord["lr_per_step"] == pytest.approx(EXPECTED, abs=1e-6)
     assert coord["lr_schedule"]["kind"] == "cosine" and coord["lr_schedule"]["decay_steps"] == STEPS - 4
@@ -38,7 +38,7 @@ def test_every_shard_applies_the_scheduled_rate(tmp_path, node_env, node_procs):
 
 
 def test_local_sgd_workers_take_the_inner_rate_of_their_task(tmp_path, node_env, node_procs):  # noqa: F811
-    coord = _run(node_env, node_procs, tmp_path / "local_sgd", local_steps=2)["coordinator"]
+    coord = _run(node_env, node_procs, tmp_path / "local_sgd", local_steps=2, ps_shards="1")["coordinator"]
     assert coord["lr_applied_by"] == "worker inner steps"
     assert coord["lr_per_step"] == pytest.approx(EXPECTED, abs=1e-6)
 

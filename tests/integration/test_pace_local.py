@@ -33,7 +33,7 @@ def pace_report(tmp_path_factory):
         "name": "pace-tiny", "repeats": 1,
         "base": {"dataset": "digits", "num_workers": 2, "duration_s": DURATION_S, "warmup_steps": 2,
                  "log_tier": "silent", "connect_timeout_s": 60, "debug_step_sleep_s": 0.05,
-                 "debug_sleep_worker_rank": 1},
+                 "debug_sleep_worker_rank": 1, "ps_shards": "1"},  # the central pace server (sharded: test_ps_paced)
         "axes": {"staleness_bound": VARIANTS},
     }, "pace-tiny.yaml")
     path = run_sweep(spec, "local", tmp_path_factory.mktemp("results"), progress=lambda line: None)
@@ -123,7 +123,7 @@ def test_ddp_post_local_sgd_baseline_runs(tmp_path):
 def test_async_worker_killed_then_restarted_rejoins_and_the_other_never_waits(tmp_path):
     spec = build_spec({"name": "async-kill-restart", "base": {
         "dataset": "digits", "num_workers": 2, "log_tier": "normal", "log_every_steps": 100000, "io_timeout_s": 2.0,
-        "heartbeat_interval_s": 0.5, "connect_timeout_s": 30, "duration_s": 14, "staleness_bound": 2},
+        "heartbeat_interval_s": 0.5, "connect_timeout_s": 30, "duration_s": 14, "staleness_bound": 2, "ps_shards": "1"},
         "faults": [{"action": "kill", "target": "worker-1", "at_s": 2},
                    {"action": "restart", "target": "worker-1", "at_s": 3}]}, "async-kill.yaml")
     rep = load_report(run_sweep(spec, "local", tmp_path, progress=lambda line: None))["points"][0]["repeats"][0]
@@ -145,7 +145,8 @@ def test_workers_in_the_middle_of_local_steps_when_time_is_up_end_cleanly(tmp_pa
     # the end; the server waits for those pushes before it says stop and closes, so none breaks a pipe.
     spec = build_spec({"name": "pace-drain", "repeats": 1, "base": {
         "dataset": "digits", "hidden_sizes": [512, 512], "num_workers": 2, "duration_s": 2, "log_tier": "silent",
-        "connect_timeout_s": 60, "local_steps": 4, "debug_step_sleep_s": 0.1}, "axes": {}}, "pace-drain.yaml")
+        "connect_timeout_s": 60, "local_steps": 4, "debug_step_sleep_s": 0.1, "ps_shards": "1"}, "axes": {}},
+        "pace-drain.yaml")
     rep = load_report(run_sweep(spec, "local", tmp_path, progress=lambda line: None))["points"][0]["repeats"][0]
     assert rep["status"] == "ok", rep["error"]
     assert {name: node["status"] for name, node in rep["nodes"].items()} == {

@@ -16,7 +16,8 @@ MAX_STEPS = 600
 def test_coordinator_killed_and_restarted_resumes_from_its_checkpoint(tmp_path):
     cfg = RunConfig(dataset="digits", num_workers=2, log_tier="normal", log_every_steps=100000, io_timeout_s=10.0,
                     heartbeat_interval_s=1.0, connect_timeout_s=30, duration_s=120, max_steps=MAX_STEPS,
-                    checkpoint_every_steps=EVERY_STEPS, rejoin_timeout_s=30, momentum=0.5)
+                    checkpoint_every_steps=EVERY_STEPS, rejoin_timeout_s=30, momentum=0.5,
+                    ps_shards="1")  # the central server's checkpoints (sharded: test_recovery_sharded.py)
     ckpt_dir = tmp_path / "checkpoints"
     seen = {}
 

@@ -18,7 +18,7 @@ def test_pace_coordinator_killed_and_restarted_resumes_from_its_checkpoint(tmp_p
     cfg = RunConfig(dataset="digits", num_workers=2, log_tier="normal", log_every_steps=100000, io_timeout_s=10.0,
                     heartbeat_interval_s=1.0, connect_timeout_s=30, duration_s=120, max_steps=MAX_STEPS,
                     checkpoint_every_steps=EVERY_STEPS, rejoin_timeout_s=30, staleness_bound=2, local_steps=4,
-                    outer_optimizer="nesterov", learning_rate=0.05)
+                    outer_optimizer="nesterov", learning_rate=0.05, ps_shards="1")  # the central pace server
     ckpt_dir = tmp_path / "checkpoints"
     seen = {}
 

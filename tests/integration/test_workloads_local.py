@@ -15,7 +15,7 @@ def test_sparse_embedding_moves_fewer_bytes_than_dense(tmp_path):
         "name": "workloads-tiny", "repeats": 1,
         "base": {"model": "embedding", "embedding_rows": 100_000, "embedding_samples": 2000, "num_workers": 2,
                  "batch_size": 8, "max_steps": 10, "duration_s": 120, "warmup_steps": 2, "log_tier": "silent",
-                 "connect_timeout_s": 60},
+                 "connect_timeout_s": 60, "ps_shards": "1"},  # the central server (sharded: test_sparse_rows_sharded)
         "axes": {"sparse_embedding": [False, True]},
     }, "workloads-tiny.yaml")
     report = load_report(run_sweep(spec, "local", tmp_path, progress=lambda line: None))

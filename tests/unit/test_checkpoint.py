@@ -203,7 +203,7 @@ def test_incarnations_keep_an_earlier_coordinator_json(tmp_path):
 
 def _server(tmp_path, **knobs):
     cfg = RunConfig(metrics_dir=str(tmp_path / "nodes"), log_tier="silent", checkpoint_every_steps=5, momentum=0.5,
-                    hidden_sizes=[6], **knobs)
+                    hidden_sizes=[6], ps_shards="1", **knobs)  # ServerRecovery: the central server's checkpoints
     metrics = NodeMetrics("coordinator", "c")
     model = build_mlp(8, [6], 3, seed=0)
     flat = FlatParams(model)

@@ -457,6 +457,22 @@ def test_the_sharded_servers_refuse_what_they_do_not_offer_with_its_message(fiel
         RunConfig(ps_shards="all", **{field: value}, **extra)
 
 
+@pytest.mark.parametrize("fields", [{"ssp_cache": True, "staleness_bound": 2}, {"local_steps": 4, "staleness_bound": 2}])
+def test_what_only_the_central_server_runs_is_refused_under_the_default_saying_what_to_set(fields):
+    assert RunConfig.model_fields["ps_shards"].default == "all"
+    with pytest.raises(ConfigError, match=r"needs ps_shards 1 \(the central server\), not ps_shards 'all' "
+                                          r"\(the default\): .*; set ps_shards: 1$"):
+        RunConfig(**fields)
+    assert RunConfig(ps_shards="1", **fields).ps_shards == "1"  # no fallback: the user chooses the central server
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
+def test_ps_shards_on_a_torch_engine_is_an_error_only_off_its_default(engine):
+    assert RunConfig(engine=engine).ps_shards == "all"  # the default, which the torch engines do not read
+    with pytest.raises(ConfigError, match=r"'ps_shards': '1' needs engine wiiide"):
+        RunConfig(engine=engine, ps_shards="1")
+
+
 @pytest.mark.parametrize("fields", [{"staleness_bound": 2}, {"staleness_bound": "async", "staleness_scaling": "inverse"},
                                     {"adaptive_batch": True}, {"staleness_bound": 2, "adaptive_batch": True}])
 def test_the_sharded_servers_take_bounded_staleness_async_and_adaptive_batches(fields):
@@ -466,7 +482,7 @@ def test_the_sharded_servers_take_bounded_staleness_async_and_adaptive_batches(f
 def test_the_sharded_servers_take_sparse_rows_and_the_pace_server_takes_checkpoints():
     assert RunConfig(ps_shards="all", model="embedding", sparse_embedding=True, momentum=0.0).sparse_embedding
     for pacing in ({"staleness_bound": 2}, {"local_steps": 4}, {"adaptive_batch": True}):
-        assert RunConfig(checkpoint_every_steps=10, **pacing).checkpoint_every_steps == 10
+        assert RunConfig(ps_shards="1", checkpoint_every_steps=10, **pacing).checkpoint_every_steps == 10
 
 
 @pytest.mark.parametrize("pacing", [{"local_steps": 4}, {"local_steps": 4, "outer_optimizer": "nesterov"},

@@ -60,7 +60,18 @@ def test_seed_studies_sweep_what_the_seeds_swept():
 def test_quick_is_small():
     quick = load_spec(REPO_ROOT / "experiments/quick.yaml")
     total_s = sum(p.config.duration_s for p in quick.points) * quick.repeats
-    assert total_s <= 60 and all(p.config.num_workers == 2 for p in quick.points)
+    assert total_s <= 60 and all(p.config.num_workers == 4 for p in quick.points)
+
+
+def test_quick_sets_the_default_placement_against_central_and_ddp_on_a_shaped_link():
+    quick = load_spec(REPO_ROOT / "experiments/quick.yaml")
+    shown = {(p.params["link"], p.params["engine"]): (p.config.engine, p.config.ps_shards) for p in quick.points}
+    default_shards = RunConfig.model_fields["ps_shards"].default
+    for link in ("rate-100m", "none"):
+        assert shown[(link, "central")] == ("wiiide", "1")
+        assert shown[(link, "sharded")] == ("wiiide", default_shards) and default_shards == "all"
+        assert shown[(link, "ddp")][0] == "ddp"
+    assert len(shown) == len(quick.points) == 6
 
 
 def test_compose_passes_every_knob_with_its_default():

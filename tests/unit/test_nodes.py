@@ -251,7 +251,9 @@ class ScriptedPeers(threading.Thread):
 
 def run_coordinator_with(tmp_path: Path, port: int, strangers: list[Stranger], gradient_meta: Callable[[int], dict],
                          **cfg_fields: Any) -> tuple[int, dict[str, Any], ScriptedPeers]:
-    fields = dict(port=port, num_workers=1, max_steps=3, hidden_sizes=(8,), connect_timeout_s=20, io_timeout_s=20)
+    # the scripted peers speak the central server's protocol (a gradients frame per step)
+    fields = dict(port=port, num_workers=1, max_steps=3, hidden_sizes=(8,), connect_timeout_s=20, io_timeout_s=20,
+                  ps_shards="1")
     cfg = node_cfg(tmp_path, **{**fields, **cfg_fields})
     peers = ScriptedPeers(port, strangers, gradient_meta)
     peers.start()
@@ -415,7 +417,7 @@ def test_strangers_are_refused_and_run_completes(tmp_path, free_port, node_env, 
     thread = threading.Thread(target=strangers_then_worker, daemon=True)
     thread.start()
     cfg = node_cfg(tmp_path, port=free_port, num_workers=1, max_steps=50, compression="adaptive",
-                   connect_timeout_s=60, io_timeout_s=30)
+                   connect_timeout_s=60, io_timeout_s=30, ps_shards="1")  # the central server's codec counts below
     with capture_log("wiiide.coordinator") as records:
         code = Coordinator(cfg).run()
     thread.join(timeout=30)

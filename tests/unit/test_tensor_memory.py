@@ -138,3 +138,25 @@ def test_a_storage_at_a_freed_storages_address_is_counted():
                 kept.append(t)
             del t
     assert meter.live_bytes() == 100 * 4 * 1024
+
+
+def test_the_metered_first_forward_does_not_import_dynamo():
+    """A worker's first step (the forward under the activation meter, the backward with per-parameter
+    hooks, as `wiiide.ps.client` registers them) in a fresh interpreter leaves torch._dynamo unloaded:
+    its import is 1.6-2 s of CPU inside step 0, which stalled the sharded runs' first step."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, torch\n"
+            "from wiiide.training.model import build_mlp, FlatParams\n"
+            "from wiiide.server.pace.outer import gradient\n"
+            "from wiiide.tensor_memory import ForwardScope\n"
+            "m = build_mlp(8, [16], 4, seed=0); f = FlatParams(m); scope = ForwardScope('none')\n"
+            "seen = []\n"
+            "[p.register_post_accumulate_grad_hook(lambda p: seen.append(p.numel())) for p in m.parameters()]\n"
+            "gradient(m, f, torch.randn(5, 8), torch.zeros(5, dtype=torch.long), 1, scope=scope)\n"
+            "print(scope.activation_bytes > 0, len(seen), 'torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2]).stdout
+    assert out.split() == ["True", "4", "False"]  # measured, every hook ran, and no Dynamo

@@ -276,7 +276,8 @@ def _run_in_process(tmp_path: Path, **fields) -> dict:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     common = dict(port=port, num_workers=2, max_steps=6, duration_s=60, log_tier="silent", batch_size=8,
-                  connect_timeout_s=30, metrics_dir=str(tmp_path / "m"), **TINY["embedding"])
+                  connect_timeout_s=30, metrics_dir=str(tmp_path / "m"), ps_shards="1",  # the central server's bytes
+                  **TINY["embedding"])
     common["embedding_rows"] = 20_000
     cfg = RunConfig(**common, **fields)
     coordinator = Coordinator(cfg)
