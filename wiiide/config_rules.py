@@ -59,19 +59,10 @@ def _validate_engine(c: Any) -> None:
                  "the central server's cache skips the parameters it would send through its one link")
         for name, is_set, why in (
                 ("local_steps", c.local_steps != 1 and (c.staleness_bound != 0 or c.adaptive_batch), pacing),
-                ("ssp_cache", c.ssp_cache, cache),
-                *((name, getattr(c, name) != 0 and (c.staleness_bound != 0 or c.adaptive_batch),
-                   "under async and a staleness bound each shard applies pushes as they arrive, so no step is "
-                   "reached by every partition at once to cut a checkpoint at, and the paced handout does not "
-                   "restore one") for name in ("checkpoint_every_steps", "checkpoint_every_s"))):
+                ("ssp_cache", c.ssp_cache, cache)):
             if is_set:
                 raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs ps_shards 1 (the central "
                                   f"server), not ps_shards {c.ps_shards!r}{shards_origin}: {why}; set ps_shards: 1")
-        if c.local_steps > 1:  # wiiide.server.ps.local_sgd: a shard's file holds its parameters and MomentumSGD's buffer
-            for name in ("checkpoint_every_steps", "checkpoint_every_s"):
-                _check(getattr(c, name) == 0, name, getattr(c, name), "0 with local_steps > 1 and ps_shards > 1 "
-                       "(a shard's checkpoint holds its partitions' parameters and the synchronous optimizer's "
-                       "momentum, not the outer step's Nesterov buffer; ps_shards 1 checkpoints local SGD)")
     if c.engine == "wiiide":
         _check(c.batch_size >= c.grad_accum_steps, "grad_accum_steps", c.grad_accum_steps,
                f"at most batch_size = {c.batch_size} (every micro-batch needs a sample)")

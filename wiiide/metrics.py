@@ -412,6 +412,7 @@ class NodeMetrics:
             "compute_median_s": self._timed_summary(self.compute_median_s),
             "stage_cpu_s": {stage: summarize(by_step.values()) for stage, by_step in self._stage_cpu_s.items()
                             if by_step} or None,
+            "loss_first": self.losses[0] if self.losses else None,
             "loss_avg": (sum(self.losses) / len(self.losses)) if self.losses else None,
             "loss_final": self.losses[-1] if self.losses else None,
             "training_summary": self.training_summary(peak_rss),

@@ -135,6 +135,7 @@ class NodeMetricsFile(_Record):
     compute_max_s: ValueSummary | None = None  # sharded coordinator: slowest worker's compute per step
     compute_median_s: ValueSummary | None = None  # ... and the median worker's
     stage_cpu_s: dict[str, ValueSummary] | None = None  # sharded nodes: CPU s per step in each stage
+    loss_first: float | None = None  # the first step's (or update's) training loss, nats: where the run started
     loss_avg: float | None = None
     loss_final: float | None = None
     training_summary: TrainingSummary | None = None

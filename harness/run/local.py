@@ -16,7 +16,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import psutil
 
@@ -83,7 +83,11 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self) -> None:
+    def __init__(self, popen: Callable[..., Any] = subprocess.Popen) -> None:
+        """`popen`: how a node's process starts (``subprocess.Popen``'s signature and the object's ``pid``,
+        ``poll``, ``wait``, ``returncode``); tests that run many short runs pass a fork server's
+        (`tests/integration/warm_nodes.py`), which skips each node's imports."""
+        self._popen = popen
         self._procs: dict[str, subprocess.Popen] = {}
         self._handles: dict[str, psutil.Process] = {}
         self._samples: dict[str, list[dict[str, Any]]] = {}
@@ -138,8 +142,8 @@ class LocalBackend:
             # came as the next point started)
             with _signals_deferred():
                 with open(logs_dir / f"{name}.log", "ab") as log:
-                    proc = subprocess.Popen([sys.executable, "-m", "wiiide", role], env=env, cwd=REPO_ROOT,
-                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                    proc = self._popen([sys.executable, "-m", "wiiide", role], env=env, cwd=REPO_ROOT,
+                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 self._procs[name] = proc
             try:
                 self._handles[name] = psutil.Process(proc.pid)

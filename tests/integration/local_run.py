@@ -25,11 +25,12 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
     raise AssertionError(f"{what} did not happen within {timeout_s} s")
 
 
-def run_local(cfg: RunConfig, out: Path, fault: Callable[[Any], None] | None = None) -> dict:
+def run_local(cfg: RunConfig, out: Path, fault: Callable[[Any], None] | None = None, popen: Any = None) -> dict:
     """Start `cfg` on the local backend with its output in `out`, call `fault(controller)` (if given)
     while it runs, wait up to 120 s for every node to exit, tear down, assert the run ended ok and
-    return the nodes' metrics (`collect_nodes`)."""
-    backend = LocalBackend()
+    return the nodes' metrics (`collect_nodes`). `popen`: how nodes start (`LocalBackend`'s; None:
+    ``subprocess.Popen``; a `tests.integration.warm_nodes.WarmNodes`' forks them warm)."""
+    backend = LocalBackend() if popen is None else LocalBackend(popen)
     for folder in ("nodes", "logs"):
         (out / folder).mkdir(parents=True)
     try:

@@ -451,8 +451,7 @@ def test_the_sharded_servers_take_every_dense_model_gradient_accumulation_tls_an
 
 
 @pytest.mark.parametrize("field, value, extra", [
-    ("local_steps", 4, {"staleness_bound": 2}), ("ssp_cache", True, {"staleness_bound": 2}),
-    ("checkpoint_every_steps", 10, {"staleness_bound": "async"}), ("checkpoint_every_s", 5.0, {"adaptive_batch": True})])
+    ("local_steps", 4, {"staleness_bound": 2}), ("ssp_cache", True, {"staleness_bound": 2})])
 def test_the_sharded_servers_refuse_what_they_do_not_offer_with_its_message(field, value, extra):
     with pytest.raises(ConfigError, match=rf"'{field}'.*needs ps_shards 1"):
         RunConfig(ps_shards="all", **{field: value}, **extra)
@@ -486,6 +485,8 @@ def test_the_sharded_servers_take_sparse_rows_and_the_pace_server_takes_checkpoi
         assert RunConfig(ps_shards="1", checkpoint_every_steps=10, **pacing).checkpoint_every_steps == 10
 
 
-def test_sharded_local_sgd_refuses_checkpoints_with_its_reason():
-    with pytest.raises(ConfigError, match=r"'checkpoint_every_steps'.*local_steps > 1 and ps_shards > 1.*Nesterov"):
-        RunConfig(ps_shards="all", local_steps=4, checkpoint_every_steps=10)
+@pytest.mark.parametrize("pacing", [{"local_steps": 4}, {"local_steps": 4, "outer_optimizer": "nesterov"},
+                                    {"staleness_bound": 2}, {"staleness_bound": "async"}, {"adaptive_batch": True}])
+def test_the_sharded_servers_take_checkpoints_under_every_pacing(pacing):
+    for trigger in ({"checkpoint_every_steps": 10}, {"checkpoint_every_s": 1.0}):
+        assert RunConfig(ps_shards="all", num_workers=2, **pacing, **trigger).ps_shards == "all"

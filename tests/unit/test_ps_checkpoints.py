@@ -274,3 +274,49 @@ def test_a_restarted_run_restores_with_the_plan_its_checkpoints_were_written_wit
     restored, rule, plan = _restore(alone, [(coarse, probed)], SHARDS, flat)  # an integer setting: one plan
     assert restored is None and rule == coarse and plan == probed
     assert "another run configuration (partitions" in alone.recovery.recovery["refused"][0]["cause"]
+
+
+def test_sharded_local_sgd_files_hold_the_outer_steps_nesterov_buffer_and_restore_it_to_the_bit(tmp_path):
+    """With local_steps > 1 a shard's optimizer is the outer step (`PartitionOuterStep`): its file holds the
+    anchor (``params``) and its slice of the Nesterov buffer (``outer_momentum``); the restored shards step
+    on exactly as the uninterrupted ones, and a run with another outer optimizer refuses the files."""
+    from wiiide.server.pace.outer import PartitionOuterStep
+    from wiiide.server.ps.local_sgd import load_optimizer_state
+
+    cfg = _cfg(tmp_path, local_steps=4, outer_optimizer="nesterov", outer_learning_rate=0.7, outer_momentum=0.9)
+    partitions = partition_flat(NUMEL, SHARDS, 400)
+    rng = np.random.default_rng(1)
+    start = rng.standard_normal(NUMEL).astype(np.float32)
+    deltas = [rng.standard_normal(NUMEL).astype(np.float32) for _ in range(8)]
+
+    def outer_steps(params, optimizers, steps, writers=None):
+        for step in steps:
+            for p in partitions:
+                params[p.index].grad = torch.from_numpy(deltas[step][p.start:p.stop].copy())
+                optimizers[p.index].step()
+                ready = writers[p.shard].offer(p.index, step + 1, params[p.index].numpy(), optimizers[p.index]) if writers else None
+                if ready is not None:
+                    writers[p.shard].write(*ready)
+
+    def fresh(values):
+        params = {p.index: torch.from_numpy(values[p.start:p.stop].copy()) for p in partitions}
+        return params, {i: PartitionOuterStep(t, "nesterov", 0.7, 0.9) for i, t in params.items()}
+
+    params, optimizers = fresh(start)
+    writers = [ShardCheckpointer(cfg, s, SHARDS, [p for p in partitions if p.shard == s], NodeMetrics("worker", f"s{s}"),
+                                 {}, _Log(cfg)) for s in range(SHARDS)]
+    outer_steps(params, optimizers, range(5), writers)  # checkpoint at step 5
+    restored, refused = restore_shards(cfg, partitions, SHARDS, NUMEL, _Log(cfg))
+    assert restored.step == 5 and refused == []
+    buffer = np.concatenate([optimizers[p.index].outer.buffer.numpy() for p in partitions])
+    np.testing.assert_array_equal(restored.momentum, buffer)  # the Nesterov buffer, not a MomentumSGD one
+    outer_steps(params, optimizers, range(5, 8))
+    again, again_optimizers = fresh(restored.params)
+    for p in partitions:
+        load_optimizer_state(again_optimizers[p.index], restored.momentum[p.start:p.stop])
+    outer_steps(again, again_optimizers, range(5, 8))
+    for p in partitions:
+        assert torch.equal(again[p.index], params[p.index])
+    other, refused = restore_shards(_cfg(tmp_path, local_steps=4, outer_optimizer="avg"), partitions, SHARDS, NUMEL,
+                                    _Log(cfg))
+    assert other is None and "another run configuration" in refused[0]["cause"]

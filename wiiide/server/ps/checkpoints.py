@@ -2,8 +2,10 @@
 
 Writing: every shard writes its own file, ``ps-shard-<i>-step<step>.safetensors`` (`shard_prefix`), in
 the run's checkpoint folder (`wiiide.server.recovery.checkpoint_dir`) with the same atomic, hashed writer as the
-central server (`wiiide.server.checkpoint.CheckpointStore`): ``params`` and ``momentum``, each the shard's
-partitions concatenated in partition order (float32), at every step that is a multiple of
+central server (`wiiide.server.checkpoint.CheckpointStore`): ``params`` and the optimizer's state, each the shard's
+partitions concatenated in partition order (float32): ``momentum`` (MomentumSGD's buffer), or with
+``local_steps`` > 1 ``outer_momentum`` (the outer step's Nesterov buffer, `wiiide.server.ps.local_sgd.optimizer_state`;
+the outer step's anchor is ``params`` itself, ``avg`` keeps no state), at every step that is a multiple of
 ``checkpoint_every_steps``, and at the steps the coordinator announces (``checkpoint_at``) when
 ``checkpoint_every_s`` passed. A partition's step counter is the step of the run (every worker pushes
 every partition once per step), so each shard takes a copy of a partition right after the update that
@@ -12,6 +14,14 @@ message; an announced step is one no shard can have reached yet (`announce_step`
 partitions passed it anyway (the announcement overtaken by pushes on other connections) logs that it
 missed it: that step is then incomplete and the restore uses another. The run metadata names the shard, the shard count,
 the partitions' ``[start, stop)`` bounds and the training knobs (`wiiide.server.recovery.training_identity`).
+
+Paced shards (`wiiide.server.ps.paced`): in rounds (adaptive batches, s = 0) a step is a round, as above. Under
+async and a staleness bound a partition's step counts the pushes it applied, and the coordinator makes
+the cut consistent by draining: it hands out no task past the checkpoint step N (a multiple, or the
+announced step) until every task handed out is reported, so every partition's N-th update is its last
+before the cut and every shard's file of step N holds the same N pushes applied. The coordinator's shard
+adds the handout to its file's run metadata (`ShardCheckpointer.run_meta`: each worker's SSP clock), which
+the restarted coordinator reads back (`ShardsRestored.run`).
 
 Restore (`restore_shards`, called by the restarted coordinator before it sends the plan): the newest step
 complete and verified on EVERY shard (`wiiide.server.checkpoint.load_newest_complete`), so the restored shards
@@ -29,8 +39,8 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -45,8 +55,10 @@ from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.metrics import NodeMetrics, summarize
 from wiiide.training.model import MomentumSGD
+from wiiide.server.pace.outer import PartitionOuterStep
+from wiiide.server.ps.local_sgd import optimizer_state, optimizer_state_name
 from wiiide.server.ps.partition import Partition
-from wiiide.server.recovery import checkpoint_dir, momentum_to_flat, training_identity
+from wiiide.server.recovery import checkpoint_dir, training_identity
 
 CHECKPOINT_AT = "checkpoint_at"  # coordinator -> shard: {"step": s}, checkpoint when the partitions reach s
 MAX_ANNOUNCED = 64  # announced steps a shard keeps at most (one per checkpoint_every_s)
@@ -75,13 +87,16 @@ def shard_identity(cfg: RunConfig, shard: int, num_shards: int, owned: Sequence[
 @dataclass
 class ShardsRestored:
     """What the restarted coordinator restores: the step, the full flat float32 vectors (numel,) of the
-    parameters and of the momentum (None when the checkpoints carry none: momentum 0 or step 0), and
-    the files it read (one per shard, in shard order)."""
+    parameters and of the shards' optimizer state (`momentum`: MomentumSGD's buffer, or with local_steps
+    > 1 the outer step's Nesterov buffer; None when the checkpoints carry none: momentum 0, ``avg``, or
+    step 0), the files it read (one per shard, in shard order) and shard 0's run metadata (`run`: a paced
+    run's SSP clocks, `ShardCheckpointer.run_meta`)."""
 
     step: int
     params: np.ndarray
     momentum: np.ndarray | None
     paths: list[str]
+    run: dict = field(default_factory=dict)
 
 
 def restore_shards(cfg: RunConfig, partitions: Sequence[Partition], num_shards: int, numel: int,
@@ -101,14 +116,15 @@ def restore_shards(cfg: RunConfig, partitions: Sequence[Partition], num_shards: 
     if found is None:
         return None, refused
     step, checkpoints = found
+    state = optimizer_state_name(cfg)
     try:
         params = _assemble(checkpoints, owned, numel, "params")
-        momentum = (_assemble(checkpoints, owned, numel, "momentum")
-                    if all("momentum" in c.tensors for c in checkpoints) else None)
+        momentum = (_assemble(checkpoints, owned, numel, state)
+                    if all(state in c.tensors for c in checkpoints) else None)
     except CheckpointError as exc:  # a momentum of another length: the step cannot be used
         log.error("refused the sharded checkpoint of step %d: %s; starting from step 0", step, exc)
         return None, [*refused, {"path": str(checkpoints[0].path), "cause": str(exc)}]
-    return ShardsRestored(step, params, momentum, [str(c.path) for c in checkpoints]), refused
+    return ShardsRestored(step, params, momentum, [str(c.path) for c in checkpoints], checkpoints[0].run), refused
 
 
 def _assemble(checkpoints: Sequence[Checkpoint], owned: Sequence[Sequence[Partition]], numel: int,
@@ -146,6 +162,9 @@ class ShardCheckpointer:
         self.store = CheckpointStore(checkpoint_dir(cfg), shard_prefix(shard), cfg.checkpoint_keep, log.error)
         self.owned = sorted(owned, key=lambda p: p.index)
         self.identity = shard_identity(cfg, shard, num_shards, self.owned)
+        self.state_name = optimizer_state_name(cfg)
+        # more run metadata for every file (JSON values): the coordinator's shard sets it to a paced run's handout
+        self.run_meta: Callable[[], dict] | None = None
         self.metrics, self.log = metrics, log
         self._pending: dict[int, dict[int, tuple[np.ndarray, np.ndarray | None]]] = {}
         self._write_lock = threading.Lock()
@@ -182,9 +201,9 @@ class ShardCheckpointer:
         return True
 
     def offer(self, index: int, step: int, param: np.ndarray,
-              optimizer: MomentumSGD) -> tuple[int, dict[str, np.ndarray]] | None:
+              optimizer: MomentumSGD | PartitionOuterStep) -> tuple[int, dict[str, np.ndarray]] | None:
         """Partition `index` has just reached `step` (its parameters `param`, float32 (numel,), and its
-        optimizer); copy it if `step` is a checkpoint step. Returns (step, the file's tensors) when every
+        optimizer: `wiiide.server.ps.local_sgd.optimizer_state` is saved); copy it if `step` is a checkpoint step. Returns (step, the file's tensors) when every
         owned partition has reached it (then call `write` outside the lock), else None. Call under the
         shard's lock."""
         if not self.enabled or step <= 0:
@@ -192,7 +211,7 @@ class ShardCheckpointer:
         if step not in self._announced and not (self.every_steps and step % self.every_steps == 0):
             return None
         slot = self._pending.setdefault(step, {})
-        slot[index] = (param.copy(), momentum_to_flat(optimizer))
+        slot[index] = (param.copy(), optimizer_state(optimizer))
         if len(slot) < len(self.owned):
             return None
         del self._pending[step]
@@ -201,7 +220,7 @@ class ShardCheckpointer:
             del self._pending[older]
         tensors = {"params": np.concatenate([slot[p.index][0] for p in self.owned])}
         if all(slot[p.index][1] is not None for p in self.owned):
-            tensors["momentum"] = np.concatenate([slot[p.index][1] for p in self.owned])
+            tensors[self.state_name] = np.concatenate([slot[p.index][1] for p in self.owned])
         return step, tensors
 
     def write(self, step: int, tensors: dict[str, np.ndarray]) -> None:
@@ -210,7 +229,7 @@ class ShardCheckpointer:
         with self._write_lock:
             t0 = time.perf_counter()
             try:
-                path = self.store.save(step, tensors, self.identity)
+                path = self.store.save(step, tensors, {**(self.run_meta() if self.run_meta else {}), **self.identity})
             except (CheckpointError, OSError) as exc:
                 self.metrics.event("checkpoint_failed", step=step, cause=f"{type(exc).__name__}: {str(exc)[:200]}")
                 self.log.error("shard checkpoint at step %d failed: %s", step, exc)

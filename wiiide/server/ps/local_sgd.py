@@ -31,6 +31,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -39,6 +40,9 @@ from wiiide.lr_schedule import LrSchedule
 from wiiide.training.model import FlatParams, MomentumSGD
 from wiiide.training.models import loss_mean
 from wiiide.server.pace.outer import PartitionOuterStep, local_delta
+from wiiide.server.recovery import momentum_from_flat, momentum_to_flat
+
+OUTER_MOMENTUM = "outer_momentum"  # a shard checkpoint's name for the outer step's Nesterov buffer
 
 
 def shard_optimizer(values: torch.Tensor, cfg: Any) -> MomentumSGD | PartitionOuterStep:
@@ -50,6 +54,37 @@ def shard_optimizer(values: torch.Tensor, cfg: Any) -> MomentumSGD | PartitionOu
     if cfg.local_steps > 1:
         return PartitionOuterStep(values, cfg.outer_optimizer, cfg.outer_learning_rate, cfg.outer_momentum)
     return MomentumSGD([values], lr=cfg.learning_rate, momentum=cfg.momentum)
+
+
+def optimizer_state_name(cfg: Any) -> str:
+    """The name of a shard optimizer's state in a shard checkpoint: ``outer_momentum`` (DiLoCo's Nesterov
+    buffer) with ``local_steps`` > 1, else ``momentum`` (MomentumSGD's buffer)."""
+    return OUTER_MOMENTUM if cfg.local_steps > 1 else "momentum"
+
+
+def optimizer_state(optimizer: MomentumSGD | PartitionOuterStep) -> np.ndarray | None:
+    """A copy of the state a shard's optimizer (`shard_optimizer`) carries from one update to the next, as
+    flat float32 (the partition's numel,): MomentumSGD's momentum buffer, or the outer step's Nesterov
+    buffer. None when it keeps none: momentum 0, ``avg``, or before the first step. The outer step's
+    other state, the anchor parameters it steps from, are the partition's parameters themselves."""
+    if isinstance(optimizer, PartitionOuterStep):
+        buffer = optimizer.outer.buffer
+        return None if buffer is None else buffer.numpy().astype(np.float32, copy=True)
+    return momentum_to_flat(optimizer)
+
+
+def load_optimizer_state(optimizer: MomentumSGD | PartitionOuterStep, vector: np.ndarray) -> None:
+    """Set `optimizer_state`'s vector (float32, the partition's numel,) back into `optimizer`.
+
+    Raises:
+        CheckpointError (MomentumSGD) or ValueError (the outer step): a vector of another length.
+    """
+    if isinstance(optimizer, PartitionOuterStep):
+        if optimizer.outer.kind == "nesterov":  # avg keeps no state
+            optimizer.outer.load_buffer(torch.from_numpy(np.array(vector, dtype=np.float32, copy=True)))
+        return
+    if optimizer.momentum != 0:
+        momentum_from_flat(optimizer, vector)
 
 
 def round_rows(cfg: Any, batch_size: int, num_samples: int) -> int:

@@ -19,7 +19,10 @@ node keeps what is not bulk:
 - **the pace record** (`wiiide.server.pace.record.PaceRecord`): per-worker pushes and samples, the staleness of
   every applied push (the largest the shards reported over the push's partitions: updates of the
   partition since the worker's copy of it), the clock gap, the batch sizes, in the coordinator's
-  metrics as the central pace server records them, so the report reads the same.
+  metrics as the central pace server records them, so the report reads the same;
+- **the checkpoints' cut** (`wiiide.server.ps.paced_checkpoints`): under async and a bound the handout stops at a
+  checkpoint step until every task is reported, so every shard's file holds the same pushes; a restored
+  run starts at the checkpoint's step with the clocks saved at the cut.
 
 One thread waits on every worker's connection at once (`selectors`, as `wiiide.server.pace.server` does). A worker
 lost, silent for ``io_timeout_s`` or misbehaving fails the run (exit 4), as the barrier does.
@@ -41,6 +44,7 @@ from wiiide.server.pace.adaptive import AdaptiveBatch
 from wiiide.server.pace.reading import compute_seconds, ready_connections
 from wiiide.server.pace.record import PaceRecord
 from wiiide.server.pace.staleness import SSPClock
+from wiiide.server.ps.paced_checkpoints import PacedCheckpoints, handout_meta, restored_clocks
 from wiiide.server.ps.plan import PS_FAILED, batch_frame
 
 TASKS_AHEAD = 1  # batches a worker may hold beyond the one it computes (the barrier's HANDOUT_AHEAD)
@@ -76,10 +80,12 @@ class PacedHandout:
         shard: the coordinator's own `wiiide.server.ps.shard.ShardServer` (its ``failure`` ends the run).
         sampler: the batch stream (`wiiide.training.data.BatchSampler`); start: ``time.perf_counter()`` at the start.
         evaluator: the started background evaluator, or None.
+        client: the coordinator's `wiiide.server.ps.client.ShardClient` (checkpoint_every_s announcements), or None.
+        start_step: the step a restored run starts at (updates applied; in rounds, the round).
     """
 
     def __init__(self, coord, data: Dataset, workers: list, handout: dict[int, str], shard: Any,
-                 sampler: BatchSampler, start: float, evaluator: Any) -> None:
+                 sampler: BatchSampler, start: float, evaluator: Any, client: Any = None, start_step: int = 0) -> None:
         cfg = coord.cfg
         self.coord, self.cfg, self.data, self.workers, self.handout = coord, cfg, data, workers, handout
         self.shard, self.sampler, self.start, self.evaluator = shard, sampler, start, evaluator
@@ -92,7 +98,8 @@ class PacedHandout:
         self.tasks: dict[int, deque[_Task]] = {w.rank: deque() for w in workers}
         self.round_sizes: dict[int, dict[int, int]] = {}  # rounds: round -> every worker's batch size
         self.round_done: dict[int, list[_Done]] = {}  # rounds: round -> the pushes reported so far
-        self.handed = 0
+        self.handed = 0 if self.rounds else start_step  # tasks handed out (async / SSP: since the run began, a
+        # partition's step)
         self._heard: dict[int, float] = {}
         self._last = start
         self._selector = selectors.DefaultSelector()
@@ -100,6 +107,24 @@ class PacedHandout:
             self.clock.join(w.rank)
             self._selector.register(w.conn.sock, selectors.EVENT_READ, (w, w.conn))
             self._heard[w.rank] = time.monotonic()
+        self.cut = PacedCheckpoints(cfg, start_step, not self.rounds, client)
+        self._restart_clocks(start_step)
+        self.given = dict(self.clock.clocks)  # rank -> tasks handed out to it (its next task's clock)
+        if not self.rounds and shard.checkpointer is not None:  # the coordinator's shard saves the handout
+            shard.checkpointer.run_meta = lambda: handout_meta(self.handed, dict(self.given))
+
+    def _restart_clocks(self, start_step: int) -> None:
+        """A restored run's clocks: in rounds every worker at the round `start_step`; under async / a bound
+        the clocks saved at the cut (`wiiide.server.ps.paced_checkpoints.restored_clocks`), else all at 0."""
+        if not start_step:
+            return
+        recovery = self.coord.recovery
+        saved = (restored_clocks(recovery.restored_run, list(self.clock.clocks), start_step)
+                 if recovery is not None and recovery.restored_step == start_step and not self.rounds else None)
+        for rank in self.clock.clocks:
+            self.clock.clocks[rank] = start_step if self.rounds else (saved or {}).get(rank, 0)
+        if recovery is not None and not self.rounds:  # the workers' rejoin hints count their own tasks
+            recovery.hint_unit = ("worker_tasks", max(self.clock.clocks.values()))
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -128,7 +153,7 @@ class PacedHandout:
                 "ssp_cache": cfg.ssp_cache, "tasks_with_params": None, "tasks_without_params": None,
                 "outer_optimizer": None, "staleness_scaling": cfg.staleness_scaling,
                 "adaptive_batch": cfg.adaptive_batch, "grad_accum_steps": cfg.grad_accum_steps,
-                "updates": metrics.steps, "tasks_handed_out": self.handed}
+                "updates": metrics.steps, "tasks_handed_out": self.handed, "checkpoint_cut": self.cut.record()}
 
     def _more(self) -> bool:
         cfg = self.cfg
@@ -156,6 +181,10 @@ class PacedHandout:
                 continue
             if not self.rounds and cfg.max_steps and self.handed >= cfg.max_steps:
                 return
+            limit = self.cut.limit()
+            if limit is not None and self.handed >= limit:  # a checkpoint's cut: drain first
+                self.cut.held()
+                return
             self._send(w, step, self._batch_size(w.rank, step))
 
     def _batch_size(self, rank: int, step: int) -> int:
@@ -178,6 +207,7 @@ class PacedHandout:
         except OSError as exc:
             self._lost(w, exc)
         self.tasks[w.rank].append(_Task(step, len(idx), now))
+        self.given[w.rank] = step + 1
         self.handed += 1
         self.record.batch_size(w.rank, now - self.start, batch_size)
 
@@ -249,6 +279,9 @@ class PacedHandout:
         metrics.record_workers_compute([p.compute_s for p in parts])
         metrics.losses.append(sum(p.samples * p.loss for p in parts) / samples)
         self._last = now
+        self.cut.after_update(metrics.steps, self.handed, max(self.given.values()))
+        if self.coord.recovery is not None:  # the recovery figures at the first update after a restart
+            self.coord.recovery.note_step(metrics.steps)
         if metrics.steps % 50 == 0:
             metrics.sample_rss()
         self.coord.log.step(metrics.steps, "update %d: loss %.4f, %d push(es), %.1f samples/s (sharded)",

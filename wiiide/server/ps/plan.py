@@ -197,6 +197,7 @@ def _restore(coord, plans: list[tuple[PieceRule, list[Partition]]], k: int,
                             "starting from step 0", k, len(refused))
         return None, rule, partitions
     flat.load(torch.from_numpy(restored.params))
+    recovery.restored_run = restored.run  # shard 0's run metadata: a paced run's handout (wiiide.server.ps.paced_checkpoints)
     recovery.mark_restored(restored.step, restored.paths[0], restored_files=restored.paths, restored_shards=k,
                            restored_params_sha256=params_digest(restored.params)["sha256"])
     return restored, rule, partitions

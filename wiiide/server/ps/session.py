@@ -240,7 +240,7 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
                                    lambda: (metrics.steps, metrics.samples)).start()
     try:
         if cfg.staleness_bound != 0 or cfg.adaptive_batch:  # the SSP clock's handout (wiiide.server.ps.paced)
-            PacedHandout(coord, data, workers, handout, shard, sampler, start, evaluator).run()
+            PacedHandout(coord, data, workers, handout, shard, sampler, start, evaluator, client, start_step).run()
         else:
             _barrier(coord, data, workers, handout, shard, timer, sampler, start, start_step, client, evaluator,
                      members)

@@ -16,18 +16,17 @@ limits, deadlines, socket knobs and TLS; the welcome's MAC covers the shard id i
 `wiiide.wire.admission.HandshakeGate`. Each peer has a receiver thread (pushes in) and a sender thread
 (pulls out): full duplex.
 
-Pacing (`wiiide.server.ps.paced`): with ``staleness_bound`` s >= 1 or ``async`` a shard applies every push
-as it arrives (no waiting for the other workers), scaled by its staleness (``staleness_scaling``;
-k = the partition's updates since it last sent that worker the partition), and sends the partition
-back to the pushing worker only, as a delta against that worker's own replica; the pull's meta carries
-``staleness``. With ``adaptive_batch`` in rounds (s = 0) it averages the pushes weighted by their
-``samples``, the gradient of the whole global batch.
+Pacing (`wiiide.server.ps.paced`): with ``staleness_bound`` s >= 1 or ``async`` a shard applies every push as it
+arrives, scaled by its staleness (``staleness_scaling``; k = the partition's updates since it last sent
+that worker the partition), and sends the partition back to the pushing worker only, as a delta against
+that worker's replica (meta: ``staleness``); a partition's step counts its pushes, and its checkpoint
+step is copied as in rounds (`wiiide.server.ps.checkpoints`). With ``adaptive_batch`` in rounds (s = 0) it
+averages the pushes weighted by their ``samples``.
 
-Shard loss: an update needs every worker's push for its partition, so a peer that disconnects mid-run
-fails the shard (`failure`: the first cause, `lost`: every one); it tells every other peer
-(``shard_failed`` with the cause), and the coordinator goes on without the lost worker in a new
-incarnation with new shards (`wiiide.server.ps.membership`, which reads the momentum a shard kept through
-`partition_states`; `expect_workers` names the workers an incarnation's shards serve).
+Shard loss: an update needs every worker's push, so a peer that disconnects mid-run fails the shard
+(`failure`: the first cause, `lost`: every one; every other peer gets ``shard_failed``), and the
+coordinator goes on in a new incarnation with new shards (`wiiide.server.ps.membership`: the momentum a shard
+kept, `partition_states`; `expect_workers`: the workers an incarnation's shards serve).
 """
 
 from __future__ import annotations
@@ -48,16 +47,17 @@ from wiiide.errors import ProtocolError
 from wiiide.log import TieredLog
 from wiiide.lr_schedule import LrRecord, LrSchedule
 from wiiide.metrics import NodeMetrics
+from wiiide.training.model import MomentumSGD
 from wiiide.wire.handshake import accept_hello, send_welcome, tell_refused
 from wiiide.wire.node import Connection, Heartbeats
 from wiiide.server.ps.checkpoints import CHECKPOINT_AT, ShardCheckpointer
 from wiiide.server.pace.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pulls_as_deltas, received_values
-from wiiide.server.ps.local_sgd import shard_optimizer
+from wiiide.server.ps.local_sgd import load_optimizer_state, shard_optimizer
 from wiiide.server.ps.outbox import close_quietly, drain_outbox, frame_step, shard_bind_host  # noqa: F401 (frame_step)
 from wiiide.server.ps.partition import Partition
 from wiiide.server.ps.shard_pacing import apply_on_arrival, push_samples
 from wiiide.server.ps.sparse_rows import ROWS_PULL_KIND, ROWS_PUSH_KIND, RowTable, apply_rows
-from wiiide.server.recovery import momentum_from_flat, momentum_to_flat
+from wiiide.server.recovery import momentum_to_flat
 from wiiide.wire.admission import HandshakeGate, Pending
 from wiiide.wire.encode import encode_message, with_meta
 from wiiide.wire.messages import Frame, WireTensor
@@ -160,8 +160,8 @@ class ShardServer:
             values = torch.from_numpy(np.array(params[p.start:p.stop], dtype=np.float32, copy=True))
             values.grad = torch.zeros_like(values)
             optimizer = shard_optimizer(values, cfg)  # MomentumSGD; local SGD's outer step (wiiide.server.ps.local_sgd)
-            if momentum is not None and cfg.momentum != 0:
-                momentum_from_flat(optimizer, momentum[p.start:p.stop])
+            if momentum is not None:  # MomentumSGD's buffer, or the outer step's Nesterov buffer
+                load_optimizer_state(optimizer, momentum[p.start:p.stop])
             self.owned[p.index] = owned = _Owned(p, values, optimizer, PullReplica(values.numpy()), step=start_step)
             if self.on_arrival:
                 owned.replicas = {r: PullReplica(values.numpy()) for r in range(1, self.num_workers + 1)}
@@ -180,11 +180,11 @@ class ShardServer:
         self.num_workers = len(self.worker_ranks)
 
     def partition_states(self) -> list[tuple[int, int, np.ndarray | None, np.ndarray]]:
-        """(partition index, its step, a copy of its momentum buffer as flat float32 or None without one,
-        a copy of the averaged gradient its last update applied) for every owned partition
-        (`wiiide.server.ps.membership` keeps a lost run's momentum from it)."""
+        """(partition index, its step, a copy of its MomentumSGD buffer as flat float32 or None, a copy of the
+        averaged gradient its last update applied) per owned partition (`wiiide.server.ps.membership`)."""
         with self._lock:
-            return [(i, o.step, momentum_to_flat(o.optimizer), o.param.grad.numpy().copy())
+            return [(i, o.step, momentum_to_flat(o.optimizer) if isinstance(o.optimizer, MomentumSGD) else None,
+                     o.param.grad.numpy().copy())
                     for i, o in sorted(self.owned.items())]
 
     def start(self) -> "ShardServer":
@@ -364,25 +364,30 @@ class ShardServer:
             values = received_values(msg)  # the reader reuses its buffer for the next frame
         self.metrics.add_stage_cpu("push_decode", step, msg.decode_cpu_s + time.thread_time() - cpu0)
         with self._lock:
-            if self.on_arrival:
-                return apply_on_arrival(self, owned, rank, values, step)
-            if step != owned.step:
-                raise ProtocolError(f"push of partition {index} for step {step!r:.40}, the shard is at step {owned.step}")
-            if rank in owned.pushes:
-                raise ProtocolError(f"worker {rank} pushed partition {index} twice at step {step}")
-            if not owned.pushes:
-                owned.first_push_s = time.perf_counter()
-            owned.pushes[rank] = values
-            if self.weighted:
-                owned.samples[rank] = push_samples(msg.meta, index)
-            if len(owned.pushes) < self.num_workers:
+            frame = (apply_on_arrival(self, owned, rank, values, step) if self.on_arrival
+                     else self._in_round(owned, rank, values, step, msg.meta))
+            if frame is None:
                 return None
-            frame = self._update(owned)
             ready = (self.checkpointer.offer(index, owned.step, owned.param.numpy(), owned.optimizer)
                      if self.checkpointer is not None else None)
         if ready is not None:  # every partition of this shard reached a checkpoint step: write it, unlocked
             self.checkpointer.write(*ready)
         return frame
+
+    def _in_round(self, owned: _Owned, rank: int, values, step, meta: dict):
+        """Rounds: keep `rank`'s push of `step`; the pull frame once every worker's is in, else None. Holds
+        the lock. Raises ProtocolError: a wrong step or a second push."""
+        index = owned.part.index
+        if step != owned.step:
+            raise ProtocolError(f"push of partition {index} for step {step!r:.40}, the shard is at step {owned.step}")
+        if rank in owned.pushes:
+            raise ProtocolError(f"worker {rank} pushed partition {index} twice at step {step}")
+        if not owned.pushes:
+            owned.first_push_s = time.perf_counter()
+        owned.pushes[rank] = values
+        if self.weighted:
+            owned.samples[rank] = push_samples(meta, index)
+        return self._update(owned) if len(owned.pushes) == self.num_workers else None
 
     def _update(self, owned: _Owned):
         """Average the pushes (in rank order), one optimizer step, the pull frame. Holds the lock."""
@@ -392,8 +397,7 @@ class ShardServer:
         owned.optimizer.lr = self.lrs.schedule.lr(step)
         self.lrs.applied(step, owned.optimizer.lr)
         if self._is_rows(owned):  # the touched rows' SGD, and a pull of those rows
-            frame = apply_rows(self.table, owned.part, owned.param, owned.pushes, owned.optimizer.lr,
-                                     {"step": step, "partition": index})
+            frame = apply_rows(self.table, owned.part, owned.param, owned.pushes, owned.optimizer.lr, {"step": step, "partition": index})
         else:
             grad = owned.param.grad
             grad.zero_()
@@ -403,10 +407,9 @@ class ShardServer:
             if not self.weighted:
                 grad.div_(len(owned.pushes))
             owned.optimizer.step()
-            # Deltas whenever the policy compresses (`pulls_as_deltas`); dense through the lossy codecs' warm-up.
             dense = not self._delta_pulls or (self._lossy and step < self._warmup_steps)
             frame = owned.replica.frame_for(self.policy, {"step": step, "partition": index}, f"p{index}",
-                                            owned.param.numpy(), dense)
+                                            owned.param.numpy(), dense)  # deltas when compressed (pulls_as_deltas)
         owned.pushes.clear()
         owned.samples.clear()
         owned.step += 1
