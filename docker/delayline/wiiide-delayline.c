@@ -75,6 +75,7 @@ static char PID_FILE[64] = "/tmp/wiiide-delayline.pid", STATS_FILE[64] = "/tmp/w
 #define MAX_MSGS_PER_ROUND 512
 #define SLICE_US 100 /* EEVDF's smallest slice */
 #define WAKE_LEAD_MAX_NS 1000000ll /* the most the loop wakes before a due time: 1 ms */
+#define WAKE_LONG_NS 1000000ull     /* a sleep at least this long (past twice the lead) ends early */
 #define STATS_EVERY_NS 250000000ull /* the stats file's age at most: a read right after a trial is current */
 
 struct held { uint64_t due_ns; uint64_t seq; uint32_t id; };
@@ -254,8 +255,7 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     return 0;
 }
 
-/* accept every held packet due by `now` (all of them when `all`); returns how many. The loop passes
-   `now` plus its wake lead: a packet due sooner than a sleep would overshoot it goes now. */
+/* accept every held packet due by `now` (all of them when `all`); returns how many */
 static size_t release(uint64_t now, int all) {
     size_t n = 0;
     uint32_t last_id = 0;
@@ -559,29 +559,33 @@ int main(int argc, char **argv) {
     uint64_t next_stats = now_ns() + STATS_EVERY_NS;
     /* A timed wake-up comes late by the scheduler's wake-up latency (a VM's idle exit, the timer
        slack, the run queue): 0.1-0.2 ms on a quiet machine here, more under load. The loop learns that
-       lateness (an EWMA, 1/8 per sample, of each timed wake-up's overshoot, capped at WAKE_LEAD_MAX_NS)
-       and asks to wake that much before the next due time, and a packet due within that lead is
-       accepted now, since another sleep would overshoot it by more: verdicts land around their due
-       times, early or late, instead of always late (stats: late_mean_us signed, late_max_us,
-       early_max_us, wake_lead_us). It costs no CPU: nothing spins. */
+       lateness (an EWMA, 1/8 per sample, of each long sleep's overshoot, capped at WAKE_LEAD_MAX_NS) and
+       ends a long sleep that much before the next due time; a short second sleep (no lead, not learnt
+       from: the CPU is not back in deep idle yet) then ends at the due time. A packet is never accepted
+       before its due time, as netem's never leaves early; it is accepted later by less than a single
+       long sleep would make it (stats: late_mean_us, late_max_us, early_max_us 0, wake_lead_us). It
+       costs one more wake-up per due packet after a long wait, and no spinning. */
     while (!S.stop) {
         uint64_t now = now_ns();
-        release(now + (uint64_t)S.wake_lead_ns, 0);
+        release(now, 0);
         if (now >= next_stats) { write_stats(1); next_stats = now + STATS_EVERY_NS; }
         uint64_t wake = next_stats;
-        int timed_by_packet = 0;
-        if (S.heap_len && S.heap[0].due_ns - (uint64_t)S.wake_lead_ns < wake) {
-            wake = S.heap[0].due_ns - (uint64_t)S.wake_lead_ns;
-            timed_by_packet = 1;
+        int long_sleep = 0;
+        if (S.heap_len && S.heap[0].due_ns < wake) {
+            wake = S.heap[0].due_ns;
+            if (wake > now + 2 * (uint64_t)S.wake_lead_ns + WAKE_LONG_NS) { /* a long sleep: end it early */
+                wake -= (uint64_t)S.wake_lead_ns;
+                long_sleep = 1;
+            }
         }
         now = now_ns();
         struct timespec ts = {0, 0};
         if (wake > now) { ts.tv_sec = (time_t)((wake - now) / 1000000000ull); ts.tv_nsec = (long)((wake - now) % 1000000000ull); }
-        else timed_by_packet = 0; /* no sleep asked: nothing to learn from */
+        else long_sleep = 0; /* no sleep asked: nothing to learn from */
         struct pollfd p = {fd, POLLIN, 0};
         int ready = ppoll(&p, 1, &ts, NULL);
         if (ready < 0 && errno != EINTR) break;
-        if (ready == 0 && timed_by_packet) {
+        if (ready == 0 && long_sleep) {
             int64_t over = (int64_t)(now_ns() - wake);
             if (over < 0) over = 0;
             if (over > WAKE_LEAD_MAX_NS) over = WAKE_LEAD_MAX_NS;

@@ -80,10 +80,10 @@ def parse_stats(text: str) -> dict[str, Any]:
     was set, else 0), ``delay_us``, ``jitter_us``, ``distribution``,
     ``draws``, packet counts (``queued_packets``, ``accepted_packets``, ``held_packets``,
     ``max_held_packets``, ``dropped_full_packets``; the kernel queue's own ``kernel_queue_dropped_packets``
-    and ``kernel_user_dropped_packets``), lateness ``late_mean_us`` (the mean of verdict minus due time,
-    signed: negative when verdicts came early on the whole), ``late_max_us`` and ``early_max_us`` (the
-    latest and the earliest verdict against its due time), ``wake_lead_us`` (how long before a due time
-    the delay line asks to wake: its running estimate of its wake-ups' lateness; all microseconds) and
+    and ``kernel_user_dropped_packets``), lateness ``late_mean_us`` (the mean of verdict minus due time),
+    ``late_max_us`` and ``early_max_us`` (the latest verdict after and the earliest before its due time;
+    the delay line accepts none early, so 0), ``wake_lead_us`` (how much earlier the delay line ends a
+    long sleep: its running estimate of its wake-ups' lateness; all microseconds) and
     ``cpu_user_s``/``cpu_system_s``; netem's reorder (``reorder_pct``,
     ``reorder_corr_pct``, ``gap``, ``reordered_packets``: accepted at once) and Gilbert-Elliott loss
     (``gemodel``, ``ge_p_pct`` .. ``ge_1k_pct``, ``loss_dropped_packets``, ``loss_bursts``: runs of lost
