@@ -21,7 +21,9 @@ def report(tmp_path_factory):
         "name": "ttt-tiny", "repeats": 1,
         "base": {"dataset": "digits", "num_workers": 2, "max_steps": STEPS, "duration_s": 120, "log_tier": "silent",
                  "connect_timeout_s": 60, "eval_every_s": 0.1, "target_accuracy": TARGET},
-        "axes": {"engine": ["wiiide", "ddp", "fsdp"]},
+        # the central server's curve starts at the initial model (step 0); the sharded servers' first
+        # evaluation comes after the first pulls from the shards
+        "axes": {"engine": [{"label": "wiiide", "engine": "wiiide", "ps_shards": "1"}, "ddp", "fsdp"]},
     }, "ttt-tiny.yaml")
     return load_report(run_sweep(spec, "local", tmp_path_factory.mktemp("results"), progress=lambda line: None))
 

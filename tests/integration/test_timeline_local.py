@@ -22,7 +22,7 @@ def report_path(tmp_path_factory):
         "name": "timeline", "repeats": 1,
         "base": {"dataset": "digits", "num_workers": 2, "max_steps": 12, "duration_s": 60, "log_tier": "silent",
                  "connect_timeout_s": 60, "warmup_steps": WARMUP, "trace_steps": TRACED},
-        "axes": {"engine": [{"label": "central", "engine": "wiiide"},
+        "axes": {"engine": [{"label": "central", "engine": "wiiide", "ps_shards": "1"},
                             {"label": "sharded", "engine": "wiiide", "ps_shards": "all"},
                             "ddp"]},
     }, "timeline.yaml")

@@ -9,7 +9,8 @@ records, under ``checkpoints`` and ``recovery`` in the coordinator's metrics:
 - ``restored_step``: the step of the checkpoint restored (0 on a fresh start);
 - ``steps_at_crash``: the rejoining workers' highest ``last_step`` + 1, i.e. the steps the killed
   coordinator had applied or was applying when it died (it is exact to one step: the last gradient a
-  worker sent may or may not have been applied);
+  worker sent may or may not have been applied), and at least ``restored_step`` (a shard writes its
+  file before it answers the pulls, so the newest complete step on disk can be one no worker saw);
 - ``steps_lost`` = steps_at_crash - restored_step (>= 0);
 - under the pace server (`wiiide.server.pace.checkpoints`) a worker's ``last_step`` is the id of its last task, so
   these two are ``tasks_at_crash`` and ``tasks_lost`` (tasks handed out by the killed coordinator after
@@ -283,6 +284,8 @@ class ServerRecovery:
             at_crash = max(int(h["last_step"]) for h in self._hints) + 1
             last_seen = max(h["last_params_unix_s"] for h in self._hints)
             unit, base = self.hint_unit
+            if base is None:  # steps: on the sharded servers a shard writes its file before it answers the
+                at_crash = max(at_crash, self.restored_step)  # pulls, so a step no worker saw can be on disk
             self.recovery.update({
                 f"{unit}_at_crash": at_crash, f"{unit}_lost": max(0, at_crash - (self.restored_step if base is None
                                                                                   else base)),
