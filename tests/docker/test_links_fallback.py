@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import threading
+import time
 
 import pytest
 
@@ -185,7 +186,9 @@ def test_the_delay_line_holds_the_round_trip_and_leaves_nothing_after_it(lossy_p
     runner = ContainerExec(coordinator)
     assert delayed_coordinator.mechanisms == {"delay": DELAY_LINE_MECHANISM}
     delayed = round_trips(by_role)
-    stats = read_delay_line_stats(runner)
+    deadline = time.monotonic() + 2.0  # the stats file is rewritten every 250 ms: wait for a current one
+    while (stats := read_delay_line_stats(runner))["accepted_packets"] < 40 and time.monotonic() < deadline:
+        time.sleep(0.1)
     print(f"delay {DELAY_MS:g} ms asked: {delayed}, delay line {stats}")
     assert delayed["min_rtt_ms"] >= DELAY_MS  # every round trip waited out the delay (a lower bound, no window)
     assert stats["running"] and stats["accepted_packets"] >= 40 and stats["delay_us"] == DELAY_MS * 1000
