@@ -77,6 +77,8 @@ static char PID_FILE[64] = "/tmp/wiiide-delayline.pid", STATS_FILE[64] = "/tmp/w
 #define WAKE_LEAD_MAX_NS 1000000ll /* the most the loop wakes before a due time: 1 ms */
 #define WAKE_LONG_NS 1000000ull     /* a sleep at least this long (past twice the lead) ends early */
 #define STATS_EVERY_NS 250000000ull /* the stats file's age at most: a read right after a trial is current */
+#define LATE_BUCKET_NS 10000ull     /* the lateness histogram: 10 us buckets up to 5 ms, the last one open */
+#define LATE_BUCKETS 500
 
 struct held { uint64_t due_ns; uint64_t seq; uint32_t id; };
 struct crnd { uint32_t last, rho; }; /* netem's struct crndstate */
@@ -93,6 +95,7 @@ static struct {
     int64_t late_total_ns;                /* sum of verdict time - due time (negative: early), accepted packets */
     uint64_t late_max_ns, early_max_ns;   /* the latest and the earliest verdict against its due time */
     int64_t wake_lead_ns;                 /* how long before a due time the loop asks to wake (see main) */
+    uint64_t late_hist[LATE_BUCKETS];     /* accepted packets by lateness (LATE_BUCKET_NS wide) */
     uint64_t rng;
     struct nfq_q_handle *qh;
     volatile sig_atomic_t stop;
@@ -267,6 +270,8 @@ static size_t release(uint64_t now, int all) {
             int64_t late = (int64_t)(now - h.due_ns);
             S.late_total_ns += late;
             if (late > 0 && (uint64_t)late > S.late_max_ns) S.late_max_ns = (uint64_t)late;
+            uint64_t bucket = late > 0 ? (uint64_t)late / LATE_BUCKET_NS : 0;
+            S.late_hist[bucket < LATE_BUCKETS ? bucket : LATE_BUCKETS - 1]++;
             if (late < 0 && (uint64_t)-late > S.early_max_ns) S.early_max_ns = (uint64_t)-late;
         }
         if (in_order) last_id = h.id;
@@ -275,6 +280,22 @@ static size_t release(uint64_t now, int all) {
     if (in_order && n) nfq_set_verdict_batch(S.qh, last_id, NF_ACCEPT);
     S.accepted += n;
     return n;
+}
+
+/* the lateness below which `pct` % of the accepted packets fall, in ns: its bucket's upper edge, or the
+   latest verdict where that is sooner; in the last, open bucket, the latest verdict */
+static uint64_t late_percentile_ns(double pct) {
+    uint64_t total = 0, seen = 0, edge = (uint64_t)LATE_BUCKETS * LATE_BUCKET_NS;
+    for (int i = 0; i < LATE_BUCKETS; i++) total += S.late_hist[i];
+    if (!total) return 0;
+    for (int i = 0; i < LATE_BUCKETS; i++) {
+        seen += S.late_hist[i];
+        if ((double)seen >= pct / 100.0 * (double)total) {
+            edge = i == LATE_BUCKETS - 1 ? S.late_max_ns : (uint64_t)(i + 1) * LATE_BUCKET_NS;
+            break;
+        }
+    }
+    return edge < S.late_max_ns ? edge : S.late_max_ns;
 }
 
 static void kernel_counters(unsigned long long *queue_dropped, unsigned long long *user_dropped) {
@@ -304,7 +325,7 @@ static void write_stats(int running) {
             "\"accepted_packets\": %llu, \"held_packets\": %zu, \"max_held_packets\": %llu, "
             "\"dropped_full_packets\": %llu, \"kernel_queue_dropped_packets\": %llu, "
             "\"kernel_user_dropped_packets\": %llu, \"late_mean_us\": %.1f, \"late_max_us\": %.1f, "
-            "\"early_max_us\": %.1f, \"wake_lead_us\": %.1f, \"cpu_user_s\": %.6f, \"cpu_system_s\": %.6f, "
+            "\"late_p99_us\": %.1f, \"early_max_us\": %.1f, \"wake_lead_us\": %.1f, \"cpu_user_s\": %.6f, \"cpu_system_s\": %.6f, "
             "\"reorder_pct\": %.6f, \"reorder_corr_pct\": %.6f, \"gap\": %u, \"reordered_packets\": %llu, "
             "\"gemodel\": %s, \"ge_p_pct\": %.6f, \"ge_r_pct\": %.6f, \"ge_1h_pct\": %.6f, \"ge_1k_pct\": %.6f, "
             "\"loss_dropped_packets\": %llu, \"loss_bursts\": %llu, \"ge_bad_entries\": %llu}\n",
@@ -313,7 +334,7 @@ static void write_stats(int running) {
             (unsigned long long)S.queued, (unsigned long long)S.accepted, S.heap_len,
             (unsigned long long)S.max_held, (unsigned long long)S.dropped_full, qd, ud,
             S.accepted ? (double)S.late_total_ns / 1e3 / (double)S.accepted : 0.0, S.late_max_ns / 1e3,
-            S.early_max_ns / 1e3, S.wake_lead_ns / 1e3,
+            late_percentile_ns(99.0) / 1e3, S.early_max_ns / 1e3, S.wake_lead_ns / 1e3,
             ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6, ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6,
             S.reorder_pct, S.reorder_corr_pct, S.gap, (unsigned long long)S.reordered, S.ge ? "true" : "false",
             S.ge_pct[0], S.ge_pct[1], S.ge_pct[2], S.ge_pct[3], (unsigned long long)S.loss_dropped,

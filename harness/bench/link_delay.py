@@ -60,6 +60,21 @@ def within_target(median_ms: float, p99_ms: float, asked_ms: float) -> dict[str,
             "p99_ok": p99_ms - asked_ms <= max(asked_ms * P99_TARGET_PCT / 100, DELAY_TARGET_MS)}
 
 
+def measure_unshaped_rtt(by_role: dict, round_trips: int, progress: Callable[[str], None]) -> dict[str, Any]:
+    """The ping-pong with nothing in its path: the probe's own round trip between the two containers
+    (median and p99 in ms). Every shaped round trip carries it, its tail included: a p99 above the asked
+    delay by about the unshaped p99 is the endpoints' wake-ups, not the delay line's (whose own lateness
+    its stats give, ``late_p99_us``)."""
+    from harness.links import rtt
+
+    _reset_both(by_role)
+    summary = rtt.summarize(rtt.measure_rtt(by_role["coordinator"], by_role["worker"], "coordinator",
+                                            round_trips + rtt.WARMUP_SAMPLES), 0.0)
+    progress(f"[bench-link] unshaped round trip: median {summary['median_rtt_ms']:.3f} ms, "
+             f"p99 {summary['p99_rtt_ms']:.3f} ms")
+    return summary
+
+
 def measure_delay(by_role: dict, rtt_ms: float, round_trips: int, caps, progress: Callable[[str], None]) -> dict[str, Any]:
     """One round trip asked: shape both, ping-pong `round_trips` times, read the delay lines, reset."""
     from harness.links import rtt

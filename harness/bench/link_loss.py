@@ -99,6 +99,7 @@ def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress
             trials = [measure(by_role["coordinator"], by_role["worker"], pct, packets, caps, progress)
                       for pct in (losses_pct if "loss" in measures else [])]
             if "delay" in measures:
+                extra["unshaped_rtt"] = link_delay.measure_unshaped_rtt(by_role, round_trips, progress)
                 extra["delay_trials"] = [link_delay.measure_delay(by_role, rtt, round_trips, caps, progress)
                                          for rtt in rtts_ms]
             if "capacity" in measures:

@@ -34,7 +34,8 @@ _STATS_KEYS: dict[str, type | tuple[type, ...]] = {
     "distribution": str, "draws": int, "max_len_packets": int, "queued_packets": int, "accepted_packets": int,
     "held_packets": int, "max_held_packets": int, "dropped_full_packets": int, "kernel_queue_dropped_packets": int,
     "kernel_user_dropped_packets": int, "late_mean_us": (int, float), "late_max_us": (int, float),
-    "early_max_us": (int, float), "wake_lead_us": (int, float), "cpu_user_s": (int, float), "cpu_system_s": (int, float),
+    "late_p99_us": (int, float), "early_max_us": (int, float), "wake_lead_us": (int, float),
+    "cpu_user_s": (int, float), "cpu_system_s": (int, float),
     "reorder_pct": (int, float), "reorder_corr_pct": (int, float), "gap": int, "reordered_packets": int,
     "gemodel": bool, "ge_p_pct": (int, float), "ge_r_pct": (int, float), "ge_1h_pct": (int, float),
     "ge_1k_pct": (int, float), "loss_dropped_packets": int, "loss_bursts": int, "ge_bad_entries": int}
@@ -82,7 +83,8 @@ def parse_stats(text: str) -> dict[str, Any]:
     ``max_held_packets``, ``dropped_full_packets``; the kernel queue's own ``kernel_queue_dropped_packets``
     and ``kernel_user_dropped_packets``), lateness ``late_mean_us`` (the mean of verdict minus due time),
     ``late_max_us`` and ``early_max_us`` (the latest verdict after and the earliest before its due time;
-    the delay line accepts none early, so 0), ``wake_lead_us`` (how much earlier the delay line ends a
+    the delay line accepts none early, so 0), ``late_p99_us`` (the 99th percentile of the lateness, to
+    its 10 us bucket's upper edge), ``wake_lead_us`` (how much earlier the delay line ends a
     long sleep: its running estimate of its wake-ups' lateness; all microseconds) and
     ``cpu_user_s``/``cpu_system_s``; netem's reorder (``reorder_pct``,
     ``reorder_corr_pct``, ``gap``, ``reordered_packets``: accepted at once) and Gilbert-Elliott loss

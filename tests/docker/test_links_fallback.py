@@ -192,6 +192,8 @@ def test_the_delay_line_holds_the_round_trip_and_leaves_nothing_after_it(lossy_p
     print(f"delay {DELAY_MS:g} ms asked: {delayed}, delay line {stats}")
     assert delayed["min_rtt_ms"] >= DELAY_MS  # every round trip waited out the delay (a lower bound, no window)
     assert stats["running"] and stats["accepted_packets"] >= 40 and stats["delay_us"] == DELAY_MS * 1000
+    assert stats["early_max_us"] == 0  # never a packet before its due time
+    assert 0 < stats["late_p99_us"] <= stats["late_max_us"]  # the histogram's p99, capped by the latest
     assert "wiiide-delayline" in processes(coordinator)
     reset_links(runner)
     assert "wiiide-delayline" not in processes(coordinator)

@@ -200,7 +200,7 @@ STATS = ('{"pid": 41, "running": true, "realtime": false, "nice": 0, "slice_us":
          '"distribution": "uniform", "draws": 1, "max_len_packets": 1000, "queued_packets": 509, '
          '"accepted_packets": 509, "held_packets": 0, "max_held_packets": 2, "dropped_full_packets": 0, '
          '"kernel_queue_dropped_packets": 0, "kernel_user_dropped_packets": 0, "late_mean_us": 461.8, '
-         '"late_max_us": 30415.1, "early_max_us": 96.0, "wake_lead_us": 131.5, '
+         '"late_max_us": 30415.1, "late_p99_us": 2010.0, "early_max_us": 96.0, "wake_lead_us": 131.5, '
          '"cpu_user_s": 0.003011, "cpu_system_s": 0.062916, "reorder_pct": 25.000000, '
          '"reorder_corr_pct": 0.000000, "gap": 1, "reordered_packets": 131, "gemodel": true, "ge_p_pct": 1.000000, '
          '"ge_r_pct": 30.000000, "ge_1h_pct": 100.000000, "ge_1k_pct": 0.000000, "loss_dropped_packets": 17, '
