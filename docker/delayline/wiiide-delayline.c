@@ -21,6 +21,13 @@
  * The stats count each: reordered_packets, loss_dropped_packets (and loss_bursts, runs of lost
  * packets in a row).
  *
+ * A packet's delay runs from its arrival in the kernel's queue, as netem's runs from its enqueue, not
+ * from when this process reads it: a socket with SO_TIMESTAMP (held open, never read) makes the
+ * kernel stamp packets (net_enable_timestamp), the queue hands the stamp over (NFQA_TIMESTAMP, wall
+ * clock, microseconds) and the due time is the monotonic now less the packet's age plus its delay. A
+ * packet without a usable stamp (none, in the future, older than 1 s) is timed from its read; the
+ * stats count both (stamped_packets) and how long packets waited to be read (read_wait_*).
+ *
  * The queue copies no payload (NFQNL_COPY_META) and takes GSO packets whole (NFQA_CFG_F_GSO), so a
  * 64 KB TSO segment costs one message and one verdict. With no jitter, due times follow arrival and
  * one batch verdict accepts every packet that is due.
@@ -96,6 +103,7 @@ static struct {
     uint64_t late_max_ns, early_max_ns;   /* the latest and the earliest verdict against its due time */
     int64_t wake_lead_ns;                 /* how long before a due time the loop asks to wake (see main) */
     uint64_t late_hist[LATE_BUCKETS];     /* accepted packets by lateness (LATE_BUCKET_NS wide) */
+    uint64_t stamped, read_wait_total_ns, read_wait_max_ns; /* kernel-stamped arrivals, their wait to be read */
     uint64_t rng;
     struct nfq_q_handle *qh;
     volatile sig_atomic_t stop;
@@ -253,7 +261,21 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     int64_t delay = 0;
     for (int i = 0; i < S.draws; i++) delay += tabledist(S.delay_ns, S.jitter_ns);
     if (delay < 0) delay = 0;
-    heap_push((struct held){now_ns() + (uint64_t)delay, S.seq++, id});
+    uint64_t arrived = now_ns();
+    struct timeval tv;
+    if (nfq_get_timestamp(nfa, &tv) == 0) { /* the kernel's arrival stamp: the wall clock */
+        struct timespec real;
+        clock_gettime(CLOCK_REALTIME, &real);
+        int64_t age = ((int64_t)real.tv_sec - (int64_t)tv.tv_sec) * 1000000000ll
+                      + ((int64_t)real.tv_nsec - (int64_t)tv.tv_usec * 1000ll);
+        if (age >= 0 && age < 1000000000ll && (uint64_t)age < arrived) {
+            arrived -= (uint64_t)age;
+            S.stamped++;
+            S.read_wait_total_ns += (uint64_t)age;
+            if ((uint64_t)age > S.read_wait_max_ns) S.read_wait_max_ns = (uint64_t)age;
+        }
+    }
+    heap_push((struct held){arrived + (uint64_t)delay, S.seq++, id});
     if (S.heap_len > S.max_held) S.max_held = S.heap_len;
     return 0;
 }
@@ -325,7 +347,7 @@ static void write_stats(int running) {
             "\"accepted_packets\": %llu, \"held_packets\": %zu, \"max_held_packets\": %llu, "
             "\"dropped_full_packets\": %llu, \"kernel_queue_dropped_packets\": %llu, "
             "\"kernel_user_dropped_packets\": %llu, \"late_mean_us\": %.1f, \"late_max_us\": %.1f, "
-            "\"late_p99_us\": %.1f, \"early_max_us\": %.1f, \"wake_lead_us\": %.1f, \"cpu_user_s\": %.6f, \"cpu_system_s\": %.6f, "
+            "\"late_p99_us\": %.1f, \"stamped_packets\": %llu, \"read_wait_mean_us\": %.1f, \"read_wait_max_us\": %.1f, \"early_max_us\": %.1f, \"wake_lead_us\": %.1f, \"cpu_user_s\": %.6f, \"cpu_system_s\": %.6f, "
             "\"reorder_pct\": %.6f, \"reorder_corr_pct\": %.6f, \"gap\": %u, \"reordered_packets\": %llu, "
             "\"gemodel\": %s, \"ge_p_pct\": %.6f, \"ge_r_pct\": %.6f, \"ge_1h_pct\": %.6f, \"ge_1k_pct\": %.6f, "
             "\"loss_dropped_packets\": %llu, \"loss_bursts\": %llu, \"ge_bad_entries\": %llu}\n",
@@ -334,7 +356,9 @@ static void write_stats(int running) {
             (unsigned long long)S.queued, (unsigned long long)S.accepted, S.heap_len,
             (unsigned long long)S.max_held, (unsigned long long)S.dropped_full, qd, ud,
             S.accepted ? (double)S.late_total_ns / 1e3 / (double)S.accepted : 0.0, S.late_max_ns / 1e3,
-            late_percentile_ns(99.0) / 1e3, S.early_max_ns / 1e3, S.wake_lead_ns / 1e3,
+            late_percentile_ns(99.0) / 1e3, (unsigned long long)S.stamped,
+            S.stamped ? (double)S.read_wait_total_ns / 1e3 / (double)S.stamped : 0.0, S.read_wait_max_ns / 1e3,
+            S.early_max_ns / 1e3, S.wake_lead_ns / 1e3,
             ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6, ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6,
             S.reorder_pct, S.reorder_corr_pct, S.gap, (unsigned long long)S.reordered, S.ge ? "true" : "false",
             S.ge_pct[0], S.ge_pct[1], S.ge_pct[2], S.ge_pct[3], (unsigned long long)S.loss_dropped,
@@ -564,6 +588,10 @@ int main(int argc, char **argv) {
     S.nice = getpriority(PRIO_PROCESS, 0);
     struct nfq_handle *h = bind_queue(err, sizeof err);
     if (!h) fail_start(err);
+    /* arrival stamps on: the kernel timestamps packets while any socket asks for it (net_enable_timestamp);
+       this one is held for the process's life and never read */
+    int stamp_fd = socket(AF_INET, SOCK_DGRAM, 0), one = 1;
+    if (stamp_fd >= 0) setsockopt(stamp_fd, SOL_SOCKET, SO_TIMESTAMP, &one, sizeof one);
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);
@@ -623,6 +651,7 @@ int main(int argc, char **argv) {
         }
     }
     release(0, 1); /* what is still held goes now rather than being dropped on unbind */
+    if (stamp_fd >= 0) close(stamp_fd);
     nfq_destroy_queue(S.qh);
     nfq_close(h);
     write_stats(0);

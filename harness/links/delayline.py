@@ -34,7 +34,8 @@ _STATS_KEYS: dict[str, type | tuple[type, ...]] = {
     "distribution": str, "draws": int, "max_len_packets": int, "queued_packets": int, "accepted_packets": int,
     "held_packets": int, "max_held_packets": int, "dropped_full_packets": int, "kernel_queue_dropped_packets": int,
     "kernel_user_dropped_packets": int, "late_mean_us": (int, float), "late_max_us": (int, float),
-    "late_p99_us": (int, float), "early_max_us": (int, float), "wake_lead_us": (int, float),
+    "late_p99_us": (int, float), "stamped_packets": int, "read_wait_mean_us": (int, float),
+    "read_wait_max_us": (int, float), "early_max_us": (int, float), "wake_lead_us": (int, float),
     "cpu_user_s": (int, float), "cpu_system_s": (int, float),
     "reorder_pct": (int, float), "reorder_corr_pct": (int, float), "gap": int, "reordered_packets": int,
     "gemodel": bool, "ge_p_pct": (int, float), "ge_r_pct": (int, float), "ge_1h_pct": (int, float),
@@ -84,7 +85,9 @@ def parse_stats(text: str) -> dict[str, Any]:
     and ``kernel_user_dropped_packets``), lateness ``late_mean_us`` (the mean of verdict minus due time),
     ``late_max_us`` and ``early_max_us`` (the latest verdict after and the earliest before its due time;
     the delay line accepts none early, so 0), ``late_p99_us`` (the 99th percentile of the lateness, to
-    its 10 us bucket's upper edge), ``wake_lead_us`` (how much earlier the delay line ends a
+    its 10 us bucket's upper edge), ``stamped_packets`` (timed from the kernel's arrival stamp rather than
+    from their read; see docker/delayline/wiiide-delayline.c), ``read_wait_mean_us`` and
+    ``read_wait_max_us`` (how long those waited in the kernel's queue to be read), ``wake_lead_us`` (how much earlier the delay line ends a
     long sleep: its running estimate of its wake-ups' lateness; all microseconds) and
     ``cpu_user_s``/``cpu_system_s``; netem's reorder (``reorder_pct``,
     ``reorder_corr_pct``, ``gap``, ``reordered_packets``: accepted at once) and Gilbert-Elliott loss
