@@ -87,8 +87,9 @@ def parse_stats(text: str) -> dict[str, Any]:
     the delay line accepts none early, so 0), ``late_p99_us`` (the 99th percentile of the lateness, to
     its 10 us bucket's upper edge), ``stamped_packets`` (timed from the kernel's arrival stamp rather than
     from their read; see docker/delayline/wiiide-delayline.c), ``read_wait_mean_us`` and
-    ``read_wait_max_us`` (how long those waited in the kernel's queue to be read), ``wake_lead_us`` (how much earlier the delay line ends a
-    long sleep: its running estimate of its wake-ups' lateness; all microseconds) and
+    ``read_wait_max_us`` (how long those waited in the kernel's queue to be read), ``wake_lead_us``
+    (how much earlier the delay line ends a long sleep: its running estimate of its wake-ups' lateness;
+    all microseconds) and
     ``cpu_user_s``/``cpu_system_s``; netem's reorder (``reorder_pct``,
     ``reorder_corr_pct``, ``gap``, ``reordered_packets``: accepted at once) and Gilbert-Elliott loss
     (``gemodel``, ``ge_p_pct`` .. ``ge_1k_pct``, ``loss_dropped_packets``, ``loss_bursts``: runs of lost
