@@ -133,7 +133,7 @@ def test_ranks_from_the_store_counter_are_distinct_and_bounded(free_port):
 
     import torch.distributed as dist
 
-    from wiiide.engines.torch_dist import claim_rank
+    from wiiide.engines.rendezvous import claim_rank
     from wiiide.wire.node import EXIT_CONNECT, NodeFailure
 
     master = dist.TCPStore("127.0.0.1", free_port, is_master=True, timeout=timedelta(seconds=20),
@@ -157,7 +157,7 @@ def test_ranks_from_the_store_counter_are_distinct_and_bounded(free_port):
 
 
 def test_rank_slices_split_the_global_batch():
-    from wiiide.engines.torch_dist import rank_slices
+    from wiiide.engines.rendezvous import rank_slices
 
     slices = rank_slices(64, 3)
     assert [s.stop - s.start for s in slices] == [22, 21, 21]
@@ -395,7 +395,7 @@ def test_compare_cli_prints_the_table_and_fails_in_one_line(tmp_path):
 
 
 def test_return_freed_memory_fixes_glibcs_mmap_and_trim_thresholds():
-    from wiiide.engines.torch_dist import MMAP_THRESHOLD_BYTES, return_freed_memory
+    from wiiide.engines.allocator import MMAP_THRESHOLD_BYTES, return_freed_memory
 
     class FakeLibc:
         def __init__(self, answer: int) -> None:

@@ -4,15 +4,8 @@
 same image, containers and commands as the parameter server.
 
 Rendezvous and ranks
-    The coordinator is rank 0. It hosts the rendezvous, a `torch.distributed.TCPStore` on
-    ``bind_host:port`` (workers connect to ``coordinator_host:port``), and touches ``ready_file`` once
-    it listens (the container healthcheck). A worker does not know its index (Compose ``--scale`` does
-    not tell it), so it takes the next rank from an atomic counter in the store (`claim_rank`):
-    1..num_workers, in the order workers arrive. Gloo then connects every pair of ranks; in containers
-    ``GLOO_SOCKET_IFNAME=eth0`` (compose.yaml) puts it on the cluster's bridge, and when the coordinator
-    is a loopback address and the variable is unset, the loopback interface is chosen. When the harness
-    shapes links it gates the start (``start_gate_file``): rank 0 waits for the gate before it joins
-    the process group, so the other ranks wait too and no training traffic leaves unshaped.
+    The coordinator is rank 0 and hosts the rendezvous; workers take ranks in arrival order
+    (`wiiide.engines.rendezvous`); a gate holds rank 0 until the harness has shaped the links.
 
 Fairness with the parameter server
     World size is num_workers + 1 and every rank trains: DDP and FSDP have no parameter server, and
@@ -40,16 +33,12 @@ Communication time
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ipaddress
-import math
 import os
 import socket
-import statistics
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import psutil
@@ -64,7 +53,7 @@ from wiiide.errors import ConfigError
 from wiiide.training.evaluation import evaluator_for, record_held_out, stop_at_target
 from wiiide.log import TieredLog
 from wiiide.lr_schedule import LrRecord, LrSchedule
-from wiiide.metrics import NodeMetrics, summarize
+from wiiide.metrics import NodeMetrics
 from wiiide.training.model import evaluate
 from wiiide.training.models import build_model, shard_units
 from wiiide.training.models import loss_sum as summed_loss
@@ -77,12 +66,14 @@ from wiiide.wire.node import (
     touch,
     wait_for_start_gate,
 )
+from wiiide.engines.allocator import return_freed_memory, trim_heap
+from wiiide.engines.hooks import comm_record, powersgd_bucket_cap_mb, timed_ddp_hook, timed_fsdp_comms
 from wiiide.engines.progress import ProgressBeat
+from wiiide.engines.rendezvous import claim_rank, is_loopback_host, loopback_interface, rank_slices
 from wiiide.tensor_memory import ForwardScope, autocast_dtype, tensor_memory
 from wiiide.wire.sockets import congestion_in_force, set_route_congestion
 from wiiide.training.workload import workload_record
 
-RANK_KEY = "wiiide/next_rank"
 STOP_CHECK_EVERY_STEPS = 10
 RSS_SAMPLE_EVERY_STEPS = 10
 TRAINING_MARKER = "coordinator.training"  # wiiide.server.coordinator's: written by rank 0 when the first step starts
@@ -95,163 +86,8 @@ POST_LOCAL_SGD_START_STEP = 1
 NOT_APPLIED = ("sndbuf_bytes", "rcvbuf_bytes", "tcp_nodelay", "tcp_quickack", "keepalive", "tcp_congestion",
                "recv_chunk_bytes",
                "max_frame_bytes", "compression")
-# glibc's mallopt parameters (<malloc.h>): M_TRIM_THRESHOLD and M_MMAP_THRESHOLD.
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-# Every allocation of at least this many bytes gets its own mmap and goes back to the kernel when freed.
-MMAP_THRESHOLD_BYTES = 1 << 20
 
 
-def return_freed_memory(libc: Any = None) -> dict[str, int] | None:
-    """Make glibc give freed tensor memory back to the kernel, so that a rank's RSS follows what it holds.
-
-    By default glibc's mmap threshold is dynamic (mallopt(3)): once a freed mmapped chunk (a 4 MB weight,
-    a gathered FSDP unit) raises the threshold to its size, later buffers of that size come from the
-    heap, and a heap page freed below a live one stays resident. FSDP allocates and frees a unit's
-    gathered parameters and gradients at every forward and backward, so its RSS grew towards DDP's
-    though it holds a fifth of the state (docs/workloads.md, "Memory under FSDP"). Setting ``M_MMAP_THRESHOLD`` fixes the
-    threshold (and turns the dynamic adjustment off): every allocation of `MMAP_THRESHOLD_BYTES` or more
-    is its own mapping, unmapped when freed; ``M_TRIM_THRESHOLD`` lets free() trim the heap's top above
-    the same size. Both engines (ddp, fsdp) run with it, so they are compared under one allocator policy.
-    Call it before the model is built. Cost: one mmap/munmap and fresh zero pages per large buffer.
-
-    Args:
-        libc: a loaded C library (tests); default ``ctypes.CDLL("libc.so.6")``.
-
-    Returns:
-        ``{"mmap_threshold_bytes": ..., "trim_threshold_bytes": ...}`` when glibc took both settings,
-        None when there is no glibc (musl, macOS) or it refused.
-    """
-    try:
-        libc = libc or ctypes.CDLL("libc.so.6")
-        ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
-        ok = libc.mallopt(_M_TRIM_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1 and ok
-    except (OSError, AttributeError):
-        return None
-    return {"mmap_threshold_bytes": MMAP_THRESHOLD_BYTES, "trim_threshold_bytes": MMAP_THRESHOLD_BYTES} if ok else None
-
-
-def trim_heap() -> None:
-    """``malloc_trim(0)`` (glibc): return the free pages inside the heap to the kernel (after the full
-    model's build and sharding); nothing without glibc."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def claim_rank(store: Any, role: str, num_workers: int) -> int:
-    """Rank of this node: 0 for the coordinator; a worker takes the next value of the store's counter.
-
-    `store` needs ``add(key, amount) -> int`` (atomic, as `torch.distributed.TCPStore` provides).
-    Raises NodeFailure when more workers arrive than ``num_workers``.
-    """
-    if role == "coordinator":
-        return 0
-    rank = int(store.add(RANK_KEY, 1))
-    if not 1 <= rank <= num_workers:
-        raise NodeFailure(f"this worker drew rank {rank} but the cluster has num_workers={num_workers}: "
-                          "more workers joined than the coordinator expects", EXIT_CONNECT)
-    return rank
-
-
-def rank_slices(total: int, parts: int) -> list[slice]:
-    """`parts` contiguous slices of ``range(total)``, sizes differing by at most one (larger first).
-
-    Raises ValueError when a part would be empty (total < parts) or parts < 1.
-    """
-    if parts < 1 or total < parts:
-        raise ValueError(f"cannot split {total} samples into {parts} non-empty parts")
-    base, extra = divmod(total, parts)
-    out, start = [], 0
-    for i in range(parts):
-        size = base + (1 if i < extra else 0)
-        out.append(slice(start, start + size))
-        start += size
-    return out
-
-
-def loopback_interface() -> str | None:
-    """Name of the interface holding 127.0.0.1 (``lo`` on Linux), None if there is none."""
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and a.address.startswith("127.") for a in addrs):
-            return name
-    return None
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    except (OSError, ValueError):
-        return False
-
-
-def _track(timer: IntervalTimer, start: float, work: Any) -> None:
-    """Record a collective from `start` to its completion (now if it ran synchronously)."""
-    if work is None:
-        timer.add(start, timer.now())
-        return
-    work.get_future().add_done_callback(lambda _fut: timer.add(start, timer.now()))
-
-
-def powersgd_bucket_cap_mb(model: nn.Module) -> int:
-    """DDP's ``bucket_cap_mb`` (MiB, int) that puts every parameter of `model` in one gradient bucket:
-    the parameters' bytes rounded up to whole MiB, and at least DDP's default of 25 MiB."""
-    nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    return max(25, math.ceil(nbytes / 2**20) + 1)
-
-
-def timed_ddp_hook(inner: Callable, timer: IntervalTimer) -> Callable:
-    """A DDP comm hook that runs `inner` and records each bucket from launch to its future's completion."""
-
-    def hook(state, bucket):  # no annotations: DDP checks them against the real types  # noqa: ANN001, ANN202
-        start = timer.now()
-        fut = inner(state, bucket)
-
-        def done(f: torch.futures.Future) -> Any:
-            timer.add(start, timer.now())
-            return f.value()
-
-        return fut.then(done)
-
-    return hook
-
-
-def _timed_fsdp_comms(timer: IntervalTimer) -> tuple[Any, Any]:
-    """(all-gather, reduce-scatter) for FSDP2's `set_custom_all_gather` / `set_custom_reduce_scatter`
-    that record each collective from launch to completion in `timer`.
-
-    They do what FSDP2's defaults do (``torch.empty`` buffers, `dist.all_gather_single`,
-    `dist.reduce_scatter_single`: see ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``)
-    with public APIs only: FSDP2 calls a custom comm's ``allocate(size, dtype=, device=)`` and
-    ``__call__``, and does not require its private base classes.
-    """
-
-    def allocate(size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:  # noqa: ANN001
-        return torch.empty(*size, dtype=dtype, device=device)
-
-    class TimedAllGather:
-        def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:  # noqa: ANN001
-            return allocate(size, dtype=dtype, device=device)
-
-        def __call__(self, output_tensor, input_tensor, group, async_op=False):  # noqa: ANN001
-            start = timer.now()
-            work = dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
-            _track(timer, start, work)
-            return work
-
-    class TimedReduceScatter:
-        def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:  # noqa: ANN001
-            return allocate(size, dtype=dtype, device=device)
-
-        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):  # noqa: ANN001
-            start = timer.now()
-            work = dist.reduce_scatter_single(output=output_tensor, input=input_tensor, group=group, op=op,
-                                              async_op=async_op)
-            _track(timer, start, work)
-            return work
-
-    return TimedAllGather(), TimedReduceScatter()
 
 
 def _failure(exc: BaseException, doing: str) -> NodeFailure:
@@ -285,7 +121,7 @@ class TorchNode:
     # ------------------------------------------------------------------------------------------
     def _main(self) -> None:
         cfg, m = self.cfg, self.metrics
-        if not os.environ.get("GLOO_SOCKET_IFNAME") and _is_loopback(cfg.coordinator_host):
+        if not os.environ.get("GLOO_SOCKET_IFNAME") and is_loopback_host(cfg.coordinator_host):
             name = loopback_interface()
             if name:
                 os.environ["GLOO_SOCKET_IFNAME"] = name
@@ -389,7 +225,7 @@ class TorchNode:
         half = autocast_dtype(cfg.mixed_precision)
         policy = (MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
                   if half is not None else MixedPrecisionPolicy())
-        gather, scatter = _timed_fsdp_comms(self.timer)
+        gather, scatter = timed_fsdp_comms(self.timer)
         # One FSDP unit per Linear, so FULL_SHARD reshards between forward and backward (FSDP2 never
         # reshards the root after forward); the root then holds no parameters of its own.
         for layer in shard_units(model):
@@ -603,25 +439,9 @@ class TorchNode:
         return plain
 
     def _record_comm(self, expected: Any, comm_s: list[float], net0: Any, net1: Any) -> None:
-        m, warm = self.metrics, min(self.cfg.warmup_steps, len(comm_s))
-        timed_steps = m.step_times_s[warm:]
-        timed_comm = comm_s[warm:]
-        step_total = sum(timed_steps)
-        sent = (net1.bytes_sent - net0.bytes_sent) if net0 and net1 else None
-        recv = (net1.bytes_recv - net0.bytes_recv) if net0 and net1 else None
-        m.extra["comm"] = {
-            "expected": expected.to_dict(),
-            "method": "union of collective launch-to-completion intervals per step (comm hooks / custom "
-                      "all-gather and reduce-scatter), warm-up steps excluded",
-            "busy_s_per_step": summarize(timed_comm),
-            "share_of_step_time": (sum(timed_comm) / step_total) if step_total > 0 else None,
-            "collectives": self.timer.count,
-            "train_iface_bytes_sent": sent,
-            "train_iface_bytes_recv": recv,
-            "train_iface_bytes_sent_per_step": (sent / m.steps) if (sent is not None and m.steps) else None,
-        }
-        if timed_comm:
-            m.extra["comm"]["busy_s_median"] = statistics.median(timed_comm)
+        m = self.metrics
+        m.extra["comm"] = comm_record(expected, m.step_times_s, comm_s, self.cfg.warmup_steps, self.timer.count,
+                                      m.steps, net0, net1)
 
 
 def main(cfg: RunConfig, role: str) -> int:
