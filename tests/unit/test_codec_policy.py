@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from wiiide.codecs.link_estimate import LinkEstimate
 from wiiide.codecs.policy import (
     FEEDBACK_META_KEY,
     CompressionPolicy,
-    LinkEstimate,
     check_policy_name,
     parse_policy_name,
 )

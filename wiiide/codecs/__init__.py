@@ -42,7 +42,8 @@ Modules, one job each (imports run down this list, never up):
 - `wiiide.codecs.registry`: wire id -> codec class and decoder, codec names -> instances (checked at
   import: every wire id maps to exactly one codec class, and every class has a decoder instance);
 - `wiiide.codecs.policy`: which codec encodes a message (builds frames with `wiiide.wire.encode`,
-  which imports no codec; this package does not re-export it: import `wiiide.codecs.policy` directly).
+  which imports no codec; this package does not re-export it: import `wiiide.codecs.policy` directly),
+  with `wiiide.codecs.link_estimate`: the link rate a node infers from what it receives.
 
 `byte_view` lives in `wiiide.wire.format` (below the codecs) and is re-exported here.
 """
