@@ -31,6 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.run.status import Training
+from wiiide.codecs.registry import codec_from_name
 
 Emit = Callable[[str], None]
 
@@ -164,8 +165,43 @@ def result_line(record: dict[str, Any]) -> str:
         return (f"    ok: {totals.get('batches_per_s') or 0:.0f} batches/s, "
                 f"{(totals.get('goodput_bytes_per_s') or 0) / 1e6:.2f} MB/s goodput, "
                 + (f"validation loss {totals['validation_loss']:.3f}" if totals.get("validation_loss") is not None
-                 else f"held-out accuracy {100 * (totals.get('test_accuracy') or 0):.1f} %") + _pieces_note(record))
+                 else f"held-out accuracy {100 * (totals.get('test_accuracy') or 0):.1f} %") + _pieces_note(record)
+                + _lossy_note(record))
     return f"    FAILED: {record.get('error')}"
+
+
+def lossy_never_applied(record: dict[str, Any]) -> str | None:
+    """The fixed lossy codec (``fixed:<codec>``, e.g. ``int8``) a run's nodes were given and none of them
+    sent a frame with, or None (no fixed lossy codec, or one that applied).
+
+    A lossy codec waits for ``lossy_warmup_steps`` uncompressed gradient messages
+    (`wiiide.codecs.policy`), so a run shorter than that compresses nothing and measures the fp32
+    server under a lossy codec's name. Read from the nodes' ``compression_policy`` and ``codec_counts``
+    (frames sent by wire id) in the run's metrics.
+    """
+    nodes = [n for n in (record.get("nodes") or {}).values() if isinstance(n, dict)]
+    policies = {(n.get("compression_policy") or {}).get("policy") for n in nodes}
+    fixed = [p for p in policies if isinstance(p, str) and p.startswith("fixed:")]
+    if len(fixed) != 1:
+        return None
+    try:
+        codec = codec_from_name(fixed[0].removeprefix("fixed:"))
+    except ValueError:
+        return None
+    if codec.lossless:
+        return None
+    sent = any((n.get("codec_counts") or {}).get(codec.wire_id) for n in nodes)
+    return None if sent else fixed[0]
+
+
+def _lossy_note(record: dict[str, Any]) -> str:
+    name = lossy_never_applied(record)
+    if name is None:
+        return ""
+    warmup = next((n["compression_policy"].get("lossy_warmup_steps") for n in record["nodes"].values()
+                   if isinstance(n, dict) and n.get("compression_policy")), None)
+    return (f"; WARNING: {name} never applied (no node sent a frame with it: the run ended within "
+            f"lossy_warmup_steps={warmup} uncompressed gradient messages; lower it or run longer)")
 
 
 def _pieces_note(record: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from harness.present.progress import (
     RunInfo,
     SweepInfo,
     choose_progress,
+    lossy_never_applied,
     result_line,
 )
 from harness.run.backend import RunResult
@@ -79,6 +80,27 @@ def test_a_sharded_run_names_the_partitions_its_link_probe_chose():
     fixed = {**ok, "nodes": {"coordinator": {"ps": {"partitions_per_shard": 8, "link_probe": None}}}}
     plain = "    ok: 233 batches/s, 150.00 MB/s goodput, held-out accuracy 92.2 %"
     assert result_line(fixed) == result_line(ok) == plain
+
+
+def _lossy_run(policy, counts):
+    node = {"compression_policy": {"policy": policy, "lossy_warmup_steps": 50}, "codec_counts": counts}
+    return {"status": "ok", "totals": {"batches_per_s": 4, "goodput_bytes_per_s": 1e6, "validation_loss": 2.5},
+            "nodes": {"coordinator": node, "worker-1": node}}
+
+
+def test_a_fixed_lossy_codec_that_never_applied_is_named_in_the_result_line():
+    uncompressed = _lossy_run("fixed:int8", {"none": 60})
+    assert lossy_never_applied(uncompressed) == "fixed:int8"
+    assert result_line(uncompressed).endswith("; WARNING: fixed:int8 never applied (no node sent a frame with it: "
+                                              "the run ended within lossy_warmup_steps=50 uncompressed gradient "
+                                              "messages; lower it or run longer)")
+    # a block size is part of the name, not of the wire id the frames count under
+    assert lossy_never_applied(_lossy_run("fixed:int8-256", {"none": 50, "int8": 10})) is None
+    assert lossy_never_applied(_lossy_run("fixed:topk-0.01", {"topk": 3})) is None
+    # lossless codecs and other policies have no warm-up to miss
+    assert lossy_never_applied(_lossy_run("fixed:zstd-1", {"none": 60})) is None
+    assert lossy_never_applied(_lossy_run("network-aware+lossy", {"none": 60})) is None
+    assert "WARNING" not in result_line(_lossy_run("fixed:int4", {"none": 5, "int4": 40}))
 
 
 def test_time_left_from_finished_runs_only():
