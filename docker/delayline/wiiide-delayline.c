@@ -17,6 +17,8 @@
  *   --ge-p-pct p --ge-r-pct r --ge-1h-pct 1-h --ge-1k-pct 1-k: netem's Gilbert-Elliott loss
  *     (loss_gilb_ell): a good and a bad state, good -> bad with probability p, bad -> good with r,
  *     a packet lost with 1-k in the good state and 1-h in the bad one (tc-netem(8), "loss gemodel");
+ *   --loss-pct P [--loss-corr-pct C]: netem's random loss with its correlation (loss_event's CLG_RANDOM:
+ *     lost when P >= get_crandom(&loss_cor)), the one loss model instead of the Gilbert-Elliott chain;
  *     a lost packet gets the verdict NF_DROP on arrival, before it is held.
  * The stats count each: reordered_packets, loss_dropped_packets (and loss_bursts, runs of lost
  * packets in a row).
@@ -110,7 +112,9 @@ static struct {
     int realtime, nice, slice_us;
     /* reorder (netem: reorder, reorder_cor, gap, counter) and Gilbert-Elliott loss (netem: clg a1..a4) */
     uint32_t reorder, gap, counter;
-    struct crnd reorder_cor;
+    struct crnd reorder_cor, loss_cor;
+    uint32_t loss;
+    double loss_pct, loss_corr_pct;
     int ge, ge_bad, last_lost;
     uint32_t ge_p, ge_r, ge_1h, ge_1k;
     double reorder_pct, reorder_corr_pct, ge_pct[4];
@@ -240,8 +244,8 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
     if (!ph) return 0;
     uint32_t id = ntohl(ph->packet_id);
     S.queued++;
-    if (S.ge) {
-        int lost = ge_lost();
+    if (S.ge || S.loss) {
+        int lost = S.ge ? ge_lost() : S.loss >= crandom(&S.loss_cor);
         if (lost) {
             S.loss_dropped++;
             if (!S.last_lost) S.loss_bursts++;
@@ -350,6 +354,7 @@ static void write_stats(int running) {
             "\"late_p99_us\": %.1f, \"stamped_packets\": %llu, \"read_wait_mean_us\": %.1f, \"read_wait_max_us\": %.1f, \"early_max_us\": %.1f, \"wake_lead_us\": %.1f, \"cpu_user_s\": %.6f, \"cpu_system_s\": %.6f, "
             "\"reorder_pct\": %.6f, \"reorder_corr_pct\": %.6f, \"gap\": %u, \"reordered_packets\": %llu, "
             "\"gemodel\": %s, \"ge_p_pct\": %.6f, \"ge_r_pct\": %.6f, \"ge_1h_pct\": %.6f, \"ge_1k_pct\": %.6f, "
+            "\"loss_pct\": %.6f, \"loss_corr_pct\": %.6f, "
             "\"loss_dropped_packets\": %llu, \"loss_bursts\": %llu, \"ge_bad_entries\": %llu}\n",
             (int)getpid(), running ? "true" : "false", S.realtime ? "true" : "false", S.nice, S.slice_us, S.queue, (long long)(S.delay_ns / 1000),
             (long long)(S.jitter_ns / 1000), S.distribution ? S.distribution : "uniform", S.draws, S.max_len,
@@ -361,7 +366,8 @@ static void write_stats(int running) {
             S.early_max_ns / 1e3, S.wake_lead_ns / 1e3,
             ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6, ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6,
             S.reorder_pct, S.reorder_corr_pct, S.gap, (unsigned long long)S.reordered, S.ge ? "true" : "false",
-            S.ge_pct[0], S.ge_pct[1], S.ge_pct[2], S.ge_pct[3], (unsigned long long)S.loss_dropped,
+            S.ge_pct[0], S.ge_pct[1], S.ge_pct[2], S.ge_pct[3], S.loss_pct, S.loss_corr_pct,
+            (unsigned long long)S.loss_dropped,
             (unsigned long long)S.loss_bursts, (unsigned long long)S.ge_bad_entries);
     fclose(f);
     rename(tmp, STATS_FILE);
@@ -476,7 +482,7 @@ static void usage(void) {
     fprintf(stderr, "usage: wiiide-delayline --queue N --delay-us D [--jitter-us J] [--distribution "
                     "uniform|normal|pareto|paretonormal] [--draws K] [--max-len P]\n"
                     "         [--reorder-pct P [--reorder-corr-pct C] [--gap G]]\n"
-                    "         [--ge-p-pct p --ge-r-pct r --ge-1h-pct 1-h --ge-1k-pct 1-k]\n"
+                    "         [--ge-p-pct p --ge-r-pct r --ge-1h-pct 1-h --ge-1k-pct 1-k | --loss-pct P [--loss-corr-pct C]]\n"
                     "       wiiide-delayline [--queue N] --wait-ready [--timeout-s S] | --stop | --check\n");
     exit(2);
 }
@@ -504,7 +510,7 @@ static double pct(const char *s, const char *what) {
 }
 
 int main(int argc, char **argv) {
-    int check = 0, stop = 0, wait = 0, ge_given = 0, reorder_given = 0, gap_given = 0;
+    int check = 0, stop = 0, wait = 0, ge_given = 0, reorder_given = 0, gap_given = 0, loss_given = 0, loss_corr_given = 0;
     double timeout_s = 5.0;
     S.queue = 0; S.draws = 1; S.max_len = 1000;
     for (int i = 1; i < argc; i++) {
@@ -518,6 +524,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--reorder-pct")) { S.reorder_pct = pct(v, a); reorder_given = 1; }
         else if (!strcmp(a, "--reorder-corr-pct")) S.reorder_corr_pct = pct(v, a);
         else if (!strcmp(a, "--gap")) { S.gap = (uint32_t)number(v, "--gap", 1, 1 << 30); gap_given = 1; }
+        else if (!strcmp(a, "--loss-pct")) { S.loss_pct = pct(v, a); loss_given = 1; }
+        else if (!strcmp(a, "--loss-corr-pct")) { S.loss_corr_pct = pct(v, a); loss_corr_given = 1; }
         else if (!strcmp(a, "--ge-p-pct")) { S.ge_pct[0] = pct(v, a); ge_given |= 1; }
         else if (!strcmp(a, "--ge-r-pct")) { S.ge_pct[1] = pct(v, a); ge_given |= 2; }
         else if (!strcmp(a, "--ge-1h-pct")) { S.ge_pct[2] = pct(v, a); ge_given |= 4; }
@@ -542,6 +550,14 @@ int main(int argc, char **argv) {
                         "--ge-1h-pct and --ge-1k-pct\n");
         return 2;
     }
+    if (loss_given && ge_given) {
+        fprintf(stderr, "wiiide-delayline: one loss model: --loss-pct (random) or the Gilbert-Elliott chain, not both\n");
+        return 2;
+    }
+    if (loss_corr_given && !loss_given) {
+        fprintf(stderr, "wiiide-delayline: --loss-corr-pct needs --loss-pct\n");
+        return 2;
+    }
     if (gap_given && !reorder_given) {
         fprintf(stderr, "wiiide-delayline: --gap needs --reorder-pct\n");
         return 2;
@@ -551,6 +567,8 @@ int main(int argc, char **argv) {
     S.ge_1h = pct_u32(S.ge_pct[2]); S.ge_1k = pct_u32(S.ge_pct[3]);
     S.reorder = pct_u32(S.reorder_pct);
     S.reorder_cor.rho = pct_u32(S.reorder_corr_pct);
+    S.loss = pct_u32(S.loss_pct);
+    S.loss_cor.rho = pct_u32(S.loss_corr_pct);
     if (reorder_given && !gap_given) S.gap = 1; /* iproute2: reorder without gap is gap 1 */
     char err[512];
     if (check) {

@@ -8,7 +8,7 @@ no GRO), and the report keeps, beside the loss asked, the mechanism's own count 
 of the chain) and the UDP count (1 - distinct datagrams received / sent). Writes
 ``bench-link-<stamp>.json`` with `machine_info` and `commit_info`. With ``--measure delay,capacity`` the
 same pair measures the delay line instead or as well (`harness.bench.link_delay`); with ``--measure
-reorder,duplicate,gemodel`` netem's per-packet impairments without netem (`harness.bench.link_impair`).
+reorder,duplicate,gemodel,loss-correlation`` netem's per-packet impairments without netem (`harness.bench.link_impair`).
 With ``--netns`` the loss and delay probes and targets run through netem between two network namespaces
 on this kernel (`harness.bench.link_netem`), and with ``--vm`` that check runs in a VM of Debian's kernel
 (`harness.bench.link_vm`).
@@ -53,7 +53,7 @@ def measure(coordinator, worker, loss_pct: float, packets: int, caps, progress: 
     return trial
 
 
-MEASURES = ("loss", "delay", "capacity", "reorder", "duplicate", "gemodel")
+MEASURES = ("loss", "delay", "capacity", "reorder", "duplicate", "gemodel", "loss-correlation")
 NETEM_MEASURES = ("loss", "delay", "rate")  # --netns and --vm (harness.bench.link_netem)
 
 
@@ -61,13 +61,14 @@ def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress
               measures: tuple[str, ...] = ("loss",), rtts_ms: tuple[float, ...] = (), round_trips: int = 200,
               capacity_rtts_ms: tuple[float, ...] = (), flow_s: float = 10.0, impair_datagrams: int = 20_000) -> Path:
     """Start the pair, measure each of `losses_pct` (and, as `measures` asks, the delay line's round trips
-    `rtts_ms` and a TCP flow at each of `capacity_rtts_ms` for `flow_s`; the trials of reorder, duplicate
-    and gemodel with `impair_datagrams` each, `harness.bench.link_impair.TRIALS`), remove the pair,
-    write the JSON; return its path.
+    `rtts_ms` and a TCP flow at each of `capacity_rtts_ms` for `flow_s`; the trials of reorder, duplicate,
+    gemodel and loss-correlation with `impair_datagrams` each, `harness.bench.link_impair.TRIALS`), remove
+    the pair, write the JSON; return its path.
 
     Raises:
         ClusterError: the pair cannot start. LinkShapingError: the image or kernel has no statistic match
-        (loss) or no delay line (delay, capacity, reorder, gemodel), or no TEE target (duplicate).
+        (loss) or no delay line (delay, capacity, reorder, gemodel, loss-correlation), or no TEE target
+        (duplicate).
     """
     from harness.bench import link_delay, link_impair
     from harness.errors import LinkShapingError
@@ -86,7 +87,7 @@ def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress
         raise LinkShapingError(f"bench-link: no iptables statistic match in {image} or the kernel: {caps.errors}")
     if "duplicate" in measures and not (caps.tee and caps.statistic):
         raise LinkShapingError(f"bench-link: no TEE target (xt_TEE) in the kernel: {caps.errors}")
-    if {"delay", "capacity", "reorder", "gemodel"} & set(measures) and not caps.nfqueue:
+    if {"delay", "capacity", "reorder", "gemodel", "loss-correlation"} & set(measures) and not caps.nfqueue:
         raise LinkShapingError(f"bench-link: no delay line (NFQUEUE and wiiide-delayline) in {image} or the kernel: "
                                f"{caps.errors}")
     extra: dict[str, Any] = {}
@@ -106,9 +107,9 @@ def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress
                 extra["unshaped_flow"] = link_delay.measure_unshaped(by_role, flow_s, progress)
                 extra["capacity_trials"] = [link_delay.measure_capacity(by_role, rtt, flow_s, caps, progress)
                                             for rtt in capacity_rtts_ms]
-            for kind in ("reorder", "duplicate", "gemodel"):
+            for kind in ("reorder", "duplicate", "gemodel", "loss-correlation"):
                 if kind in measures:
-                    extra[f"{kind}_trials"] = [link_impair.measure_impairment(
+                    extra[f"{kind.replace('-', '_')}_trials"] = [link_impair.measure_impairment(
                         by_role["coordinator"], by_role["worker"], keys, impair_datagrams, caps, progress)
                         for keys in link_impair.TRIALS[kind]]
     finally:
@@ -132,10 +133,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss", default="0.1,1,5", help="losses asked in percent, comma-separated (default 0.1,1,5)")
     p.add_argument("--datagrams", type=int, default=100_000, help="UDP datagrams per loss (default 100000)")
     p.add_argument("--measure", default=None,
-                   help="what to measure, comma-separated: loss, delay, capacity, reorder, duplicate, gemodel "
+                   help="what to measure, comma-separated: loss, delay, capacity, reorder, duplicate, gemodel, "
+                        "loss-correlation "
                         "(default loss); with --netns or --vm: loss, delay, rate (default all three)")
     p.add_argument("--impair-datagrams", type=int, default=20_000,
-                   help="UDP datagrams per reorder/duplicate/gemodel trial (default 20000)")
+                   help="UDP datagrams per reorder/duplicate/gemodel/loss-correlation trial (default 20000)")
     p.add_argument("--delay", default="2,10,50,100",
                    help="round trips asked in ms for --measure delay, half on each container (default 2,10,50,100)")
     p.add_argument("--round-trips", type=int, default=200, help="TCP round trips per delay (default 200)")

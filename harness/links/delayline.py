@@ -39,7 +39,8 @@ _STATS_KEYS: dict[str, type | tuple[type, ...]] = {
     "cpu_user_s": (int, float), "cpu_system_s": (int, float),
     "reorder_pct": (int, float), "reorder_corr_pct": (int, float), "gap": int, "reordered_packets": int,
     "gemodel": bool, "ge_p_pct": (int, float), "ge_r_pct": (int, float), "ge_1h_pct": (int, float),
-    "ge_1k_pct": (int, float), "loss_dropped_packets": int, "loss_bursts": int, "ge_bad_entries": int}
+    "ge_1k_pct": (int, float), "loss_pct": (int, float), "loss_corr_pct": (int, float),
+    "loss_dropped_packets": int, "loss_bursts": int, "ge_bad_entries": int}
 
 
 def stats_file(queue_num: int = 0) -> str:
@@ -91,9 +92,10 @@ def parse_stats(text: str) -> dict[str, Any]:
     (how much earlier the delay line ends a long sleep: its running estimate of its wake-ups' lateness;
     all microseconds) and
     ``cpu_user_s``/``cpu_system_s``; netem's reorder (``reorder_pct``,
-    ``reorder_corr_pct``, ``gap``, ``reordered_packets``: accepted at once) and Gilbert-Elliott loss
-    (``gemodel``, ``ge_p_pct`` .. ``ge_1k_pct``, ``loss_dropped_packets``, ``loss_bursts``: runs of lost
-    packets, ``ge_bad_entries``: good -> bad transitions).
+    ``reorder_corr_pct``, ``gap``, ``reordered_packets``: accepted at once), Gilbert-Elliott loss
+    (``gemodel``, ``ge_p_pct`` .. ``ge_1k_pct``, ``ge_bad_entries``: good -> bad transitions) or netem's
+    correlated random loss (``loss_pct``, ``loss_corr_pct``; 0 when not drawn here), and the loss either
+    drew (``loss_dropped_packets``, ``loss_bursts``: runs of lost packets).
 
     Raises:
         ValueError: not a JSON object, a key missing or of another type.

@@ -14,7 +14,9 @@ Mechanisms (one per profile key, chosen from a probed `Capabilities`):
   holding each received packet for its delay (`delay_line_argv`); the rule queues with
   ``--queue-bypass``, so traffic passes undelayed (fail-open) when no consumer is bound. It also draws
   netem's reorder (a packet accepted at once instead of held, with its correlation and gap) and the
-  Gilbert-Elliott loss (``loss_gemodel``: a DROP verdict on arrival), each as sch_netem.c does;
+  Gilbert-Elliott loss (``loss_gemodel``: a DROP verdict on arrival) and random loss with a correlation
+  (``loss`` + ``loss_correlation``: netem's correlated uniform draw, which ``statistic`` cannot make),
+  each as sch_netem.c does;
 - ``iptables-tee``: duplication without netem, an ``iptables -m statistic --mode random`` match with the
   ``TEE --gateway 127.0.0.1`` target (xt_TEE) in the mangle table's INPUT, after the delay: the kernel
   clones the packet and routes the clone to the local stack over loopback, so the application's
@@ -25,7 +27,7 @@ Mechanisms (one per profile key, chosen from a probed `Capabilities`):
 Delay and loss are applied on arrival, so a round trip through two shaped containers sees the same
 one-way terms as netem on both egresses. With ``ingress: true`` (netem on egress and on the ifb), the
 fallback applies each term twice on arrival: two loss rules, two delay draws, two duplicate rules (the
-reorder and the Gilbert-Elliott chain are drawn once).
+reorder, the Gilbert-Elliott chain and a correlated loss are drawn once).
 
 A link per pair (`harness.links.pairs`) uses the same rules matched on the peer's source address
 (``-s PEER/32``) with a chain, a queue and a delay line of its own per peer (`pair_chain`).
@@ -69,9 +71,10 @@ def choose_mechanisms(profile: LinkProfile, netem: bool, fallback: FallbackCapab
     """The mechanism of each impairment key the profile sets (`IMPAIRMENT_KEYS`, YAML names) on a kernel
     with (`netem`) or without netem, e.g. ``{"delay": "delay-line", "loss": "iptables-statistic"}``.
     A key set to 0 is absent. Without netem: delay, jitter, reorder (and its correlation and gap) and
-    the Gilbert-Elliott loss go to the delay line (``caps.nfqueue``), random loss to ``statistic``,
-    duplicate to ``TEE`` (``caps.tee``). Loss and duplicate correlation have no fallback (``statistic``
-    draws each packet on its own): ``unsupported`` without netem. Raises nothing."""
+    the Gilbert-Elliott loss go to the delay line (``caps.nfqueue``), random loss to ``statistic``, or,
+    with a correlation, loss and its correlation to the delay line (``statistic`` draws each packet on its
+    own; with no delay line, the loss goes to ``statistic`` and its correlation is ``unsupported``); duplicate to ``TEE`` (``caps.tee``). Duplicate correlation has no fallback: ``unsupported``
+    without netem. Raises nothing."""
     asked = {"delay": profile.delay_ms > 0, "jitter": profile.jitter_ms > 0, "loss": profile.loss_pct > 0,
              "loss_correlation": profile.loss_corr_pct > 0, "loss_gemodel": profile.loss_gemodel_pct is not None,
              "reorder": profile.reorder_pct > 0, "reorder_correlation": profile.reorder_corr_pct > 0,
@@ -80,6 +83,8 @@ def choose_mechanisms(profile: LinkProfile, netem: bool, fallback: FallbackCapab
         return {key: NETEM for key, on in asked.items() if on}
     by_kind = {**{key: (DELAY_LINE_MECHANISM, fallback.nfqueue) for key in _IN_DELAY_LINE},
                "loss": (STATISTIC, fallback.statistic), "duplicate": (TEE, fallback.tee and fallback.statistic)}
+    if asked["loss_correlation"] and fallback.nfqueue:
+        by_kind["loss"] = by_kind["loss_correlation"] = (DELAY_LINE_MECHANISM, fallback.nfqueue)
     out = {}
     for key, on in asked.items():
         if on:
@@ -242,7 +247,9 @@ def delay_line_argv(profile: LinkProfile, queue_num: int = QUEUE_NUM, limit_pack
     ``ingress``, see the module docstring) and its queue's length in packets (`limit_packets`, by default
     netem's limit for the profile, `harness.links.tc.netem_limit_packets`: 1.5 x the bandwidth-delay
     product, at least 1,000); then netem's reorder (``--reorder-pct``, ``--reorder-corr-pct``, ``--gap``)
-    and Gilbert-Elliott loss (``--ge-p-pct`` .. ``--ge-1k-pct``) where the profile sets them. Raises nothing."""
+    and Gilbert-Elliott loss (``--ge-p-pct`` .. ``--ge-1k-pct``) or a correlated random loss (``--loss-pct``,
+    ``--loss-corr-pct``: only with a correlation; without one, loss is an iptables rule) where the profile
+    sets them. Raises nothing."""
     limit_packets = netem_limit_packets(profile) if limit_packets is None else limit_packets
     argv = [DELAY_LINE, "--queue", str(queue_num), "--delay-us", str(round(profile.delay_ms * 1000)),
             "--jitter-us", str(round(profile.jitter_ms * 1000)),
@@ -255,6 +262,8 @@ def delay_line_argv(profile: LinkProfile, queue_num: int = QUEUE_NUM, limit_pack
     if profile.loss_gemodel_pct is not None:
         for flag, pct in zip(("--ge-p-pct", "--ge-r-pct", "--ge-1h-pct", "--ge-1k-pct"), profile.loss_gemodel_pct):
             argv += [flag, _pct_text(pct)]
+    if profile.loss_pct > 0 and profile.loss_corr_pct > 0:
+        argv += ["--loss-pct", _pct_text(profile.loss_pct), "--loss-corr-pct", _pct_text(profile.loss_corr_pct)]
     return argv
 
 

@@ -14,6 +14,13 @@ for packet networks and its implementation in the Netem module in the Linux kern
 general the mean length of a run of lost packets is P(lost) / P(lost, then not lost), both from the
 stationary chain (a run ends once per lost packet followed by one that is not).
 
+Correlated random loss (tc-netem(8), ``loss random P C``; netem's ``loss_event`` with ``get_crandom``): a
+packet is lost when P >= x_n, x_n = (1 - C) u_n + C x_{n-1} with u_n uniform in [0, 1), an AR(1) filter of
+uniform draws. Its mean stays 1/2 but its spread narrows as C grows, so for P < 1/2 the loss rate falls
+below P (and the losses come in runs): the rate is P(x <= P) under the filter's stationary law, which has
+no closed form. `correlated_loss_model` draws the filter itself (S. Salsano et al. above, section 3, show
+the same fall of the rate, the reason netem gained the Gilbert-Elliott model).
+
 Reorder (netem_enqueue): once gap - 1 packets have been delayed since the last reordered one, each
 packet goes out at once with probability P; a cycle is gap - 1 packets plus a geometric number of
 mean 1 / P, one reordered per cycle, so the reordered fraction is P / (1 + (gap - 1) P) (renewal
@@ -23,6 +30,9 @@ reward; gap 1: P). Without correlation only: a correlated draw changes the run s
 from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
+
+import numpy as np
+from scipy.signal import lfilter
 
 
 def gemodel_stationary(p: float, r: float, one_minus_h: float, one_minus_k: float) -> dict[str, float]:
@@ -48,6 +58,27 @@ def gemodel_stationary(p: float, r: float, one_minus_h: float, one_minus_k: floa
     if loss == 0 or ends == 0:
         raise ValueError("this gemodel loses no packet, or every one: no burst length")
     return {"bad_state_probability": pi_b, "loss_rate": loss, "mean_burst_packets": loss / ends}
+
+
+def correlated_loss_model(loss: float, correlation: float, draws: int = 2_000_000, seed: int = 0) -> dict[str, float]:
+    """netem's correlated random loss, drawn: the loss rate and the mean run of lost packets when a packet
+    is lost with `loss` (0..1) and `correlation` (0..1) ties each uniform draw to the last (the module doc),
+    over `draws` packets of the filter from a fixed `seed` (the filter starts at its mean, 1/2, and the first
+    1,000 draws are left out). Returns ``loss_rate`` (0..1) and ``mean_burst_packets`` (None without loss).
+
+    Raises:
+        ValueError: `loss` or `correlation` outside [0, 1], or fewer than 10,000 draws.
+    """
+    if not (0.0 <= loss <= 1.0 and 0.0 <= correlation <= 1.0) or draws < 10_000:
+        raise ValueError(f"loss {loss!r}, correlation {correlation!r}, draws {draws!r}; allowed: probabilities "
+                         "in [0, 1] and at least 10000 draws")
+    u = np.random.default_rng(seed).random(draws + 1000)
+    x, _ = lfilter([1.0 - correlation], [1.0, -correlation], u, zi=[correlation * 0.5])
+    lost = x[1000:] <= loss
+    count = int(lost.sum())
+    # a run ends at each lost packet followed by a kept one (or at the end)
+    ends = int(np.count_nonzero(lost[:-1] & ~lost[1:])) + int(lost[-1])
+    return {"loss_rate": count / draws, "mean_burst_packets": (count / ends) if ends else None}
 
 
 def reorder_fraction(probability: float, gap: int = 1) -> float:

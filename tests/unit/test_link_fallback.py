@@ -39,8 +39,8 @@ def test_netem_applies_every_key_where_the_kernel_has_it():
 
 
 @pytest.mark.parametrize("fallback, expected", [
-    (BOTH, {"delay": "delay-line", "jitter": "delay-line", "loss": "iptables-statistic",
-            "loss_correlation": "unsupported"}),
+    # a correlated loss is netem's correlated draw, which only the delay line makes
+    (BOTH, {"delay": "delay-line", "jitter": "delay-line", "loss": "delay-line", "loss_correlation": "delay-line"}),
     (FallbackCapabilities(statistic=True, nfqueue=False),
      {"delay": "unsupported", "jitter": "unsupported", "loss": "iptables-statistic", "loss_correlation": "unsupported"}),
     (FallbackCapabilities(statistic=False, nfqueue=False),
@@ -69,6 +69,21 @@ def test_rules_count_then_drop_then_queue_on_arrival():
     assert commands[5][:2] == [DELAY_LINE, "--wait-ready"] and not runs_in_background(commands[5])
     assert commands[-1][4:] == ["-I", "PREROUTING", "1", "-i", "eth0", "-j", CHAIN]  # the jump last: all or nothing
     assert not any("OUTPUT" in c for c in commands)  # a DROP on OUTPUT fails the sender's send, not the network
+
+
+def test_a_correlated_loss_is_drawn_by_the_delay_line_and_not_by_a_rule():
+    profile = LinkProfile(loss_pct=2, loss_corr_pct=50)  # no delay: the delay line still runs, for the loss
+    mechanisms = choose_mechanisms(profile, False, BOTH)
+    assert mechanisms == {"loss": "delay-line", "loss_correlation": "delay-line"}
+    commands = rule_commands(profile, mechanisms)
+    assert not any(c[-1] == "DROP" for c in commands)  # statistic draws each packet alone: not used
+    line = next(c for c in commands if c[:2] == [DELAY_LINE, "--queue"])
+    assert line[line.index("--loss-pct") + 1] == "2" and line[line.index("--loss-corr-pct") + 1] == "50"
+    assert line[line.index("--delay-us") + 1] == "0"
+    # uncorrelated, the loss stays an in-kernel rule and the delay line draws none
+    plain = LinkProfile(delay_ms=5, loss_pct=2)
+    assert "--loss-pct" not in delay_line_argv(plain)
+    assert choose_mechanisms(plain, False, BOTH)["loss"] == "iptables-statistic"
 
 
 def test_small_loss_probabilities_keep_their_digits_and_ingress_drops_twice():
@@ -102,7 +117,7 @@ def test_counters_read_back_from_a_real_listing():
 def test_delay_line_argv_in_microseconds_with_netems_distribution():
     assert delay_line_argv(WAN, queue_num=0, limit_packets=2500) == [
         DELAY_LINE, "--queue", "0", "--delay-us", "20000", "--jitter-us", "2000", "--distribution", "normal",
-        "--draws", "1", "--max-len", "2500"]
+        "--draws", "1", "--max-len", "2500", "--loss-pct", "1", "--loss-corr-pct", "25"]
     argv = delay_line_argv(LinkProfile(delay_ms=0.25, ingress=True))
     assert argv[argv.index("--delay-us") + 1] == "250" and argv[argv.index("--distribution") + 1] == "uniform"
     assert argv[argv.index("--draws") + 1] == "2"
@@ -204,7 +219,8 @@ STATS = ('{"pid": 41, "running": true, "realtime": false, "nice": 0, "slice_us":
          '"read_wait_mean_us": 41.5, "read_wait_max_us": 388.0, "early_max_us": 96.0, "wake_lead_us": 131.5, '
          '"cpu_user_s": 0.003011, "cpu_system_s": 0.062916, "reorder_pct": 25.000000, '
          '"reorder_corr_pct": 0.000000, "gap": 1, "reordered_packets": 131, "gemodel": true, "ge_p_pct": 1.000000, '
-         '"ge_r_pct": 30.000000, "ge_1h_pct": 100.000000, "ge_1k_pct": 0.000000, "loss_dropped_packets": 17, '
+         '"ge_r_pct": 30.000000, "ge_1h_pct": 100.000000, "ge_1k_pct": 0.000000, "loss_pct": 0.000000, "loss_corr_pct": 0.000000, '
+         '"loss_dropped_packets": 17, '
          '"loss_bursts": 12, "ge_bad_entries": 12}\n')
 
 

@@ -11,7 +11,13 @@ import pytest
 
 from harness.errors import LinkShapingError, SpecError
 from harness.links.fallback import DUP_CHAIN, FallbackCapabilities, choose_mechanisms, parse_rule_counters
-from harness.links.fidelity import arrival_stats, early_count, gemodel_stationary, reorder_fraction
+from harness.links.fidelity import (
+    arrival_stats,
+    correlated_loss_model,
+    early_count,
+    gemodel_stationary,
+    reorder_fraction,
+)
 from harness.links.pairs import pair_commands, pair_reset_commands, plan_pairs
 from harness.links.plan import Capabilities, plan_shaping
 from harness.links.tc import netem_args
@@ -150,13 +156,13 @@ def test_a_pair_with_delay_and_loss_without_netem_goes_through_the_fallback_per_
 
 
 def test_a_pair_key_without_any_mechanism_fails_or_is_recorded():
-    topo = _topology({"pairs": [{"between": ["coordinator", "worker-1"], "delay": "20ms", "loss": "1%",
-                                 "loss_correlation": "25%"}]})
-    with pytest.raises(LinkShapingError, match="pair coordinator->worker-1: .*loss correlation 25 %"):
+    topo = _topology({"pairs": [{"between": ["coordinator", "worker-1"], "delay": "20ms", "duplicate": "1%",
+                                 "duplicate_correlation": "25%"}]})
+    with pytest.raises(LinkShapingError, match="pair coordinator->worker-1: .*duplicate correlation 25 %"):
         plan_pairs(topo, "coordinator", 2, FULL)
     plan = plan_pairs(topo, "coordinator", 2, FULL, allow_partial=True)
-    assert plan.classes[0].applied.loss_corr_pct == 0 and plan.classes[0].applied.loss_pct == 1
-    assert "loss_correlation" not in plan.classes[0].mechanisms
+    assert plan.classes[0].applied.duplicate_corr_pct == 0 and plan.classes[0].applied.duplicate_pct == 1
+    assert "duplicate_correlation" not in plan.classes[0].mechanisms
 
 
 # ------------------------------------------------------------------------------------------- fidelity
@@ -190,6 +196,35 @@ def test_gemodel_stationary_values_match_a_simulated_chain():
     assert general["mean_burst_packets"] == pytest.approx(burst, rel=0.03)
     with pytest.raises(ValueError, match="1-h"):
         gemodel_stationary(0.1, 0.2, 1.5, 0)
+
+
+def _netem_crandom_losses(loss_pct, corr_pct, packets, seed=3):
+    """sch_netem.c's loss_event (CLG_RANDOM) over get_crandom, in its u32 arithmetic, step by step: the
+    fraction of packets lost."""
+    rng = random.Random(seed)
+    loss = int(loss_pct / 100 * 4294967295 + 0.5)
+    rho = int(corr_pct / 100 * 4294967295 + 0.5) + 1
+    last, lost = rng.getrandbits(32), 0
+    for _ in range(packets):
+        last = (rng.getrandbits(32) * ((1 << 32) - rho) + last * rho) >> 32
+        lost += loss >= last
+    return lost / packets
+
+
+def test_correlated_loss_model_against_netems_own_arithmetic():
+    # no correlation: each packet on its own, the rate asked
+    assert correlated_loss_model(0.05, 0.0)["loss_rate"] == pytest.approx(0.05, rel=0.03)
+    # the filter's law is symmetric about 1/2: losing below p is keeping above 1 - p
+    assert (correlated_loss_model(0.3, 0.5)["loss_rate"] + correlated_loss_model(0.7, 0.5, seed=1)["loss_rate"]
+            == pytest.approx(1.0, abs=0.003))
+    # full correlation: the draw never leaves 1/2
+    assert correlated_loss_model(0.4, 1.0)["loss_rate"] == 0.0 and correlated_loss_model(0.6, 1.0)["loss_rate"] == 1.0
+    # netem's u32 draw, step by step, loses what the model says: less than asked, in longer runs
+    model = correlated_loss_model(0.3, 0.5)
+    assert model["loss_rate"] == pytest.approx(_netem_crandom_losses(30, 50, 200_000), rel=0.03)
+    assert model["loss_rate"] < 0.2 and model["mean_burst_packets"] > correlated_loss_model(0.3, 0.0)["mean_burst_packets"]
+    with pytest.raises(ValueError, match="correlation"):
+        correlated_loss_model(0.1, 1.5)
 
 
 def test_reorder_fraction_with_a_gap():
