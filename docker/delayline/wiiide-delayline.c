@@ -19,7 +19,12 @@
  *     a packet lost with 1-k in the good state and 1-h in the bad one (tc-netem(8), "loss gemodel");
  *   --loss-pct P [--loss-corr-pct C]: netem's random loss with its correlation (loss_event's CLG_RANDOM:
  *     lost when P >= get_crandom(&loss_cor)), the one loss model instead of the Gilbert-Elliott chain;
- *     a lost packet gets the verdict NF_DROP on arrival, before it is held.
+ *     a lost packet gets the verdict NF_DROP on arrival, before it is held;
+ *   --duplicate-pct P [--duplicate-corr-pct C] --dup-mark M: netem's duplicate with its correlation
+ *     (netem_enqueue: P >= get_crandom(&dup_cor), drawn before the loss, so a lost packet that was to
+ *     be duplicated goes out once). A verdict cannot accept a packet twice: a duplicated packet is
+ *     accepted with the mark M (its other bits kept), and the harness's TEE rule in mangle INPUT that
+ *     matches M clones it to the local stack, as iptables' statistic + TEE does without a correlation.
  * The stats count each: reordered_packets, loss_dropped_packets (and loss_bursts, runs of lost
  * packets in a row).
  *
@@ -89,7 +94,7 @@ static char PID_FILE[64] = "/tmp/wiiide-delayline.pid", STATS_FILE[64] = "/tmp/w
 #define LATE_BUCKET_NS 10000ull     /* the lateness histogram: 10 us buckets up to 5 ms, the last one open */
 #define LATE_BUCKETS 500
 
-struct held { uint64_t due_ns; uint64_t seq; uint32_t id; };
+struct held { uint64_t due_ns; uint64_t seq; uint32_t id; uint32_t dup; };
 struct crnd { uint32_t last, rho; }; /* netem's struct crndstate */
 
 static struct {
@@ -115,6 +120,10 @@ static struct {
     struct crnd reorder_cor, loss_cor;
     uint32_t loss;
     double loss_pct, loss_corr_pct;
+    struct crnd dup_cor;
+    uint32_t duplicate, dup_mark;
+    double duplicate_pct, duplicate_corr_pct;
+    uint64_t duplicated;
     int ge, ge_bad, last_lost;
     uint32_t ge_p, ge_r, ge_1h, ge_1k;
     double reorder_pct, reorder_corr_pct, ge_pct[4];
@@ -238,14 +247,23 @@ static struct held heap_pop(void) {
     return top;
 }
 
+/* accept packet `id` marked for the TEE rule (nfq_set_verdict2 sets the whole mark: nothing else in the
+   container's namespace marks packets, so none is lost) */
+static int accept_marked(uint32_t id) {
+    return nfq_set_verdict2(S.qh, id, NF_ACCEPT, S.dup_mark, 0, NULL);
+}
+
 static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_data *nfa, void *data) {
     (void)msg; (void)data;
     struct nfqnl_msg_packet_hdr *ph = nfq_get_msg_packet_hdr(nfa);
     if (!ph) return 0;
     uint32_t id = ntohl(ph->packet_id);
     S.queued++;
+    /* netem_enqueue: the duplicate is drawn first; a loss then takes one copy away */
+    uint32_t dup = S.duplicate && S.duplicate >= crandom(&S.dup_cor);
     if (S.ge || S.loss) {
         int lost = S.ge ? ge_lost() : S.loss >= crandom(&S.loss_cor);
+        if (lost && dup) { dup = 0; lost = 0; }
         if (lost) {
             S.loss_dropped++;
             if (!S.last_lost) S.loss_bursts++;
@@ -253,10 +271,11 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
         S.last_lost = lost;
         if (lost) return nfq_set_verdict(qh, id, NF_DROP, 0, NULL);
     }
+    if (dup) S.duplicated++;
     if (S.gap && reorder_now()) {
         S.reordered++;
         S.accepted++;
-        return nfq_set_verdict(qh, id, NF_ACCEPT, 0, NULL);
+        return dup ? accept_marked(id) : nfq_set_verdict(qh, id, NF_ACCEPT, 0, NULL);
     }
     if (S.heap_len >= S.heap_cap) { /* the kernel's queue is as long as ours: only if max_len was raised */
         S.dropped_full++;
@@ -279,7 +298,7 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
             if ((uint64_t)age > S.read_wait_max_ns) S.read_wait_max_ns = (uint64_t)age;
         }
     }
-    heap_push((struct held){arrived + (uint64_t)delay, S.seq++, id});
+    heap_push((struct held){arrived + (uint64_t)delay, S.seq++, id, dup});
     if (S.heap_len > S.max_held) S.max_held = S.heap_len;
     return 0;
 }
@@ -300,10 +319,14 @@ static size_t release(uint64_t now, int all) {
             S.late_hist[bucket < LATE_BUCKETS ? bucket : LATE_BUCKETS - 1]++;
             if (late < 0 && (uint64_t)-late > S.early_max_ns) S.early_max_ns = (uint64_t)-late;
         }
-        if (in_order) last_id = h.id;
+        if (h.dup) { /* its own verdict, with the mark; the batch so far goes first, to keep the order */
+            if (last_id) nfq_set_verdict_batch(S.qh, last_id, NF_ACCEPT);
+            last_id = 0;
+            accept_marked(h.id);
+        } else if (in_order) last_id = h.id;
         else nfq_set_verdict(S.qh, h.id, NF_ACCEPT, 0, NULL);
     }
-    if (in_order && n) nfq_set_verdict_batch(S.qh, last_id, NF_ACCEPT);
+    if (in_order && last_id) nfq_set_verdict_batch(S.qh, last_id, NF_ACCEPT);
     S.accepted += n;
     return n;
 }
@@ -354,7 +377,8 @@ static void write_stats(int running) {
             "\"late_p99_us\": %.1f, \"stamped_packets\": %llu, \"read_wait_mean_us\": %.1f, \"read_wait_max_us\": %.1f, \"early_max_us\": %.1f, \"wake_lead_us\": %.1f, \"cpu_user_s\": %.6f, \"cpu_system_s\": %.6f, "
             "\"reorder_pct\": %.6f, \"reorder_corr_pct\": %.6f, \"gap\": %u, \"reordered_packets\": %llu, "
             "\"gemodel\": %s, \"ge_p_pct\": %.6f, \"ge_r_pct\": %.6f, \"ge_1h_pct\": %.6f, \"ge_1k_pct\": %.6f, "
-            "\"loss_pct\": %.6f, \"loss_corr_pct\": %.6f, "
+            "\"loss_pct\": %.6f, \"loss_corr_pct\": %.6f, \"duplicate_pct\": %.6f, \"duplicate_corr_pct\": %.6f, "
+            "\"duplicated_packets\": %llu, "
             "\"loss_dropped_packets\": %llu, \"loss_bursts\": %llu, \"ge_bad_entries\": %llu}\n",
             (int)getpid(), running ? "true" : "false", S.realtime ? "true" : "false", S.nice, S.slice_us, S.queue, (long long)(S.delay_ns / 1000),
             (long long)(S.jitter_ns / 1000), S.distribution ? S.distribution : "uniform", S.draws, S.max_len,
@@ -367,6 +391,7 @@ static void write_stats(int running) {
             ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6, ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6,
             S.reorder_pct, S.reorder_corr_pct, S.gap, (unsigned long long)S.reordered, S.ge ? "true" : "false",
             S.ge_pct[0], S.ge_pct[1], S.ge_pct[2], S.ge_pct[3], S.loss_pct, S.loss_corr_pct,
+            S.duplicate_pct, S.duplicate_corr_pct, (unsigned long long)S.duplicated,
             (unsigned long long)S.loss_dropped,
             (unsigned long long)S.loss_bursts, (unsigned long long)S.ge_bad_entries);
     fclose(f);
@@ -483,6 +508,7 @@ static void usage(void) {
                     "uniform|normal|pareto|paretonormal] [--draws K] [--max-len P]\n"
                     "         [--reorder-pct P [--reorder-corr-pct C] [--gap G]]\n"
                     "         [--ge-p-pct p --ge-r-pct r --ge-1h-pct 1-h --ge-1k-pct 1-k | --loss-pct P [--loss-corr-pct C]]\n"
+                    "         [--duplicate-pct P [--duplicate-corr-pct C] --dup-mark M]\n"
                     "       wiiide-delayline [--queue N] --wait-ready [--timeout-s S] | --stop | --check\n");
     exit(2);
 }
@@ -510,7 +536,7 @@ static double pct(const char *s, const char *what) {
 }
 
 int main(int argc, char **argv) {
-    int check = 0, stop = 0, wait = 0, ge_given = 0, reorder_given = 0, gap_given = 0, loss_given = 0, loss_corr_given = 0;
+    int check = 0, stop = 0, wait = 0, ge_given = 0, reorder_given = 0, gap_given = 0, loss_given = 0, loss_corr_given = 0, dup_given = 0;
     double timeout_s = 5.0;
     S.queue = 0; S.draws = 1; S.max_len = 1000;
     for (int i = 1; i < argc; i++) {
@@ -524,6 +550,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--reorder-pct")) { S.reorder_pct = pct(v, a); reorder_given = 1; }
         else if (!strcmp(a, "--reorder-corr-pct")) S.reorder_corr_pct = pct(v, a);
         else if (!strcmp(a, "--gap")) { S.gap = (uint32_t)number(v, "--gap", 1, 1 << 30); gap_given = 1; }
+        else if (!strcmp(a, "--duplicate-pct")) { S.duplicate_pct = pct(v, a); dup_given |= 1; }
+        else if (!strcmp(a, "--duplicate-corr-pct")) { S.duplicate_corr_pct = pct(v, a); dup_given |= 2; }
+        else if (!strcmp(a, "--dup-mark")) { S.dup_mark = (uint32_t)number(v, "--dup-mark", 1, 0x7fffffff); dup_given |= 4; }
         else if (!strcmp(a, "--loss-pct")) { S.loss_pct = pct(v, a); loss_given = 1; }
         else if (!strcmp(a, "--loss-corr-pct")) { S.loss_corr_pct = pct(v, a); loss_corr_given = 1; }
         else if (!strcmp(a, "--ge-p-pct")) { S.ge_pct[0] = pct(v, a); ge_given |= 1; }
@@ -558,6 +587,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "wiiide-delayline: --loss-corr-pct needs --loss-pct\n");
         return 2;
     }
+    if (dup_given && !((dup_given & 1) && (dup_given & 4))) {
+        fprintf(stderr, "wiiide-delayline: a duplicate takes --duplicate-pct and --dup-mark (--duplicate-corr-pct "
+                        "optional)\n");
+        return 2;
+    }
     if (gap_given && !reorder_given) {
         fprintf(stderr, "wiiide-delayline: --gap needs --reorder-pct\n");
         return 2;
@@ -569,6 +603,8 @@ int main(int argc, char **argv) {
     S.reorder_cor.rho = pct_u32(S.reorder_corr_pct);
     S.loss = pct_u32(S.loss_pct);
     S.loss_cor.rho = pct_u32(S.loss_corr_pct);
+    S.duplicate = pct_u32(S.duplicate_pct);
+    S.dup_cor.rho = pct_u32(S.duplicate_corr_pct);
     if (reorder_given && !gap_given) S.gap = 1; /* iproute2: reorder without gap is gap 1 */
     char err[512];
     if (check) {

@@ -1,6 +1,6 @@
-"""``bench-link --measure reorder,duplicate,gemodel,loss-correlation``: fidelity of netem's per-packet
-impairments applied without netem (the delay line's reorder, Gilbert-Elliott loss and correlated random
-loss, iptables TEE's duplicate),
+"""``bench-link --measure reorder,duplicate,gemodel,loss-correlation,duplicate-correlation``: fidelity of
+netem's per-packet impairments applied without netem (the delay line's reorder, Gilbert-Elliott loss,
+correlated loss and correlated duplicate, iptables TEE's duplicate),
 between the coordinator and worker containers of `harness.bench.link_loss`'s pair.
 
 Each trial applies one profile on the coordinator (its arriving packets, netem taken as absent), the
@@ -29,27 +29,31 @@ TRIALS: dict[str, list[dict[str, Any]]] = {
     # netem's correlated draw loses far fewer packets than asked (harness.links.fidelity): these two lose
     # enough to count (about 5.5 % and 12.9 %); 1 % at 25 % correlation would lose about 2 in a million
     "loss-correlation": [{"loss": "10%", "loss_correlation": "10%"}, {"loss": "30%", "loss_correlation": "50%"}],
+    "duplicate-correlation": [{"duplicate": "30%", "duplicate_correlation": "50%"}],  # about 12.9 %
 }
 
 
 def model_of(profile) -> dict[str, Any]:
     """The model values a trial's `profile` (a `LinkProfile`) asks for, in percent and packets:
     ``reorder_model_pct`` (`reorder_fraction`), ``duplicate_model_pct``, ``loss_model_pct`` and
-    ``mean_burst_model_packets`` (`gemodel_stationary`, or `correlated_loss_model` for a random loss with
-    a correlation). Raises nothing."""
-    from harness.links.fidelity import correlated_loss_model, gemodel_stationary, reorder_fraction
+    ``mean_burst_model_packets`` (`gemodel_stationary`, or `correlated_draw_model` for a random loss with
+    a correlation; a duplicate with one takes the same draw's share). Raises nothing."""
+    from harness.links.fidelity import correlated_draw_model, gemodel_stationary, reorder_fraction
 
     out: dict[str, Any] = {}
     if profile.reorder_pct:
         out["reorder_model_pct"] = round(100 * reorder_fraction(profile.reorder_pct / 100, profile.reorder_gap or 1), 6)
     if profile.duplicate_pct:
         out["duplicate_model_pct"] = profile.duplicate_pct
+        if profile.duplicate_corr_pct:
+            draw = correlated_draw_model(profile.duplicate_pct / 100, profile.duplicate_corr_pct / 100)
+            out["duplicate_model_pct"] = round(100 * draw["loss_rate"], 6)
     if profile.loss_gemodel_pct is not None:
         model = gemodel_stationary(*(v / 100 for v in profile.loss_gemodel_pct))
         out["loss_model_pct"] = round(100 * model["loss_rate"], 6)
         out["mean_burst_model_packets"] = round(model["mean_burst_packets"], 4)
     if profile.loss_pct and profile.loss_corr_pct:
-        model = correlated_loss_model(profile.loss_pct / 100, profile.loss_corr_pct / 100)
+        model = correlated_draw_model(profile.loss_pct / 100, profile.loss_corr_pct / 100)
         out["loss_model_pct"] = round(100 * model["loss_rate"], 6)
         if model["mean_burst_packets"] is not None:
             out["mean_burst_model_packets"] = round(model["mean_burst_packets"], 4)
@@ -95,7 +99,8 @@ def measure_impairment(coordinator, worker, keys: dict[str, Any], datagrams: int
     trial = {"asked": keys, "mechanisms": plan.mechanisms, **model_of(profile), **arrival_stats(arrivals, datagrams)}
     if line is not None:
         trial["delay_line_counts"] = {k: line[k] for k in ("queued_packets", "reordered_packets",
-                                                         "loss_dropped_packets", "loss_bursts", "ge_bad_entries")}
+                                                         "loss_dropped_packets", "loss_bursts", "ge_bad_entries",
+                                                         "duplicated_packets")}
     if counters is not None and "duplicate" in counters:
         trial["tee_counts"] = counters["duplicate"]
     shown = [(m, x) for m, x in (("reorder_model_pct", "early_pct"), ("duplicate_model_pct", "duplicate_pct"),

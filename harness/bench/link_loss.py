@@ -8,7 +8,8 @@ no GRO), and the report keeps, beside the loss asked, the mechanism's own count 
 of the chain) and the UDP count (1 - distinct datagrams received / sent). Writes
 ``bench-link-<stamp>.json`` with `machine_info` and `commit_info`. With ``--measure delay,capacity`` the
 same pair measures the delay line instead or as well (`harness.bench.link_delay`); with ``--measure
-reorder,duplicate,gemodel,loss-correlation`` netem's per-packet impairments without netem (`harness.bench.link_impair`).
+reorder,duplicate,gemodel,loss-correlation,duplicate-correlation`` netem's per-packet impairments without
+netem (`harness.bench.link_impair`).
 With ``--netns`` the loss and delay probes and targets run through netem between two network namespaces
 on this kernel (`harness.bench.link_netem`), and with ``--vm`` that check runs in a VM of Debian's kernel
 (`harness.bench.link_vm`).
@@ -53,7 +54,8 @@ def measure(coordinator, worker, loss_pct: float, packets: int, caps, progress: 
     return trial
 
 
-MEASURES = ("loss", "delay", "capacity", "reorder", "duplicate", "gemodel", "loss-correlation")
+MEASURES = ("loss", "delay", "capacity", "reorder", "duplicate", "gemodel", "loss-correlation",
+            "duplicate-correlation")
 NETEM_MEASURES = ("loss", "delay", "rate")  # --netns and --vm (harness.bench.link_netem)
 
 
@@ -85,9 +87,10 @@ def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress
     caps = probe_capabilities(docker_client(), image)
     if "loss" in measures and not caps.statistic:
         raise LinkShapingError(f"bench-link: no iptables statistic match in {image} or the kernel: {caps.errors}")
-    if "duplicate" in measures and not (caps.tee and caps.statistic):
+    if {"duplicate", "duplicate-correlation"} & set(measures) and not (caps.tee and caps.statistic):
         raise LinkShapingError(f"bench-link: no TEE target (xt_TEE) in the kernel: {caps.errors}")
-    if {"delay", "capacity", "reorder", "gemodel", "loss-correlation"} & set(measures) and not caps.nfqueue:
+    if {"delay", "capacity", "reorder", "gemodel", "loss-correlation", "duplicate-correlation"} & set(measures) \
+            and not caps.nfqueue:
         raise LinkShapingError(f"bench-link: no delay line (NFQUEUE and wiiide-delayline) in {image} or the kernel: "
                                f"{caps.errors}")
     extra: dict[str, Any] = {}
@@ -107,7 +110,7 @@ def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress
                 extra["unshaped_flow"] = link_delay.measure_unshaped(by_role, flow_s, progress)
                 extra["capacity_trials"] = [link_delay.measure_capacity(by_role, rtt, flow_s, caps, progress)
                                             for rtt in capacity_rtts_ms]
-            for kind in ("reorder", "duplicate", "gemodel", "loss-correlation"):
+            for kind in ("reorder", "duplicate", "gemodel", "loss-correlation", "duplicate-correlation"):
                 if kind in measures:
                     extra[f"{kind.replace('-', '_')}_trials"] = [link_impair.measure_impairment(
                         by_role["coordinator"], by_role["worker"], keys, impair_datagrams, caps, progress)
@@ -134,10 +137,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--datagrams", type=int, default=100_000, help="UDP datagrams per loss (default 100000)")
     p.add_argument("--measure", default=None,
                    help="what to measure, comma-separated: loss, delay, capacity, reorder, duplicate, gemodel, "
-                        "loss-correlation "
+                        "loss-correlation, duplicate-correlation "
                         "(default loss); with --netns or --vm: loss, delay, rate (default all three)")
     p.add_argument("--impair-datagrams", type=int, default=20_000,
-                   help="UDP datagrams per reorder/duplicate/gemodel/loss-correlation trial (default 20000)")
+                   help="UDP datagrams per impairment trial (reorder, duplicate, gemodel, loss-correlation, "
+                        "duplicate-correlation; default 20000)")
     p.add_argument("--delay", default="2,10,50,100",
                    help="round trips asked in ms for --measure delay, half on each container (default 2,10,50,100)")
     p.add_argument("--round-trips", type=int, default=200, help="TCP round trips per delay (default 200)")

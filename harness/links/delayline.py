@@ -40,6 +40,7 @@ _STATS_KEYS: dict[str, type | tuple[type, ...]] = {
     "reorder_pct": (int, float), "reorder_corr_pct": (int, float), "gap": int, "reordered_packets": int,
     "gemodel": bool, "ge_p_pct": (int, float), "ge_r_pct": (int, float), "ge_1h_pct": (int, float),
     "ge_1k_pct": (int, float), "loss_pct": (int, float), "loss_corr_pct": (int, float),
+    "duplicate_pct": (int, float), "duplicate_corr_pct": (int, float), "duplicated_packets": int,
     "loss_dropped_packets": int, "loss_bursts": int, "ge_bad_entries": int}
 
 
@@ -95,7 +96,9 @@ def parse_stats(text: str) -> dict[str, Any]:
     ``reorder_corr_pct``, ``gap``, ``reordered_packets``: accepted at once), Gilbert-Elliott loss
     (``gemodel``, ``ge_p_pct`` .. ``ge_1k_pct``, ``ge_bad_entries``: good -> bad transitions) or netem's
     correlated random loss (``loss_pct``, ``loss_corr_pct``; 0 when not drawn here), and the loss either
-    drew (``loss_dropped_packets``, ``loss_bursts``: runs of lost packets).
+    drew (``loss_dropped_packets``, ``loss_bursts``: runs of lost packets); a correlated duplicate
+    (``duplicate_pct``, ``duplicate_corr_pct``; ``duplicated_packets``: accepted with the mark the TEE rule
+    clones).
 
     Raises:
         ValueError: not a JSON object, a key missing or of another type.

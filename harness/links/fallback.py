@@ -21,7 +21,9 @@ Mechanisms (one per profile key, chosen from a probed `Capabilities`):
   ``TEE --gateway 127.0.0.1`` target (xt_TEE) in the mangle table's INPUT, after the delay: the kernel
   clones the packet and routes the clone to the local stack over loopback, so the application's
   socket receives it twice, as from a network that duplicated it (TCP answers with a D-SACK). The
-  clone arrives on ``lo``, so no rule of the chains matches it again;
+  clone arrives on ``lo``, so no rule of the chains matches it again. With ``duplicate_correlation``
+  the delay line draws netem's correlated duplicate and accepts the packet with `DUP_MARK`, and the TEE
+  rule matches that mark instead of drawing (mechanism ``delay-line`` for both keys);
 - ``unsupported``: nothing this kernel has applies the key (recorded, or the point fails).
 
 Delay and loss are applied on arrival, so a round trip through two shaped containers sees the same
@@ -49,6 +51,7 @@ DUP_CHAIN = "WIIIIIDE-DUP"  # the duplicate rules, in mangle INPUT (after the de
 TABLE = "mangle"
 QUEUE_NUM = 0  # one queue per container: each container has its own network namespace
 TEE_GATEWAY = "127.0.0.1"  # the clone's next hop: the local stack, over loopback
+DUP_MARK = 0x10000  # the delay line's mark on a packet to duplicate (a correlated duplicate); the TEE rule matches it
 NETEM, STATISTIC, DELAY_LINE_MECHANISM, UNSUPPORTED = "netem", "iptables-statistic", "delay-line", "unsupported"
 TEE = "iptables-tee"
 # the profile's impairment keys (YAML names; gap goes with reorder)
@@ -73,8 +76,9 @@ def choose_mechanisms(profile: LinkProfile, netem: bool, fallback: FallbackCapab
     A key set to 0 is absent. Without netem: delay, jitter, reorder (and its correlation and gap) and
     the Gilbert-Elliott loss go to the delay line (``caps.nfqueue``), random loss to ``statistic``, or,
     with a correlation, loss and its correlation to the delay line (``statistic`` draws each packet on its
-    own; with no delay line, the loss goes to ``statistic`` and its correlation is ``unsupported``); duplicate to ``TEE`` (``caps.tee``). Duplicate correlation has no fallback: ``unsupported``
-    without netem. Raises nothing."""
+    own; with no delay line, the loss goes to ``statistic`` and its correlation is ``unsupported``);
+    duplicate to ``TEE`` (``caps.tee``), or, with a correlation, duplicate and its correlation to the delay
+    line (which marks the packets the TEE rule clones: it needs ``caps.tee`` too). Raises nothing."""
     asked = {"delay": profile.delay_ms > 0, "jitter": profile.jitter_ms > 0, "loss": profile.loss_pct > 0,
              "loss_correlation": profile.loss_corr_pct > 0, "loss_gemodel": profile.loss_gemodel_pct is not None,
              "reorder": profile.reorder_pct > 0, "reorder_correlation": profile.reorder_corr_pct > 0,
@@ -85,6 +89,8 @@ def choose_mechanisms(profile: LinkProfile, netem: bool, fallback: FallbackCapab
                "loss": (STATISTIC, fallback.statistic), "duplicate": (TEE, fallback.tee and fallback.statistic)}
     if asked["loss_correlation"] and fallback.nfqueue:
         by_kind["loss"] = by_kind["loss_correlation"] = (DELAY_LINE_MECHANISM, fallback.nfqueue)
+    if asked["duplicate_correlation"] and fallback.nfqueue and fallback.tee:
+        by_kind["duplicate"] = by_kind["duplicate_correlation"] = (DELAY_LINE_MECHANISM, True)
     out = {}
     for key, on in asked.items():
         if on:
@@ -140,7 +146,8 @@ def fallback_chains(mechanisms: dict[str, str], chain: str = CHAIN,
     """Which of the two chains `rule_commands` installs for `mechanisms`: ``(chain or None, dup_chain or
     None)``, for the counters' read-back. Raises nothing."""
     main = mechanisms.get("loss") == STATISTIC or uses_delay_line(mechanisms)
-    return (chain if main else None), (dup_chain if mechanisms.get("duplicate") == TEE else None)
+    dup = mechanisms.get("duplicate") in (TEE, DELAY_LINE_MECHANISM)
+    return (chain if main else None), (dup_chain if dup else None)
 
 
 def pair_chain(minor: int) -> tuple[str, str, int]:
@@ -172,10 +179,12 @@ def rule_commands(profile: LinkProfile, mechanisms: dict[str, str], dev: str = "
     --queue-bypass`` when a key is ``delay-line``, followed by the delay line's own start
     (`delay_line_argv`, run detached: `harness.links.delayline.runs_in_background`) and its wait until
     bound, before the jump. A duplicate (``iptables-tee``) gets `dup_chain`, jumped to from INPUT: a
-    counting rule and one ``statistic`` + ``TEE`` rule per direction. Empty when nothing applies."""
+    counting rule and one ``statistic`` + ``TEE`` rule per direction, or, when the delay line draws a
+    correlated duplicate, one ``TEE`` rule matching `DUP_MARK`. Empty when nothing applies."""
     loss = mechanisms.get("loss") == STATISTIC
     delay = uses_delay_line(mechanisms)
     duplicate = mechanisms.get("duplicate") == TEE
+    marked = mechanisms.get("duplicate") == DELAY_LINE_MECHANISM
     directions = 2 if profile.ingress else 1
     commands: list[list[str]] = []
     if loss or delay:
@@ -188,11 +197,15 @@ def rule_commands(profile: LinkProfile, mechanisms: dict[str, str], dev: str = "
             commands.append(_ipt("-A", chain, "-j", "NFQUEUE", "--queue-num", str(queue_num), "--queue-bypass"))
             commands += [delay_line_argv(profile, queue_num), wait_ready_argv(queue_num=queue_num)]
         commands.append(_ipt("-I", "PREROUTING", "1", *_match(dev, source), "-j", chain))
-    if duplicate:
+    if duplicate or marked:
         commands += [_ipt("-N", dup_chain), _ipt("-A", dup_chain, "-m", "comment", "--comment", "seen")]
-        commands += [_ipt("-A", dup_chain, "-m", "statistic", "--mode", "random", "--probability",
-                          _probability(profile.duplicate_pct), "-m", "comment", "--comment", "duplicate",
-                          "-j", "TEE", "--gateway", TEE_GATEWAY) for _ in range(directions)]
+        if marked:  # the delay line drew it (correlated): one clone per marked packet
+            commands.append(_ipt("-A", dup_chain, "-m", "mark", "--mark", f"{DUP_MARK:#x}/{DUP_MARK:#x}", "-m",
+                                 "comment", "--comment", "duplicate", "-j", "TEE", "--gateway", TEE_GATEWAY))
+        else:
+            commands += [_ipt("-A", dup_chain, "-m", "statistic", "--mode", "random", "--probability",
+                              _probability(profile.duplicate_pct), "-m", "comment", "--comment", "duplicate",
+                              "-j", "TEE", "--gateway", TEE_GATEWAY) for _ in range(directions)]
         commands.append(_ipt("-I", "INPUT", "1", *_match(dev, source), "-j", dup_chain))
     return commands
 
@@ -248,8 +261,9 @@ def delay_line_argv(profile: LinkProfile, queue_num: int = QUEUE_NUM, limit_pack
     netem's limit for the profile, `harness.links.tc.netem_limit_packets`: 1.5 x the bandwidth-delay
     product, at least 1,000); then netem's reorder (``--reorder-pct``, ``--reorder-corr-pct``, ``--gap``)
     and Gilbert-Elliott loss (``--ge-p-pct`` .. ``--ge-1k-pct``) or a correlated random loss (``--loss-pct``,
-    ``--loss-corr-pct``: only with a correlation; without one, loss is an iptables rule) where the profile
-    sets them. Raises nothing."""
+    ``--loss-corr-pct``: only with a correlation; without one, loss is an iptables rule) and a correlated
+    duplicate (``--duplicate-pct``, ``--duplicate-corr-pct``, ``--dup-mark``) where the profile sets them.
+    Raises nothing."""
     limit_packets = netem_limit_packets(profile) if limit_packets is None else limit_packets
     argv = [DELAY_LINE, "--queue", str(queue_num), "--delay-us", str(round(profile.delay_ms * 1000)),
             "--jitter-us", str(round(profile.jitter_ms * 1000)),
@@ -264,6 +278,9 @@ def delay_line_argv(profile: LinkProfile, queue_num: int = QUEUE_NUM, limit_pack
             argv += [flag, _pct_text(pct)]
     if profile.loss_pct > 0 and profile.loss_corr_pct > 0:
         argv += ["--loss-pct", _pct_text(profile.loss_pct), "--loss-corr-pct", _pct_text(profile.loss_corr_pct)]
+    if profile.duplicate_pct > 0 and profile.duplicate_corr_pct > 0:
+        argv += ["--duplicate-pct", _pct_text(profile.duplicate_pct),
+                 "--duplicate-corr-pct", _pct_text(profile.duplicate_corr_pct), "--dup-mark", str(DUP_MARK)]
     return argv
 
 

@@ -18,7 +18,7 @@ Correlated random loss (tc-netem(8), ``loss random P C``; netem's ``loss_event``
 packet is lost when P >= x_n, x_n = (1 - C) u_n + C x_{n-1} with u_n uniform in [0, 1), an AR(1) filter of
 uniform draws. Its mean stays 1/2 but its spread narrows as C grows, so for P < 1/2 the loss rate falls
 below P (and the losses come in runs): the rate is P(x <= P) under the filter's stationary law, which has
-no closed form. `correlated_loss_model` draws the filter itself (S. Salsano et al. above, section 3, show
+no closed form. `correlated_draw_model` draws the filter itself (S. Salsano et al. above, section 3, show
 the same fall of the rate, the reason netem gained the Gilbert-Elliott model).
 
 Reorder (netem_enqueue): once gap - 1 packets have been delayed since the last reordered one, each
@@ -60,9 +60,10 @@ def gemodel_stationary(p: float, r: float, one_minus_h: float, one_minus_k: floa
     return {"bad_state_probability": pi_b, "loss_rate": loss, "mean_burst_packets": loss / ends}
 
 
-def correlated_loss_model(loss: float, correlation: float, draws: int = 2_000_000, seed: int = 0) -> dict[str, float]:
-    """netem's correlated random loss, drawn: the loss rate and the mean run of lost packets when a packet
-    is lost with `loss` (0..1) and `correlation` (0..1) ties each uniform draw to the last (the module doc),
+def correlated_draw_model(loss: float, correlation: float, draws: int = 2_000_000, seed: int = 0) -> dict[str, float]:
+    """netem's correlated draw ``P >= get_crandom()``, drawn: the share of packets it picks and the mean run
+    of picked packets, for a loss (or a duplicate: netem draws both so) of `loss` (0..1) when `correlation`
+    (0..1) ties each uniform draw to the last (the module doc),
     over `draws` packets of the filter from a fixed `seed` (the filter starts at its mean, 1/2, and the first
     1,000 draws are left out). Returns ``loss_rate`` (0..1) and ``mean_burst_packets`` (None without loss).
 

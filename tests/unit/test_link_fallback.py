@@ -220,6 +220,7 @@ STATS = ('{"pid": 41, "running": true, "realtime": false, "nice": 0, "slice_us":
          '"cpu_user_s": 0.003011, "cpu_system_s": 0.062916, "reorder_pct": 25.000000, '
          '"reorder_corr_pct": 0.000000, "gap": 1, "reordered_packets": 131, "gemodel": true, "ge_p_pct": 1.000000, '
          '"ge_r_pct": 30.000000, "ge_1h_pct": 100.000000, "ge_1k_pct": 0.000000, "loss_pct": 0.000000, "loss_corr_pct": 0.000000, '
+         '"duplicate_pct": 0.000000, "duplicate_corr_pct": 0.000000, "duplicated_packets": 0, '
          '"loss_dropped_packets": 17, '
          '"loss_bursts": 12, "ge_bad_entries": 12}\n')
 

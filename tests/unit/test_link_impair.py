@@ -13,7 +13,7 @@ from harness.errors import LinkShapingError, SpecError
 from harness.links.fallback import DUP_CHAIN, FallbackCapabilities, choose_mechanisms, parse_rule_counters
 from harness.links.fidelity import (
     arrival_stats,
-    correlated_loss_model,
+    correlated_draw_model,
     early_count,
     gemodel_stationary,
     reorder_fraction,
@@ -66,7 +66,10 @@ def test_the_mechanism_of_each_key_follows_the_probed_kernel():
     assert set(choose_mechanisms(profile, True, FallbackCapabilities(False, False)).values()) == {"netem"}
     assert choose_mechanisms(profile, False, FULL.fallback) == {
         "delay": "delay-line", "loss_gemodel": "delay-line", "reorder": "delay-line",
-        "reorder_correlation": "delay-line", "duplicate": "iptables-tee", "duplicate_correlation": "unsupported"}
+        "reorder_correlation": "delay-line", "duplicate": "delay-line", "duplicate_correlation": "delay-line"}
+    # without a correlation the duplicate is the TEE rule's own draw
+    plain = LinkProfile.from_mapping(EVERYTHING)
+    assert choose_mechanisms(plain, False, FULL.fallback)["duplicate"] == "iptables-tee"
     assert choose_mechanisms(profile, False, NO_TEE.fallback)["duplicate"] == "unsupported"
     assert set(choose_mechanisms(profile, False, FallbackCapabilities(True, False, True)).values()) == {
         "unsupported", "iptables-tee"}
@@ -96,6 +99,21 @@ def test_plan_without_netem_queues_to_the_delay_line_and_tees_after_it():
                      ["-I", "INPUT", "1", "-i", "eth0", "-j", DUP_CHAIN]]
     # the delay line is bound before the jump that queues to it
     assert commands.index(line) < commands.index(["iptables", "-w", "-t", "mangle", *jumps[0]])
+
+
+def test_a_correlated_duplicate_is_drawn_by_the_delay_line_and_cloned_by_a_marked_tee():
+    profile = LinkProfile.from_mapping({"delay": "5ms", "duplicate": "30%", "duplicate_correlation": "50%"})
+    plan = plan_shaping(profile, FULL)
+    assert plan.unsupported == () and plan.mechanisms["duplicate_correlation"] == "delay-line"
+    commands = [list(c) for c in plan.commands]
+    line = next(c for c in commands if c[:2] == ["wiiide-delayline", "--queue"])
+    flags = {line[i]: line[i + 1] for i in range(1, len(line) - 1, 2)}
+    assert (flags["--duplicate-pct"], flags["--duplicate-corr-pct"]) == ("30", "50")
+    tee = [c for c in commands if "TEE" in c]
+    assert len(tee) == 1 and "statistic" not in tee[0]  # the delay line drew it: the rule only clones
+    mark = tee[0][tee[0].index("--mark") + 1]
+    assert mark == f"{int(flags['--dup-mark']):#x}/{int(flags['--dup-mark']):#x}"
+    assert tee[0][4:6] == ["-A", DUP_CHAIN]
 
 
 def test_a_duplicate_without_tee_fails_the_plan_or_is_left_out_with_allow_partial():
@@ -156,13 +174,12 @@ def test_a_pair_with_delay_and_loss_without_netem_goes_through_the_fallback_per_
 
 
 def test_a_pair_key_without_any_mechanism_fails_or_is_recorded():
-    topo = _topology({"pairs": [{"between": ["coordinator", "worker-1"], "delay": "20ms", "duplicate": "1%",
-                                 "duplicate_correlation": "25%"}]})
-    with pytest.raises(LinkShapingError, match="pair coordinator->worker-1: .*duplicate correlation 25 %"):
-        plan_pairs(topo, "coordinator", 2, FULL)
-    plan = plan_pairs(topo, "coordinator", 2, FULL, allow_partial=True)
-    assert plan.classes[0].applied.duplicate_corr_pct == 0 and plan.classes[0].applied.duplicate_pct == 1
-    assert "duplicate_correlation" not in plan.classes[0].mechanisms
+    topo = _topology({"pairs": [{"between": ["coordinator", "worker-1"], "delay": "20ms", "duplicate": "1%"}]})
+    with pytest.raises(LinkShapingError, match="pair coordinator->worker-1: .*duplicate 1 %"):
+        plan_pairs(topo, "coordinator", 2, NO_TEE)
+    plan = plan_pairs(topo, "coordinator", 2, NO_TEE, allow_partial=True)
+    assert plan.classes[0].applied.duplicate_pct == 0 and plan.classes[0].applied.delay_ms == 20
+    assert "duplicate" not in plan.classes[0].mechanisms
 
 
 # ------------------------------------------------------------------------------------------- fidelity
@@ -211,20 +228,20 @@ def _netem_crandom_losses(loss_pct, corr_pct, packets, seed=3):
     return lost / packets
 
 
-def test_correlated_loss_model_against_netems_own_arithmetic():
+def test_correlated_draw_model_against_netems_own_arithmetic():
     # no correlation: each packet on its own, the rate asked
-    assert correlated_loss_model(0.05, 0.0)["loss_rate"] == pytest.approx(0.05, rel=0.03)
+    assert correlated_draw_model(0.05, 0.0)["loss_rate"] == pytest.approx(0.05, rel=0.03)
     # the filter's law is symmetric about 1/2: losing below p is keeping above 1 - p
-    assert (correlated_loss_model(0.3, 0.5)["loss_rate"] + correlated_loss_model(0.7, 0.5, seed=1)["loss_rate"]
+    assert (correlated_draw_model(0.3, 0.5)["loss_rate"] + correlated_draw_model(0.7, 0.5, seed=1)["loss_rate"]
             == pytest.approx(1.0, abs=0.003))
     # full correlation: the draw never leaves 1/2
-    assert correlated_loss_model(0.4, 1.0)["loss_rate"] == 0.0 and correlated_loss_model(0.6, 1.0)["loss_rate"] == 1.0
+    assert correlated_draw_model(0.4, 1.0)["loss_rate"] == 0.0 and correlated_draw_model(0.6, 1.0)["loss_rate"] == 1.0
     # netem's u32 draw, step by step, loses what the model says: less than asked, in longer runs
-    model = correlated_loss_model(0.3, 0.5)
+    model = correlated_draw_model(0.3, 0.5)
     assert model["loss_rate"] == pytest.approx(_netem_crandom_losses(30, 50, 200_000), rel=0.03)
-    assert model["loss_rate"] < 0.2 and model["mean_burst_packets"] > correlated_loss_model(0.3, 0.0)["mean_burst_packets"]
+    assert model["loss_rate"] < 0.2 and model["mean_burst_packets"] > correlated_draw_model(0.3, 0.0)["mean_burst_packets"]
     with pytest.raises(ValueError, match="correlation"):
-        correlated_loss_model(0.1, 1.5)
+        correlated_draw_model(0.1, 1.5)
 
 
 def test_reorder_fraction_with_a_gap():
