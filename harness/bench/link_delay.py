@@ -68,11 +68,7 @@ def measure_unshaped_rtt(by_role: dict, round_trips: int, progress: Callable[[st
     from harness.links import rtt
 
     _reset_both(by_role)
-    summary = rtt.summarize(rtt.measure_rtt(by_role["coordinator"], by_role["worker"], "coordinator",
-                                            round_trips + rtt.WARMUP_SAMPLES), 0.0)
-    progress(f"[bench-link] unshaped round trip: median {summary['median_rtt_ms']:.3f} ms, "
-             f"p99 {summary['p99_rtt_ms']:.3f} ms")
-    return summary
+    return rtt.measure_unshaped(by_role["coordinator"], by_role["worker"], "coordinator", round_trips, progress)
 
 
 def measure_delay(by_role: dict, rtt_ms: float, round_trips: int, caps, progress: Callable[[str], None]) -> dict[str, Any]:

@@ -151,10 +151,7 @@ def measure_unshaped(peers: Sequence[NetnsPeer], round_trips: int, progress: Cal
     from harness.links import rtt
 
     _reset(peers)
-    summary = rtt.summarize(rtt.measure_rtt(peers[0], peers[1], ADDRESSES[0], round_trips + rtt.WARMUP_SAMPLES), 0.0)
-    progress(f"[bench-link] unshaped round trip: median {summary['median_rtt_ms']:.3f} ms, "
-             f"p99 {summary['p99_rtt_ms']:.3f} ms")
-    return summary
+    return rtt.measure_unshaped(peers[0], peers[1], ADDRESSES[0], round_trips, progress)
 
 
 def measure_delay(peers: Sequence[NetnsPeer], rtt_ms: float, round_trips: int, caps,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from harness.spec.links import LinkProfile
 
@@ -171,3 +171,14 @@ def measure_rtt(server, client, server_host: str, count: int, port: int = PORT,
         return parse_ping_output(text)
     except ValueError as exc:
         raise RuntimeError(str(exc)) from None
+
+
+def measure_unshaped(server, client, server_host: str, round_trips: int,
+                     progress: Callable[[str], None]) -> dict[str, Any]:
+    """The ping-pong with nothing in its path (the caller has removed every shaping): `round_trips`
+    round trips after the warm-up, `summarize`d, and one progress line with the median and p99 (ms).
+    Every shaped round trip carries this one, its tail included. Raises as `measure_rtt` does."""
+    summary = summarize(measure_rtt(server, client, server_host, round_trips + WARMUP_SAMPLES), 0.0)
+    progress(f"[bench-link] unshaped round trip: median {summary['median_rtt_ms']:.3f} ms, "
+             f"p99 {summary['p99_rtt_ms']:.3f} ms")
+    return summary

@@ -287,6 +287,21 @@ def test_each_pair_with_a_delay_gets_its_own_round_trip_probe(monkeypatch):
     assert pairs["worker-1->worker-2"]["rtt_probe"]["error"] == "refused"
 
 
+def test_the_unshaped_round_trip_drops_the_warm_up_and_says_its_median_and_tail(monkeypatch):
+    from harness.links import rtt
+    counts, lines = [], []
+
+    def measure(server, client, host, count):
+        counts.append(count)
+        return [50.0] * rtt.WARMUP_SAMPLES + [0.2] * 98 + [0.3, 4.0]
+
+    monkeypatch.setattr(rtt, "measure_rtt", measure)
+    summary = rtt.measure_unshaped("C", "W", "coordinator", 100, lines.append)
+    assert counts == [100 + rtt.WARMUP_SAMPLES]
+    assert (summary["samples"], summary["median_rtt_ms"], summary["p99_rtt_ms"]) == (100, 0.2, 0.3)
+    assert lines == ["[bench-link] unshaped round trip: median 0.200 ms, p99 0.300 ms"]
+
+
 def test_netems_new_keys_are_read_back_from_its_json():
     from harness.links.readback import parse_tc_json
     # spelled as iproute2's q_netem.c netem_print_opt prints them (fractions of 1); no kernel here has netem
