@@ -15,6 +15,7 @@ from torch import nn
 from wiiide.engines.comm import IntervalTimer
 from wiiide.metrics import summarize
 
+
 def _track(timer: IntervalTimer, start: float, work: Any) -> None:
     """Record a collective from `start` to its completion (now if it ran synchronously)."""
     if work is None:
