@@ -23,8 +23,9 @@
  *   --duplicate-pct P [--duplicate-corr-pct C] --dup-mark M: netem's duplicate with its correlation
  *     (netem_enqueue: P >= get_crandom(&dup_cor), drawn before the loss, so a lost packet that was to
  *     be duplicated goes out once). A verdict cannot accept a packet twice: a duplicated packet is
- *     accepted with the mark M (nothing else marks packets in the namespace), and the TEE rule in mangle INPUT that
- *     matches M clones it to the local stack, as iptables' statistic + TEE does without a correlation.
+ *     accepted with the mark M (nothing else marks packets in the namespace), and the harness's TEE
+ *     rule in mangle INPUT that matches M clones it to the local stack, as iptables' statistic + TEE
+ *     does without a correlation.
  * The stats count each: reordered_packets, loss_dropped_packets (and loss_bursts, runs of lost
  * packets in a row).
  *
