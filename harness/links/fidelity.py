@@ -18,8 +18,9 @@ Correlated random loss (tc-netem(8), ``loss random P C``; netem's ``loss_event``
 packet is lost when P >= x_n, x_n = (1 - C) u_n + C x_{n-1} with u_n uniform in [0, 1), an AR(1) filter of
 uniform draws. Its mean stays 1/2 but its spread narrows as C grows, so for P < 1/2 the loss rate falls
 below P (and the losses come in runs): the rate is P(x <= P) under the filter's stationary law, which has
-no closed form. `correlated_draw_model` draws the filter itself (S. Salsano et al. above, section 3, show
-the same fall of the rate, the reason netem gained the Gilbert-Elliott model).
+no closed form. `correlated_draw_model` draws the filter itself. netem's duplicate with a correlation
+is the same draw. For bursts of a chosen length, netem has the Gilbert-Elliott and 4-state models
+(Salsano et al. above).
 
 Reorder (netem_enqueue): once gap - 1 packets have been delayed since the last reordered one, each
 packet goes out at once with probability P; a cycle is gap - 1 packets plus a geometric number of
