@@ -51,15 +51,10 @@ def _validate_engine(c: Any) -> None:
             raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs {needs} "
                               f"(engine is {c.engine!r}, ddp_comm_hook {c.ddp_comm_hook!r})")
     if c.engine == "wiiide" and c.ps_shards != "1":  # the sharded servers (wiiide/server/ps/): what they do not take
-        pacing = ("sharded local SGD applies the outer step when every worker's delta of the round is in "
-                  "(synchronous rounds); H local steps between pushes under a staleness clock run on the central "
-                  "server's connections")
         cache = ("a sharded worker's pull after each push is how its shards answer the push, spread over every "
                  "shard's link, and the shards do not see the SSP clock that says when a copy may be skipped; "
                  "the central server's cache skips the parameters it would send through its one link")
-        for name, is_set, why in (
-                ("local_steps", c.local_steps != 1 and (c.staleness_bound != 0 or c.adaptive_batch), pacing),
-                ("ssp_cache", c.ssp_cache, cache)):
+        for name, is_set, why in (("ssp_cache", c.ssp_cache, cache),):
             if is_set:
                 raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs ps_shards 1 (the central "
                                   f"server), not ps_shards {c.ps_shards!r}{shards_origin}: {why}; set ps_shards: 1")

@@ -33,8 +33,7 @@ def backend_class(name: str, progress: Progress) -> type:
         from harness.run.compose import ComposeBackend
         return ComposeBackend
     if name == "docker":
-        raise ClusterError(f"the docker backend needs a Docker engine: {problem}; "
-                           "start one with `make docker-engine` (root) or use --backend local")
+        raise ClusterError(f"the docker backend needs a Docker engine: {problem}; or use --backend local")
     progress(f"no Docker engine answered ({problem}): running on the local backend (processes on 127.0.0.1)")
     return LocalBackend
 

@@ -22,6 +22,7 @@ PACINGS = {
     "rounds": {}, "ssp-2": {"staleness_bound": 2}, "async": {"staleness_bound": "async"},
     "local-4-avg": {"local_steps": 4}, "local-4-nesterov": {"local_steps": 4, "outer_optimizer": "nesterov"},
     "adaptive": {"adaptive_batch": True}, "accum-2": {"grad_accum_steps": 2},
+    "local-4-ssp-2": {"local_steps": 4, "staleness_bound": 2},
 }
 MODELS = {
     "mlp": {"model": "mlp", "hidden_sizes": [32]},

@@ -1,6 +1,6 @@
 """Sharded servers (``ps_shards: all``) at the workers' own pace on the local backend, one worker slowed
 (debug_step_sleep_s on rank 1): async, a staleness bound of 2, and adaptive batches in rounds and under
-the bound. Each trains (the loss falls, a held-out accuracy is reported) and records the pace record the
+the bound, each also with local SGD (H = 4 steps a push). Each trains (the loss falls, a held-out accuracy is reported) and records the pace record the
 central pace server records (`wiiide.server.pace.record`). What stays unsupported is refused up front.
 """
 
@@ -21,7 +21,12 @@ VARIANTS = [
     {"label": "0+adaptive", "staleness_bound": 0, "adaptive_batch": True},
     {"label": "2+adaptive-int8", "staleness_bound": 2, "adaptive_batch": True, "compression": "fixed:int8",
      "lossy_warmup_steps": 2},
+    {"label": "2+local-4", "staleness_bound": 2, "local_steps": 4},
+    {"label": "async+local-4-nesterov", "staleness_bound": "async", "local_steps": 4, "outer_optimizer": "nesterov",
+     "outer_learning_rate": 0.7},
+    {"label": "0+adaptive+local-4", "staleness_bound": 0, "adaptive_batch": True, "local_steps": 4},
 ]
+LOCAL = ("2+local-4", "async+local-4-nesterov", "0+adaptive+local-4")
 
 
 @pytest.fixture(scope="module")
@@ -96,10 +101,26 @@ def test_sharded_adaptive_batches_shift_samples_to_the_fast_worker(paced):
 
 @pytest.mark.parametrize("fields, match", [
     ({"staleness_bound": 2, "ssp_cache": True}, "ssp_cache.*ps_shards 1.*shards do not see the SSP clock"),
-    ({"local_steps": 4, "staleness_bound": 2}, "local_steps.*ps_shards 1.*staleness clock"),
     ({"model": "embedding", "sparse_embedding": True, "momentum": 0, "staleness_bound": 2},
      "sparse_embedding.*staleness_bound"),
 ])
 def test_what_sharded_pacing_does_not_take_is_refused_with_its_reason(fields, match):
     with pytest.raises(ConfigError, match=match):
         RunConfig(ps_shards="all", num_workers=2, **fields)
+
+
+@pytest.mark.parametrize("label", LOCAL)
+def test_sharded_local_sgd_pushes_a_delta_per_h_batches_at_any_pace(paced, label):
+    totals, nodes = _totals(paced, label)
+    pace = nodes["coordinator"]["pace"]
+    assert pace["local_steps"] == 4 and pace["placement"] == "sharded"
+    counts = totals["batches_per_worker"]
+    if label.startswith("0+"):  # rounds of adaptive batches: a round's tasks sum to H x the global batch
+        assert counts == {"1": totals["steps"], "2": totals["steps"]}
+        assert sum(totals["samples_per_worker"].values()) == 4 * 64 * totals["steps"]
+        last = {rank: points[-1][1] for rank, points in totals["batch_sizes_per_worker"].items()}
+        assert last["2"] > last["1"]  # the slow worker gets the smaller share
+    else:  # one update per push, each push H batches of 32
+        assert counts["1"] + counts["2"] == totals["steps"]
+        assert totals["samples_per_worker"] == {rank: 4 * 32 * n for rank, n in counts.items()}
+        assert counts["2"] > counts["1"] > 0  # rank 1 sleeps 50 ms after each of its 4 local steps

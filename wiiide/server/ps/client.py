@@ -200,11 +200,12 @@ class ShardClient:
         """Queue the push of `part` (its values in ``flat.grads``) for the step armed by `begin_step`."""
         (self._pushes if self._ordered else self.links[part.shard].outbox).put((self._step, part, self._dense))
 
-    def push_all(self, step: int) -> None:
+    def push_all(self, step: int, samples: int | None = None) -> None:
         """Push every partition of ``flat.grads`` for `step` at once, tail first, without backward's hooks:
-        local SGD's model delta (`wiiide.server.ps.local_sgd`); `finish_step` then waits for the pulls. The
-        senders read ``flat.grads`` until every shard has answered: leave it unchanged until then."""
-        self.begin_step(step, 0)
+        local SGD's model delta (`wiiide.server.ps.local_sgd`; `samples` as `begin_step`); `finish_step` then
+        waits for the pulls. The senders read ``flat.grads`` until every shard has answered: leave it
+        unchanged until then."""
+        self.begin_step(step, 0, samples)
         for part in reversed(self._partitions):
             self._enqueue(part)
 

@@ -20,6 +20,11 @@ So every worker's link carries its delta out and the new parameters in, each cut
 go to k nodes, instead of every worker's bytes crossing one server's link. The coordinator still hands
 out the batches and keeps the barrier, the held-out evaluation and the stop.
 
+Under a staleness bound, async or adaptive batches (`wiiide.server.ps.paced`) the worker's side is the
+same; a task is H batches of the worker's batch size, and a shard applies each delta as it arrives as
+its worker's share of the mean (`wiiide.server.ps.shard_pacing`), or in rounds the mean weighted by
+the pushes' ``samples``.
+
 With fixed H, seed and fp32 this is the central server's local SGD (`wiiide.server.pace.server`) operation
 for operation, except the order in which the mean adds the workers' deltas: the central server adds
 them as they arrive, a shard in rank order. With two workers the two orders give the same float32
@@ -133,6 +138,6 @@ class LocalRounds:
         with torch.no_grad():
             self.flat.grads.copy_(delta)
             self.flat.params.copy_(pulled)  # what the shards' replica holds: the pulls apply to it
-        self.client.push_all(step)
+        self.client.push_all(step, int(x.shape[0]) if self.cfg.adaptive_batch else None)
         return loss_value
 

@@ -15,7 +15,10 @@ node keeps what is not bulk:
   waiting), so its next batch is there when its pulls are in, as with the barrier's ``HANDOUT_AHEAD``.
   In rounds the shards keep the step, and the handout runs `TASKS_AHEAD` ahead as the barrier does;
 - **the batch sizes** (`wiiide.server.pace.adaptive.AdaptiveBatch`, with ``adaptive_batch``): from each worker's
-  ``compute_s``, under a bound also from the clocks; in rounds one split per round for every worker;
+  ``compute_s``, under a bound also from the clocks; in rounds one split per round for every worker.
+  With local SGD (``local_steps`` H > 1) a task is H batches (`wiiide.server.ps.local_sgd.round_rows`) and
+  its push a model delta, which the shards apply as the worker's share of the mean
+  (`wiiide.server.ps.shard_pacing`);
 - **the pace record** (`wiiide.server.pace.record.PaceRecord`): per-worker pushes and samples, the staleness of
   every applied push (the largest the shards reported over the push's partitions: updates of the
   partition since the worker's copy of it), the clock gap, the batch sizes, in the coordinator's
@@ -44,6 +47,7 @@ from wiiide.server.pace.adaptive import AdaptiveBatch
 from wiiide.server.pace.reading import compute_seconds, ready_connections
 from wiiide.server.pace.record import PaceRecord
 from wiiide.server.pace.staleness import SSPClock
+from wiiide.server.ps.local_sgd import round_rows
 from wiiide.server.ps.paced_checkpoints import PacedCheckpoints, handout_meta, restored_clocks
 from wiiide.server.ps.plan import PS_FAILED, batch_frame
 
@@ -199,7 +203,8 @@ class PacedHandout:
         return self.adaptive.sizes(ranks, self.clock.clocks if bounded else None)[rank]
 
     def _send(self, w: Any, step: int, batch_size: int) -> None:
-        idx = self.sampler.next_indices(min(batch_size, len(self.data.y_train)))
+        """Hand `w` its task `step`: `batch_size` rows, H x that many with local SGD (`round_rows`)."""
+        idx = self.sampler.next_indices(round_rows(self.cfg, batch_size, len(self.data.y_train)))
         frame = batch_frame(self.coord.policy, self.data, self.handout[w.rank], step, idx)
         now = time.perf_counter()
         try:
