@@ -66,3 +66,29 @@ def test_a_killed_worker_that_comes_back_is_readmitted_at_the_next_round(tmp_pat
     assert coord["steps"] > back["first_step"] and rep["totals"]["test_accuracy"] > 0.5
     finished = [n for n in rep["nodes"].values() if n.get("role") == "worker" and n.get("status") == "ok"]
     assert len(finished) == 3 and all(n["ps"]["param_max_abs_diff"] == 0.0 for n in finished)  # the returned one too
+
+
+def test_a_worker_killed_under_async_or_a_bound_restarts_from_the_surviving_shards_and_the_newest_copies(tmp_path):
+    spec = build_spec({"name": "ps-worker-kill-paced", "base": BASE,
+                       "axes": {"staleness_bound": ["async", 2]},
+                       "faults": [{"action": "kill", "target": "worker-2", "at_s": 2}]}, "kill.yaml")
+    report = load_report(run_sweep(spec, "local", tmp_path, progress=lambda line: None))
+    for point in report["points"]:
+        rep = point["repeats"][0]
+        assert rep["status"] == "ok", (point["params"], rep["error"])
+        coord = rep["nodes"]["coordinator"]
+        [rec] = coord["ps"]["recoveries"]
+        ranks = {e["node_id"]: e["rank"] for e in coord["events"] if e["event"] == "worker_joined"}
+        killed = ranks["local-worker-2"]
+        alive = sorted(set(ranks.values()) - {killed})
+        assert rec["lost"] == [killed] and rec["workers"] == alive and rec["ps_shards"] == 3
+        assert rec["source"] == "the surviving shards and the newest copies" and rec["copies_equal"] is None
+        # the lost shard's partitions came from a survivor's copy; the others from their shards, momentum too
+        lost_parts, kept = rec["partitions"]["from_copies"], rec["partitions"]["from_shards"]
+        assert lost_parts and kept >= 2  # the coordinator's shard and the other survivor's
+        assert all(c["rank"] in alive and c["version"] >= 0 for c in lost_parts.values())
+        assert rec["momentum_partitions_kept"] == f"{kept}/{kept + len(lost_parts)}"
+        assert rec["digests_equal"] is True and 0 < rec["recovery_s"] < 15
+        assert 0 <= rec["steps_lost"] <= 2 * 3  # at most TASKS_AHEAD + 1 tasks in flight per worker
+        assert coord["steps"] > rec["first_step"] > rec["step"]  # trained on after the recovery
+        assert rep["totals"]["test_accuracy"] > 0.5

@@ -7,7 +7,8 @@ import numpy as np
 import torch
 
 from wiiide.training.model import MomentumSGD
-from wiiide.server.ps.membership import StepSnapshots, copy_digests, momentum_at, sha256_of
+from wiiide.server.ps.membership import copy_digests, momentum_at, sha256_of
+from wiiide.server.ps.survivor import StepSnapshots
 from wiiide.server.ps.partition import Partition
 from wiiide.server.recovery import momentum_to_flat
 
@@ -23,8 +24,9 @@ def test_a_partition_one_update_past_the_barrier_gives_back_the_momentum_of_the_
             at_barrier = momentum_to_flat(opt)
         param.grad.copy_(torch.from_numpy(rng.standard_normal(64).astype(np.float32)))
         opt.step()
-    states = [(0, 3, momentum_to_flat(opt), param.grad.numpy().copy()), (1, 2, at_barrier, np.zeros(64, np.float32)),
-              (2, 5, at_barrier, np.zeros(64, np.float32)), (3, 2, None, np.zeros(64, np.float32))]
+    zeros = np.zeros(64, np.float32)
+    states = [(0, 3, momentum_to_flat(opt), param.grad.numpy().copy(), zeros), (1, 2, at_barrier, zeros, zeros),
+              (2, 5, at_barrier, zeros, zeros), (3, 2, None, zeros, zeros)]
     out = {index: values for index, step, values in momentum_at(states, 2, 0.9)}
     assert set(out) == {0, 1}  # two updates past it cannot be rewound; no buffer, nothing to keep
     np.testing.assert_allclose(out[0], at_barrier, rtol=0, atol=1e-6)

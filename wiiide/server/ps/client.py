@@ -96,6 +96,7 @@ class ShardClient:
         self._step = 0
         self._samples: int | None = None  # adaptive batches: the step's samples, in every push's meta
         self.staleness = 0  # async / SSP: the largest staleness the shards reported for the last step's pushes
+        self.versions: list[int | None] = []  # async / SSP: partition i's version in this copy (its last pull's)
         self._dense = True
         self._lossy = False
         self._ordered = cfg.push_schedule == "ordered"
@@ -148,6 +149,7 @@ class ShardClient:
         none (local SGD's backward passes push nothing: `push_all` pushes the round's model delta).
         """
         self._flat, self._partitions, self._lossy = flat, list(partitions), lossy
+        self.versions = [None] * len(self._partitions)
         table = RowTable.from_config(self.cfg)
         self._rows = WorkerRows(table, model, flat.numel, partitions) if table is not None else None
         starts = np.array([p.start for p in partitions])
@@ -236,6 +238,8 @@ class ShardClient:
             target = params[part.start:part.stop]
             staleness = meta.get("staleness", 0)
             self.staleness = max(self.staleness, staleness if type(staleness) is int else 0)  # noqa: E721
+            if type(meta.get("version")) is int:  # noqa: E721 (wiiide.server.ps.paced_recovery)
+                self.versions[index] = meta["version"]
             cpu0 = time.thread_time()
             with torch.no_grad():
                 if meta.get("delta"):

@@ -10,7 +10,8 @@ new quorum when a member leaves, the state recovered live from a healthy peer), 
    peers' reports, and declares incarnation n + 1 (`Membership.recover`).
 2. **State from a healthy peer.** At the barrier's step B every worker holds the whole model: its copy,
    assembled from the pulls of step B - 1, is the same on every worker (every worker applies the same
-   pull frames). Each worker keeps the copies of its latest `SNAPSHOTS_KEPT` steps (`StepSnapshots`).
+   pull frames). Each worker keeps the copies of its latest `SNAPSHOTS_KEPT` steps
+   (`wiiide.server.ps.survivor.StepSnapshots`).
    The coordinator sends ``ps_recover`` {"step": B} to every worker still connected; each answers
    ``ps_state`` with the SHA-256 of its copy of step B, the newest step it finished, and the momentum of
    the partitions of its old shard that are at step B; the lowest rank also sends the copy itself
@@ -26,6 +27,10 @@ new quorum when a member leaves, the state recovered live from a healthy peer), 
    it (`copy_digests`); the coordinator pulls every partition from the new shards and records the
    digests of every shard and every worker's copy, and whether they agree (``digests_equal``).
 
+Under async and a staleness bound no step has the same copy on every worker: step 2 then takes the
+surviving shards' partitions and, for the lost shard's, the survivors' newest copies
+(`wiiide.server.ps.paced_recovery`); steps 3 and 4 are the same.
+
 Why a peer's copy and not the newest checkpoint: the copy is the state of the last step the barrier
 passed, so only the step in flight is lost (a checkpoint loses up to ``checkpoint_every_steps``); it
 needs no checkpoints and no folder every node reads; and it is already on every survivor. What a
@@ -40,7 +45,6 @@ momentum partitions kept, and the digests.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -49,14 +53,14 @@ import torch
 
 from wiiide.errors import ProtocolError, WiiideError
 from wiiide.training.evaluation import record_held_out
-from wiiide.wire.node import EXIT_PEER_LOST, Connection, NodeFailure
+from wiiide.wire.node import EXIT_PEER_LOST, NodeFailure
 from wiiide.server.ps.digest import params_digest
+from wiiide.server.ps.paced_recovery import assemble
 from wiiide.server.ps.partition import Partition, resolve_shards
 from wiiide.server.ps.placement import place_shards
 from wiiide.server.ps.plan import PS_FAILED
 from wiiide.wire.tensors import to_wire
 from wiiide.wire.encode import encode_message
-from wiiide.wire.messages import WireTensor
 
 PS_RECOVER = "ps_recover"  # coordinator -> worker: {"step", "incarnation", "send_params"}: answer with PS_STATE
 PS_STATE = "ps_state"  # worker -> coordinator: {"step", "sha256", "latest_step", "momentum"}; params, m<i>
@@ -122,6 +126,7 @@ class Membership:
         self.noticed_s = 0.0
         self.replan = False  # a worker waits to rejoin: the barrier hands out no more batches
         self.in_row = 0  # recoveries since the last step
+        self.unreported = 0  # on-arrival pacing: tasks handed out and not reported when the loss ended the loop
         coord.welcome_extra["ps_rehost"] = True  # a worker admitted from now on waits for its ps_rehost
         self._rehost(workers, len(hosts) + 1, hosts, 1)  # every worker's welcome said: wait for it
 
@@ -168,6 +173,7 @@ class Membership:
         """
         coord, cfg, log = self.coord, self.coord.cfg, self.coord.log
         step, number = coord.metrics.steps, self.current.number + 1
+        on_arrival = cfg.staleness_bound != 0  # every push applied as it arrives (wiiide.server.ps.paced_recovery)
         self.replan, self.in_row = False, self.in_row + 1
         if self.in_row > cfg.num_workers + 1:
             raise NodeFailure(f"sharded run: {self.in_row - 1} recoveries without a step, the last after: {cause}",
@@ -176,8 +182,8 @@ class Membership:
         momentum = np.zeros(self.numel, np.float32) if cfg.momentum != 0 else None
         own = momentum_at(shard.partition_states(), step, cfg.momentum)  # the coordinator's shard
         kept = self._take_momentum(momentum, own, partitions, step)
-        states, asked, params, source = {}, set(), None, None
-        while params is None:  # the lowest rank not yet asked sends its copy; the others their digests
+        states, asked, params, source, assembled = {}, set(), None, None, None
+        while params is None and not on_arrival:  # the lowest rank not yet asked sends its copy; the others digests
             candidates = [w for w in coord.members() if w.alive and w.rank in before]
             sender = next((w for w in candidates if w.rank not in asked), None)
             if sender is None:
@@ -196,6 +202,10 @@ class Membership:
                 states[w.rank] = meta
                 if w is sender and meta.get("sha256") is not None:
                     params, source = self._params(msg, meta, w), w.rank
+        if on_arrival:  # no common step: the surviving shards' partitions and the newest copies of the rest
+            params, momentum, assembled, states = self._assemble(step, number, before, partitions, shard)
+            kept = assembled.pop("momentum_kept") if assembled else 0
+            source = "the surviving shards and the newest copies" if params is not None else None
         coord.admit_waiting()  # workers that came back join this incarnation (their welcome said: wait for ps_rehost)
         survivors = [w for w in coord.members() if w.alive]
         if params is None or not survivors:
@@ -209,10 +219,12 @@ class Membership:
         record = {"incarnation": number, "cause": cause[:500], "lost": sorted(before - {w.rank for w in survivors}),
                   "rejoined": sorted({w.rank for w in survivors} - before),
                   "workers": [w.rank for w in survivors], "ps_shards": k, "step": step,
-                  "steps_lost": max([0, *(s - step for s in latest)]), "source": f"worker {source}'s copy",
-                  "params_sha256": sha,
-                  "copies_equal": all(m.get("sha256") == sha for m in states.values() if m.get("sha256")),
+                  "steps_lost": self.unreported if on_arrival else max([0, *(s - step for s in latest)]),
+                  "source": source if on_arrival else f"worker {source}'s copy", "params_sha256": sha,
+                  "copies_equal": None if on_arrival else all(m.get("sha256") == sha for m in states.values()
+                                                              if m.get("sha256")),
                   "momentum_partitions_kept": f"{kept}/{len(partitions)}" if momentum is not None else None,
+                  **({"partitions": assembled} if on_arrival else {}),
                   "noticed_unix_s": round(time.time() - (time.perf_counter() - self.noticed_s), 3),
                   "state_s": round(time.perf_counter() - self.noticed_s, 4)}
         self.records.append(record)
@@ -224,6 +236,25 @@ class Membership:
         self.current = Incarnation(number, survivors, k, hosts, RestoredState(step, params, momentum), record,
                                    self.noticed_s, self.current.extra)
         return self.current
+
+    def _assemble(self, step: int, number: int, before: set, partitions: Sequence[Partition], shard):
+        """On-arrival pacing: ask every survivor for its newest copy and its old shard's partitions, then
+        `wiiide.server.ps.paced_recovery.assemble`; returns (params or None, momentum, its record, answers)."""
+        asking = [w for w in self.coord.members() if w.alive and w.rank in before]
+        for w in asking:
+            self._order(w, step, number, True, on_arrival=True)
+        answers = {}
+        for w in asking:
+            meta = self._answer(w, step) if w.alive else None
+            if meta is not None:
+                answers[w.rank] = (meta, meta.pop("_msg"))
+        try:
+            params, momentum, record = assemble(partitions, self.numel, shard.partition_states(), answers,
+                                                self.coord.cfg.momentum != 0)
+        except ValueError as exc:
+            self.coord.log.error("sharded: %s", exc)
+            return None, None, None, {}
+        return params, momentum, record, {rank: meta for rank, (meta, _) in answers.items()}
 
     def finish(self, params: torch.Tensor) -> None:
         """The run ended: evaluate the final `params` (the shards', flat float32) and send them with the
@@ -251,10 +282,11 @@ class Membership:
                     pass
         raise NodeFailure(f"sharded run (ps_shards={coord.cfg.ps_shards}) cannot go on: {cause}", EXIT_PEER_LOST)
 
-    def _order(self, w, step: int, number: int, send_params: bool) -> None:
+    def _order(self, w, step: int, number: int, send_params: bool, on_arrival: bool = False) -> None:
         """``ps_recover`` to `w` (dropped when the send fails)."""
         try:
-            w.conn.send([encode_message(PS_RECOVER, {"step": step, "incarnation": number, "send_params": send_params})])
+            w.conn.send([encode_message(PS_RECOVER, {"step": step, "incarnation": number, "send_params": send_params,
+                                                     "on_arrival": on_arrival})])
         except OSError as exc:
             self.coord.drop(w, exc)
 
@@ -344,7 +376,7 @@ def momentum_at(states, step: int, factor: float) -> list[tuple[int, int, np.nda
     one update past it, rewound: b_t = (b_{t+1} - g_t) / factor (`wiiide.training.model.MomentumSGD`:
     b_{t+1} = factor * b_t + g_t; b_1 = g_0, so b_0 = 0). Partitions without a buffer are left out."""
     out = []
-    for index, at, buffer, grad in states:
+    for index, at, buffer, grad, _ in states:
         if buffer is None or factor == 0:
             continue
         if at == step:
@@ -352,71 +384,3 @@ def momentum_at(states, step: int, factor: float) -> list[tuple[int, int, np.nda
         elif at == step + 1:
             out.append((index, step, np.zeros_like(buffer) if step == 0 else (buffer - grad) / np.float32(factor)))
     return out
-
-
-# --- the worker's side ---------------------------------------------------------------------------
-class StepSnapshots:
-    """A worker's copies of the parameters at its latest `kept` steps (step t: the copy that step t's
-    forward pass uses, i.e. after the pulls of step t - 1)."""
-
-    def __init__(self, kept: int = SNAPSHOTS_KEPT) -> None:
-        self.kept = kept
-        self._copies: OrderedDict[int, np.ndarray] = OrderedDict()
-
-    def keep(self, step: int, params: torch.Tensor) -> None:
-        self._copies[step] = params.detach().numpy().copy()
-        self._copies.move_to_end(step)
-        while len(self._copies) > self.kept:
-            self._copies.popitem(last=False)
-
-    @property
-    def latest(self) -> int | None:
-        return max(self._copies, default=None)
-
-    def get(self, step: int) -> np.ndarray | None:
-        return self._copies.get(step)
-
-
-def await_order(conn: Connection, failure: BaseException):
-    """After a shard failed: tell the coordinator (``ps_failed``) and wait for its order, passing over
-    the batches handed out ahead. Returns the ``ps_recover`` message; a ``stop`` raises NodeFailure
-    (exit 4) with `failure` and the stop's reason. A lost coordinator propagates (PeerClosed, ...)."""
-    conn.send([encode_message(PS_FAILED, {"cause": str(failure)[:500]})])
-    while True:
-        msg = conn.receive(["batch", "batch_indices", "stop", PS_RECOVER])
-        if msg.kind == PS_RECOVER:
-            return msg
-        if msg.kind == "stop":
-            raise NodeFailure(f"{failure}; the coordinator stopped the sharded run: "
-                              f"{str(msg.meta.get('reason'))[:400]}", EXIT_PEER_LOST) from None
-
-
-def answer_recovery(conn: Connection, order, snapshots: StepSnapshots, shard, max_shards: int,
-                    momentum: float) -> tuple[int, int | None]:
-    """Answer the coordinator's ``ps_recover`` `order` (and any repeat) with ``ps_state`` from
-    `snapshots` and the momentum (factor `momentum`) of `shard` (this worker's closed `ShardServer`, or None) until its
-    ``ps_rehost``; returns the next incarnation's (shard count, the shard this worker hosts or None).
-
-    Raises:
-        ProtocolError: a bad step, shard count or shard id.
-    """
-    while order.kind == PS_RECOVER:
-        step = order.meta.get("step")
-        if type(step) is not int:  # noqa: E721
-            raise ProtocolError(f"{PS_RECOVER}: step must be an integer, got {step!r:.40}")
-        copy = snapshots.get(step)
-        meta = {"step": step, "sha256": sha256_of(copy) if copy is not None else None, "latest_step": snapshots.latest}
-        tensors = []
-        if copy is not None and order.meta.get("send_params") is True:
-            tensors.append(WireTensor("params", copy))
-        states = momentum_at(shard.partition_states() if shard is not None else [], step, momentum)
-        meta["momentum"] = [index for index, _, _ in states]
-        tensors += [WireTensor(f"m{index}", values) for index, _, values in states]
-        conn.send([encode_message(PS_STATE, meta, tensors)])
-        order = conn.receive([PS_RECOVER, PS_REHOST])
-    k, hosted = order.meta.get("ps_shards"), order.meta.get("shard")
-    if type(k) is not int or not 2 <= k <= max_shards:  # noqa: E721
-        raise ProtocolError(f"{PS_REHOST}: ps_shards must be an integer 2..{max_shards}, got {k!r:.40}")
-    if hosted is not None and (type(hosted) is not int or not 1 <= hosted < k):  # noqa: E721
-        raise ProtocolError(f"{PS_REHOST}: shard must be null or an integer 1..{k - 1}, got {hosted!r:.40}")
-    return k, hosted

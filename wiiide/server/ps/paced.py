@@ -28,7 +28,10 @@ node keeps what is not bulk:
   run starts at the checkpoint's step with the clocks saved at the cut.
 
 One thread waits on every worker's connection at once (`selectors`, as `wiiide.server.pace.server` does). A worker
-lost, silent for ``io_timeout_s`` or misbehaving fails the run (exit 4), as the barrier does.
+lost, silent for ``io_timeout_s`` or misbehaving ends this incarnation (NodeFailure), as at the barrier:
+the coordinator goes on over the survivors (`wiiide.server.ps.membership`; under async and a bound from
+the surviving shards and the newest copies, `wiiide.server.ps.paced_recovery`). A worker coming back drains
+the handout, and the next incarnation readmits it.
 """
 
 from __future__ import annotations
@@ -86,11 +89,15 @@ class PacedHandout:
         evaluator: the started background evaluator, or None.
         client: the coordinator's `wiiide.server.ps.client.ShardClient` (checkpoint_every_s announcements), or None.
         start_step: the step a restored run starts at (updates applied; in rounds, the round).
+        members: the run's `wiiide.server.ps.membership.Membership` (a worker coming back drains the handout;
+            the first update after a recovery closes its record), or None.
     """
 
     def __init__(self, coord, data: Dataset, workers: list, handout: dict[int, str], shard: Any,
-                 sampler: BatchSampler, start: float, evaluator: Any, client: Any = None, start_step: int = 0) -> None:
+                 sampler: BatchSampler, start: float, evaluator: Any, client: Any = None, start_step: int = 0,
+                 members: Any = None) -> None:
         cfg = coord.cfg
+        self.members = members
         self.coord, self.cfg, self.data, self.workers, self.handout = coord, cfg, data, workers, handout
         self.shard, self.sampler, self.start, self.evaluator = shard, sampler, start, evaluator
         self.clock = SSPClock(cfg.staleness_bound)
@@ -132,8 +139,9 @@ class PacedHandout:
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> None:
-        """Hand out and record until duration_s, max_steps updates or the target, then until every batch
-        handed out is reported. Raises NodeFailure (exit 4) when a worker or the shard is lost."""
+        """Hand out and record until duration_s, max_steps updates or the target (or a worker waits to
+        rejoin), then until every batch handed out is reported. Raises NodeFailure (exit 4) when a worker
+        or the shard is lost."""
         cfg, metrics = self.cfg, self.coord.metrics
         try:
             while True:
@@ -149,6 +157,8 @@ class PacedHandout:
                 self._check_silent()
         finally:
             self._selector.close()
+            if self.members is not None:  # a loss's tasks in flight: a recovery's steps_lost
+                self.members.unreported = sum(len(q) for q in self.tasks.values())
             metrics.train_time_s = time.perf_counter() - self.start
             metrics.extra["epochs"] = self.sampler.epochs_done
             metrics.extra.update(self.record.to_extra())
@@ -161,6 +171,8 @@ class PacedHandout:
 
     def _more(self) -> bool:
         cfg = self.cfg
+        if self.members is not None and self.members.rejoin_due():  # drain, then readmit (as the barrier does)
+            return False
         if stop_at_target(cfg, self.evaluator) or time.perf_counter() - self.start >= cfg.duration_s:
             return False
         if not cfg.max_steps:
@@ -287,6 +299,8 @@ class PacedHandout:
         self.cut.after_update(metrics.steps, self.handed, max(self.given.values()))
         if self.coord.recovery is not None:  # the recovery figures at the first update after a restart
             self.coord.recovery.note_step(metrics.steps)
+        if self.members is not None:  # the same after a worker's loss (wiiide.server.ps.membership)
+            self.members.note_step(metrics.steps)
         if metrics.steps % 50 == 0:
             metrics.sample_rss()
         self.coord.log.step(metrics.steps, "update %d: loss %.4f, %d push(es), %.1f samples/s (sharded)",
@@ -300,7 +314,7 @@ class PacedHandout:
                 self._lost(w, TimeoutError(f"no frame for io_timeout_s={self.cfg.io_timeout_s:g} s"))
 
     def _lost(self, w: Any, cause: BaseException) -> None:
-        """A sharded run needs every worker's pushes: drop `w` and fail the run. Raises NodeFailure."""
+        """Drop `w` and end this incarnation (the coordinator recovers over the survivors). Raises NodeFailure."""
         self.coord.drop(w, cause)
         raise NodeFailure(f"lost worker {w.rank} ({w.node_id}): {type(cause).__name__}: {cause}",
                           EXIT_PEER_LOST) from None

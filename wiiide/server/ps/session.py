@@ -54,16 +54,8 @@ from wiiide.server.ps.client import ShardClient, ShardFailed
 from wiiide.server.pace.feedback import policy_may_be_lossy
 from wiiide.server.ps.link_probe import PieceRule
 from wiiide.server.ps.local_sgd import LocalRounds, round_rows
-from wiiide.server.ps.membership import (
-    PS_RECOVER,
-    PS_REHOST,
-    Membership,
-    Replan,
-    StepSnapshots,
-    answer_recovery,
-    await_order,
-    copy_digests,
-)
+from wiiide.server.ps.membership import PS_RECOVER, PS_REHOST, Membership, Replan, copy_digests
+from wiiide.server.ps.survivor import StepSnapshots, answer_recovery, await_order
 from wiiide.server.ps.paced import PacedHandout
 from wiiide.server.ps.partition import Partition, plan_partitions, shard_loads_bytes
 from wiiide.server.ps.plan import (  # noqa: F401 (_restore, _seconds: the tests' names too)
@@ -240,7 +232,10 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
                                    lambda: (metrics.steps, metrics.samples)).start()
     try:
         if cfg.staleness_bound != 0 or cfg.adaptive_batch:  # the SSP clock's handout (wiiide.server.ps.paced)
-            PacedHandout(coord, data, workers, handout, shard, sampler, start, evaluator, client, start_step).run()
+            PacedHandout(coord, data, workers, handout, shard, sampler, start, evaluator, client, start_step,
+                         members).run()
+            if members is not None:
+                members.after_barrier()
         else:
             _barrier(coord, data, workers, handout, shard, timer, sampler, start, start_step, client, evaluator,
                      members)
@@ -357,7 +352,7 @@ def run_worker(worker, conn: Connection, model: nn.Module, welcome_meta: dict, s
                 raise ProtocolError(f"ps_plan: params of shape {params.shape}, expected ({flat.numel},)")
             flat.load(torch.from_numpy(params.copy()))
             start_step, momentum = _plan_state(plan, flat.numel)
-            snapshots.keep(start_step, flat.params)
+            snapshots.keep(start_step, flat.params, [start_step] * len(partitions))  # every shard starts there
             handout = plan.meta.get("batch_handout")
             if handout == "indices" and plan.meta.get("data") != fingerprint:
                 raise ProtocolError("ps_plan: indices handout, but this worker's data set differs from the coordinator's")
@@ -442,7 +437,7 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
         compute_s = time.perf_counter() - t0
         metrics.add_compute(step, compute_s, time.thread_time() - cpu0)
         wait_s += client.finish_step(step)
-        snapshots.keep(step + 1, flat.params)  # a live copy for a recovery (wiiide.server.ps.membership)
+        snapshots.keep(step + 1, flat.params, client.versions)  # a live copy for a recovery (wiiide.server.ps.membership)
         worker._last_step, worker._last_params_unix_s = step, time.time()  # the hello's rejoin hint
         conn.send([encode_message("step_done", {"step": step, "loss": loss_value, "samples": int(x.shape[0]),
                                                 "compute_s": compute_s, "staleness": client.staleness})])

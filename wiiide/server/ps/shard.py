@@ -164,7 +164,7 @@ class ShardServer:
                 load_optimizer_state(optimizer, momentum[p.start:p.stop])
             self.owned[p.index] = owned = _Owned(p, values, optimizer, PullReplica(values.numpy()), step=start_step)
             if self.on_arrival:
-                owned.replicas = {r: PullReplica(values.numpy()) for r in range(1, self.num_workers + 1)}
+                owned.replicas = {r: PullReplica(values.numpy()) for r in sorted(self.worker_ranks)}
                 owned.sent = dict.fromkeys(owned.replicas, start_step)
         self.checkpointer = ShardCheckpointer(cfg, self.shard_id, max(p.shard for p in partitions) + 1,
                                               [o.part for o in self.owned.values()], self.metrics, self.stats, self.log)
@@ -179,12 +179,12 @@ class ShardServer:
         self.worker_ranks = set(ranks)
         self.num_workers = len(self.worker_ranks)
 
-    def partition_states(self) -> list[tuple[int, int, np.ndarray | None, np.ndarray]]:
-        """(partition index, its step, a copy of its MomentumSGD buffer as flat float32 or None, a copy of the
-        averaged gradient its last update applied) per owned partition (`wiiide.server.ps.membership`)."""
+    def partition_states(self) -> list[tuple[int, int, np.ndarray | None, np.ndarray, np.ndarray]]:
+        """(index, step, copies of its MomentumSGD buffer or None, of its last update's averaged gradient and of
+        its values: float32 (numel,)) per owned partition (`wiiide.server.ps.membership`, `.paced_recovery`)."""
         with self._lock:
             return [(i, o.step, momentum_to_flat(o.optimizer) if isinstance(o.optimizer, MomentumSGD) else None,
-                     o.param.grad.numpy().copy())
+                     o.param.grad.numpy().copy(), o.param.detach().numpy().copy())
                     for i, o in sorted(self.owned.items())]
 
     def start(self) -> "ShardServer":

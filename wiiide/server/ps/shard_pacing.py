@@ -25,8 +25,9 @@ def apply_on_arrival(shard: Any, owned: Any, rank: int, values: np.ndarray, push
     """Async / SSP: one optimizer step of `shard` (a `wiiide.server.ps.shard.ShardServer`) on partition `owned`
     from worker `rank`'s push `values` (float32, the partition's numel), scaled by ``staleness_scale(k)``
     (and by 1 / workers for local SGD's model deltas) with k = the partition's updates since the shard last sent `rank` its copy; returns the pull for
-    `rank` alone, a delta against that worker's replica (meta: the push's step, ``staleness``: k). The
-    caller holds the shard's lock."""
+    `rank` alone, a delta against that worker's replica (meta: the push's step, ``staleness``: k,
+    ``version``: the partition's updates so far, which a recovery reads, `wiiide.server.ps.paced_recovery`).
+    The caller holds the shard's lock."""
     t0, cpu0 = time.perf_counter(), time.thread_time()
     staleness = owned.step - owned.sent[rank]
     scale = staleness_scale(staleness, shard.cfg.staleness_scaling)
@@ -42,8 +43,8 @@ def apply_on_arrival(shard: Any, owned: Any, rank: int, values: np.ndarray, push
     shard.updates += 1
     index = owned.part.index
     dense = not shard._delta_pulls or (shard._lossy and step < shard._warmup_steps)
-    frame = owned.replicas[rank].frame_for(shard.policy, {"step": push_step, "partition": index, "staleness": staleness},
-                                           f"p{index}", owned.param.numpy(), dense)
+    meta = {"step": push_step, "partition": index, "staleness": staleness, "version": owned.step}
+    frame = owned.replicas[rank].frame_for(shard.policy, meta, f"p{index}", owned.param.numpy(), dense)
     shard.update_s += time.perf_counter() - t0
     shard.metrics.add_stage_cpu("update", push_step, time.thread_time() - cpu0)
     return frame
