@@ -36,3 +36,32 @@ def test_sharded_sparse_rows_train_and_match_the_central_sparse_server(tmp_path,
         worker = sharded[f"worker-{rank}"]
         assert worker["ps"]["param_max_abs_diff"] == 0.0  # the worker's copy is the shards' to the bit
         assert worker["ps"]["shard"]["updates"] == 100 * worker["ps"]["shard"]["partitions"]
+
+
+def test_sharded_sparse_rows_under_async_pull_every_changed_row_so_a_lone_workers_copy_stays_exact(
+        tmp_path, node_env, node_procs):  # noqa: F811
+    # one worker: after each pull its copy must be the shards' to the bit, or a changed row was left out
+    run = _run(node_env, node_procs, tmp_path / "async-1", ps_shards="all", num_workers=1, staleness_bound="async",
+               max_steps=60)
+    coord, worker = run["coordinator"], run["worker-1"]
+    assert coord["steps"] == 60 and coord["pace"]["placement"] == "sharded"
+    assert worker["ps"]["param_max_abs_diff"] == 0.0
+    assert coord["loss_final"] < coord["loss_first"]
+
+
+def test_sharded_sparse_rows_train_under_a_bound_and_with_adaptive_batches(tmp_path, node_env, node_procs):  # noqa: F811
+    # each push is one step of one worker's batch: the rounds' rate 2.0 diverges here, dense rows too
+    bound = _run(node_env, node_procs, tmp_path / "ssp-2", ps_shards="all", staleness_bound=2, max_steps=300,
+                 learning_rate=0.5)
+    c = bound["coordinator"]
+    assert c["steps"] == 300 and c["test_loss"] < 0.8 * c["loss_first"] and c["test_accuracy"] > 0.7
+    table_bytes = 1000 * RUN.get("embedding_dim", 16) * 4
+    for rank in (1, 2, 3):  # each pull is the rows changed since the worker's last, not the table
+        shard = bound[f"worker-{rank}"]["ps"]["shard"]
+        assert shard["link_wire_bytes"]["pulls_sent"] < 0.5 * shard["updates"] * table_bytes / shard["partitions"]
+    rounds = _run(node_env, node_procs, tmp_path / "adaptive", ps_shards="all", adaptive_batch=True, learning_rate=0.5,
+                  max_steps=200)
+    r = rounds["coordinator"]
+    assert r["steps"] == 200 and r["test_loss"] < 0.8 * r["loss_first"] and r["test_accuracy"] > 0.7
+    for rank in (1, 2, 3):  # rounds: every worker gets the same weighted rows, so every copy is the shards'
+        assert rounds[f"worker-{rank}"]["ps"]["param_max_abs_diff"] == 0.0

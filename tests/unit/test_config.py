@@ -482,6 +482,15 @@ def test_the_sharded_servers_take_bounded_staleness_async_and_adaptive_batches(f
 
 def test_the_sharded_servers_take_sparse_rows_and_the_pace_server_takes_checkpoints():
     assert RunConfig(ps_shards="all", model="embedding", sparse_embedding=True, momentum=0.0).sparse_embedding
+    sparse = {"model": "embedding", "sparse_embedding": True, "momentum": 0.0}
+    for pacing in ({"staleness_bound": 2}, {"staleness_bound": "async"}, {"adaptive_batch": True}):
+        assert RunConfig(ps_shards="all", **sparse, **pacing).sparse_embedding
+        with pytest.raises(ConfigError, match=r"'sparse_embedding'.*on ps_shards 1 \(the central pace server sends "
+                                              r"dense parameters"):
+            RunConfig(ps_shards="1", **sparse, **pacing)
+    for shards in ("1", "all"):
+        with pytest.raises(ConfigError, match=r"'sparse_embedding'.*local_steps > 1"):
+            RunConfig(ps_shards=shards, local_steps=4, **sparse)
     for pacing in ({"staleness_bound": 2}, {"local_steps": 4}, {"adaptive_batch": True}):
         assert RunConfig(ps_shards="1", checkpoint_every_steps=10, **pacing).checkpoint_every_steps == 10
 

@@ -44,7 +44,7 @@ from wiiide.server.pace.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, r
 from wiiide.server.ps.partition import Partition
 from wiiide.server.ps.outbox import ShardFailed, connect_shard, drain_outbox, frame_step
 from wiiide.server.ps.sparse_rows import ROWS_PULL_KIND, RowTable, WorkerRows, step_gradient
-from wiiide.wire.encode import encode_message
+from wiiide.wire.encode import encode_message, with_meta
 from wiiide.wire.sockets import congestion_of, tcp_cwnd_bytes
 
 BYE = encode_message("bye")
@@ -187,8 +187,9 @@ class ShardClient:
                  scope: Any = None) -> float:
         """The batch's mean loss, its gradient pushed as it is made (`wiiide.server.ps.sparse_rows.step_gradient`;
         `scope`: the worker's `wiiide.tensor_memory.ForwardScope`)."""
+        extra = {"samples": self._samples} if self._samples is not None else {}  # row pushes weighted as the dense
         return step_gradient(self._rows, model, self._flat, x, y, micro_batches, loss_fn, self._step,
-                             lambda part, frame: self.links[part.shard].outbox.put(frame), scope)
+                             lambda part, frame: self.links[part.shard].outbox.put(with_meta(frame, extra)), scope)
 
     def _grad_ready(self, covered: list[int]) -> None:
         # Tail first, as backward runs and as DDP's Reducer fills its buckets: with partition_balance
@@ -230,16 +231,16 @@ class ShardClient:
             if meta.get("step") != step or type(index) is not int or not 0 <= index < len(self._partitions):  # noqa: E721
                 raise ProtocolError(f"pull for step {meta.get('step')!r:.40} partition {index!r:.40}, expected step {step}")
             part = self._partitions[index]
-            if kind == "rows":  # a row partition's changed rows (checked by the receiver: WorkerRows.read)
-                self._rows.apply(params, part, *values)
-                continue
-            if values.shape != (part.numel,):
-                raise ProtocolError(f"pull of partition {index}: {values.shape}, expected ({part.numel},)")
-            target = params[part.start:part.stop]
             staleness = meta.get("staleness", 0)
             self.staleness = max(self.staleness, staleness if type(staleness) is int else 0)  # noqa: E721
             if type(meta.get("version")) is int:  # noqa: E721 (wiiide.server.ps.paced_recovery)
                 self.versions[index] = meta["version"]
+            if kind == "rows":  # a row partition's changed rows (checked by the receiver: WorkerRows.read)
+                self._rows.apply(params, part, *values, copy_in=meta.get("set") is True)
+                continue
+            if values.shape != (part.numel,):
+                raise ProtocolError(f"pull of partition {index}: {values.shape}, expected ({part.numel},)")
+            target = params[part.start:part.stop]
             cpu0 = time.thread_time()
             with torch.no_grad():
                 if meta.get("delta"):

@@ -16,12 +16,11 @@ limits, deadlines, socket knobs and TLS; the welcome's MAC covers the shard id i
 `wiiide.wire.admission.HandshakeGate`. Each peer has a receiver thread (pushes in) and a sender thread
 (pulls out): full duplex.
 
-Pacing (`wiiide.server.ps.paced`): with ``staleness_bound`` s >= 1 or ``async`` a shard applies every push as it
-arrives, scaled by its staleness (``staleness_scaling``; k = the partition's updates since it last sent
-that worker the partition), and sends the partition back to the pushing worker only, as a delta against
-that worker's replica (meta: ``staleness``); a partition's step counts its pushes, and its checkpoint
-step is copied as in rounds (`wiiide.server.ps.checkpoints`). With ``adaptive_batch`` in rounds (s = 0) it
-averages the pushes weighted by their ``samples``.
+Pacing (`wiiide.server.ps.paced`, `wiiide.server.ps.shard_pacing`): with ``staleness_bound`` s >= 1 or ``async`` a
+shard applies every push as it arrives, scaled by its staleness, and sends the partition back to the
+pushing worker only (a delta against its replica; a row partition: the rows changed since its last
+pull); a partition's step counts its pushes. With ``adaptive_batch`` in rounds (s = 0) it averages the
+pushes weighted by their ``samples``.
 
 Shard loss: an update needs every worker's push, so a peer that disconnects mid-run fails the shard
 (`failure`: the first cause, `lost`: every one; every other peer gets ``shard_failed``), and the
@@ -82,6 +81,7 @@ class _Owned:
     samples: dict[int, int] = field(default_factory=dict)  # adaptive_batch in rounds: rank -> samples pushed
     replicas: dict[int, PullReplica] = field(default_factory=dict)  # on arrival: each worker's own copy
     sent: dict[int, int] = field(default_factory=dict)  # on arrival: rank -> the step of the copy sent it
+    dirty: dict[int, np.ndarray] = field(default_factory=dict)  # on arrival, rows: rank -> rows changed since its pull
 
 
 @dataclass
@@ -208,11 +208,10 @@ class ShardServer:
         links = [p for p in self.peers if p.role == ROLE_WORKER and p.rank != self.shard_id]  # not one's own (loopback)
         self.stats["link_wire_bytes"] = {"pushes_received": sum(p.push_wire_bytes for p in links),
                                          "pulls_sent": sum(p.pull_wire_bytes for p in links)}
-        self.stats["pull_policy"] = self.policy.record["choices"]
-        self.stats["pull_uplink_bps_reported"] = self.policy.uplink.bps
         with self._lock:
             gaps = [o.replica.max_abs_gap(o.param.numpy()) for o in self.owned.values() if not self._is_rows(o)]
-        self.stats["replica_max_abs_gap"] = max(gaps, default=0.0)
+        self.stats.update({"pull_policy": self.policy.record["choices"], "replica_max_abs_gap": max(gaps, default=0.0),
+                           "pull_uplink_bps_reported": self.policy.uplink.bps})
         self.policy.close()
 
     # --- joining ----------------------------------------------------------------------------------
@@ -396,8 +395,9 @@ class ShardServer:
         step, index = owned.step, owned.part.index
         owned.optimizer.lr = self.lrs.schedule.lr(step)
         self.lrs.applied(step, owned.optimizer.lr)
-        if self._is_rows(owned):  # the touched rows' SGD, and a pull of those rows
-            frame = apply_rows(self.table, owned.part, owned.param, owned.pushes, owned.optimizer.lr, {"step": step, "partition": index})
+        if self._is_rows(owned):  # the touched rows' SGD, and a pull of those rows (adaptive batches: weighted)
+            frame = apply_rows(self.table, owned.part, owned.param, owned.pushes, owned.optimizer.lr,
+                               {"step": step, "partition": index}, owned.samples if self.weighted else None)
         else:
             grad = owned.param.grad
             grad.zero_()

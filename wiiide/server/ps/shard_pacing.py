@@ -2,6 +2,11 @@
 every push is applied as it arrives, scaled by its staleness, and answered to the pushing worker alone;
 in rounds of adaptive batches a push carries its ``samples``, by which the shard weights it.
 
+Sparse rows (`wiiide.server.ps.sparse_rows`) under async and a bound: a push's touched rows are applied as
+they arrive, and the pull to the pushing worker carries every row of the partition changed since that
+worker's last pull, as values to copy in; in rounds of adaptive batches the rows are averaged weighted
+by the pushes' samples.
+
 With local SGD (``local_steps`` H > 1) a push is a model delta (`wiiide.server.ps.local_sgd`). Applied on
 arrival it counts as its worker's share of the mean, ``delta / workers``, through the outer step, as the
 central pace server applies it (`wiiide.server.pace.server`). Once every worker has pushed, the partition
@@ -18,12 +23,15 @@ import torch
 
 from wiiide.errors import ProtocolError
 from wiiide.server.pace.staleness import staleness_scale
+from wiiide.server.ps.sparse_rows import ROWS_PULL_KIND, rows_frame
+from wiiide.server.sparse import sgd_rows
 from wiiide.wire.messages import Frame
 
 
-def apply_on_arrival(shard: Any, owned: Any, rank: int, values: np.ndarray, push_step: Any) -> Frame:
+def apply_on_arrival(shard: Any, owned: Any, rank: int, values: np.ndarray | tuple, push_step: Any) -> Frame:
     """Async / SSP: one optimizer step of `shard` (a `wiiide.server.ps.shard.ShardServer`) on partition `owned`
-    from worker `rank`'s push `values` (float32, the partition's numel), scaled by ``staleness_scale(k)``
+    from worker `rank`'s push `values` (float32, the partition's numel; a row partition's (ids, rows):
+    `_rows_on_arrival`), scaled by ``staleness_scale(k)``
     (and by 1 / workers for local SGD's model deltas) with k = the partition's updates since the shard last sent `rank` its copy; returns the pull for
     `rank` alone, a delta against that worker's replica (meta: the push's step, ``staleness``: k,
     ``version``: the partition's updates so far, which a recovery reads, `wiiide.server.ps.paced_recovery`).
@@ -33,6 +41,11 @@ def apply_on_arrival(shard: Any, owned: Any, rank: int, values: np.ndarray, push
     scale = staleness_scale(staleness, shard.cfg.staleness_scaling)
     if shard.cfg.local_steps > 1:  # a model delta: this worker's share of the mean (module docstring)
         scale /= max(1, shard.num_workers)
+    if isinstance(values, tuple):  # a row partition's touched rows
+        frame = _rows_on_arrival(shard, owned, rank, *values, scale, push_step, staleness)
+        shard.update_s += time.perf_counter() - t0
+        shard.metrics.add_stage_cpu("update", push_step, time.thread_time() - cpu0)
+        return frame
     owned.param.grad.copy_(torch.from_numpy(values)).mul_(scale)
     step = owned.step
     owned.optimizer.lr = shard.lrs.schedule.lr(step)
@@ -56,3 +69,29 @@ def push_samples(meta: dict, index: int) -> int:
     if type(samples) is not int or not 1 <= samples <= 2**31:  # noqa: E721
         raise ProtocolError(f"push of partition {index}: 'samples' must be an integer >= 1, got {samples!r:.40}")
     return samples
+
+
+def _rows_on_arrival(shard: Any, owned: Any, rank: int, ids: np.ndarray, rows: np.ndarray, scale: float,
+                     push_step: Any, staleness: int) -> Frame:
+    """A row partition's push applied as it arrives: `wiiide.server.sparse.sgd_rows` on its touched rows
+    (`ids` partition-local, `rows` float32 (u, dim), times `scale`), every worker's record of changed rows
+    marked (``owned.dirty``: a bool per row of the partition), and the pull for `rank`: the current values of
+    every row changed since its last pull (``set`` in the meta: the worker copies them in), so its copy of
+    the partition is the shard's again. Holds the shard's lock."""
+    table, index = shard.table, owned.part.index
+    values = owned.param.view(-1, table.dim)
+    if not owned.dirty:
+        owned.dirty = {r: np.zeros(values.shape[0], dtype=bool) for r in owned.sent}
+    lr = shard.lrs.schedule.lr(owned.step)
+    shard.lrs.applied(owned.step, lr)
+    grad = torch.from_numpy(rows)
+    sgd_rows(values, torch.from_numpy(ids.astype(np.int64)), grad * scale if scale != 1 else grad, lr)
+    owned.step += 1
+    owned.sent[rank] = owned.step
+    shard.updates += 1
+    for mask in owned.dirty.values():
+        mask[ids] = True
+    changed = np.flatnonzero(owned.dirty[rank])
+    owned.dirty[rank][changed] = False
+    meta = {"step": push_step, "partition": index, "staleness": staleness, "version": owned.step, "lr": lr, "set": True}
+    return rows_frame(ROWS_PULL_KIND, meta, table, changed, values[torch.from_numpy(changed)].clone())

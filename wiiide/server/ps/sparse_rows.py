@@ -129,13 +129,19 @@ def rows_frame(kind: str, meta: dict[str, Any], table: RowTable, ids: np.ndarray
 
 
 def apply_rows(table: RowTable, part: Partition, param: torch.Tensor,
-               pushes: dict[int, tuple[np.ndarray, np.ndarray]], lr: float, meta: dict[str, Any]) -> Frame:
+               pushes: dict[int, tuple[np.ndarray, np.ndarray]], lr: float, meta: dict[str, Any],
+               samples: dict[int, int] | None = None) -> Frame:
     """A shard's step of row partition `part`: SGD at rate `lr` on `param` (its float32 values, flat)
     from the workers' `pushes` (rank -> (ids, rows) as `RowTable.check` returns them, summed per id in
-    rank order, averaged over the pushes); returns the pull frame (``ps_rows_update`` with `meta` and
-    the rate)."""
-    ids, summed = sum_rows([pushes[rank] for rank in sorted(pushes)], table.dim)
-    summed.div_(len(pushes))
+    rank order, averaged over the pushes; with `samples`, rank -> its batch's samples (adaptive batches),
+    weighted by them); returns the pull frame (``ps_rows_update`` with `meta` and the rate)."""
+    if samples is None:
+        ids, summed = sum_rows([pushes[rank] for rank in sorted(pushes)], table.dim)
+        summed.div_(len(pushes))
+    else:
+        total = sum(samples[r] for r in pushes)
+        ids, summed = sum_rows([(pushes[r][0], pushes[r][1] * np.float32(samples[r] / total)) for r in sorted(pushes)],
+                               table.dim)
     sgd_rows(param.view(-1, table.dim), ids, summed, lr)
     return rows_frame(ROWS_PULL_KIND, {**meta, "lr": lr}, table, ids, summed)
 
@@ -188,10 +194,17 @@ class WorkerRows:
         ids, rows = self.table.check(msg, part)
         return index, ids, rows, float(wire_lr(msg.meta.get("lr"), ROWS_PULL_KIND))
 
-    def apply(self, params: torch.Tensor, part: Partition, ids: np.ndarray, rows: np.ndarray, lr: float) -> None:
-        """Apply a pull of row partition `part` (`read`) to the flat float32 `params`: the shard's `sgd_rows`."""
+    def apply(self, params: torch.Tensor, part: Partition, ids: np.ndarray, rows: np.ndarray, lr: float,
+              copy_in: bool = False) -> None:
+        """Apply a pull of row partition `part` (`read`) to the flat float32 `params`: the shard's `sgd_rows`,
+        or with `copy_in` (a pull of on-arrival pacing, meta ``set``) the rows' values copied in."""
         values = params[part.start:part.stop].view(-1, self.table.dim)
-        sgd_rows(values, torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(rows), lr)
+        index = torch.from_numpy(ids.astype(np.int64))
+        if copy_in:
+            with torch.no_grad():
+                values.index_copy_(0, index, torch.from_numpy(rows))
+            return
+        sgd_rows(values, index, torch.from_numpy(rows), lr)
 
 
 def step_gradient(rows: WorkerRows | None, model: nn.Module, flat: Any, x: torch.Tensor, y: torch.Tensor,
