@@ -13,6 +13,8 @@ delay d per link, M the model's float32 bytes and r the codec's ratio (M' = M / 
 
     step_s(W) = overhead_s + max(compute_s + links_s(W) + latency_s(W), cores_s(W))
 
+(for ring engines ``max(a, b) + min(a, b) / B``, B the model's DDP buckets: below).
+
 - central parameter server (``ps_shards 1``): the parameters leave the coordinator once per worker, then
   each worker's gradient crosses its own link: ``links_s = W M' / R + M' / R``, ``latency_s = 2 d``.
   With local SGD (``local_steps`` H) a step is a round of H local steps: the same bytes once a round.
@@ -25,7 +27,12 @@ delay d per link, M the model's float32 bytes and r the codec's ratio (M' = M / 
   expected bytes per rank (`wiiide.engines.comm.estimate`, from the report's
   ``comm_expected_bytes_per_step`` at calibration, which follows the hook: fp16, PowerSGD,
   post-local-SGD's one all-reduce every H steps), scaling as (P-1)/P; ``latency_s = 2 (P-1) d`` (a
-  ring all-reduce's 2 (P-1) steps; Patarasuk and Yuan 2009), over H for post-local-SGD.
+  ring all-reduce's 2 (P-1) steps; Patarasuk and Yuan 2009), over H for post-local-SGD. A bucket's
+  all-reduce starts only once the backward has filled it, so of the link time and the CPU only the
+  buckets before the last overlap: ``max(a, b) + min(a, b) / B`` with B = ceil(M / 25 MiB), DDP's
+  default ``bucket_cap_mb`` (`ring_buckets`): a model in one bucket pays the sum. The central and the
+  sharded servers keep the max: a central worker's pull waits on the coordinator, not on the CPU of the
+  others, and sharded pushes leave per partition as the backward reaches them.
 - ``cores_s``: where the nodes share one machine's cores (as every run of this harness on one host),
   the CPU of a step of every node over the cores the machine's other processes and the hypervisor's
   steal left them (`harness.analysis.point_model.host_cpu_shares`, as the round model reads them): ``(cpu_0(W) + W cpu_w(W)) / cores``, each role's CPU a
@@ -55,6 +62,7 @@ from wiiide.codecs.policy import fixed_lossy_ratio
 
 FLOAT32_BYTES = 4
 UNSHAPED_RATE_BPS = 8e9  # Python TCP between two containers, 8 MiB buffers: about 1 GB/s (ENVIRONMENT.md)
+DDP_BUCKET_CAP_BYTES = 25 * 2**20  # torch.nn.parallel.DistributedDataParallel's bucket_cap_mb default (25)
 
 
 @dataclass(frozen=True)
@@ -232,6 +240,24 @@ def _terms(m: Measured, cal_cpu: tuple[tuple[float, float], tuple[float, float]]
     return links_s, latency_s, cores_s
 
 
+def _combine(m: Measured, path_s: float, cores_s: float) -> float:
+    """The step from its critical path and its cores term (module docstring): their max, except for ring
+    engines, whose all-reduce of a gradient bucket waits for the backward that fills it, so that only
+    the buckets before the last overlap the compute: ``max + min / B`` with B = `ring_buckets` (one
+    bucket: the sum)."""
+    if m.family != "ring":
+        return max(path_s, cores_s)
+    return max(path_s, cores_s) + min(path_s, cores_s) / ring_buckets(m.model_bytes)
+
+
+def ring_buckets(model_bytes: float) -> int:
+    """DDP's gradient buckets for a model of `model_bytes` float32 bytes at its default ``bucket_cap_mb`` of
+    25 MiB (`DDP_BUCKET_CAP_BYTES`; Li et al., "PyTorch Distributed", VLDB 2020: a bucket's all-reduce
+    starts once its gradients are all computed, so bucketing is what overlaps communication with the
+    backward pass); at least 1."""
+    return max(1, math.ceil(model_bytes / DDP_BUCKET_CAP_BYTES))
+
+
 def calibrate(points: Sequence[Measured]) -> Calibration:
     """Fit one engine on one link from its points at two or more worker counts (one: CPU a step held
     constant). Raises HarnessError when `points` is empty or mixes engines or links."""
@@ -245,7 +271,7 @@ def calibrate(points: Sequence[Measured]) -> Calibration:
     residuals = []
     for p in points:
         links_s, latency_s, cores_s = _terms(p, cpu, p.workers, False)
-        residuals.append(p.step_s - max(p.compute_s + links_s + latency_s, cores_s))
+        residuals.append(p.step_s - _combine(p, p.compute_s + links_s + latency_s, cores_s))
     return Calibration(base, statistics.mean(residuals), cpu[0], cpu[1], tuple(sorted(p.workers for p in points)))
 
 
@@ -263,7 +289,7 @@ def predict(cal: Calibration, workers: int, *, rate_bps: float | None = None, de
         m = replace(m, rate_bps=rate_bps, delay_s=delay_s or 0.0)
     links_s, latency_s, cores_s = _terms(m, (cal.cpu_coordinator, cal.cpu_worker), workers, machine_per_node)
     path_s = m.compute_s + links_s + latency_s
-    step_s = max(1e-9, cal.overhead_s + max(path_s, cores_s))
+    step_s = max(1e-9, cal.overhead_s + _combine(m, path_s, cores_s))
     return Prediction(m.engine, link or m.link, workers, step_s, workers * m.samples_per_worker_step / step_s,
                       links_s, latency_s, cores_s, "links" if path_s >= cores_s else "cores")
 

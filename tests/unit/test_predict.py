@@ -14,6 +14,7 @@ from harness.analysis.predict import (
     error_summary,
     predict,
     report_measurements,
+    ring_buckets,
     validate,
 )
 from harness.cli import main
@@ -70,6 +71,29 @@ def test_a_cpu_bound_step_on_shared_cores_follows_the_cpu_of_every_node():
     assert shared.bound == "cores" and shared.step_s == pytest.approx(0.005 + 0.015 * 16, rel=1e-6)
     own = predict(cal, 16, machine_per_node=True)
     assert own.step_s == pytest.approx(0.005 + 0.010 * 16, rel=0.02)  # the links (8 Gbit/s) add < 2 %
+
+
+def test_a_ring_whose_model_is_one_bucket_pays_its_link_time_and_its_cpu_one_after_the_other():
+    """DDP with a 1 MB model (one 25 MiB bucket): the all-reduce starts when the backward is done, so a step
+    on 2 shared cores is the CPU of every rank (10 ms the coordinator, 20 ms each worker, over 2 cores)
+    plus the ring's bytes (2 (P-1)/P models a rank) plus 4 ms; the central server's link time hides its
+    CPU. Calibrated at 2 and 4 workers, the step at 8 is the sum's, where a max would miss the CPU."""
+    def ring_step(w):
+        return 0.004 + 2 * w / (w + 1) * MODEL_S + (0.010 + 0.020 * w) / 2
+    points = [_point(DDP, w, ring_step(w), cpu_coordinator_s=0.010, cpu_worker_s=0.020,
+                     expected_bytes=2 * w * NUMEL * 4) for w in (2, 4, 8)]
+    [row] = validate(report_measurements(_report(points)), [2, 4])
+    assert row.workers == 8 and row.error == pytest.approx(0.0, abs=1e-6)
+    assert row.step_s > 0.004 + max(row.links_s, row.cores_s) + 0.08  # the CPU's 85 ms are not hidden
+    central = [_point(CENTRAL, w, 0.004 + (w + 1) * MODEL_S, cpu_coordinator_s=0.010, cpu_worker_s=0.020)
+               for w in (2, 4, 8)]
+    [row] = validate(report_measurements(_report(central)), [2, 4])
+    assert row.error == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("model_bytes, buckets", [(1.2e6, 1), (25 * 2**20, 1), (25 * 2**20 + 1, 2), (1e8, 4)])
+def test_ring_buckets_follow_ddps_25_mib_bucket_cap(model_bytes, buckets):
+    assert ring_buckets(model_bytes) == buckets
 
 
 def test_the_ring_pays_two_latency_terms_per_node_and_the_parameter_server_two():
