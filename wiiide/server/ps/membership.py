@@ -62,8 +62,9 @@ from wiiide.server.ps.plan import PS_FAILED
 from wiiide.wire.tensors import to_wire
 from wiiide.wire.encode import encode_message
 
-PS_RECOVER = "ps_recover"  # coordinator -> worker: {"step", "incarnation", "send_params"}: answer with PS_STATE
-PS_STATE = "ps_state"  # worker -> coordinator: {"step", "sha256", "latest_step", "momentum"}; params, m<i>
+PS_RECOVER = "ps_recover"  # coordinator -> worker: {"step", "incarnation", "send_params", "on_arrival"}: PS_STATE
+PS_STATE = "ps_state"  # worker -> coordinator: {"step", "sha256", "latest_step", "momentum"}; params, m<i> (on
+# arrival also "versions", "owned" and s<i>: wiiide.server.ps.paced_recovery.worker_answer)
 PS_REHOST = "ps_rehost"  # coordinator -> worker: {"ps_shards", "shard": id or None, "incarnation"}
 SNAPSHOTS_KEPT = 4  # a survivor is at most HANDOUT_AHEAD + 1 steps past the barrier
 STALE_KINDS = ("step_done", PS_FAILED)  # a worker's frames of the old incarnation still on their way

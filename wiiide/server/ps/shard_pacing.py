@@ -31,9 +31,9 @@ from wiiide.wire.messages import Frame
 def apply_on_arrival(shard: Any, owned: Any, rank: int, values: np.ndarray | tuple, push_step: Any) -> Frame:
     """Async / SSP: one optimizer step of `shard` (a `wiiide.server.ps.shard.ShardServer`) on partition `owned`
     from worker `rank`'s push `values` (float32, the partition's numel; a row partition's (ids, rows):
-    `_rows_on_arrival`), scaled by ``staleness_scale(k)``
-    (and by 1 / workers for local SGD's model deltas) with k = the partition's updates since the shard last sent `rank` its copy; returns the pull for
-    `rank` alone, a delta against that worker's replica (meta: the push's step, ``staleness``: k,
+    `_rows_on_arrival`), scaled by ``staleness_scale(k)`` (and by 1 / workers for local SGD's model
+    deltas) with k = the partition's updates since the shard last sent `rank` its copy; returns the pull
+    for `rank` alone, a delta against that worker's replica (meta: the push's step, ``staleness``: k,
     ``version``: the partition's updates so far, which a recovery reads, `wiiide.server.ps.paced_recovery`).
     The caller holds the shard's lock."""
     t0, cpu0 = time.perf_counter(), time.thread_time()
