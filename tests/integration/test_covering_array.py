@@ -37,7 +37,8 @@ CODECS = {"none": "none", "zstd": "fixed:zstd-1", "fp16": "fixed:fp16", "int8": 
 REFUSALS = {
     "sparse_embedding.*the central pace server sends dense parameters": "sparse rows under a pace the central "
                                                                         "server runs with dense pulls",
-    "sparse_embedding.*local SGD round pushes its H steps' model delta dense": "sparse rows under local SGD",
+    "sparse_embedding.*outer_optimizer nesterov .the outer step's momentum buffer moves every row": "sparse rows "
+                                                                                                  "under DiLoCo",
 }
 ROWS = [tuple(row) for row in AllPairs([list(PLACEMENTS), list(PACINGS), list(MODELS), list(CODECS),
                                         ["tls-off", "tls-on"], ["ckpt-off", "ckpt-on"], ["eval-off", "eval-on"]])]

@@ -101,8 +101,8 @@ def test_sharded_adaptive_batches_shift_samples_to_the_fast_worker(paced):
 
 @pytest.mark.parametrize("fields, match", [
     ({"staleness_bound": 2, "ssp_cache": True}, "ssp_cache.*ps_shards 1.*shards do not see the SSP clock"),
-    ({"model": "embedding", "sparse_embedding": True, "momentum": 0, "staleness_bound": 2, "local_steps": 4},
-     "sparse_embedding.*local_steps > 1"),
+    ({"model": "embedding", "sparse_embedding": True, "momentum": 0, "staleness_bound": 2, "local_steps": 4,
+      "outer_optimizer": "nesterov"}, "sparse_embedding.*outer_optimizer nesterov"),
 ])
 def test_what_sharded_pacing_does_not_take_is_refused_with_its_reason(fields, match):
     with pytest.raises(ConfigError, match=match):

@@ -488,9 +488,13 @@ def test_the_sharded_servers_take_sparse_rows_and_the_pace_server_takes_checkpoi
         with pytest.raises(ConfigError, match=r"'sparse_embedding'.*on ps_shards 1 \(the central pace server sends "
                                               r"dense parameters"):
             RunConfig(ps_shards="1", **sparse, **pacing)
+    assert RunConfig(ps_shards="all", local_steps=4, staleness_bound=2, **sparse).sparse_embedding
+    with pytest.raises(ConfigError, match=r"'sparse_embedding'.*local_steps or adaptive_batch on ps_shards 1"):
+        RunConfig(ps_shards="1", local_steps=4, **sparse)
     for shards in ("1", "all"):
-        with pytest.raises(ConfigError, match=r"'sparse_embedding'.*local_steps > 1"):
-            RunConfig(ps_shards=shards, local_steps=4, **sparse)
+        with pytest.raises(ConfigError, match=r"'sparse_embedding'.*outer_optimizer nesterov \(the outer step's "
+                                              r"momentum buffer moves every row"):
+            RunConfig(ps_shards=shards, local_steps=4, outer_optimizer="nesterov", **sparse)
     for pacing in ({"staleness_bound": 2}, {"local_steps": 4}, {"adaptive_batch": True}):
         assert RunConfig(ps_shards="1", checkpoint_every_steps=10, **pacing).checkpoint_every_steps == 10
 

@@ -203,14 +203,25 @@ class ShardClient:
         """Queue the push of `part` (its values in ``flat.grads``) for the step armed by `begin_step`."""
         (self._pushes if self._ordered else self.links[part.shard].outbox).put((self._step, part, self._dense))
 
-    def push_all(self, step: int, samples: int | None = None) -> None:
+    def push_all(self, step: int, samples: int | None = None, touched: torch.Tensor | None = None) -> None:
         """Push every partition of ``flat.grads`` for `step` at once, tail first, without backward's hooks:
-        local SGD's model delta (`wiiide.server.ps.local_sgd`; `samples` as `begin_step`); `finish_step` then
-        waits for the pulls. The senders read ``flat.grads`` until every shard has answered: leave it
-        unchanged until then."""
+        local SGD's model delta (`wiiide.server.ps.local_sgd`; `samples` as `begin_step`; with sparse rows
+        a row partition's push is the rows of `touched`, int64 table rows); `finish_step` then waits for
+        the pulls. The senders read ``flat.grads`` until every shard has answered: leave it unchanged."""
         self.begin_step(step, 0, samples)
         for part in reversed(self._partitions):
-            self._enqueue(part)
+            if self._rows is None or not self._rows.table.owns(part):
+                self._enqueue(part)
+        if self._rows is not None:
+            extra = {"samples": samples} if samples is not None else {}
+            rows = self._flat.grads[:self._rows.table.numel].view(-1, self._rows.table.dim)[touched]
+            self._rows.push(touched, rows, step, lambda part, frame: self.links[part.shard].outbox.put(
+                with_meta(frame, extra)))
+
+    @property
+    def rows(self) -> WorkerRows | None:
+        """The sparse rows' worker side (`wiiide.server.ps.sparse_rows.WorkerRows`), None without them."""
+        return self._rows
 
     def finish_step(self, step: int) -> float:
         """Wait for every partition's pull of `step` and apply it; returns the seconds waited.

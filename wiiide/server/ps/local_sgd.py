@@ -129,15 +129,22 @@ class LocalRounds:
             ProtocolError: the batch does not fit the model or has fewer rows than local_steps.
         """
         pulled = self.flat.params.clone()
+        touched, rows = None, self.client.rows
         try:
-            delta, loss_value = local_delta(self.model, self.flat, x, y, self.cfg.local_steps, self.schedule.lr(step),
-                                            self.cfg.grad_accum_steps, self.sleep_s, loss_fn=self.loss_fn,
-                                            scope=self.scope)
+            if rows is None:
+                delta, loss_value = local_delta(self.model, self.flat, x, y, self.cfg.local_steps,
+                                                self.schedule.lr(step), self.cfg.grad_accum_steps, self.sleep_s,
+                                                loss_fn=self.loss_fn, scope=self.scope)
+            else:  # sparse rows: the table's rows by sgd_rows, and the touched ones pushed
+                touched, loss_value = rows.local_delta(self.model, self.flat, x, y, self.cfg.local_steps,
+                                                       self.schedule.lr(step), self.cfg.grad_accum_steps,
+                                                       self.loss_fn, self.scope)
+                delta = pulled - self.flat.params
         except (RuntimeError, IndexError, ValueError) as exc:
             raise ProtocolError(f"batch does not fit the model: {exc}") from None
         with torch.no_grad():
             self.flat.grads.copy_(delta)
             self.flat.params.copy_(pulled)  # what the shards' replica holds: the pulls apply to it
-        self.client.push_all(step, int(x.shape[0]) if self.cfg.adaptive_batch else None)
+        self.client.push_all(step, int(x.shape[0]) if self.cfg.adaptive_batch else None, touched)
         return loss_value
 

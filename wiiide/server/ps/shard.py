@@ -54,7 +54,7 @@ from wiiide.server.pace.feedback import DENSE_KIND, LOSSY_KIND, PullReplica, pul
 from wiiide.server.ps.local_sgd import load_optimizer_state, shard_optimizer
 from wiiide.server.ps.outbox import close_quietly, drain_outbox, frame_step, shard_bind_host  # noqa: F401 (frame_step)
 from wiiide.server.ps.partition import Partition
-from wiiide.server.ps.shard_pacing import apply_on_arrival, push_samples
+from wiiide.server.ps.shard_pacing import apply_on_arrival, push_samples, rows_rate
 from wiiide.server.ps.sparse_rows import ROWS_PULL_KIND, ROWS_PUSH_KIND, RowTable, apply_rows
 from wiiide.server.recovery import momentum_to_flat
 from wiiide.wire.admission import HandshakeGate, Pending
@@ -395,9 +395,9 @@ class ShardServer:
         step, index = owned.step, owned.part.index
         owned.optimizer.lr = self.lrs.schedule.lr(step)
         self.lrs.applied(step, owned.optimizer.lr)
-        if self._is_rows(owned):  # the touched rows' SGD, and a pull of those rows (adaptive batches: weighted)
-            frame = apply_rows(self.table, owned.part, owned.param, owned.pushes, owned.optimizer.lr,
-                               {"step": step, "partition": index}, owned.samples if self.weighted else None)
+        if self._is_rows(owned):  # the touched rows' SGD (local SGD: rate 1) and their pull; weighted by samples
+            meta, lr = {"step": step, "partition": index}, rows_rate(self.cfg, owned.optimizer.lr)
+            frame = apply_rows(self.table, owned.part, owned.param, owned.pushes, lr, meta, self.weighted and owned.samples or None)
         else:
             grad = owned.param.grad
             grad.zero_()

@@ -84,6 +84,7 @@ def _rows_on_arrival(shard: Any, owned: Any, rank: int, ids: np.ndarray, rows: n
         owned.dirty = {r: np.zeros(values.shape[0], dtype=bool) for r in owned.sent}
     lr = shard.lrs.schedule.lr(owned.step)
     shard.lrs.applied(owned.step, lr)
+    lr = rows_rate(shard.cfg, lr)
     grad = torch.from_numpy(rows)
     sgd_rows(values, torch.from_numpy(ids.astype(np.int64)), grad * scale if scale != 1 else grad, lr)
     owned.step += 1
@@ -95,3 +96,9 @@ def _rows_on_arrival(shard: Any, owned: Any, rank: int, ids: np.ndarray, rows: n
     owned.dirty[rank][changed] = False
     meta = {"step": push_step, "partition": index, "staleness": staleness, "version": owned.step, "lr": lr, "set": True}
     return rows_frame(ROWS_PULL_KIND, meta, table, changed, values[torch.from_numpy(changed)].clone())
+
+
+def rows_rate(cfg: Any, lr: float) -> float:
+    """The rate a shard's SGD on rows runs at: the schedule's `lr`, or 1 with local SGD (``local_steps`` > 1,
+    outer ``avg``: the rows move by the mean model delta, ``params -= delta``)."""
+    return 1.0 if cfg.local_steps > 1 else lr

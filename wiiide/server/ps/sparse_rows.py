@@ -11,6 +11,9 @@ ever. Per step, for a row partition:
   below 2^31 rows, strictly increasing) and ``rows`` (float32 ``u x dim``), raw, in a ``ps_rows``
   frame; a partition none of its rows touched gets an empty one (the shard counts every worker's push).
   The MLP's partitions are pushed by the backward hooks as before (`wiiide.server.ps.client`).
+- local SGD (``local_steps`` H > 1, outer ``avg``): a worker's H steps update its rows by `sgd_rows`
+  (`WorkerRows.local_delta`) and it pushes the model delta of the rows its steps touched; the shard's
+  outer step is the same SGD at rate 1 on the mean delta.
 - the shard (`apply_rows`): once every worker's push is in, the rows are summed per id in rank order
   (`wiiide.server.sparse.sum_rows`, as the central server sums them), divided by the workers, and plain SGD
   runs on those rows only (`wiiide.server.sparse.sgd_rows`; momentum is refused with sparse rows, as on the
@@ -135,7 +138,7 @@ def apply_rows(table: RowTable, part: Partition, param: torch.Tensor,
     from the workers' `pushes` (rank -> (ids, rows) as `RowTable.check` returns them, summed per id in
     rank order, averaged over the pushes; with `samples`, rank -> its batch's samples (adaptive batches),
     weighted by them); returns the pull frame (``ps_rows_update`` with `meta` and the rate)."""
-    if samples is None:
+    if not samples:  # None (or an empty dict): the plain mean
         ids, summed = sum_rows([pushes[rank] for rank in sorted(pushes)], table.dim)
         summed.div_(len(pushes))
     else:
@@ -175,13 +178,39 @@ class WorkerRows:
             IndexError: an id outside the table (`SparseRows.gradient`).
         """
         ids, rows_grad, loss = self.sparse.gradient(model, flat, x, y, micro_batches, loss_fn, scope)
+        self.push(ids, rows_grad, step, send)
+        return loss
+
+    def push(self, ids: torch.Tensor, rows: torch.Tensor, step: int, send: Callable[[Partition, Frame], None]) -> None:
+        """One ``ps_rows`` push per row partition through `send`: the rows of `ids` (int64 (u,) table rows,
+        increasing; `rows` float32 (u, dim)) in its range, partition-local (none touched: an empty one)."""
         ids_np = ids.numpy()
         cuts = np.searchsorted(ids_np, self._starts)  # ids are sorted: each partition's are a slice
         for i, part in enumerate(self.parts):
             lo, hi = int(cuts[i]), int(cuts[i + 1])
             send(part, rows_frame(ROWS_PUSH_KIND, {"step": step, "partition": part.index}, self.table,
-                                  ids_np[lo:hi] - self._starts[i], rows_grad[lo:hi]))
-        return loss
+                                  ids_np[lo:hi] - self._starts[i], rows[lo:hi]))
+
+    def local_delta(self, model: nn.Module, flat: Any, x: torch.Tensor, y: torch.Tensor, local_steps: int,
+                    lr: float, micro_batches: int, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                    scope: Any = None) -> tuple[torch.Tensor, float]:
+        """Local SGD's H = `local_steps` plain SGD steps at rate `lr` on the H pieces of (x, y), the table's
+        rows by `sgd_rows` and the MLP's values in place, from the parameters in ``flat``; returns (the
+        table rows the steps touched, int64 (u,) increasing; the mean loss). ``flat.params`` is left
+        after the steps (the caller takes the delta). Raises IndexError: an id outside the table;
+        ValueError: more steps than rows."""
+        if not 1 <= local_steps <= int(x.shape[0]):
+            raise ValueError(f"local_steps must be 1..{int(x.shape[0])} (the rows of the batch), got {local_steps}")
+        table = flat.params[:self.table.numel].view(-1, self.table.dim)
+        touched, losses = [], []
+        for xs, ys in zip(torch.tensor_split(x, local_steps), torch.tensor_split(y, local_steps)):
+            ids, rows_grad, loss = self.sparse.gradient(model, flat, xs, ys, micro_batches, loss_fn, scope)
+            with torch.no_grad():
+                flat.params[self.table.numel:].sub_(flat.grads[self.table.numel:], alpha=lr)
+            sgd_rows(table, ids, rows_grad, lr)
+            touched.append(ids)
+            losses.append(loss)
+        return torch.unique(torch.cat(touched), sorted=True), sum(losses) / len(losses)
 
     def read(self, msg: Message) -> tuple[int, np.ndarray, np.ndarray, float]:
         """A received ``ps_rows_update`` pull, checked and copied off the reader's buffer: (partition
