@@ -187,9 +187,13 @@ class ShardClient:
                  scope: Any = None) -> float:
         """The batch's mean loss, its gradient pushed as it is made (`wiiide.server.ps.sparse_rows.step_gradient`;
         `scope`: the worker's `wiiide.tensor_memory.ForwardScope`)."""
-        extra = {"samples": self._samples} if self._samples is not None else {}  # row pushes weighted as the dense
         return step_gradient(self._rows, model, self._flat, x, y, micro_batches, loss_fn, self._step,
-                             lambda part, frame: self.links[part.shard].outbox.put(with_meta(frame, extra)), scope)
+                             self._send_rows, scope)
+
+    def _send_rows(self, part: Partition, frame) -> None:
+        """Queue a row partition's push, with the armed step's ``samples`` (weighted as the dense pushes)."""
+        extra = {"samples": self._samples} if self._samples is not None else {}
+        self.links[part.shard].outbox.put(with_meta(frame, extra))
 
     def _grad_ready(self, covered: list[int]) -> None:
         # Tail first, as backward runs and as DDP's Reducer fills its buckets: with partition_balance
@@ -213,10 +217,8 @@ class ShardClient:
             if self._rows is None or not self._rows.table.owns(part):
                 self._enqueue(part)
         if self._rows is not None:
-            extra = {"samples": samples} if samples is not None else {}
             rows = self._flat.grads[:self._rows.table.numel].view(-1, self._rows.table.dim)[touched]
-            self._rows.push(touched, rows, step, lambda part, frame: self.links[part.shard].outbox.put(
-                with_meta(frame, extra)))
+            self._rows.push(touched, rows, step, self._send_rows)
 
     @property
     def rows(self) -> WorkerRows | None:

@@ -181,8 +181,8 @@ class Membership:
                               EXIT_PEER_LOST)
         before, partitions = {w.rank for w in self.current.workers}, self.current.partitions
         momentum = np.zeros(self.numel, np.float32) if cfg.momentum != 0 else None
-        own = momentum_at(shard.partition_states(), step, cfg.momentum)  # the coordinator's shard
-        kept = self._take_momentum(momentum, own, partitions, step)
+        kept = 0 if on_arrival else self._take_momentum(  # the coordinator's shard's, at the barrier's step
+            momentum, momentum_at(shard.partition_states(), step, cfg.momentum), partitions, step)
         states, asked, params, source, assembled = {}, set(), None, None, None
         while params is None and not on_arrival:  # the lowest rank not yet asked sends its copy; the others digests
             candidates = [w for w in coord.members() if w.alive and w.rank in before]

@@ -66,7 +66,7 @@ def _int(value) -> int | None:
     return value if type(value) is int and 0 <= value <= MAX_VERSION else None  # noqa: E721
 
 
-def _shard_sources(rank: int, meta: dict, msg, partitions: Sequence[Partition]) -> dict[int, _Source]:
+def _shard_sources(meta: dict, msg, partitions: Sequence[Partition]) -> dict[int, _Source]:
     """The partitions a survivor's old shard sent (malformed entries left out)."""
     names = {t.name for t in msg.tensors}
     momentum = set(meta.get("momentum") or []) if isinstance(meta.get("momentum"), list) else set()
@@ -110,7 +110,7 @@ def assemble(partitions: Sequence[Partition], numel: int, own: list, answers: di
         sources[index] = _Source(version, values, buffer)
     for rank in sorted(answers):
         meta, msg = answers[rank]
-        for index, source in _shard_sources(rank, meta, msg, partitions).items():
+        for index, source in _shard_sources(meta, msg, partitions).items():
             if index not in sources or source.version > sources[index].version:
                 sources[index] = source
     from_shards = set(sources)

@@ -41,11 +41,16 @@ def apply_on_arrival(shard: Any, owned: Any, rank: int, values: np.ndarray | tup
     scale = staleness_scale(staleness, shard.cfg.staleness_scaling)
     if shard.cfg.local_steps > 1:  # a model delta: this worker's share of the mean (module docstring)
         scale /= max(1, shard.num_workers)
-    if isinstance(values, tuple):  # a row partition's touched rows
-        frame = _rows_on_arrival(shard, owned, rank, *values, scale, push_step, staleness)
-        shard.update_s += time.perf_counter() - t0
-        shard.metrics.add_stage_cpu("update", push_step, time.thread_time() - cpu0)
-        return frame
+    frame = (_rows_on_arrival(shard, owned, rank, *values, scale, push_step, staleness) if isinstance(values, tuple)
+             else _dense_on_arrival(shard, owned, rank, values, scale, push_step, staleness))
+    shard.update_s += time.perf_counter() - t0
+    shard.metrics.add_stage_cpu("update", push_step, time.thread_time() - cpu0)
+    return frame
+
+
+def _dense_on_arrival(shard: Any, owned: Any, rank: int, values: np.ndarray, scale: float, push_step: Any,
+                      staleness: int) -> Frame:
+    """A dense partition's push applied as it arrives (`apply_on_arrival`). Holds the shard's lock."""
     owned.param.grad.copy_(torch.from_numpy(values)).mul_(scale)
     step = owned.step
     owned.optimizer.lr = shard.lrs.schedule.lr(step)
@@ -57,10 +62,7 @@ def apply_on_arrival(shard: Any, owned: Any, rank: int, values: np.ndarray | tup
     index = owned.part.index
     dense = not shard._delta_pulls or (shard._lossy and step < shard._warmup_steps)
     meta = {"step": push_step, "partition": index, "staleness": staleness, "version": owned.step}
-    frame = owned.replicas[rank].frame_for(shard.policy, meta, f"p{index}", owned.param.numpy(), dense)
-    shard.update_s += time.perf_counter() - t0
-    shard.metrics.add_stage_cpu("update", push_step, time.thread_time() - cpu0)
-    return frame
+    return owned.replicas[rank].frame_for(shard.policy, meta, f"p{index}", owned.param.numpy(), dense)
 
 
 def push_samples(meta: dict, index: int) -> int:

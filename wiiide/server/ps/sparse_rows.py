@@ -138,7 +138,7 @@ def apply_rows(table: RowTable, part: Partition, param: torch.Tensor,
     from the workers' `pushes` (rank -> (ids, rows) as `RowTable.check` returns them, summed per id in
     rank order, averaged over the pushes; with `samples`, rank -> its batch's samples (adaptive batches),
     weighted by them); returns the pull frame (``ps_rows_update`` with `meta` and the rate)."""
-    if not samples:  # None (or an empty dict): the plain mean
+    if samples is None:
         ids, summed = sum_rows([pushes[rank] for rank in sorted(pushes)], table.dim)
         summed.div_(len(pushes))
     else:
