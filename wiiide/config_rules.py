@@ -23,7 +23,6 @@ def _validate_engine(c: Any) -> None:
     torch_engine = c.engine in ("ddp", "fsdp")
     default_compression = type(c).model_fields["compression"].default
     default_shards = type(c).model_fields["ps_shards"].default
-    shards_origin = " (the default)" if c.ps_shards == default_shards else ""
     only = [("ddp_comm_hook", c.ddp_comm_hook != "none", c.engine == "ddp", "engine ddp"),
             ("ddp_find_unused_parameters", c.ddp_find_unused_parameters, c.engine == "ddp", "engine ddp"),
             ("powersgd_rank", c.powersgd_rank != 1, c.ddp_comm_hook == "powersgd", "ddp_comm_hook powersgd"),
@@ -50,14 +49,6 @@ def _validate_engine(c: Any) -> None:
         if is_set and not applies:
             raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs {needs} "
                               f"(engine is {c.engine!r}, ddp_comm_hook {c.ddp_comm_hook!r})")
-    if c.engine == "wiiide" and c.ps_shards != "1":  # the sharded servers (wiiide/server/ps/): what they do not take
-        cache = ("a sharded worker's pull after each push is how its shards answer the push, spread over every "
-                 "shard's link, and the shards do not see the SSP clock that says when a copy may be skipped; "
-                 "the central server's cache skips the parameters it would send through its one link")
-        for name, is_set, why in (("ssp_cache", c.ssp_cache, cache),):
-            if is_set:
-                raise ConfigError(f"config field '{name}': {getattr(c, name)!r} needs ps_shards 1 (the central "
-                                  f"server), not ps_shards {c.ps_shards!r}{shards_origin}: {why}; set ps_shards: 1")
     if c.engine == "wiiide":
         _check(c.batch_size >= c.grad_accum_steps, "grad_accum_steps", c.grad_accum_steps,
                f"at most batch_size = {c.batch_size} (every micro-batch needs a sample)")

@@ -447,24 +447,9 @@ def test_the_torch_engines_refuse_checkpoints_with_the_reason(engine, field, val
     {"grad_accum_steps": 4}, {"tls": True}, {"eval_every_s": 1.0}, {"local_steps": 16},
     {"local_steps": 4, "outer_optimizer": "nesterov", "compression": "fixed:int8"},
     {"local_steps": 4, "staleness_bound": 2}, {"local_steps": 4, "staleness_bound": "async"},
-    {"local_steps": 4, "adaptive_batch": True}])
+    {"local_steps": 4, "adaptive_batch": True}, {"staleness_bound": 2, "ssp_cache": True}])
 def test_the_sharded_servers_take_every_dense_model_gradient_accumulation_tls_and_local_sgd(fields):
     assert RunConfig(ps_shards="all", **fields).ps_shards == "all"
-
-
-@pytest.mark.parametrize("field, value, extra", [("ssp_cache", True, {"staleness_bound": 2})])
-def test_the_sharded_servers_refuse_what_they_do_not_offer_with_its_message(field, value, extra):
-    with pytest.raises(ConfigError, match=rf"'{field}'.*needs ps_shards 1"):
-        RunConfig(ps_shards="all", **{field: value}, **extra)
-
-
-@pytest.mark.parametrize("fields", [{"ssp_cache": True, "staleness_bound": 2}])
-def test_what_only_the_central_server_runs_is_refused_under_the_default_saying_what_to_set(fields):
-    assert RunConfig.model_fields["ps_shards"].default == "all"
-    with pytest.raises(ConfigError, match=r"needs ps_shards 1 \(the central server\), not ps_shards 'all' "
-                                          r"\(the default\): .*; set ps_shards: 1$"):
-        RunConfig(**fields)
-    assert RunConfig(ps_shards="1", **fields).ps_shards == "1"  # no fallback: the user chooses the central server
 
 
 @pytest.mark.parametrize("engine", ["ddp", "fsdp"])

@@ -43,6 +43,7 @@ from wiiide.server.ps.checkpoints import CHECKPOINT_AT
 from wiiide.server.pace.feedback import DENSE_KIND, LOSSY_KIND, ErrorFeedback, received_values
 from wiiide.server.ps.partition import Partition
 from wiiide.server.ps.outbox import ShardFailed, connect_shard, drain_outbox, frame_step
+from wiiide.server.ps.shard_pacing import CACHED_KIND
 from wiiide.server.ps.sparse_rows import ROWS_PULL_KIND, RowTable, WorkerRows, step_gradient
 from wiiide.wire.encode import encode_message, with_meta
 from wiiide.wire.sockets import congestion_of, tcp_cwnd_bytes
@@ -101,16 +102,14 @@ class ShardClient:
         self._lossy = False
         self._ordered = cfg.push_schedule == "ordered"
         self._rank = rank
-        # The congestion window (bytes) of each push's connection as the push starts, the latest
-        # PUSH_CWND_SAMPLES: how much of a push TCP may have in flight ahead of the link (push_cwnd_record).
+        # Each push's congestion window (bytes) as it starts: what TCP may have in flight (push_cwnd_record).
         self._push_cwnd_bytes: deque[int] = deque(maxlen=PUSH_CWND_SAMPLES)
-        # push_schedule ordered: every push in backward's order (the encoder's input), then its frame
-        # (the sender's input): the next pushes are encoded while one is on the wire.
+        # push_schedule ordered: the pushes in backward's order (the encoder's input), then their frames (the
+        # sender's): the next pushes are encoded while one is on the wire.
         self._pushes: queue.Queue = queue.Queue()
         self._encoded: queue.Queue = queue.Queue()
-        # Heartbeats from the first link on: a shard whose node has not yet had its plan (the coordinator
-        # sends the plans one after the other, 26 MB each for the 26 MB model) may take longer than
-        # io_timeout_s to answer, and the shards connected before it must not count this one as lost.
+        # Heartbeats from the first link on: a shard whose node has not yet had its plan (sent one node after
+        # the other, 26 MB each for the 26 MB model) may answer after io_timeout_s; the others must wait.
         self._heartbeats = Heartbeats(lambda: [link.conn for link in self.links], cfg.heartbeat_interval_s).start()
         policy = None
         try:
@@ -248,6 +247,8 @@ class ShardClient:
             self.staleness = max(self.staleness, staleness if type(staleness) is int else 0)  # noqa: E721
             if type(meta.get("version")) is int:  # noqa: E721 (wiiide.server.ps.paced_recovery)
                 self.versions[index] = meta["version"]
+            if kind == CACHED_KIND:  # ssp_cache: the copy held serves the next task (wiiide.server.ps.shard_pacing)
+                continue
             if kind == "rows":  # a row partition's changed rows (checked by the receiver: WorkerRows.read)
                 self._rows.apply(params, part, *values, copy_in=meta.get("set") is True)
                 continue
@@ -352,12 +353,15 @@ class ShardClient:
         try:
             while not self._closing.is_set():
                 cpu0 = time.thread_time()  # a blocked receive takes none
-                msg = link.conn.receive([DENSE_KIND, LOSSY_KIND, ROWS_PULL_KIND, "final", "shard_failed"])
+                msg = link.conn.receive([DENSE_KIND, LOSSY_KIND, ROWS_PULL_KIND, CACHED_KIND, "final", "shard_failed"])
                 if msg.kind == "shard_failed":
                     raise ShardFailed(f"shard {link.shard} failed: {str(msg.meta.get('cause'))[:500]}")
                 if msg.kind == "final":
                     arrays = {t.name: np.array(t.array, dtype=np.float32, copy=True) for t in msg.tensors}
                     self.inbox.put(("final", msg.meta, arrays))
+                    continue
+                if msg.kind == CACHED_KIND:
+                    self.inbox.put((CACHED_KIND, msg.meta, None))
                     continue
                 if msg.kind == ROWS_PULL_KIND and self._rows is not None:
                     self.inbox.put(("rows", msg.meta, self._rows.read(msg)[1:]))
@@ -420,10 +424,8 @@ class ShardClient:
         ``median_bytes``, ``p90_bytes`` and ``samples``; None before any. The round model
         (`harness.analysis.point_model`) takes the median as how far ordered pushes run ahead of the link."""
         samples = list(self._push_cwnd_bytes)
-        if not samples:
-            return None
         return {"median_bytes": int(np.median(samples)), "p90_bytes": int(np.percentile(samples, 90)),
-                "samples": len(samples)}
+                "samples": len(samples)} if samples else None
 
     def uplink_records(self) -> list[float | None]:
         """Each link's uplink as its shard reported it (bit/s, `CompressionPolicy.uplink`; None: no report)."""

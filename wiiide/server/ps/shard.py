@@ -13,14 +13,13 @@ workers' copy (`wiiide.server.pace.feedback.PullReplica`), compressed by the sha
 
 Connections: the coordinator's handshake and session set-up (`wiiide.wire.handshake`: the same frames,
 limits, deadlines, socket knobs and TLS; the welcome's MAC covers the shard id instead of a rank) behind a
-`wiiide.wire.admission.HandshakeGate`. Each peer has a receiver thread (pushes in) and a sender thread
-(pulls out): full duplex.
+`wiiide.wire.admission.HandshakeGate`. Each peer has a receiver thread (pushes in) and a sender thread (pulls out).
 
 Pacing (`wiiide.server.ps.paced`, `wiiide.server.ps.shard_pacing`): with ``staleness_bound`` s >= 1 or ``async`` a
 shard applies every push as it arrives, scaled by its staleness, and sends the partition back to the
 pushing worker only (a delta against its replica; a row partition: the rows changed since its last
-pull); a partition's step counts its pushes. With ``adaptive_batch`` in rounds (s = 0) it averages the
-pushes weighted by their ``samples``.
+pull; with ``ssp_cache`` none while that worker's copy is fresh enough); a partition's step counts its
+pushes. With ``adaptive_batch`` in rounds (s = 0) it averages the pushes weighted by their ``samples``.
 
 Shard loss: an update needs every worker's push, so a peer that disconnects mid-run fails the shard
 (`failure`: the first cause, `lost`: every one; every other peer gets ``shard_failed``), and the
@@ -68,8 +67,7 @@ ROLE_COORDINATOR = "coordinator"
 
 @dataclass
 class _Owned:
-    """One partition this shard owns: its parameters with their gradient slot and optimizer, the
-    pushes of the step under way (rank -> float32 array), and the workers' replica."""
+    """One partition this shard owns: its parameters, gradient slot, optimizer, the step's pushes and replicas."""
 
     part: Partition
     param: torch.Tensor
@@ -82,6 +80,8 @@ class _Owned:
     replicas: dict[int, PullReplica] = field(default_factory=dict)  # on arrival: each worker's own copy
     sent: dict[int, int] = field(default_factory=dict)  # on arrival: rank -> the step of the copy sent it
     dirty: dict[int, np.ndarray] = field(default_factory=dict)  # on arrival, rows: rank -> rows changed since its pull
+    clocks: dict[int, int] = field(default_factory=dict)  # on arrival: rank -> its clock here (shard_pacing)
+    held: dict[int, int] = field(default_factory=dict)  # ssp_cache: rank -> the slowest clock its copy holds
 
 
 @dataclass
