@@ -70,7 +70,7 @@ def _copy_serves(shard: Any, owned: Any, rank: int, push_step: Any) -> bool:
         raise ProtocolError(f"push of partition {owned.part.index}: step {push_step!r:.40} is not a task index")
     clock = push_step + 1
     owned.clocks[rank] = clock
-    return bool(shard.cfg.ssp_cache) and owned.held.get(rank, -1) >= clock - shard.cfg.staleness_bound
+    return shard.cfg.ssp_cache and owned.held.get(rank, -1) >= clock - shard.cfg.staleness_bound
 
 
 def _cached_or_sent(shard: Any, owned: Any, rank: int, meta: dict, cached: bool) -> Frame | None:
@@ -80,7 +80,8 @@ def _cached_or_sent(shard: Any, owned: Any, rank: int, meta: dict, cached: bool)
         shard.stats["pulls_cached"] = shard.stats.get("pulls_cached", 0) + 1
         return encode_message(CACHED_KIND, {k: meta[k] for k in ("step", "partition", "staleness")})
     owned.sent[rank] = owned.step
-    owned.held[rank] = min(owned.clocks.get(r, 0) for r in owned.sent)
+    if shard.cfg.ssp_cache:
+        owned.held[rank] = min(owned.clocks.get(r, 0) for r in owned.sent)
     return None
 
 
