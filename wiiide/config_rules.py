@@ -71,11 +71,6 @@ def _validate_engine(c: Any) -> None:
         _check(c.engine != "wiiide" or c.local_steps == 1 or c.outer_optimizer == "avg", "sparse_embedding",
                c.sparse_embedding, "False with outer_optimizer nesterov (the outer step's momentum buffer moves "
                "every row every round, as momentum does every step; set outer_optimizer: avg)")
-        _check(c.engine != "wiiide" or c.ps_shards != "1" or (c.staleness_bound == 0 and not c.adaptive_batch
-                                                              and c.local_steps == 1),
-               "sparse_embedding", c.sparse_embedding, "False with staleness_bound, local_steps or adaptive_batch on "
-               "ps_shards 1 (the central pace server sends dense parameters with every task; the sharded servers, "
-               "ps_shards > 1, pull the changed rows)")
         _check(c.engine != "wiiide" or c.momentum == 0, "sparse_embedding", c.sparse_embedding,
                "False with engine wiiide and momentum > 0 (momentum moves every row every step, so the "
                "parameter server could not pull changed rows only; set momentum: 0)")

@@ -7,7 +7,8 @@ sends ``gradients`` (meta: step, loss, samples) holding the flat float32 gradien
 H > 1 the model delta ``delta`` after H local SGD steps (`wiiide.server.pace.outer`). ``stop`` ends it.
 With H > 1 and a lossy compression policy the parameters arrive instead as pulls (absolute, or a delta
 against the copy this worker holds) and deltas go out with an error-feedback residual
-(`wiiide.server.pace.compress`).
+(`wiiide.server.pace.compress`). With sparse embedding rows the pushes are the touched rows (H > 1: their
+delta) and the parameters arrive as the rows that changed (`wiiide.server.sparse`, `wiiide.server.pace.rows`).
 
 A worker that cannot reach the coordinator retries for `connect_timeout_s`, then exits with code 3
 and a message that says so; a worker that loses its coordinator mid-run exits with code 4.
@@ -44,7 +45,7 @@ from wiiide.wire.node import (
 from wiiide.server.pace.compress import PULL_KINDS, DeltaPush, WorkerCopy
 from wiiide.server.pace.outer import gradient, local_delta
 from wiiide.server.ps.placement import node_cpus
-from wiiide.server.sparse import UPDATE_KIND, SparseRows
+from wiiide.server.sparse import SET_KIND, UPDATE_KIND, SparseRows
 from wiiide.tensor_memory import ForwardScope, tensor_memory
 from wiiide.wire.tensors import from_wire, to_wire
 from wiiide.wire.auth import HANDSHAKE_MAX_FRAME_BYTES, load_secret
@@ -210,10 +211,13 @@ class Worker:
             if msg.kind == "stop":
                 self.log.info("stop after %d steps: %s", metrics.steps, msg.meta.get("reason"))
                 return
-            if msg.kind == "params" and msg.meta.get("update") == UPDATE_KIND:
+            if msg.kind == "params" and msg.meta.get("update") in (UPDATE_KIND, SET_KIND):
                 if sparse is None or not has_params:
                     raise ProtocolError("a sparse params update before any full parameters, or for a dense model")
-                sparse.apply_update(msg, flat.params)
+                if msg.meta["update"] == SET_KIND:  # the pace server's changed rows (wiiide.server.pace.rows)
+                    sparse.set_rows(msg, flat.params)
+                else:
+                    sparse.apply_update(msg, flat.params)
                 continue
             if msg.kind in PULL_KINDS:
                 has_params = True
@@ -240,18 +244,21 @@ class Worker:
             local_steps = msg.meta.get("local_steps", 1)
             if type(local_steps) is not int or not 1 <= local_steps <= x.shape[0]:  # noqa: E721 (True == 1)
                 raise ProtocolError(f"batch: local_steps must be an integer 1..{x.shape[0]}, got {local_steps!r:.40}")
-            if sparse is not None and local_steps != 1:
-                raise ProtocolError("batch: local_steps must be 1 when the parameter server pulls sparse rows")
             # local SGD's inner rate of this task (the pace server's schedule), else the configured one
             lr = wire_lr(msg.meta["lr"], "batch") if "lr" in msg.meta else self.cfg.learning_rate
             try:  # wrong feature count, label out of range, a sequence too long
                 if sparse is None:
                     update, loss_value = self._update(model, flat, x, y, local_steps, kind, lr)
-                else:  # the table's gradient as the batch's rows (wiiide.server.sparse)
+                elif local_steps == 1:  # the table's gradient as the batch's rows (wiiide.server.sparse)
                     ids, rows_grad, loss_value = sparse.gradient(model, flat, x, y, self.cfg.grad_accum_steps,
                                                                  partial(loss_mean, kind), self.scope)
-                    if self.cfg.debug_step_sleep_s > 0 and self.cfg.debug_sleep_worker_rank in (0, metrics.rank):
-                        time.sleep(self.cfg.debug_step_sleep_s)  # a test's straggler, as `_update` sleeps
+                    rest = flat.grads[sparse.table_numel:]
+                else:  # local SGD on rows: the touched rows' delta, the copy put back at what was sent
+                    ids, rows_grad, rest, loss_value = sparse.local_delta(
+                        model, flat, x, y, local_steps, lr, self.cfg.grad_accum_steps, partial(loss_mean, kind),
+                        self.scope)
+                if sparse is not None and self.cfg.debug_step_sleep_s > 0 and self.cfg.debug_sleep_worker_rank in (0, metrics.rank):
+                    time.sleep(self.cfg.debug_step_sleep_s * local_steps)  # a test's straggler, as `_update` sleeps
             except (RuntimeError, IndexError, ValueError) as exc:
                 raise ProtocolError(f"batch does not fit the model: {exc}") from None
             compute_s = time.perf_counter() - t0
@@ -260,7 +267,7 @@ class Worker:
             meta = {"step": step, "loss": loss_value, "samples": int(x.shape[0]), "compute_s": compute_s,
                     **self.policy.feedback_meta()}
             if sparse is not None:
-                frame = sparse.gradients_frame(meta, ids, rows_grad, flat.grads)
+                frame = sparse.push_frame(meta, "grad" if local_steps == 1 else "delta", ids, rows_grad, rest)
             elif local_steps > 1:
                 frame = push.frame(meta, update[1])
             else:

@@ -35,8 +35,6 @@ MODELS = {
 CODECS = {"none": "none", "zstd": "fixed:zstd-1", "fp16": "fixed:fp16", "int8": "fixed:int8", "topk": "fixed:topk-0.1"}
 # What the rules may refuse in this array, each for a physical reason (docs/parameter-server.md#refusals-and-why).
 REFUSALS = {
-    "sparse_embedding.*the central pace server sends dense parameters": "sparse rows under a pace the central "
-                                                                        "server runs with dense pulls",
     "sparse_embedding.*outer_optimizer nesterov .the outer step's momentum buffer moves every row": "sparse rows "
                                                                                                   "under DiLoCo",
 }

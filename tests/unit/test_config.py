@@ -465,17 +465,12 @@ def test_the_sharded_servers_take_bounded_staleness_async_and_adaptive_batches(f
     assert RunConfig(ps_shards="all", **fields).ps_shards == "all"
 
 
-def test_the_sharded_servers_take_sparse_rows_and_the_pace_server_takes_checkpoints():
-    assert RunConfig(ps_shards="all", model="embedding", sparse_embedding=True, momentum=0.0).sparse_embedding
+def test_both_placements_take_sparse_rows_at_every_pace_and_the_pace_server_takes_checkpoints():
     sparse = {"model": "embedding", "sparse_embedding": True, "momentum": 0.0}
-    for pacing in ({"staleness_bound": 2}, {"staleness_bound": "async"}, {"adaptive_batch": True}):
-        assert RunConfig(ps_shards="all", **sparse, **pacing).sparse_embedding
-        with pytest.raises(ConfigError, match=r"'sparse_embedding'.*on ps_shards 1 \(the central pace server sends "
-                                              r"dense parameters"):
-            RunConfig(ps_shards="1", **sparse, **pacing)
-    assert RunConfig(ps_shards="all", local_steps=4, staleness_bound=2, **sparse).sparse_embedding
-    with pytest.raises(ConfigError, match=r"'sparse_embedding'.*local_steps or adaptive_batch on ps_shards 1"):
-        RunConfig(ps_shards="1", local_steps=4, **sparse)
+    for shards in ("1", "all"):
+        for pacing in ({}, {"staleness_bound": 2}, {"staleness_bound": "async"}, {"adaptive_batch": True},
+                       {"local_steps": 4}, {"local_steps": 4, "staleness_bound": 2}, {"staleness_bound": 2, "ssp_cache": True}):
+            assert RunConfig(ps_shards=shards, **sparse, **pacing).sparse_embedding
     for shards in ("1", "all"):
         with pytest.raises(ConfigError, match=r"'sparse_embedding'.*outer_optimizer nesterov \(the outer step's "
                                               r"momentum buffer moves every row"):

@@ -52,6 +52,7 @@ from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import Frame, Message, WireTensor
 
 UPDATE_KIND = "rows"  # the ``update`` meta of a params frame that carries a sparse update
+SET_KIND = "rows_set"  # the ``update`` meta of a params frame that carries rows' values (`wiiide.server.pace.rows`)
 
 
 def _sgd_rows(table: torch.Tensor, ids: torch.Tensor, rows_grad: torch.Tensor, lr: float) -> None:
@@ -153,9 +154,90 @@ class SparseRows:
                         grads: torch.Tensor) -> Frame:
         """The ``gradients`` frame: ``grad_ids`` (int32/int64 (u,)), ``grad_rows`` (float32 (u, dim)) from
         `gradient`, and ``grad_rest`` (the MLP's part of the flat float32 `grads`), raw."""
-        _, rest = self._split(grads)
-        return encode_message("gradients", meta, [WireTensor("grad_ids", ids.numpy().astype(self.id_dtype)),
-                                                  to_wire("grad_rows", rows_grad), to_wire("grad_rest", rest)])
+        return self.push_frame(meta, "grad", ids, rows_grad, self._split(grads)[1])
+
+    def push_frame(self, meta: dict[str, Any], prefix: str, ids: torch.Tensor, rows: torch.Tensor,
+                   rest: torch.Tensor) -> Frame:
+        """A raw ``gradients`` frame of rows: ``{prefix}_ids`` (int32/int64 (u,)), ``{prefix}_rows`` (float32
+        (u, dim)) and ``{prefix}_rest`` (float32, the values after the table); `prefix` ``grad`` for a
+        gradient, ``delta`` for local SGD's model delta (`local_delta`)."""
+        return encode_message("gradients", meta, [WireTensor(f"{prefix}_ids", ids.numpy().astype(self.id_dtype)),
+                                                  to_wire(f"{prefix}_rows", rows), to_wire(f"{prefix}_rest", rest)])
+
+    def local_steps(self, model: nn.Module, flat: Any, x: torch.Tensor, y: torch.Tensor, local_steps: int, lr: float,
+                    micro_batches: int, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                    scope: Any = None) -> tuple[torch.Tensor, float]:
+        """Local SGD's H = `local_steps` plain SGD steps at rate `lr` on the H near-equal pieces of (x, y):
+        the table's rows by `sgd_rows`, the rest in place, from the parameters in ``flat``, which are left
+        after the steps. Returns (the table rows the steps touched: int64 (u,) increasing; the mean loss).
+
+        Raises:
+            IndexError: an id outside the table; ValueError: more steps than rows.
+        """
+        if not 1 <= local_steps <= int(x.shape[0]):
+            raise ValueError(f"local_steps must be 1..{int(x.shape[0])} (the rows of the batch), got {local_steps}")
+        table, rest = self._split(flat.params)
+        touched, losses = [], []
+        for xs, ys in zip(torch.tensor_split(x, local_steps), torch.tensor_split(y, local_steps)):
+            ids, rows_grad, loss = self.gradient(model, flat, xs, ys, micro_batches, loss_fn, scope)
+            with torch.no_grad():
+                rest.sub_(flat.grads[self.table_numel:], alpha=lr)
+            _sgd_rows(table, ids, rows_grad, lr)
+            touched.append(ids)
+            losses.append(loss)
+        return torch.unique(torch.cat(touched), sorted=True), sum(losses) / len(losses)
+
+    def local_delta(self, model: nn.Module, flat: Any, x: torch.Tensor, y: torch.Tensor, local_steps: int, lr: float,
+                    micro_batches: int, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                    scope: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+        """`local_steps`, then the model delta ``before - after`` of the rows they touched and of the rest,
+        and ``flat.params`` put back at ``before`` (the copy the server sent, which its row pulls update).
+        Table work is proportional to the touched rows: only they are saved and restored.
+
+        Returns:
+            ids: int64 (u,) increasing; delta_rows: float32 (u, dim); delta_rest: float32 (numel - rows x
+            dim,); the mean loss.
+
+        Raises:
+            IndexError: an id outside the table; ValueError: more steps than rows.
+        """
+        ids = torch.unique(x, sorted=True)
+        if ids.numel() and (int(ids[0]) < 0 or int(ids[-1]) >= self.rows):
+            raise IndexError(f"embedding id out of range 0..{self.rows - 1} (got {int(ids[0])}..{int(ids[-1])})")
+        table, rest = self._split(flat.params)
+        rows_before, rest_before = table.index_select(0, ids), rest.clone()
+        _, loss = self.local_steps(model, flat, x, y, local_steps, lr, micro_batches, loss_fn, scope)
+        with torch.no_grad():
+            delta_rows = rows_before - table.index_select(0, ids)
+            delta_rest = rest_before - rest
+            table.index_copy_(0, ids, rows_before)
+            rest.copy_(rest_before)
+        return ids, delta_rows, delta_rest, loss
+
+    def set_rows(self, msg: Message, params: torch.Tensor) -> None:
+        """Apply a ``params`` frame of row values (meta ``update`` `SET_KIND`, `wiiide.server.pace.rows`) to
+        the flat float32 `params`: ``set_rows`` copied into the rows ``set_ids``, the rest replaced by
+        ``params_rest``.
+
+        Raises:
+            ProtocolError: missing or misshaped tensors, ids out of range or not strictly increasing.
+        """
+        ids, rows, rest = self.checked(msg, "set", "params_rest")
+        table, own_rest = self._split(params)
+        with torch.no_grad():
+            table.index_copy_(0, torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(rows.copy()))
+        own_rest.numpy()[:] = rest
+
+    def checked(self, msg: Message, prefix: str, rest_name: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The checked tensors of a frame of rows: ``{prefix}_ids`` (int32/int64 (u,), strictly increasing,
+        in range), ``{prefix}_rows`` (float32 (u, dim)) and `rest_name` (default ``{prefix}_rest``: float32,
+        the values after the table), as read-only views of the frame's buffer.
+
+        Raises:
+            ProtocolError: a tensor missing, of another shape or dtype, or ids out of range or not increasing.
+        """
+        ids, rows = self._rows(msg, f"{prefix}_ids", f"{prefix}_rows")
+        return ids, rows, self._tensor(msg, rest_name or f"{prefix}_rest", (self.rest_numel,))
 
     def apply_update(self, msg: Message, params: torch.Tensor) -> None:
         """Apply a sparse ``params`` frame to the flat parameters: `_sgd_rows` with ``update_ids``,
@@ -186,8 +268,7 @@ class SparseRows:
             ProtocolError: missing tensors, tensors of another shape or dtype than the model's, ids out
                 of range or not strictly increasing.
         """
-        ids, rows = self._rows(msg, "grad_ids", "grad_rows")
-        rest = self._tensor(msg, "grad_rest", (self.rest_numel,))
+        ids, rows, rest = self.checked(msg, "grad")
         self._pushed.append((ids, rows))
         np.add(self._rest_sum.numpy(), rest, out=self._rest_sum.numpy())
 

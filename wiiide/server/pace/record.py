@@ -62,7 +62,7 @@ def pace_extra(server: Any) -> dict[str, Any]:
     """The metrics' ``extra`` entries of a finished pace run (`wiiide.server.pace.server.PaceServer`): its
     `PaceRecord`'s, the epochs, the learning rates applied (`wiiide.lr_schedule.LrRecord`) and under
     ``pace`` the pacing knobs, the tasks sent with and without parameters, the updates and (local SGD
-    with lossy pulls) what the workers' copies owe."""
+    with lossy pulls) what the workers' copies owe, (sparse rows) the pulls of rows."""
     cfg = server.cfg
     extra = {"epochs": server.sampler.epochs_done, **server.record.to_extra(), **server.lrs.to_dict(),
              "lr_applied_by": "worker inner steps" if server.outer else "server"}
@@ -73,6 +73,8 @@ def pace_extra(server: Any) -> dict[str, Any]:
                      "staleness_scaling": cfg.staleness_scaling, "adaptive_batch": cfg.adaptive_batch,
                      "grad_accum_steps": cfg.grad_accum_steps, "updates": server.version,
                      "restored_step": server.resume.step}
+    if server.rows is not None:  # sparse rows: tasks with the changed rows, and the rows a pull carried
+        extra["pace"]["sparse_rows"] = server.rows.record()
     if server.pulls is not None:  # what the workers' copies owe, and the codecs of the pulls
         extra["pace"]["pulls"] = {
             "frames_encoded": server.pulls.frames_encoded, "choices": server.pulls.policy.record["choices"],

@@ -31,6 +31,9 @@ and sends the parameters with a task only when that clock is below ``c - s``; ot
 batch alone and the worker computes on the copy it holds (the staleness recorded is against that
 copy's version). Off, every task carries the newest parameters.
 
+Sparse embedding rows (``sparse_embedding``): pushes carry the touched rows, updates move only them, and a
+task's parameters are the rows changed since the copy its worker holds (`wiiide.server.pace.rows`).
+
 Local SGD with a lossy compression policy (``compression: fixed:int8``, say) compresses the outer step
 both ways (`wiiide.server.pace.compress`): each worker pushes its delta with an error-feedback residual, and
 its parameters go out as a delta against the copy it holds, which the server tracks.
@@ -61,6 +64,7 @@ from wiiide.server.pace.adaptive import AdaptiveBatch
 from wiiide.server.pace.checkpoints import checkpoint_after_update, resume_from
 from wiiide.server.pace.compress import ReplicaPulls
 from wiiide.server.pace.reading import compute_seconds, ready_connections
+from wiiide.server.pace.rows import PaceRows
 from wiiide.server.pace.outer import OuterOptimizer
 from wiiide.server.pace.record import PaceRecord, pace_extra
 from wiiide.server.pace.staleness import SSPClock, staleness_scale
@@ -85,6 +89,7 @@ class Host(Protocol):
     policy: Any
     workers: list
     evaluator: Any  # wiiide.training.evaluation.BackgroundEvaluator or None (eval_every_s = 0)
+    sparse: Any  # wiiide.server.sparse.SparseRows with sparse_embedding, else None
 
     def _admit_waiting(self) -> None: ...
     def _live(self) -> list: ...
@@ -148,8 +153,10 @@ class PaceServer:
         self.params_sent = self.params_skipped = 0  # tasks with and without parameters
         # local SGD with a lossy policy: pulls as deltas against each worker's copy (wiiide.server.pace.compress),
         # through a policy of their own (dense for the first lossy_warmup_steps versions)
+        self.rows = (PaceRows(host.sparse, cfg.local_steps > 1, cfg.adaptive_batch)
+                     if getattr(host, "sparse", None) is not None else None)  # raw row frames, no lossy pulls
         self.pulls = (ReplicaPulls(CompressionPolicy.from_config(cfg.replace(lossy_warmup_steps=0)))
-                      if cfg.local_steps > 1 and policy_may_be_lossy(cfg) else None)
+                      if cfg.local_steps > 1 and policy_may_be_lossy(cfg) and self.rows is None else None)
         self.next_task = self.resume.next_task
         self._start = self._last_apply = 0.0
         self._draining = False
@@ -268,6 +275,8 @@ class PaceServer:
         SSP cache's version): the next task sends it parameters in full."""
         if self.pulls is not None:
             self.pulls.forget(rank)
+        if self.rows is not None:
+            self.rows.forget(rank)
         if self._held is not None:
             self._held.pop(rank, None)
 
@@ -303,11 +312,10 @@ class PaceServer:
         elif self.pulls is not None:
             params_frame = self.pulls.frame_for(worker.rank, self.version, self.flat.params.numpy(),
                                                 dense=self.version < self.cfg.lossy_warmup_steps)
+        elif self.rows is not None:  # the rows changed since the worker's copy (wiiide.server.pace.rows)
+            params_frame = self.rows.frame_for(worker.rank, self.version, self.flat.params, self._full_params)
         else:
-            if self._params_frame is None or self._params_frame[0] != self.version:
-                frame = host.policy.encode("params", {"step": self.version}, [to_wire("params", self.flat.params)])
-                self._params_frame = (self.version, frame)
-            params_frame = self._params_frame[1]
+            params_frame = self._full_params()
         rows = min(batch_size * self.local_steps, len(data.y_train))
         idx = self.sampler.next_indices(rows)
         task_id, self.next_task = self.next_task, self.next_task + 1
@@ -330,6 +338,13 @@ class PaceServer:
                 self._held[worker.rank] = (self.version, self.clock.slowest())
         self._tasks[worker.rank] = _Task(task_id, version, now, len(idx))
         self.record.batch_size(worker.rank, now - self._start, batch_size)
+
+    def _full_params(self) -> Any:
+        """The ``params`` frame of the current version (the policy's encoding), made once per version."""
+        if self._params_frame is None or self._params_frame[0] != self.version:
+            frame = self.host.policy.encode("params", {"step": self.version}, [to_wire("params", self.flat.params)])
+            self._params_frame = (self.version, frame)
+        return self._params_frame[1]
 
     # --- updates -----------------------------------------------------------------------------------
     def _handle(self, worker: Any, conn: Any, item: Any) -> None:
@@ -363,12 +378,18 @@ class PaceServer:
             scale /= max(1, len(self.clock.live))
         self._apply(update.mul_(scale) if scale != 1.0 else update, [part])
 
-    def _check(self, msg: Any, task: _Task | None) -> tuple[torch.Tensor, float]:
-        """The update tensor (float32, numel) and loss of a ``gradients`` frame. Raises ProtocolError."""
+    def _check(self, msg: Any, task: _Task | None) -> tuple[Any, float]:
+        """The update of a ``gradients`` frame (a float32 numel tensor, or with sparse rows a checked
+        `wiiide.server.pace.rows.RowsUpdate`) and its loss. Raises ProtocolError."""
         if task is None:
             raise ProtocolError("gradients without a task in flight")
         if msg.meta.get("step") != task.task_id:
             raise ProtocolError(f"gradients for task {msg.meta.get('step')!r:.40}, expected {task.task_id}")
+        loss = msg.meta.get("loss", float("nan"))
+        if isinstance(loss, bool) or not isinstance(loss, (int, float)):
+            raise ProtocolError(f"gradients: 'loss' must be a number, got {type(loss).__name__}")
+        if self.rows is not None:
+            return self.rows.check(msg), float(loss)
         names = [t.name for t in msg.tensors]
         if names != [self.tensor_name]:
             raise ProtocolError(f"gradients carry tensors {names!r:.80}, expected [{self.tensor_name!r}]")
@@ -376,9 +397,6 @@ class PaceServer:
         if update.shape != (self.flat.numel,) or update.dtype != np.float32:
             raise ProtocolError(f"{self.tensor_name} of shape {update.shape} {update.dtype}, expected "
                                 f"({self.flat.numel},) float32")
-        loss = msg.meta.get("loss", float("nan"))
-        if isinstance(loss, bool) or not isinstance(loss, (int, float)):
-            raise ProtocolError(f"gradients: 'loss' must be a number, got {type(loss).__name__}")
         return torch.from_numpy(np.array(update, dtype=np.float32, copy=True)), float(loss)
 
     def _close_round(self) -> None:
@@ -386,14 +404,17 @@ class PaceServer:
         if not self.rounds or not self._buffer or any(r in self._tasks for r in self._live_ranks()):
             return
         total = sum(part.samples for _, part in self._buffer)
-        mean = torch.zeros(self.flat.numel, dtype=torch.float32)
-        for update, part in self._buffer:
-            mean.add_(update, alpha=part.samples / total)
+        if self.rows is not None:  # summed per id in rank order, as a shard's row partition
+            mean = self.rows.mean([(part.worker.rank, update, part.samples) for update, part in self._buffer])
+        else:
+            mean = torch.zeros(self.flat.numel, dtype=torch.float32)
+            for update, part in self._buffer:
+                mean.add_(update, alpha=part.samples / total)
         parts = [part for _, part in self._buffer]
         self._buffer = []
         self._apply(mean, parts)
 
-    def _apply(self, update: torch.Tensor, parts: list[_Part]) -> None:
+    def _apply(self, update: Any, parts: list[_Part]) -> None:
         """One server update from `update` (a gradient or a delta, already averaged and scaled) of the
         pushes `parts`; only applied pushes count (a round cut short by the end of the run does not)."""
         metrics = self.host.metrics
@@ -402,7 +423,9 @@ class PaceServer:
             self.record.applied(part.worker.rank, part.staleness, part.samples)
         lr = self.lrs.schedule.lr(self.version)
         self.lrs.applied(self.version, lr)
-        if self.outer is not None:
+        if self.rows is not None:  # SGD on the touched rows and the rest (local SGD: rate 1)
+            self.rows.apply(self.flat.params, update, lr)
+        elif self.outer is not None:
             self.outer.step(update)
         else:
             self.flat.grads.copy_(update)

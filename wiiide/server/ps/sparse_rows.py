@@ -197,20 +197,9 @@ class WorkerRows:
         """Local SGD's H = `local_steps` plain SGD steps at rate `lr` on the H pieces of (x, y), the table's
         rows by `sgd_rows` and the MLP's values in place, from the parameters in ``flat``; returns (the
         table rows the steps touched, int64 (u,) increasing; the mean loss). ``flat.params`` is left
-        after the steps (the caller takes the delta). Raises IndexError: an id outside the table;
-        ValueError: more steps than rows."""
-        if not 1 <= local_steps <= int(x.shape[0]):
-            raise ValueError(f"local_steps must be 1..{int(x.shape[0])} (the rows of the batch), got {local_steps}")
-        table = flat.params[:self.table.numel].view(-1, self.table.dim)
-        touched, losses = [], []
-        for xs, ys in zip(torch.tensor_split(x, local_steps), torch.tensor_split(y, local_steps)):
-            ids, rows_grad, loss = self.sparse.gradient(model, flat, xs, ys, micro_batches, loss_fn, scope)
-            with torch.no_grad():
-                flat.params[self.table.numel:].sub_(flat.grads[self.table.numel:], alpha=lr)
-            sgd_rows(table, ids, rows_grad, lr)
-            touched.append(ids)
-            losses.append(loss)
-        return torch.unique(torch.cat(touched), sorted=True), sum(losses) / len(losses)
+        after the steps (the caller takes the delta): `wiiide.server.sparse.SparseRows.local_steps`. Raises
+        IndexError: an id outside the table; ValueError: more steps than rows."""
+        return self.sparse.local_steps(model, flat, x, y, local_steps, lr, micro_batches, loss_fn, scope)
 
     def read(self, msg: Message) -> tuple[int, np.ndarray, np.ndarray, float]:
         """A received ``ps_rows_update`` pull, checked and copied off the reader's buffer: (partition
