@@ -67,7 +67,7 @@ def test_every_pacing_trains_on_the_shards(paced, label):
 
 
 def test_sharded_async_lets_the_fast_worker_run_ahead(paced):
-    totals, nodes = _totals(paced, "async")
+    totals, _ = _totals(paced, "async")
     counts = totals["batches_per_worker"]
     assert counts["1"] + counts["2"] == totals["steps"]  # one update of every partition per push
     assert counts["2"] > 2 * counts["1"] > 0  # rank 1 sleeps 50 ms per step
@@ -76,8 +76,6 @@ def test_sharded_async_lets_the_fast_worker_run_ahead(paced):
     assert totals["staleness_max"] >= 1  # the slow worker's pushes land on partitions the fast one moved
     assert totals["clock_gap_max"] >= 2
     assert totals["samples_per_worker"] == {rank: 32 * n for rank, n in counts.items()}
-    # every worker's copy is the shards' parameters after its own last pull: at most the other's pushes apart
-    assert nodes["worker-2"]["ps"]["param_max_abs_diff"] >= 0
 
 
 def test_sharded_staleness_bound_holds_the_clock_gap(paced):

@@ -5,6 +5,7 @@ checkpoint_every_steps and recorded with the recovery time in the coordinator's 
 from __future__ import annotations
 
 import json
+import time
 
 from tests.integration.local_run import run_local, wait_for
 from wiiide.config import RunConfig
@@ -25,9 +26,12 @@ def test_coordinator_killed_and_restarted_resumes_from_its_checkpoint(tmp_path):
         # kill as soon as the second checkpoint is on disk, well before max_steps
         wait_for(lambda: len(list(ckpt_dir.glob("coordinator-step*.safetensors"))) >= 2, 60, "two checkpoints")
         controller.kill("coordinator")
+        seen["killed_unix_s"] = time.time()
         seen["newest"] = max(int(p.name[16:28]) for p in ckpt_dir.glob("coordinator-step*.safetensors"))
+        seen["restarted_unix_s"] = time.time()
         controller.restart("coordinator")
 
+    start_unix_s = time.time()
     nodes = run_local(cfg, tmp_path, kill_and_restart)
     newest_on_disk = seen["newest"]
     coord = nodes["coordinator"]
@@ -38,7 +42,12 @@ def test_coordinator_killed_and_restarted_resumes_from_its_checkpoint(tmp_path):
     assert rec["restored_step"] == newest_on_disk <= k < MAX_STEPS
     assert rec["restored_step"] % EVERY_STEPS == 0
     assert 0 <= rec["steps_lost"] == k - rec["restored_step"] <= EVERY_STEPS
-    assert rec["workers_rejoined"] == 2 and rec["recovery_s"] > 0
+    assert rec["workers_rejoined"] == 2
+    # the recovery runs from the workers' last parameters from the killed coordinator (before it was killed,
+    # give or take a frame read from a socket buffer) to the restarted one's first step
+    last_seen_unix_s = rec["first_step_unix_s"] - rec["recovery_s"]
+    assert start_unix_s < last_seen_unix_s <= seen["killed_unix_s"] + 1.0
+    assert rec["first_step_unix_s"] > seen["restarted_unix_s"]
     # this incarnation trained the remaining steps only (both workers, barring a drop on a loaded machine)
     remaining = MAX_STEPS - rec["restored_step"]
     assert remaining <= sum(coord["batches_per_worker"].values()) <= 2 * remaining

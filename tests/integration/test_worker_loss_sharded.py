@@ -15,6 +15,14 @@ BASE = {"dataset": "digits", "num_workers": 3, "ps_shards": "all", "log_tier": "
         "partition_bytes": "4KiB", "duration_s": 8}
 
 
+def _recovery_timed(coord: dict, rec: dict) -> None:
+    """The recovery's seconds run from the loss noticed to the new incarnation's first step: they hold the
+    gathering of the state (``state_s``), and the ``ps_recovered`` event reports the same figure. (How
+    long it takes is a benchmark's: `experiments/worker-loss-sharded.yaml`, not a test's.)"""
+    assert rec["state_s"] <= rec["recovery_s"]
+    [event] = [e for e in coord["events"] if e["event"] == "ps_recovered" and e["incarnation"] == rec["incarnation"]]
+    assert event["recovery_s"] == rec["recovery_s"] and event["step"] == rec["first_step"]
+
 def test_a_worker_killed_mid_run_under_ps_shards_all_leaves_the_run_going_on_the_survivors(tmp_path):
     spec = build_spec({"name": "ps-worker-kill", "base": BASE,
                        "faults": [{"action": "kill", "target": "worker-2", "at_s": 2}]}, "kill.yaml")
@@ -32,7 +40,8 @@ def test_a_worker_killed_mid_run_under_ps_shards_all_leaves_the_run_going_on_the
     assert set(digests["workers"]) == {str(r) for r in alive} and len(digests["shards"]["shards"]) == 3
     assert all(d == digests["shards"] for d in digests["workers"].values())
     assert digests["shards"]["sha256"] == rec["params_sha256"]
-    assert 0 <= rec["steps_lost"] <= 2 and rec["recovery_s"] > 0 and rec["first_step"] == rec["step"] + 1
+    assert 0 <= rec["steps_lost"] <= 2 and rec["first_step"] == rec["step"] + 1
+    _recovery_timed(coord, rec)
     assert coord["steps"] > rec["first_step"]  # trained on after the recovery
     counts = coord["batches_per_worker"]  # a survivor's step done before the loss was noticed is counted, then redone
     assert all(coord["steps"] <= counts[str(r)] <= coord["steps"] + 1 for r in alive)
@@ -88,7 +97,8 @@ def test_a_worker_killed_under_async_or_a_bound_restarts_from_the_surviving_shar
         assert lost_parts and kept >= 2  # the coordinator's shard and the other survivor's
         assert all(c["rank"] in alive and c["version"] >= 0 for c in lost_parts.values())
         assert rec["momentum_partitions_kept"] == f"{kept}/{kept + len(lost_parts)}"
-        assert rec["digests_equal"] is True and 0 < rec["recovery_s"] < 15
+        assert rec["digests_equal"] is True
+        _recovery_timed(coord, rec)
         assert 0 <= rec["steps_lost"] <= 2 * 3  # at most TASKS_AHEAD + 1 tasks in flight per worker
         assert coord["steps"] > rec["first_step"] > rec["step"]  # trained on after the recovery
         assert rep["totals"]["test_accuracy"] > 0.5
