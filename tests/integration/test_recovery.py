@@ -48,6 +48,8 @@ def test_coordinator_killed_and_restarted_resumes_from_its_checkpoint(tmp_path):
     last_seen_unix_s = rec["first_step_unix_s"] - rec["recovery_s"]
     assert start_unix_s < last_seen_unix_s <= seen["killed_unix_s"] + 1.0
     assert rec["first_step_unix_s"] > seen["restarted_unix_s"]
+    # the restarted process's part of it: it started after the kill (to a clock tick)
+    assert 0 < rec["process_start_to_first_step_s"] <= rec["recovery_s"] + 0.1
     # this incarnation trained the remaining steps only (both workers, barring a drop on a loaded machine)
     remaining = MAX_STEPS - rec["restored_step"]
     assert remaining <= sum(coord["batches_per_worker"].values()) <= 2 * remaining

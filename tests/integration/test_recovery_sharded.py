@@ -65,6 +65,8 @@ def test_sharded_coordinator_killed_and_restarted_resumes_from_the_newest_comple
     last_seen_unix_s = rec["first_step_unix_s"] - rec["recovery_s"]
     assert start_unix_s < last_seen_unix_s <= seen["killed_unix_s"] + 1.0
     assert rec["first_step_unix_s"] > seen["restarted_unix_s"]
+    # the restarted process's part of it: it started after the kill (to a clock tick)
+    assert 0 < rec["process_start_to_first_step_s"] <= rec["recovery_s"] + 0.1
     assert sum(coord["batches_per_worker"].values()) == 2 * (MAX_STEPS - rec["restored_step"])
     starts = (tmp_path / "faulted" / "nodes" / "coordinator.starts.jsonl").read_text().splitlines()
     assert [json.loads(line)["incarnation"] for line in starts] == [1, 2]

@@ -389,3 +389,18 @@ def test_pace_checkpoint_restores_the_outer_momentum_and_refuses_another_outer_o
     server3, metrics3, flat3, opt3 = _server(tmp_path, local_steps=4, outer_optimizer="avg")
     assert server3.restore(flat3, opt3) == (0, 0.0)
     assert "outer" in metrics3.extra["recovery"]["refused"][0]["cause"]
+
+
+def test_a_process_age_runs_from_the_process_start():
+    """`process_age_s` of a child that sleeps 0.2 s before asking: at least those 0.2 s, at most the time
+    from just before the child was started to just after it answered (to a clock tick, 10 ms)."""
+    import subprocess
+    import sys
+    import time
+
+    code = "import time; time.sleep(0.2); from wiiide.server.recovery import process_age_s; print(process_age_s())"
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    elapsed_s = time.monotonic() - t0
+    age_s = float(out)
+    assert 0.2 <= age_s <= elapsed_s + 0.01
