@@ -77,6 +77,17 @@ def sum_rows(pushed: list[tuple[np.ndarray, np.ndarray]], dim: int) -> tuple[tor
     return ids, torch.zeros(ids.numel(), dim, dtype=torch.float32).index_add_(0, inverse, all_rows)
 
 
+def mean_rows(pushed: list[tuple[np.ndarray, np.ndarray]], dim: int, weights: list[float] | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean of some pushes' rows (in the order given: rank order on every server): `sum_rows` then
+    divided by the pushes, or with `weights` (one per push, e.g. its share of the samples) each push's
+    rows times its float32 weight, summed. Returns (ids int64 (u,) increasing, float32 (u, dim))."""
+    if weights is None:
+        ids, summed = sum_rows(pushed, dim)
+        return ids, summed.div_(len(pushed))
+    return sum_rows([(ids, rows * np.float32(w)) for (ids, rows), w in zip(pushed, weights)], dim)
+
+
 sgd_rows = _sgd_rows  # the public name (the sharded servers' row partitions run it too: wiiide.server.ps.sparse_rows)
 
 
@@ -113,6 +124,12 @@ class SparseRows:
         return flat[:self.table_numel].view(self.rows, self.dim), flat[self.table_numel:]
 
     # --- worker -----------------------------------------------------------------------------------
+    def _in_range(self, ids: torch.Tensor) -> torch.Tensor:
+        """`ids` (int64 (u,), increasing) when all are table rows. Raises IndexError: one is not."""
+        if ids.numel() and (int(ids[0]) < 0 or int(ids[-1]) >= self.rows):
+            raise IndexError(f"embedding id out of range 0..{self.rows - 1} (got {int(ids[0])}..{int(ids[-1])})")
+        return ids
+
     def gradient(self, model: nn.Module, flat: Any, x: torch.Tensor, y: torch.Tensor, micro_batches: int,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], scope: Any = None
                  ) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -135,8 +152,7 @@ class SparseRows:
         """
         table, _ = self._split(flat.params)
         ids, inverse = torch.unique(x, sorted=True, return_inverse=True)
-        if ids.numel() and (int(ids[0]) < 0 or int(ids[-1]) >= self.rows):
-            raise IndexError(f"embedding id out of range 0..{self.rows - 1} (got {int(ids[0])}..{int(ids[-1])})")
+        self._in_range(ids)
         looked_up = table.detach().index_select(0, ids).requires_grad_()
         flat.grads[self.table_numel:].zero_()
         n = int(x.shape[0])
@@ -201,9 +217,7 @@ class SparseRows:
         Raises:
             IndexError: an id outside the table; ValueError: more steps than rows.
         """
-        ids = torch.unique(x, sorted=True)
-        if ids.numel() and (int(ids[0]) < 0 or int(ids[-1]) >= self.rows):
-            raise IndexError(f"embedding id out of range 0..{self.rows - 1} (got {int(ids[0])}..{int(ids[-1])})")
+        ids = self._in_range(torch.unique(x, sorted=True))
         table, rest = self._split(flat.params)
         rows_before, rest_before = table.index_select(0, ids), rest.clone()
         _, loss = self.local_steps(model, flat, x, y, local_steps, lr, micro_batches, loss_fn, scope)

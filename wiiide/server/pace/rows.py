@@ -35,7 +35,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from wiiide.server.sparse import SET_KIND, SparseRows, sgd_rows, sum_rows
+from wiiide.server.sparse import SET_KIND, SparseRows, mean_rows, sgd_rows
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import Frame, Message, WireTensor
 from wiiide.wire.tensors import to_wire
@@ -86,18 +86,16 @@ class PaceRows:
 
     def mean(self, pushes: list[tuple[int, RowsUpdate, int]]) -> RowsUpdate:
         """A round's mean of `pushes` (rank, update, samples): the rows summed per id in rank order
-        (`wiiide.server.sparse.sum_rows`) and the rest summed in rank order, then divided by the pushes,
+        (`wiiide.server.sparse.mean_rows`) and the rest summed in rank order, then divided by the pushes,
         or each weighted by its share of the samples (``weighted``)."""
         ordered = sorted(pushes, key=lambda push: push[0])
         total = sum(samples for _, _, samples in ordered)
-        weights = [samples / total if self.weighted else 1.0 for _, _, samples in ordered]
-        ids, rows = sum_rows([(u.ids.numpy(), u.rows.numpy() * np.float32(w) if self.weighted else u.rows.numpy())
-                              for (_, u, _), w in zip(ordered, weights)], self.sparse.dim)
+        weights = [samples / total for _, _, samples in ordered] if self.weighted else None
+        ids, rows = mean_rows([(u.ids.numpy(), u.rows.numpy()) for _, u, _ in ordered], self.sparse.dim, weights)
         rest = torch.zeros(self.sparse.rest_numel, dtype=torch.float32)
-        for (_, update, _), weight in zip(ordered, weights):
-            rest.add_(update.rest, alpha=weight)
-        if not self.weighted:
-            rows.div_(len(ordered))
+        for i, (_, update, _) in enumerate(ordered):
+            rest.add_(update.rest, alpha=weights[i] if weights else 1.0)
+        if weights is None:
             rest.div_(len(ordered))
         return RowsUpdate(ids, rows, rest)
 

@@ -46,7 +46,7 @@ from wiiide.errors import ProtocolError
 from wiiide.lr_schedule import wire_lr
 from wiiide.server.pace.outer import gradient
 from wiiide.server.ps.partition import Partition
-from wiiide.server.sparse import SparseRows, sgd_rows, sum_rows
+from wiiide.server.sparse import SparseRows, mean_rows, sgd_rows
 from wiiide.wire.tensors import to_wire
 from wiiide.wire.encode import encode_message
 from wiiide.wire.messages import Frame, Message, WireTensor
@@ -138,13 +138,10 @@ def apply_rows(table: RowTable, part: Partition, param: torch.Tensor,
     from the workers' `pushes` (rank -> (ids, rows) as `RowTable.check` returns them, summed per id in
     rank order, averaged over the pushes; with `samples`, rank -> its batch's samples (adaptive batches),
     weighted by them); returns the pull frame (``ps_rows_update`` with `meta` and the rate)."""
-    if samples is None:
-        ids, summed = sum_rows([pushes[rank] for rank in sorted(pushes)], table.dim)
-        summed.div_(len(pushes))
-    else:
-        total = sum(samples[r] for r in pushes)
-        ids, summed = sum_rows([(pushes[r][0], pushes[r][1] * np.float32(samples[r] / total)) for r in sorted(pushes)],
-                               table.dim)
+    ranks = sorted(pushes)
+    total = sum(samples[r] for r in ranks) if samples is not None else 0
+    ids, summed = mean_rows([pushes[r] for r in ranks], table.dim,
+                            [samples[r] / total for r in ranks] if samples is not None else None)
     sgd_rows(param.view(-1, table.dim), ids, summed, lr)
     return rows_frame(ROWS_PULL_KIND, {**meta, "lr": lr}, table, ids, summed)
 
