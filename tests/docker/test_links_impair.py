@@ -22,7 +22,7 @@ from harness.links.pairs import pair_reset_commands, plan_pairs
 from harness.links.plan import plan_shaping
 from harness.run.compose import PROJECT, PROJECT_LABEL, cluster_down, cluster_up
 from harness.run.docker_client import docker_client
-from harness.run.pair_shaping import node_ips, shape_pairs
+from harness.run.pair_shaping import node_ips, read_pair_fallback, shape_pairs
 from harness.run.shaping import START_GATE_FILE, container_identity
 from harness.run.tc_exec import (ContainerExec, apply_plan, probe_capabilities, read_delay_line_stats,
                                  read_fallback_counters, reset_links)
@@ -36,6 +36,7 @@ pytestmark = pytest.mark.docker
 DATAGRAMS = 5000
 PROFILE = {"delay": "5ms", "reorder": "25%", "duplicate": "5%", "loss_gemodel": {"p": "2%", "r": "30%"}}
 PAIR_DELAY_MS = 10.0
+RTT_PROBES = 30
 
 
 def leftovers(container) -> dict:
@@ -113,8 +114,10 @@ def test_a_pair_link_with_delay_delays_that_pair_alone_and_leaves_nothing(cluste
         assert plans[node].classes[0].mechanisms == {"delay": "delay-line", "loss": "iptables-statistic"}
         shape_pairs(ContainerExec(names[node]), plans[node], ips, {}, pairs)
     try:
-        slow = rtt.summarize(rtt.measure_rtt(names["coordinator"], names["worker-1"], "coordinator", 30))
-        fast = rtt.summarize(rtt.measure_rtt(names["coordinator"], names["worker-2"], "coordinator", 30))
+        seen_before = pairs["coordinator->worker-1"]["fallback_counters"]["seen_packets"]
+        slow = rtt.summarize(rtt.measure_rtt(names["coordinator"], names["worker-1"], "coordinator", RTT_PROBES))
+        fast = rtt.summarize(rtt.measure_rtt(names["coordinator"], names["worker-2"], "coordinator", RTT_PROBES))
+        read_pair_fallback(ContainerExec(names["coordinator"]), plans["coordinator"], pairs)  # counts after the probes
         shape_pairs_again = pairs["coordinator->worker-1"]
     finally:
         for node, plan in plans.items():
@@ -130,6 +133,8 @@ def test_a_pair_link_with_delay_delays_that_pair_alone_and_leaves_nothing(cluste
     record = shape_pairs_again
     assert record["mechanisms"] == {"delay": "delay-line", "loss": "iptables-statistic"}
     assert record["delay_line"]["running"] and record["delay_line"]["queue"] == 0x11
-    assert record["fallback_counters"]["seen_packets"] >= 0
+    # the pair's loss chain saw the probes to worker-1 (a probe it drops is seen too; the reply of a probe
+    # worker-1's chain dropped is not: 0.5 % each way leaves nearly all of them)
+    assert record["fallback_counters"]["seen_packets"] - seen_before >= RTT_PROBES // 2
     for node in ("coordinator", "worker-1"):
         assert leftovers(names[node]) == {"rules": [], "queues": "", "delay_lines": []}
