@@ -106,6 +106,12 @@ def test_the_ssp_cache_on_the_shards_answers_a_push_without_parameters_while_the
     totals, nodes = _totals(paced, "ssp-2-cache")
     assert _cached_pulls(nodes) > 0
     assert _cached_pulls(_totals(paced, "ssp-2")[1]) == 0  # off: every push answered with the partition
+    # a task without parameters is one whose every partition the copy served: each reported task is one update
+    pace, partitions = nodes["coordinator"]["pace"], nodes["worker-1"]["ps"]["partitions"]
+    assert pace["tasks_with_params"] + pace["tasks_without_params"] == pace["updates"]
+    assert 0 < pace["tasks_without_params"] * partitions <= _cached_pulls(nodes)
+    off = _totals(paced, "ssp-2")[1]["coordinator"]["pace"]
+    assert off["tasks_without_params"] == 0 and off["tasks_with_params"] == off["updates"]
     assert totals["clock_gap_max"] <= 3  # the bound still holds the clocks
     # a cached copy misses the versions applied since it was sent: the next push is stale by them
     assert totals["staleness_max"] >= 1 and sum(totals["staleness_histogram"].values()) == totals["steps"]

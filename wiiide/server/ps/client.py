@@ -97,6 +97,7 @@ class ShardClient:
         self._step = 0
         self._samples: int | None = None  # adaptive batches: the step's samples, in every push's meta
         self.staleness = 0  # async / SSP: the largest staleness the shards reported for the last step's pushes
+        self.cached = 0  # ssp_cache: how many of the last step's pulls the copy held served (`CACHED_KIND`)
         self.versions: list[int | None] = []  # async / SSP: partition i's version in this copy (its last pull's)
         self._dense = True
         self._lossy = False
@@ -236,7 +237,7 @@ class ShardClient:
                                 "without a gradient (a parameter unused by the loss?)")
         t0 = time.perf_counter()
         params = self._flat.params
-        self.staleness = 0
+        self.staleness = self.cached = 0
         for _ in range(len(self._partitions)):
             kind, meta, values = self._next()
             index = meta.get("partition")
@@ -248,6 +249,7 @@ class ShardClient:
             if type(meta.get("version")) is int:  # noqa: E721 (wiiide.server.ps.paced_recovery)
                 self.versions[index] = meta["version"]
             if kind == CACHED_KIND:  # ssp_cache: the copy held serves the next task (wiiide.server.ps.shard_pacing)
+                self.cached += 1
                 continue
             if kind == "rows":  # a row partition's changed rows (checked by the receiver: WorkerRows.read)
                 self._rows.apply(params, part, *values, copy_in=meta.get("set") is True)
@@ -408,8 +410,7 @@ class ShardClient:
         return out
 
     def announce_checkpoint(self, step: int) -> None:
-        """Tell every shard to checkpoint when its partitions reach `step` (the coordinator's time trigger,
-        `wiiide.server.ps.checkpoints.ShardCheckpointer.announce`)."""
+        """The coordinator's time trigger: every shard checkpoints at `step` (`ShardCheckpointer.announce`)."""
         frame = encode_message(CHECKPOINT_AT, {"step": int(step)})
         for link in self.links:
             link.outbox.put(frame)
@@ -419,10 +420,9 @@ class ShardClient:
         return [link.policy.record["choices"] for link in self.links]
 
     def push_cwnd_record(self) -> dict[str, int] | None:
-        """The congestion window of the pushes' connections as each push started (TCP_INFO,
-        `wiiide.wire.sockets.tcp_cwnd_bytes`), over the latest `PUSH_CWND_SAMPLES` pushes to other nodes:
-        ``median_bytes``, ``p90_bytes`` and ``samples``; None before any. The round model
-        (`harness.analysis.point_model`) takes the median as how far ordered pushes run ahead of the link."""
+        """The pushes' congestion window as each push started (TCP_INFO, `wiiide.wire.sockets.tcp_cwnd_bytes`), over
+        the latest `PUSH_CWND_SAMPLES` pushes to other nodes: ``median_bytes``, ``p90_bytes``, ``samples``; None before
+        any. The round model (`harness.analysis.point_model`) takes the median as how far ordered pushes run ahead."""
         samples = list(self._push_cwnd_bytes)
         return {"median_bytes": int(np.median(samples)), "p90_bytes": int(np.percentile(samples, 90)),
                 "samples": len(samples)} if samples else None

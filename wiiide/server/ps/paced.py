@@ -21,8 +21,9 @@ node keeps what is not bulk:
   (`wiiide.server.ps.shard_pacing`);
 - **the pace record** (`wiiide.server.pace.record.PaceRecord`): per-worker pushes and samples, the staleness of
   every applied push (the largest the shards reported over the push's partitions: updates of the
-  partition since the worker's copy of it), the clock gap, the batch sizes, in the coordinator's
-  metrics as the central pace server records them, so the report reads the same;
+  partition since the worker's copy of it), the clock gap, the batch sizes, the tasks whose every pull
+  the worker's copy served (``ssp_cache``: its ``step_done`` counts them, ``cached``), in the
+  coordinator's metrics as the central pace server records them, so the report reads the same;
 - **the checkpoints' cut** (`wiiide.server.ps.paced_checkpoints`): under async and a bound the handout stops at a
   checkpoint step until every task is reported, so every shard's file holds the same pushes; a restored
   run starts at the checkpoint's step with the clocks saved at the cut.
@@ -75,6 +76,7 @@ class _Done:
     loss: float
     staleness: int
     compute_s: float | None
+    cached: int  # its pulls the shards answered with the copy it held (ssp_cache)
 
 
 class PacedHandout:
@@ -91,13 +93,14 @@ class PacedHandout:
         start_step: the step a restored run starts at (updates applied; in rounds, the round).
         members: the run's `wiiide.server.ps.membership.Membership` (a worker coming back drains the handout;
             the first update after a recovery closes its record), or None.
+        partitions: how many partitions the plan cut (a ``step_done``'s ``cached`` counts up to it).
     """
 
     def __init__(self, coord, data: Dataset, workers: list, handout: dict[int, str], shard: Any,
                  sampler: BatchSampler, start: float, evaluator: Any, client: Any = None, start_step: int = 0,
-                 members: Any = None) -> None:
+                 members: Any = None, partitions: int = 0) -> None:
         cfg = coord.cfg
-        self.members = members
+        self.members, self.partitions = members, partitions
         self.coord, self.cfg, self.data, self.workers, self.handout = coord, cfg, data, workers, handout
         self.shard, self.sampler, self.start, self.evaluator = shard, sampler, start, evaluator
         self.clock = SSPClock(cfg.staleness_bound)
@@ -109,6 +112,9 @@ class PacedHandout:
         self.tasks: dict[int, deque[_Task]] = {w.rank: deque() for w in workers}
         self.round_sizes: dict[int, dict[int, int]] = {}  # rounds: round -> every worker's batch size
         self.round_done: dict[int, list[_Done]] = {}  # rounds: round -> the pushes reported so far
+        done = coord.metrics.extra.get("pace") or {}  # an earlier incarnation's counts (a recovery's restart)
+        self.tasks_cached = done.get("tasks_without_params") or 0  # tasks whose every pull the copy served (ssp_cache)
+        self.reported = (done.get("tasks_with_params") or 0) + self.tasks_cached  # tasks reported
         self.handed = 0 if self.rounds else start_step  # tasks handed out (async / SSP: since the run began, a
         # partition's step)
         self._heard: dict[int, float] = {}
@@ -164,7 +170,8 @@ class PacedHandout:
             metrics.extra.update(self.record.to_extra())
             metrics.extra["pace"] = {
                 "placement": "sharded", "staleness_bound": cfg.staleness_bound, "local_steps": cfg.local_steps,
-                "ssp_cache": cfg.ssp_cache, "tasks_with_params": None, "tasks_without_params": None,
+                "ssp_cache": cfg.ssp_cache, "tasks_with_params": self.reported - self.tasks_cached,
+                "tasks_without_params": self.tasks_cached,
                 "outer_optimizer": None, "staleness_scaling": cfg.staleness_scaling,
                 "adaptive_batch": cfg.adaptive_batch, "grad_accum_steps": cfg.grad_accum_steps,
                 "updates": metrics.steps, "tasks_handed_out": self.handed, "checkpoint_cut": self.cut.record()}
@@ -260,12 +267,14 @@ class PacedHandout:
         loss, staleness = msg.meta.get("loss"), msg.meta.get("staleness", 0)
         if type(staleness) is not int or not 0 <= staleness <= MAX_STALENESS:  # noqa: E721
             raise ProtocolError(f"step_done: 'staleness' must be an integer 0..{MAX_STALENESS}, got {staleness!r:.40}")
-        compute_s = compute_seconds(msg.meta)
+        compute_s, cached = compute_seconds(msg.meta), msg.meta.get("cached", 0)
+        if type(cached) is not int or not 0 <= cached <= self.partitions:  # noqa: E721
+            raise ProtocolError(f"step_done: 'cached' must be an integer 0..{self.partitions}, got {cached!r:.40}")
         if self.adaptive is not None:  # the worker's own compute time; else the round trip
             self.adaptive.observe(w.rank, task.samples, compute_s if compute_s is not None
                                   else time.perf_counter() - task.sent_at)
         loss = float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else float("nan")
-        return _Done(w.rank, task.samples, loss, staleness, compute_s)
+        return _Done(w.rank, task.samples, loss, staleness, compute_s, cached)
 
     def _applied(self, w: Any, done: _Done) -> None:
         """Tick `w`'s clock; record the update it completes (async / SSP: its own; rounds: the round's, once
@@ -288,6 +297,8 @@ class PacedHandout:
         metrics, now = self.coord.metrics, time.perf_counter()
         for part in parts:
             self.record.applied(part.rank, part.staleness, part.samples)
+            self.reported += 1
+            self.tasks_cached += part.cached == self.partitions > 0
         samples = sum(p.samples for p in parts)
         metrics.steps += 1
         metrics.batches += len(parts)

@@ -233,7 +233,7 @@ def _train(coord, data: Dataset, workers, handout: dict[int, str], shard: ShardS
     try:
         if cfg.staleness_bound != 0 or cfg.adaptive_batch:  # the SSP clock's handout (wiiide.server.ps.paced)
             PacedHandout(coord, data, workers, handout, shard, sampler, start, evaluator, client, start_step,
-                         members).run()
+                         members, len(partitions or ())).run()
             if members is not None:
                 members.after_barrier()
         else:
@@ -440,6 +440,7 @@ def _worker_steps(worker, conn: Connection, model: nn.Module, flat: FlatParams, 
         snapshots.keep(step + 1, flat.params, client.versions)  # a live copy for a recovery (wiiide.server.ps.membership)
         worker._last_step, worker._last_params_unix_s = step, time.time()  # the hello's rejoin hint
         conn.send([encode_message("step_done", {"step": step, "loss": loss_value, "samples": int(x.shape[0]),
-                                                "compute_s": compute_s, "staleness": client.staleness})])
+                                                "compute_s": compute_s, "staleness": client.staleness,
+                                                "cached": client.cached})])
         metrics.record_worker_step(int(x.shape[0]), loss_value, time.perf_counter() - t0, batches=cfg.local_steps)
         log.step(metrics.steps, "step %s: loss %.4f", step, loss_value)
