@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.integration.local_run import run_nodes
 from tests.unit.conftest import free_port, node_env, node_procs  # noqa: F401  (fixtures)
 
@@ -70,3 +72,16 @@ def test_central_sparse_rows_train_under_a_bound_with_the_ssp_cache_and_with_ada
     assert r["steps"] == 200 and r["test_loss"] < r["loss_first"] and r["test_accuracy"] > 0.65
     last = {rank: points[-1][1] for rank, points in r["batch_sizes_per_worker"].items()}
     assert sum(last.values()) == 3 * 32 and last["1"] < last["2"]  # the slow worker's share shrank
+
+
+def test_the_expected_bytes_of_an_async_update_on_rows_are_what_the_server_moves(tmp_path, node_env, node_procs):  # noqa: F811
+    # an update is one worker's push and its pull, which carries the rows of about one push of every worker
+    # (`wiiide.server.sparse.expected_bytes_per_step`); the first pull of each worker is the whole table
+    c = _run(node_env, node_procs, tmp_path / "async", num_workers=3, staleness_bound="async", max_steps=300)["coordinator"]
+    expected, updates, rows = c["comm"]["expected"], c["steps"], c["pace"]["sparse_rows"]
+    assert updates == 300 and rows["pulls_full"] == 3
+    assert c["payload_bytes_received"] / updates == pytest.approx(expected["push_bytes"], rel=0.05)
+    row_pulls_bytes = c["payload_bytes_sent"] - rows["pulls_full"] * expected["param_bytes"]
+    assert row_pulls_bytes / rows["pulls_rows"] == pytest.approx(expected["pull_bytes"], rel=0.08)
+    moved_bytes = c["payload_bytes_received"] + row_pulls_bytes  # the run's pushes and row pulls, per update
+    assert moved_bytes / updates == pytest.approx(expected["total_bytes"], rel=0.08)

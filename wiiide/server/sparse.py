@@ -366,22 +366,27 @@ class SparseRows:
 
 
 def expected_bytes_per_step(rows: int, dim: int, rest_numel: int, num_workers: int, batch_size: int, fields: int,
-                            zipf_exponent: float) -> dict[str, float]:
-    """Tensor bytes one step of the sparse parameter server moves, expected from the model and the data.
+                            zipf_exponent: float, local_steps: int = 1, rounds: bool = True) -> dict[str, float]:
+    """Tensor bytes one update of the sparse parameter server moves, expected from the model and the data.
 
-    A worker's batch looks up ``batch_size x fields`` Zipf ids; it pushes its distinct rows (id + dim
-    float32 each, `wiiide.training.models.embedding.expected_distinct_rows`) and the rest dense; the update it
-    pulls holds the distinct rows of all ``num_workers`` batches and the rest dense. int32 ids.
+    A push covers ``local_steps x batch_size x fields`` Zipf ids (one batch; H with local SGD); it carries
+    their distinct rows (id + dim float32 each, `wiiide.training.models.embedding.expected_distinct_rows`)
+    and the rest dense. The pull holds the rows of ``num_workers`` pushes and the rest dense: in `rounds`
+    the round's, at a pace of their own (a staleness bound, async) the rows changed since the worker's
+    copy, which in a steady state is one push of every worker (`wiiide.server.pace.rows`; an SSP cache that
+    skips pulls moves less). int32 ids. An update is a round (every worker's push and pull) in `rounds`,
+    else one push and its pull.
 
     Returns:
-        ``push_bytes`` and ``pull_bytes`` per worker, ``total_bytes`` (both, all workers) and
-        ``dense_total_bytes`` (what the dense parameter server moves: 2 x workers x parameters x 4).
+        ``push_bytes`` and ``pull_bytes`` per worker, ``total_bytes`` (an update's pushes and pulls) and
+        ``dense_total_bytes`` (what the dense parameter server moves for as many pushes and pulls).
     """
     from wiiide.training.models.embedding import expected_distinct_rows, zipf_probabilities
 
     p = zipf_probabilities(rows, zipf_exponent)
-    row_bytes = 4 + 4 * dim
-    push = expected_distinct_rows(p, batch_size * fields) * row_bytes + 4 * rest_numel
-    pull = expected_distinct_rows(p, num_workers * batch_size * fields) * row_bytes + 4 * rest_numel
-    return {"push_bytes": push, "pull_bytes": pull, "total_bytes": num_workers * (push + pull),
-            "dense_total_bytes": 2.0 * num_workers * 4 * (rows * dim + rest_numel)}
+    row_bytes, draws = 4 + 4 * dim, local_steps * batch_size * fields
+    push = expected_distinct_rows(p, draws) * row_bytes + 4 * rest_numel
+    pull = expected_distinct_rows(p, num_workers * draws) * row_bytes + 4 * rest_numel
+    pushers = num_workers if rounds else 1
+    return {"push_bytes": push, "pull_bytes": pull, "total_bytes": pushers * (push + pull),
+            "dense_total_bytes": 2.0 * pushers * 4 * (rows * dim + rest_numel)}

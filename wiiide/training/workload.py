@@ -26,9 +26,12 @@ def sparse_comm_expected(cfg: RunConfig, numel: int) -> dict[str, Any]:
     from wiiide.server.sparse import expected_bytes_per_step
 
     table = cfg.embedding_rows * cfg.embedding_dim
+    rounds = cfg.staleness_bound == 0
     figures = expected_bytes_per_step(cfg.embedding_rows, cfg.embedding_dim, numel - table, cfg.num_workers,
-                                      cfg.batch_size, cfg.embedding_fields, cfg.embedding_zipf_exponent)
+                                      cfg.batch_size, cfg.embedding_fields, cfg.embedding_zipf_exponent,
+                                      cfg.local_steps, rounds)
     return {"scheme": "parameter-server-sparse-rows", "world_size": cfg.num_workers + 1,
             "param_bytes": 4 * numel, **figures,
-            "method": "distinct Zipf rows per batch (expected) x (int32 id + dim float32) + the MLP dense, "
-                      "pushed by every worker and pulled as the averaged update"}
+            "method": "distinct Zipf rows per push (expected) x (int32 id + dim float32) + the MLP dense, "
+                      + ("pushed by every worker and pulled as the averaged update" if rounds else
+                         "an update one worker's push and its pull of the rows of a push of every worker")}
