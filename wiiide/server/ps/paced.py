@@ -114,7 +114,7 @@ class PacedHandout:
         self.round_done: dict[int, list[_Done]] = {}  # rounds: round -> the pushes reported so far
         done = coord.metrics.extra.get("pace") or {}  # an earlier incarnation's counts (a recovery's restart)
         self.tasks_cached = done.get("tasks_without_params") or 0  # tasks whose every pull the copy served (ssp_cache)
-        self.reported = (done.get("tasks_with_params") or 0) + self.tasks_cached  # tasks reported
+        self._reported_before = (done.get("tasks_with_params") or 0) + self.tasks_cached  # since then: record.pushes
         self.handed = 0 if self.rounds else start_step  # tasks handed out (async / SSP: since the run began, a
         # partition's step)
         self._heard: dict[int, float] = {}
@@ -168,9 +168,10 @@ class PacedHandout:
             metrics.train_time_s = time.perf_counter() - self.start
             metrics.extra["epochs"] = self.sampler.epochs_done
             metrics.extra.update(self.record.to_extra())
+            reported = self._reported_before + sum(self.record.pushes.values())
             metrics.extra["pace"] = {
                 "placement": "sharded", "staleness_bound": cfg.staleness_bound, "local_steps": cfg.local_steps,
-                "ssp_cache": cfg.ssp_cache, "tasks_with_params": self.reported - self.tasks_cached,
+                "ssp_cache": cfg.ssp_cache, "tasks_with_params": reported - self.tasks_cached,
                 "tasks_without_params": self.tasks_cached,
                 "outer_optimizer": None, "staleness_scaling": cfg.staleness_scaling,
                 "adaptive_batch": cfg.adaptive_batch, "grad_accum_steps": cfg.grad_accum_steps,
@@ -297,7 +298,6 @@ class PacedHandout:
         metrics, now = self.coord.metrics, time.perf_counter()
         for part in parts:
             self.record.applied(part.rank, part.staleness, part.samples)
-            self.reported += 1
             self.tasks_cached += part.cached == self.partitions > 0
         samples = sum(p.samples for p in parts)
         metrics.steps += 1
