@@ -179,6 +179,8 @@ class PaceServer:
                 self._sync_workers()
                 self._dispatch_ready()
                 for worker, conn in self._ready(POLL_S):
+                    if cfg.max_steps and self.version >= cfg.max_steps:  # no push read after it applies past it
+                        break
                     self._read(worker, conn)
                 self._drop_silent()
             metrics.train_time_s = time.perf_counter() - self._start - self.resume.train_s  # this incarnation's
@@ -209,9 +211,8 @@ class PaceServer:
 
     def _done(self) -> bool:
         cfg = self.cfg
-        if stop_at_target(cfg, self._evaluator):
-            return True
-        return (time.perf_counter() - self._start >= cfg.duration_s) or bool(cfg.max_steps and self.version >= cfg.max_steps)
+        return (stop_at_target(cfg, self._evaluator) or time.perf_counter() - self._start >= cfg.duration_s
+                or bool(cfg.max_steps and self.version >= cfg.max_steps))
 
     # --- workers joining and leaving ---------------------------------------------------------------
     def _sync_workers(self) -> None:
