@@ -112,9 +112,9 @@ class PacedHandout:
         self.tasks: dict[int, deque[_Task]] = {w.rank: deque() for w in workers}
         self.round_sizes: dict[int, dict[int, int]] = {}  # rounds: round -> every worker's batch size
         self.round_done: dict[int, list[_Done]] = {}  # rounds: round -> the pushes reported so far
-        done = coord.metrics.extra.get("pace") or {}  # an earlier incarnation's counts (a recovery's restart)
-        self.tasks_cached = done.get("tasks_without_params") or 0  # tasks whose every pull the copy served (ssp_cache)
-        self._reported_before = (done.get("tasks_with_params") or 0) + self.tasks_cached  # since then: record.pushes
+        earlier = coord.metrics.extra.get("pace") or {}  # an earlier incarnation's counts (a recovery's restart)
+        self.tasks_cached = earlier.get("tasks_without_params") or 0  # tasks whose every pull the copy served (ssp_cache)
+        self._reported_before = (earlier.get("tasks_with_params") or 0) + self.tasks_cached  # since then: record.pushes
         self.handed = 0 if self.rounds else start_step  # tasks handed out (async / SSP: since the run began, a
         # partition's step)
         self._heard: dict[int, float] = {}
@@ -298,7 +298,8 @@ class PacedHandout:
         metrics, now = self.coord.metrics, time.perf_counter()
         for part in parts:
             self.record.applied(part.rank, part.staleness, part.samples)
-            self.tasks_cached += part.cached == self.partitions > 0
+            if self.partitions and part.cached == self.partitions:
+                self.tasks_cached += 1
         samples = sum(p.samples for p in parts)
         metrics.steps += 1
         metrics.batches += len(parts)
