@@ -38,7 +38,7 @@ from wiiide.config import RunConfig
 
 Progress = Callable[[str], None]
 
-LIVE_POLL_S = 1.0  # how often the running point's coordinator progress is read
+LIVE_POLL_S = 2.0  # how often the running point's coordinator progress is read (its log tail, from dockerd)
 
 # Seconds a run costs besides its training (start-up, connecting, collecting, teardown), per backend, for the
 # sweep's time estimate. local: 2.8-4.6 s measured for 1+2 processes on digits (a 3 s point, 3 repeats, load

@@ -20,6 +20,7 @@ from harness import REPO_ROOT
 from harness.errors import ClusterError
 from harness.links.plan import Capabilities
 from harness.run.backend import (
+    ENGINE_POLL_INTERVAL_S,
     Collected,
     PhaseClock,
     Progress,
@@ -42,6 +43,7 @@ from harness.run.stats import (
     container_lifetime,
     since_baseline,
     start_readers,
+    stop_readers,
     summarize_samples,
 )
 from harness.run.tc_exec import ContainerExec, probe_capabilities, reset_links
@@ -253,6 +255,7 @@ class ComposeBackend:
     """
 
     name = "docker"
+    poll_interval_s = ENGINE_POLL_INTERVAL_S
 
     def __init__(self, image_tag: str | None = None, reuse: bool = False) -> None:
         """Raises ClusterError when no Docker engine answers."""
@@ -436,8 +439,7 @@ class ComposeBackend:
         """Stop reading link counters and container stats."""
         if self._conditions is not None:
             self._conditions.stop()
-        for reader in self._readers.values():
-            reader.stop()
+        stop_readers(self._readers.values())
 
     def collect(self, logs_dir: Path, progress: Progress) -> Collected:
         """Exit codes (None: still running), each node's log into `logs_dir`, stats, links, limits.

@@ -82,6 +82,7 @@ class LocalBackend:
     """
 
     name = "local"
+    poll_interval_s = 0.25  # a process poll: no daemon call
 
     def __init__(self, popen: Callable[..., Any] = subprocess.Popen) -> None:
         """`popen`: how a node's process starts (``subprocess.Popen``'s signature and the object's ``pid``,

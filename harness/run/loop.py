@@ -30,7 +30,7 @@ from harness.spec.cluster import ClusterSettings
 from harness.spec.faults import Fault
 from wiiide.config import RunConfig
 
-POLL_INTERVAL_S = 0.25  # how often node states are read while a run goes on
+POLL_INTERVAL_S = 0.25  # how often node states are read while a run goes on, on a backend that does not say
 NOTE_INTERVAL_S = 10.0  # how often a "running: ..." progress line is written
 FAULT_WAIT_MARGIN_S = 60.0  # seconds beyond connect_timeout_s that faults wait for training to start
 
@@ -150,7 +150,7 @@ def _run(backend: Backend, cfg: RunConfig, out_dir: Path, timeout_s: float, prog
 
 def _wait_for_exit(backend: Backend, cfg: RunConfig, timeout_s: float, progress: Progress,
                    clock: PhaseClock, watchdog: RankWatchdog | None = None) -> tuple[str, str | None]:
-    """Poll `backend` every `POLL_INTERVAL_S` until no node runs (``ok``), `watchdog` reports a dead or
+    """Poll `backend` every ``backend.poll_interval_s`` (default `POLL_INTERVAL_S`) until no node runs (``ok``), `watchdog` reports a dead or
     stalled rank, or `timeout_s` seconds have passed since `clock` started (``failed`` with the reason);
     a progress line every 10 s."""
     next_note_s = NOTE_INTERVAL_S
@@ -170,7 +170,7 @@ def _wait_for_exit(backend: Backend, cfg: RunConfig, timeout_s: float, progress:
             running = sum(state == "running" for state in states.values())
             progress(f"    running: {now_s:.0f} s of about {cfg.duration_s:.0f} s, {running} nodes up")
             next_note_s = now_s + NOTE_INTERVAL_S
-        time.sleep(POLL_INTERVAL_S)
+        time.sleep(getattr(backend, "poll_interval_s", POLL_INTERVAL_S))
 
 
 def timed_core_loss(tracer: SchedTrace, nodes: dict[str, dict]) -> dict:

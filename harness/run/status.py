@@ -342,11 +342,20 @@ def coordinator_training(client=None, project: str = PROJECT) -> Training:
     """
     client = client or docker_client()
     try:
-        found = client.containers.list(all=True, filters={
-            "label": [f"{PROJECT_LABEL}={project}", f"{SERVICE_LABEL}=coordinator"]})
+        found = _coordinator_containers(client, "docker", project)
     except Exception:  # the engine hiccuped between two polls: nothing new to show
         return Training()
     return container_log_training(found[0]) if found else Training()
+
+
+def _coordinator_containers(client, backend_name: str, project: str) -> list:
+    """The coordinator's container of `project`: Compose's (``docker``) or the stack's running task's (``swarm``)."""
+    if backend_name == "docker":
+        return client.containers.list(all=True, filters={
+            "label": [f"{PROJECT_LABEL}={project}", f"{SERVICE_LABEL}=coordinator"]})
+    from harness.run.swarm.stack import stack_name
+    return client.containers.list(filters={
+        "label": f"com.docker.swarm.service.name={stack_name(project)}_coordinator"})
 
 
 # What `live_training_source` reads on each backend (shown by the sweep's display).
@@ -371,17 +380,18 @@ def live_training_source(backend_name: str, run_dir: Path, project: str = PROJEC
         return lambda: log_file_training(path)
     if backend_name in ("docker", "swarm"):
         clients: list = []
+        found: list = []  # the coordinator's container, listed once (a list and an inspect cost dockerd more than the logs)
 
         def read() -> Training:
             try:
                 if not clients:
                     clients.append(docker_client(timeout_s=5, ping=False))
-                if backend_name == "docker":
-                    return coordinator_training(clients[0], project)
-                from harness.run.swarm.stack import stack_name
-                found = clients[0].containers.list(filters={  # the coordinator task's running container
-                    "label": f"com.docker.swarm.service.name={stack_name(project)}_coordinator"})
-                return container_log_training(found[0]) if found else Training()
+                if not found:
+                    found.extend(_coordinator_containers(clients[0], backend_name, project)[:1])
+                training = container_log_training(found[0]) if found else Training()
+                if training == Training():  # the container is gone or not yet talking: list it again next time
+                    found.clear()
+                return training
             except Exception:  # ClusterError or a transport error: no figure this time
                 return Training()
         return read

@@ -23,6 +23,7 @@ class ScriptedBackend:
     node metrics files a real cluster would and records every call in `calls`."""
 
     name = "scripted"
+    poll_interval_s = 0.01
 
     def __init__(self, polls_running: int = 2, exit_codes: dict[str, int] | None = None,
                  start_error: Exception | None = None, worker_status: str = "ok") -> None:

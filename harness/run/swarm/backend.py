@@ -12,7 +12,7 @@ from typing import Any, Sequence
 from harness.errors import ClusterError
 from harness.hosts.plan import HOSTS_ENV, max_replicas_per_node
 from harness.links.plan import Capabilities
-from harness.run.backend import Collected, PhaseClock, Progress
+from harness.run.backend import ENGINE_POLL_INTERVAL_S, Collected, PhaseClock, Progress
 from harness.run.compose import DEFAULT_IMAGE, PROJECT, write_cluster_secret
 from harness.run.docker_client import docker_client
 from harness.run.faults import ContainerController, Controller
@@ -21,6 +21,7 @@ from harness.run.stats import (
     StatsReader,
     container_lifetime,
     start_readers,
+    stop_readers,
     summarize_samples,
 )
 from harness.run.swarm.cluster import ensure_swarm, leave_swarm_if_ours, swarm_info
@@ -58,6 +59,7 @@ class SwarmBackend:
     """
 
     name = "swarm"
+    poll_interval_s = ENGINE_POLL_INTERVAL_S
 
     def __init__(self, image_tag: str | None = None, progress: Progress = print) -> None:
         """Raises ClusterError when no Docker engine answers. The swarm is joined or started later, by
@@ -272,8 +274,7 @@ class SwarmBackend:
         """Stop the stats readers, the counter sampler, and every task container still running. Idempotent."""
         if self._conditions is not None:
             self._conditions.stop()
-        for reader in self._readers.values():
-            reader.stop()
+        stop_readers(self._readers.values())
         for c in self._containers:
             try:
                 c.reload()
@@ -320,8 +321,7 @@ class SwarmBackend:
     def teardown(self) -> None:
         """Remove the run's stack: services, task containers, overlay network (and the iptables rules an
         encrypted one leaves: `remove_stack`), secret. Idempotent."""
-        for reader in self._readers.values():
-            reader.stop()
+        stop_readers(self._readers.values())
         if self._conditions is not None:
             self._conditions.stop()
         self._conditions = None
