@@ -58,6 +58,8 @@ class MachineInfo(_Model):
     kernel: str | None = None
     machine: str | None = None
     cpu_model: str | None = None
+    cpu_signature: str | None = None        # "<vendor_id> family F model M stepping S" (/proc/cpuinfo)
+    cpu_vector_flags: list[str] | None = None   # SSE4/AVX/AVX-512/FMA/F16C/AMX flags, sorted
     cpu_count_logical: int | None = None
     cpu_count_physical: int | None = None
     cpu_freq_mhz: float | None = None

@@ -19,21 +19,19 @@ def machine_info() -> dict[str, Any]:
 
     vm = psutil.virtual_memory()
     freq = psutil.cpu_freq()
-    cpu_model = ""
     try:
         with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu_model = line.split(":", 1)[1].strip()
-                    break
+            cpu = cpu_identity(fh.read())
     except OSError:
-        pass
+        cpu = cpu_identity("")
     return {
         "hostname": platform.node(),
         "system": platform.system(),
         "kernel": platform.release(),
         "machine": platform.machine(),
-        "cpu_model": cpu_model,
+        "cpu_model": cpu["model_name"],
+        "cpu_signature": cpu["signature"],
+        "cpu_vector_flags": cpu["vector_flags"],
         "cpu_count_logical": psutil.cpu_count(logical=True),
         "cpu_count_physical": psutil.cpu_count(logical=False),
         "cpu_freq_mhz": freq.current if freq else None,
@@ -45,6 +43,39 @@ def machine_info() -> dict[str, Any]:
         "numpy_version": numpy.__version__,
         "rmem_max_bytes": _read_int("/proc/sys/net/core/rmem_max"),
         "wmem_max_bytes": _read_int("/proc/sys/net/core/wmem_max"),
+    }
+
+
+_VECTOR_FLAG_PREFIXES = ("sse4", "avx", "fma", "f16c", "amx")
+
+
+def cpu_identity(cpuinfo: str) -> dict[str, Any]:
+    """The first processor of a ``/proc/cpuinfo`` text, as the report records it.
+
+    Returns ``model_name`` (``"model name"``, e.g. ``"AMD EPYC"``, which a hypervisor may shorten so
+    far that two generations read alike), ``signature`` (``"<vendor_id> family F model M stepping S"``,
+    the CPUID numbers that tell them apart; None when the text has none) and ``vector_flags`` (the
+    SSE4/AVX/AVX-512/FMA/F16C/AMX flags, sorted: what sets the float32 rate torch's kernels reach).
+    Keys absent from the text give ``""``, None and ``[]``; nothing is raised.
+    """
+    first: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if first:
+                break
+            continue
+        key, sep, value = line.partition(":")
+        if sep:
+            first.setdefault(key.strip(), value.strip())
+    numbers = [first.get(k) for k in ("cpu family", "model", "stepping")]
+    signature = None
+    if first.get("vendor_id") and all(numbers):
+        signature = "{} family {} model {} stepping {}".format(first["vendor_id"], *numbers)
+    flags = first.get("flags", "").split()
+    return {
+        "model_name": first.get("model name", ""),
+        "signature": signature,
+        "vector_flags": sorted(f for f in flags if f.startswith(_VECTOR_FLAG_PREFIXES)),
     }
 
 
