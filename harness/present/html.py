@@ -103,7 +103,8 @@ def _meta(label: str, report: Report, heading: str) -> dict[str, Any]:
         backend_text += f" (engine {backend.engine_version}, {backend.compose_version or backend.compose or ''})"
     return {
         "label": label, "heading": heading, "description": spec.description, "backend": backend_text,
-        "cpus": machine.cpu_count_logical or "?", "cpu_model": ", ".join(x for x in (machine.cpu_model, machine.cpu_signature) if x) or "?",
+        "cpus": machine.cpu_count_logical or "?",
+        "cpu_model": ", ".join(x for x in (machine.cpu_model, machine.cpu_signature) if x) or "?",
         "memory_gib": f"{(machine.memory_total_bytes or 0) / 2**30:.0f}", "kernel": machine.kernel or "?",
         "rmem_max": "?" if machine.rmem_max_bytes is None else machine.rmem_max_bytes,
         "commit": (commit.id or "?")[:10], "dirty": bool(commit.dirty),
