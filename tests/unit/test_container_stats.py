@@ -82,3 +82,18 @@ def test_reads_that_fail_keep_the_samples_read_before():
 
 def test_a_stopped_container_s_empty_sample_is_no_record():
     assert parse_sample({"cpu_stats": {}, "memory_stats": {}, "precpu_stats": {}}, 1.0) is None
+
+
+def test_the_first_reads_come_before_one_interval_is_over():
+    """A run shorter than one interval (a worker of a 4 s run exits before a read at 5 s) is still read
+    after its traffic began: at 1, 2 and 4 s, then every interval."""
+    api = FakeApi([raw_sample(1_000_000_000, 100_000_000_000, 1000)])
+    api.fail = True  # no samples are needed: the schedule alone
+    reader = StatsReader(FakeContainer(api), t0=0.0, interval_s=5.0)
+    reader.stop()
+    offsets = reader.read_offsets_s()
+    assert [next(offsets) for _ in range(6)] == [1.0, 2.0, 4.0, 9.0, 14.0, 19.0]
+    fast = StatsReader(FakeContainer(api), t0=0.0, interval_s=0.5)  # early reads never wider than the interval
+    fast.stop()
+    offsets = fast.read_offsets_s()
+    assert [next(offsets) for _ in range(4)] == [0.5, 1.0, 1.5, 2.0]
