@@ -2,9 +2,9 @@
 time and the run's samples/s while strangers attack the coordinator's handshake (docs/faults.md).
 
 Each run, on loopback: a coordinator and one real worker (``python -m wiiide``, as the local backend
-starts them; digits, ``--duration-s`` seconds of training), an attacker subprocess bound to
-127.0.0.2 (Linux routes all of 127.0.0.0/8 to lo, so the coordinator sees another peer address), and
-a probe worker in this process, from 127.0.0.1. Scenarios:
+starts them; digits, ``--duration-s`` seconds of training), an attacker subprocess
+(`harness.bench.handshake_attack`) bound to 127.0.0.2 (Linux routes all of 127.0.0.0/8 to lo, so the
+coordinator sees another peer address), and a probe worker in this process, from 127.0.0.1. Scenarios:
 
 - ``none``: no attack: the baseline, run *beside* each attacked run, at the same time on the same
   machine (two clusters on two ports), so both see the same load from everything else on a shared
@@ -18,9 +18,10 @@ a probe worker in this process, from 127.0.0.1. Scenarios:
 The attack starts once the coordinator listens; the probe connects 1.5 x handshake_timeout_s later
 (every slot the attacker can take is taken by then) and measures its **admission time**: from its
 first connect to the coordinator's authenticated welcome (retrying on a refusal). The probe then
-trains as worker 2 (answering every batch with a zero gradient at once, so the real worker sets the
-pace) and the coordinator's metrics give **samples/s** (samples / train_time_s), its **peak RSS**
-and its refusal counts. The JSON (``results/bench-handshake-<UTC stamp>.json``) keeps every raw run,
+trains as worker 2 of a central server (``ps_shards: 1``: answering every batch with a zero gradient
+at once, so the real worker sets the pace; the handshake is the same for every placement) and the
+coordinator's metrics give **samples/s** (samples / train_time_s), its **peak RSS** and its refusal
+counts. The JSON (``results/bench-handshake-<UTC stamp>.json``) keeps every raw run,
 ``machine_info``, ``commit_info`` and the 1-minute load average before and after each run, and per
 attacked scenario the median admission time, the median of samples/s over its twin's (and the raw
 ratios) and the median peak RSS growth over the twin.
@@ -31,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import select
 import socket
 import statistics
 import subprocess
@@ -51,7 +51,7 @@ from wiiide.config import RunConfig
 from wiiide.metrics import write_json_atomic
 from wiiide.wire.auth import generate_secret, hello_frame, verify, welcome_mac
 from wiiide.wire.encode import encode_message
-from wiiide.wire.format import MAGIC, PREFIX, PROTOCOL_VERSION
+from wiiide.wire.format import PROTOCOL_VERSION
 from wiiide.wire.messages import WireTensor
 from wiiide.wire.reader import FrameReader
 from wiiide.wire.send import send_frames
@@ -59,112 +59,7 @@ from wiiide.wire.send import send_frames
 Log = Callable[[str], None]
 
 SCENARIOS = ("none", "slowloris", "flood")
-ATTACKER_ADDRESS = "127.0.0.2"
 PROBE_ADDRESS = "127.0.0.1"
-
-
-# --------------------------------------------------------------------------------------------------
-# The attacker (a subprocess: its CPU is not the probe's)
-# --------------------------------------------------------------------------------------------------
-IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)  # Linux, include/uapi/linux/in.h
-
-
-def _open(port: int, source: str, counts: dict[str, int]) -> socket.socket | None:
-    """A connection from `source` (its port chosen at connect, so thousands of short connections do
-    not run into ports still in use); None, counted by error, when it cannot be made."""
-    sock = socket.socket()
-    try:
-        sock.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
-        sock.bind((source, 0))
-        sock.settimeout(2.0)
-        sock.connect(("127.0.0.1", port))
-        sock.setblocking(False)
-        return sock
-    except OSError as exc:
-        key = f"connect_failed_{type(exc).__name__}"
-        counts[key] = counts.get(key, 0) + 1
-        sock.close()
-        return None
-
-
-def _closed_by_peer(sock: socket.socket) -> bool:
-    """Drain what the coordinator sent (its challenge); True once it closed the connection."""
-    try:
-        while True:
-            if not sock.recv(65536):
-                return True
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True
-
-
-def attack(kind: str, port: int, connections: int, duration_s: float, source: str = ATTACKER_ADDRESS,
-           counts: dict[str, int] | None = None) -> dict[str, int]:
-    """Run one attack on 127.0.0.1:`port` from `source` for `duration_s` seconds (module docstring).
-
-    Returns `counts` (updated in place as it goes, so an interrupted attack still has them):
-    ``opened`` (connections established), ``connect_failed``, ``closed_by_peer`` and ``bytes_sent``.
-    """
-    counts = counts if counts is not None else {}
-    counts.update({"opened": 0, "closed_by_peer": 0, "bytes_sent": 0, "connect_failed": 0})
-    end = time.monotonic() + duration_s
-    socks: list[socket.socket] = []
-
-    def send(sock: socket.socket, data: bytes) -> None:
-        try:
-            counts["bytes_sent"] += sock.send(data)
-        except OSError:
-            pass
-
-    prefix = PREFIX.pack(MAGIC, PROTOCOL_VERSION, 0, 64, 4 << 30)
-    if kind == "slowloris":
-        sent_of: dict[socket.socket, int] = {}
-        while time.monotonic() < end:
-            while len(socks) < connections and time.monotonic() < end:
-                sock = _open(port, source, counts)
-                if sock is None:
-                    counts["connect_failed"] += 1
-                    time.sleep(0.1)
-                    continue
-                counts["opened"] += 1
-                socks.append(sock)
-                sent_of[sock] = 0
-            tick = time.monotonic() + 1.0
-            for sock in list(socks):
-                if _closed_by_peer(sock):
-                    counts["closed_by_peer"] += 1
-                    socks.remove(sock)
-                    sent_of.pop(sock, None)
-                    sock.close()
-                    continue
-                i = sent_of[sock]
-                send(sock, prefix[i:i + 1] if i < len(prefix) else b"{")
-                sent_of[sock] = i + 1
-            time.sleep(max(0.0, tick - time.monotonic()))
-    elif kind == "flood":
-        while time.monotonic() < end:
-            for i in range(connections):
-                sock = _open(port, source, counts)
-                if sock is None:
-                    counts["connect_failed"] += 1
-                    continue
-                counts["opened"] += 1
-                send(sock, b"GET / HTTP/1.1\r\n\r\n" if i % 2 else b"\x00" * 3)
-                socks.append(sock)
-            while socks and time.monotonic() < end:
-                readable, _, _ = select.select(socks[:1000], [], [], 0.2)
-                for sock in readable:
-                    if _closed_by_peer(sock):
-                        counts["closed_by_peer"] += 1
-                        socks.remove(sock)
-                        sock.close()
-            time.sleep(1.0)
-    else:
-        raise ValueError(f"attack kind {kind!r}; allowed: slowloris, flood")
-    for sock in socks:
-        sock.close()
-    return counts
 
 
 # --------------------------------------------------------------------------------------------------
@@ -261,7 +156,8 @@ def measure_run(scenario: str, params: dict[str, Any], work_dir: Path, log: Log)
     cfg = RunConfig(port=port, num_workers=2, dataset="digits", duration_s=params["duration_s"],
                     handshake_timeout_s=params["handshake_timeout_s"], metrics_dir=str(metrics_dir),
                     ready_file=str(work_dir / "ready"), log_tier="normal", log_every_steps=100000,
-                    connect_timeout_s=120, io_timeout_s=30)
+                    connect_timeout_s=120, io_timeout_s=30,
+                    ps_shards=1)  # the probe trains as a central server's worker; the handshake is every placement's
     load_before = os.getloadavg()[0]
     procs: list[subprocess.Popen] = []
     attacker: subprocess.Popen | None = None
@@ -274,7 +170,7 @@ def measure_run(scenario: str, params: dict[str, Any], work_dir: Path, log: Log)
         if scenario != "none":
             connections = params[f"{scenario}_connections"]
             attacker = subprocess.Popen(
-                [sys.executable, "-m", "harness.bench.handshake", "--attack", scenario, "--port", str(port),
+                [sys.executable, "-m", "harness.bench.handshake_attack", scenario, "--port", str(port),
                  "--connections", str(connections), "--attack-s", str(attack_s)],
                 cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 env={**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
@@ -425,7 +321,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main_from_args(args: argparse.Namespace, log: Log) -> int:
-    """Run the benchmark from parsed arguments, print the table and the JSON's path; exit code 0."""
+    """Run the benchmark from parsed arguments, print the table and the JSON's path; exit code 0, or 1
+    (each failed run's error on stderr) when a run failed."""
     params = {"scenarios": list(args.scenarios), "repeats": args.repeats, "duration_s": args.duration_s,
               "handshake_timeout_s": args.handshake_timeout_s, "slowloris_connections": args.slowloris_connections,
               "flood_connections": args.flood_connections}
@@ -433,34 +330,18 @@ def main_from_args(args: argparse.Namespace, log: Log) -> int:
     data = json.loads(path.read_text())
     print(format_summary(data["summary"]))
     print(f"wrote {path}")
-    return 0
+    failed = [r for r in data["runs"] if r.get("error") or r.get("status") != "ok"]
+    for r in failed:
+        print(f"error: {r['scenario']} run of repeat {r['repeat']}: "
+              f"{r.get('error') or 'coordinator status ' + str(r.get('status'))}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m harness.bench.handshake [--repeats 3] [--duration-s 10]``; ``--attack KIND`` runs the
-    attacker side only (what the benchmark starts as a subprocess) and prints its counts as JSON."""
+    """``python -m harness.bench.handshake [--repeats 3] [--duration-s 10]``."""
     parser = argparse.ArgumentParser(prog="python -m harness.bench.handshake", description=__doc__.split("\n")[0])
     add_arguments(parser)
-    parser.add_argument("--attack", choices=["slowloris", "flood"], help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--connections", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--attack-s", type=float, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.attack:
-        import signal
-
-        def interrupt(signum: int, frame: Any) -> None:
-            raise KeyboardInterrupt()
-
-        counts: dict[str, int] = {}
-        signal.signal(signal.SIGTERM, interrupt)
-        try:
-            attack(args.attack, args.port, args.connections, args.attack_s, counts=counts)
-        except KeyboardInterrupt:
-            pass
-        print(json.dumps(counts), flush=True)
-        return 0
-    return main_from_args(args, lambda line: print(line, file=sys.stderr, flush=True))
+    return main_from_args(parser.parse_args(argv), lambda line: print(line, file=sys.stderr, flush=True))
 
 
 if __name__ == "__main__":

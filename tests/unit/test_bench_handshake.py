@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import threading
 
-from harness.bench.handshake import attack, format_summary, probe_join, summarize
+from harness.bench.handshake import format_summary, probe_join, summarize
+from harness.bench.handshake_attack import attack
 from tests.unit.test_handshake import SECRET, acceptor  # noqa: F401 (the fixture)
 
 
