@@ -191,7 +191,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from harness.run.compose import cluster_down
+    from harness.run.compose_project import cluster_down
     from harness.run.docker_client import engine_problem
     problem = engine_problem()
     if problem:

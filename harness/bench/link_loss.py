@@ -74,7 +74,7 @@ def run_bench(losses_pct: list[float], packets: int, results_dir: Path, progress
     """
     from harness.bench import link_delay, link_impair
     from harness.errors import LinkShapingError
-    from harness.run.compose import cluster_down, cluster_up
+    from harness.run.compose_project import cluster_down, cluster_up
     from harness.run.docker_client import docker_client
     from harness.run.image import DEFAULT_TAG, ensure_image
     from harness.run.machine import commit_info, machine_info

@@ -51,7 +51,8 @@ def run_pair(name: str, sink: Peer, source: Peer, result_file: Path, progress: C
         ClusterError: no engine, the image did not build, or the source exited non-zero (its last lines).
     """
     from harness.errors import ClusterError
-    from harness.run.compose import DEFAULT_IMAGE, PROJECT, PROJECT_LABEL, SERVICE_LABEL
+    from harness.run.compose_file import PROJECT_LABEL, SERVICE_LABEL
+    from harness.run.compose_project import DEFAULT_IMAGE, PROJECT
     from harness.run.docker_client import docker_client
     from harness.run.image import build_image
 

@@ -16,7 +16,7 @@ from typing import Any
 from harness.errors import ClusterError
 from harness.hosts.plan import INDEX_LABEL, LABEL, ROLE_LABEL, REGISTRY_PORT, HostSpec, HostsPlan, split_tag
 from harness.run.backend import Progress
-from harness.run.compose import PROJECT
+from harness.run.compose_project import PROJECT
 from harness.run.docker_client import docker_client
 
 DOCKERD_WAIT_S = 60.0  # seconds for a host's dockerd to answer (about 2 s here)

@@ -9,7 +9,7 @@ library's `ssl`) into the run's folder, one sub-folder per node holding exactly 
 
 The CA's private key is never written: it signs the node certificates in memory and is dropped, so
 no certificate can be added to the cluster afterwards. A container mounts only its own sub-folder
-(`harness.run.compose`), so no node can read another node's key. Nothing is written outside the run.
+(`harness.run.compose_project.cluster_up`), so no node can read another node's key. Nothing is written outside the run.
 
 Keys: ECDSA P-256 (fast to make, about 1 ms each; TLS 1.3's mandatory-to-implement signature,
 RFC 8446 section 9.1). Validity: one day before now (clock skew between hosts) to 30 days after.

@@ -14,7 +14,7 @@ What is read, per service: ``image``, ``command``, ``hostname``, ``environment``
 ``networks`` (one bridge network, the service name as DNS alias) and ``restart``. Read by Compose
 only: ``expose`` (a user-defined bridge needs no exposed port), ``depends_on`` (the harness starts the
 coordinator first; workers retry connecting for ``connect_timeout_s``) and ``stop_grace_period``
-(the harness stops with its own grace, `harness.run.compose.DOWN_GRACE_S`). Variables are substituted as Compose does: ``${VAR}``, ``${VAR:-default}`` (default also
+(the harness stops with its own grace, `harness.run.compose_project.DOWN_GRACE_S`). Variables are substituted as Compose does: ``${VAR}``, ``${VAR:-default}`` (default also
 when empty) and ``${VAR-default}`` (only when unset). Anything else in a service is refused with a
 `ClusterError`, so that a key added to compose.yaml is never silently ignored.
 """

@@ -26,7 +26,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from harness.run.compose import PROJECT, PROJECT_LABEL, SERVICE_LABEL
+from harness.run.compose_file import PROJECT_LABEL, SERVICE_LABEL
+from harness.run.compose_project import PROJECT
 from harness.run.docker_client import docker_client
 from harness.run.stats import parse_sample
 
@@ -314,7 +315,7 @@ def read_cluster_status(client=None, project: str = PROJECT) -> ClusterStatus:
 
     Args:
         client: a docker SDK client (default: `harness.run.docker_client.docker_client()`).
-        project: the Compose project (default: `harness.run.compose.PROJECT`, WIIIIIDE_PROJECT).
+        project: the Compose project (default: `harness.run.compose_project.PROJECT`, WIIIIIDE_PROJECT).
 
     Returns:
         `ClusterStatus`; its ``nodes`` is empty when the project has no container.

@@ -61,12 +61,8 @@ def test_batches_add_up_and_accuracy_beats_chance(docker_report):
 
 def test_cluster_up_then_down_leaves_nothing(docker_ready):
     from harness import REPO_ROOT
-    from harness.run.compose import (
-        PROJECT,
-        PROJECT_LABEL,
-        cluster_down,
-        cluster_up,
-    )
+    from harness.run.compose_file import PROJECT_LABEL
+    from harness.run.compose_project import PROJECT, cluster_down, cluster_up
     from harness.run.docker_client import docker_client
     from wiiide.config import RunConfig
 

@@ -23,7 +23,7 @@ IMAGE = os.environ.get("WIIIIIDE_IMAGE", DEFAULT_TAG)
 def _nothing_left():
     from harness.hosts.engines import leftovers
     from harness.hosts.plan import HostsPlan
-    from harness.run.compose import PROJECT
+    from harness.run.compose_project import PROJECT
     assert leftovers() == {}
     assert not (HostsPlan(PROJECT, 1).socket_root / PROJECT).exists()
 

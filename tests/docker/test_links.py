@@ -16,12 +16,8 @@ from harness.links.readback import rate_in_force_bps
 from harness.results.report import (
     load_report_json as load_report,  # the report as its JSON object
 )
-from harness.run.compose import (
-    PROJECT,
-    PROJECT_LABEL,
-    cluster_down,
-    cluster_up,
-)
+from harness.run.compose_file import PROJECT_LABEL
+from harness.run.compose_project import PROJECT, cluster_down, cluster_up
 from harness.run.docker_client import docker_client
 from harness.run.image import DEFAULT_TAG
 from harness.run.shaping import START_GATE_FILE, container_identity

@@ -22,7 +22,8 @@ import pytest
 from harness.links import rtt
 from harness.links.fallback import CHAIN, DELAY_LINE_MECHANISM, STATISTIC
 from harness.links.plan import plan_shaping
-from harness.run.compose import PROJECT, PROJECT_LABEL, cluster_down, cluster_up
+from harness.run.compose_file import PROJECT_LABEL
+from harness.run.compose_project import PROJECT, cluster_down, cluster_up
 from harness.run.docker_client import docker_client
 from harness.run.image import DEFAULT_TAG
 from harness.run.shaping import START_GATE_FILE, container_identity

@@ -20,7 +20,8 @@ from harness.links import rtt
 from harness.links.fidelity import arrival_stats
 from harness.links.pairs import pair_reset_commands, plan_pairs
 from harness.links.plan import plan_shaping
-from harness.run.compose import PROJECT, PROJECT_LABEL, cluster_down, cluster_up
+from harness.run.compose_file import PROJECT_LABEL
+from harness.run.compose_project import PROJECT, cluster_down, cluster_up
 from harness.run.docker_client import docker_client
 from harness.run.pair_shaping import node_ips, read_pair_fallback, shape_pairs
 from harness.run.shaping import START_GATE_FILE, container_identity

@@ -13,7 +13,8 @@ import time
 import pytest
 
 from harness.results.report import load_report_json as load_report
-from harness.run.compose import PROJECT, PROJECT_LABEL, cluster_down, cluster_up
+from harness.run.compose_file import PROJECT_LABEL
+from harness.run.compose_project import PROJECT, cluster_down, cluster_up
 from harness.run.docker_client import docker_client
 from harness.run.shaping import START_GATE_FILE, ClusterConditions, container_identity
 from harness.run.tc_exec import ContainerExec, probe_capabilities, read_back, reset_links

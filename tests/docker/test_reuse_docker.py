@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.run.compose import ComposeBackend, project_containers
+from harness.run.compose import ComposeBackend
+from harness.run.compose_project import project_containers
 from harness.run.loop import run_point
 from harness.run.stats import read_counters
 from harness.spec.faults import Fault

@@ -36,7 +36,8 @@ def rows(out: str) -> dict[str, list[str]]:
 
 
 def test_status_lists_coordinator_and_worker_with_steps():
-    from harness.run.compose import PROJECT, PROJECT_LABEL
+    from harness.run.compose_file import PROJECT_LABEL
+    from harness.run.compose_project import PROJECT
     from harness.run.docker_client import docker_client
 
     up = harness("up", "--workers", "1", "--duration-s", "120")

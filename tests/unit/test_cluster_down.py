@@ -1,11 +1,11 @@
-"""`harness.run.compose.cluster_down` against a fake engine: what it says when a network stays."""
+"""`harness.run.compose_project.cluster_down` against a fake engine: what it says when a network stays."""
 
 from __future__ import annotations
 
 import pytest
 
 from harness.errors import ClusterError
-from harness.run import compose
+from harness.run import compose_project as compose
 
 
 class _APIError(Exception):

@@ -206,7 +206,7 @@ def test_node_names_must_be_plain(tmp_path):
 def test_docker_certificates_name_what_peers_dial_and_point_into_the_mount(tmp_path):
     from cryptography import x509
 
-    from harness.run.compose import CONTAINER_TLS_DIR, PROJECT, write_docker_tls
+    from harness.run.compose_project import CONTAINER_TLS_DIR, PROJECT, write_docker_tls
 
     cfg, folder = write_docker_tls(RunConfig(num_workers=2, tls=True), tmp_path)
     assert cfg.tls_cert_file == f"{CONTAINER_TLS_DIR}/node.crt" and cfg.tls_key_file.startswith(CONTAINER_TLS_DIR)

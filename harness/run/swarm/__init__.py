@@ -21,7 +21,7 @@ and were named by node id, so ``{{.Task.Slot}}`` could not number the workers; `
 
 Ranks come from the coordinator as on every backend; the coordinator is found by its service name
 (``coordinator``) through Swarm's DNS. The HMAC secret is a Swarm secret the stack creates from a 0600
-file (`harness.run.compose.write_cluster_secret`) and removes with the stack. Node metrics land in the
+file (`harness.run.compose_project.write_cluster_secret`) and removes with the stack. Node metrics land in the
 results folder through the same bind mount as Compose (on one node; see docs/multi-host.md for several).
 
 The swarm itself: `ensure_swarm` runs ``docker swarm init --advertise-addr 127.0.0.1`` when the engine

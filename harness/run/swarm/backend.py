@@ -13,7 +13,7 @@ from harness.errors import ClusterError
 from harness.hosts.plan import HOSTS_ENV, max_replicas_per_node
 from harness.links.plan import Capabilities
 from harness.run.backend import ENGINE_POLL_INTERVAL_S, Collected, PhaseClock, Progress
-from harness.run.compose import DEFAULT_IMAGE, PROJECT, write_cluster_secret
+from harness.run.compose_project import DEFAULT_IMAGE, PROJECT, write_cluster_secret
 from harness.run.docker_client import docker_client
 from harness.run.faults import ContainerController, Controller
 from harness.run.shaping import ClusterConditions

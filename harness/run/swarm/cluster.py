@@ -8,7 +8,7 @@ from typing import Any
 
 from harness.errors import ClusterError
 from harness.run.backend import Progress
-from harness.run.compose import PROJECT
+from harness.run.compose_project import PROJECT
 
 STARTED_LABEL = "io.wiiide.harness.swarm-started-by"  # node label: the harness ran `swarm init` for this project
 ADVERTISE_ENV = "WIIIIIDE_SWARM_ADVERTISE_ADDR"

@@ -14,7 +14,7 @@ import yaml
 from harness import REPO_ROOT
 from harness.errors import ClusterError
 from harness.run.backend import Progress
-from harness.run.compose import PROJECT, compose_env
+from harness.run.compose_project import PROJECT, compose_env
 from harness.run.swarm.cluster import swarm_info
 from harness.run.swarm.encryption import encrypted_vnis, remove_rules_for
 from wiiide.config import RunConfig
@@ -121,7 +121,7 @@ def write_stack_files(folder: Path, num_workers: int, compose_file: Path = COMPO
 
 def stack_env(cfg: RunConfig, results_dir: Path, image: str, extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment ``docker stack deploy`` interpolates compose.yaml's ``${WIIIIIDE_*}`` from: the
-    same as Compose's (`harness.run.compose.compose_env`) plus `extra_env` (role-wide limits)."""
+    same as Compose's (`harness.run.compose_project.compose_env`) plus `extra_env` (role-wide limits)."""
     return {**compose_env(cfg, results_dir, image), **(extra_env or {})}
 
 
