@@ -197,12 +197,12 @@ def _image_backends(images: Sequence[str], reuse: bool) -> dict[str, Backend]:
     """
     from harness.errors import ClusterError
     from harness.run.compose import ComposeBackend
-    from harness.run.image import _image_exists
+    from harness.run.base_image import image_exists
 
     backends: dict[str, Backend] = {}
     for tag in images:
         backend = ComposeBackend(image_tag=tag, reuse=reuse)
-        if not _image_exists(backend.client, tag):
+        if not image_exists(backend.client, tag):
             raise ClusterError(f"bench-overhead --images: no image {tag!r}; build it first "
                                f"(`wiiide-lab image --tag {tag}` in the checkout it should hold)")
         backends[tag] = backend

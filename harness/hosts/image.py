@@ -1,4 +1,4 @@
-"""The host image: the project's local Debian base (`harness.run.image.LOCAL_BASE`, debootstrap) plus
+"""The host image: the project's local Debian base (`harness.run.base_image.LOCAL_BASE`, debootstrap) plus
 Debian's docker.io and docker-registry (docker/host.Dockerfile, docker/host-init.sh).
 
 Tagged ``wiiide-host:<digest>``, the digest over the base's tag and both files, so that a change of
@@ -10,8 +10,9 @@ import hashlib
 
 from harness import REPO_ROOT
 from harness.errors import ClusterError
+from harness.run.base_image import LOCAL_BASE, Log, build_local_base
 from harness.run.docker_client import docker_client
-from harness.run.image import IMAGE_LABEL, LOCAL_BASE, Log, build_local_base
+from harness.run.image import IMAGE_LABEL
 
 CONTEXT = REPO_ROOT / "docker"
 DOCKERFILE = "host.Dockerfile"

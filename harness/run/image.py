@@ -4,10 +4,12 @@ Steps, each logged with the seconds it took:
 
 1. Wheelhouse: ``pip download`` of the node's requirements (derived from ``pyproject.toml``: the
    ``[tool.wiiide-lab] node-packages`` with their versions from ``[project] dependencies``, written to
-   ``build/wheelhouse/requirements-node.txt``) into ``build/wheelhouse`` on the host, so that the image installs its Python packages with ``--no-index`` (no network, and no
-   HTTPS, needed inside the build).
-2. Base image: ``python:3.11-slim`` if it is present or can be pulled; otherwise (no registry) a
-   local Debian bookworm base ``wiiide-base:bookworm-<digest of its package list>`` made with ``debootstrap`` and ``docker import``.
+   ``build/wheelhouse/requirements-node.txt``) into ``build/wheelhouse`` on the host, so that the
+   image installs its Python packages with ``--no-index`` (no network, and no HTTPS, needed inside
+   the build).
+2. Base image (`harness.run.base_image`): ``python:3.11-slim`` if it is present or can be pulled;
+   otherwise (no registry) a local Debian bookworm base ``wiiide-base:bookworm-<digest of its
+   package list>`` made with ``debootstrap`` and ``docker import``.
 3. ``docker/Dockerfile`` built with the repo root as context (kept small by ``.dockerignore``).
 
 Needs a running engine: ``bash docker/engine.sh start`` (root; it also installs docker.io,
@@ -25,20 +27,27 @@ import collections
 import hashlib
 import os
 import platform
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Optional, Sequence
 
 from harness import REPO_ROOT
 from harness.errors import ClusterError
+from harness.run.base_image import (
+    DEFAULT_BASE,
+    LOCAL_BASE,
+    BuildStep,
+    Log,
+    image_exists,
+    output_tail,
+    resolve_base,
+    run_logged,
+)
 from harness.run.docker_client import docker_client
 
 BUILD_DIR = REPO_ROOT / "build"
 WHEELHOUSE = BUILD_DIR / "wheelhouse"
-ROOTFS = BUILD_DIR / "rootfs"
 DOCKERFILE = "docker/Dockerfile"  # relative to the build context (REPO_ROOT)
 PYPROJECT = REPO_ROOT / "pyproject.toml"
 NODE_REQUIREMENTS = WHEELHOUSE / "requirements-node.txt"  # derived from PYPROJECT, see node_requirements()
@@ -46,99 +55,12 @@ NODE_REQUIREMENTS = WHEELHOUSE / "requirements-node.txt"  # derived from PYPROJE
 # WIIIIIDE_IMAGE names another tag (e.g. one per checkout, so that two never overwrite each other's)
 DEFAULT_TAG = os.environ.get("WIIIIIDE_IMAGE") or "wiiide:latest"
 IMAGE_LABEL = "org.wiiide-lab.image"  # on every node image this project builds (replaced ones are pruned by it)
-DEFAULT_BASE = "python:3.11-slim"
-DEBIAN_SUITE = "bookworm"
-DEBIAN_MIRROR = os.environ.get("WIIIIIDE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-# iptables: the link fallback's loss rules (harness/links/fallback.py) where the kernel has no netem;
-# libnetfilter-queue1: the runtime library of its delay line (docker/delayline, built in the image)
-DEBOOTSTRAP_PACKAGES = "python3,python3-venv,iproute2,iperf3,iptables,libnetfilter-queue1,ca-certificates"
-# the local base's tag carries a digest of its suite and package list, so that a base made from an
-# older list is never reused: e.g. wiiide-base:bookworm-3f2a9c01
-LOCAL_BASE = "wiiide-base:{}-{}".format(
-    DEBIAN_SUITE, hashlib.sha256(f"{DEBIAN_SUITE}:{DEBOOTSTRAP_PACKAGES}".encode()).hexdigest()[:8])
 # The image's Python must match the wheels: bookworm's python3 and python:3.11-slim are both 3.11.
 IMAGE_PYTHON = (3, 11)
 
-PULL_TIMEOUT_S = float(os.environ.get("WIIIIIDE_PULL_TIMEOUT", "60"))
 BUILD_TIMEOUT_S = 3600
 
-Log = Callable[[str], None]
-
 _STAMP = ".requirements.sha256"
-
-
-# --------------------------------------------------------------------------------------------
-# helpers
-
-
-class _Step:
-    """Logs the start and end (with elapsed seconds) of one build step."""
-
-    def __init__(self, log: Log, what: str):
-        self.log = log
-        self.what = what
-        self.t0 = 0.0
-
-    def __enter__(self) -> "_Step":
-        self.t0 = time.monotonic()
-        self.log(f"[image] {self.what} ...")
-        return self
-
-    def elapsed(self) -> float:
-        """Seconds since the step began."""
-        return time.monotonic() - self.t0
-
-    def done(self, note: str = "") -> None:
-        """Log the step's end with `note` and its seconds."""
-        self.log(f"[image] {self.what}: {note or 'done'} ({self.elapsed():.1f}s)")
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self.log(f"[image] {self.what}: FAILED after {self.elapsed():.1f}s")
-
-
-def _tail(lines: Iterable[str]) -> str:
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def _run(cmd: Sequence[str], log: Log, *, echo: bool = True, cwd: Optional[Path] = None) -> None:
-    """Runs cmd, echoing its output lines (stdout+stderr) to log; raises ClusterError on failure."""
-    tail: collections.deque = collections.deque(maxlen=40)
-    try:
-        proc = subprocess.Popen(
-            list(cmd),
-            cwd=str(cwd) if cwd else None,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-        )
-    except OSError as e:
-        raise ClusterError(f"cannot run {' '.join(cmd)}: {e}") from e
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        line = line.rstrip("\n")
-        tail.append(line)
-        if echo and line.strip():
-            log(f"    {line}")
-    rc = proc.wait()
-    if rc != 0:
-        raise ClusterError(
-            f"command failed (exit {rc}): {' '.join(cmd)}\n--- last output ---\n{_tail(tail)}"
-        )
-
-
-def _image_exists(client, name: str) -> bool:
-    import docker.errors
-
-    try:
-        client.images.get(name)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
-    except docker.errors.APIError as e:
-        raise ClusterError(f"cannot inspect image {name}: {e}") from e
 
 
 # --------------------------------------------------------------------------------------------
@@ -196,7 +118,7 @@ def _platform_args() -> list:
 def build_wheelhouse(force: bool = False, log: Log = print) -> Path:
     """Fills build/wheelhouse with wheels for everything the node needs (`node_requirements`), and
     writes those requirements to build/wheelhouse/requirements-node.txt for the Dockerfile."""
-    with _Step(log, f"wheelhouse {WHEELHOUSE.relative_to(REPO_ROOT)}") as step:
+    with BuildStep(log, f"wheelhouse {WHEELHOUSE.relative_to(REPO_ROOT)}") as step:
         requirements = node_requirements()
         WHEELHOUSE.mkdir(parents=True, exist_ok=True)
         NODE_REQUIREMENTS.write_text("# derived from pyproject.toml by harness/run/image.py\n"
@@ -216,143 +138,10 @@ def build_wheelhouse(force: bool = False, log: Log = print) -> Path:
                "--disable-pip-version-check", "--dest", str(WHEELHOUSE), "-r", str(NODE_REQUIREMENTS)]
         if not _host_matches_image():
             cmd += _platform_args()
-        _run(cmd, log)
+        run_logged(cmd, log)
         stamp.write_text(digest + "\n")
         step.done(f"{len(list(WHEELHOUSE.glob('*.whl')))} wheels")
     return WHEELHOUSE
-
-
-# --------------------------------------------------------------------------------------------
-# step 2: base image
-
-
-def _try_pull(name: str, log: Log) -> bool:
-    """Pulls name (short timeout). False, with the reason logged, if that does not work."""
-    repo, _, tag = name.rpartition(":") if ":" in name.split("/")[-1] else (name, "", "latest")
-    try:
-        client = docker_client(timeout_s=PULL_TIMEOUT_S)
-        for event in client.api.pull(repo, tag=tag, stream=True, decode=True):
-            if "error" in event:
-                log(f"[image] pull {name} failed: {event['error']}")
-                return False
-        return _image_exists(client, name)
-    except ClusterError:
-        raise
-    except Exception as e:  # APIError (no registry), ReadTimeout, ConnectionError
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        log(f"[image] pull {name} failed: {reason}")
-        return False
-
-
-def _mounts_under(path: Path) -> list:
-    prefix = str(path.resolve())
-    found = []
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                mnt = line.split()[1].replace("\\040", " ")
-                if mnt == prefix or mnt.startswith(prefix + "/"):
-                    found.append(mnt)
-    except OSError:
-        pass
-    return found
-
-
-def _remove_rootfs(log: Log) -> None:
-    """Removes build/rootfs, first unmounting what an interrupted debootstrap left mounted in it."""
-    if not ROOTFS.exists():
-        return
-    for mnt in sorted(_mounts_under(ROOTFS), key=len, reverse=True):
-        log(f"[image] unmounting leftover {mnt}")
-        subprocess.run(["umount", "-l", mnt], check=False)
-    left = _mounts_under(ROOTFS)
-    if left:
-        raise ClusterError(f"cannot remove {ROOTFS}: still mounted: {', '.join(left)}")
-    shutil.rmtree(ROOTFS)
-
-
-def build_local_base(force: bool = False, log: Log = print) -> str:
-    """Makes LOCAL_BASE (Debian bookworm minbase + DEBOOTSTRAP_PACKAGES) without any registry."""
-    client = docker_client()
-    if not force and _image_exists(client, LOCAL_BASE):
-        log(f"[image] local base {LOCAL_BASE} exists")
-        return LOCAL_BASE
-    if os.geteuid() != 0:
-        raise ClusterError(f"building {LOCAL_BASE} with debootstrap needs root")
-    if not shutil.which("debootstrap"):
-        raise ClusterError(
-            "debootstrap is missing: `bash docker/engine.sh start` installs it "
-            "(or apt-get install -y debootstrap)"
-        )
-    _remove_rootfs(log)
-    ROOTFS.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with _Step(log, f"debootstrap {DEBIAN_SUITE} into {ROOTFS.relative_to(REPO_ROOT)}") as step:
-            _run(["debootstrap", "--variant=minbase", f"--include={DEBOOTSTRAP_PACKAGES}",
-                  DEBIAN_SUITE, str(ROOTFS), DEBIAN_MIRROR], log)
-            step.done()
-        with _Step(log, f"docker import {LOCAL_BASE}") as step:
-            _import_rootfs(LOCAL_BASE, log)
-            step.done()
-    finally:
-        _remove_rootfs(log)
-    return LOCAL_BASE
-
-
-def _import_rootfs(name: str, log: Log) -> None:
-    """tar -C build/rootfs -c . | docker import - name (without apt's downloaded .debs and lists)."""
-    if not shutil.which("docker"):
-        raise ClusterError("the docker client is missing: `bash docker/engine.sh start` installs it")
-    tar_cmd = ["tar", "--numeric-owner", "-C", str(ROOTFS),
-               "--exclude=./var/cache/apt/archives/*.deb", "--exclude=./var/lib/apt/lists/*",
-               "-c", "."]
-    import_cmd = ["docker", "import",
-                  "--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                  "--change", "ENV LANG=C.UTF-8",
-                  "--change", 'CMD ["/bin/bash"]',
-                  "-", name]
-    tar = subprocess.Popen(tar_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert tar.stdout is not None
-    try:
-        imp = subprocess.run(import_cmd, stdin=tar.stdout, capture_output=True, text=True)
-    finally:
-        tar.stdout.close()
-        tar_err = tar.stderr.read().decode(errors="replace") if tar.stderr else ""
-        tar_rc = tar.wait()
-    if tar_rc != 0:
-        raise ClusterError(f"command failed (exit {tar_rc}): {' '.join(tar_cmd)}\n{tar_err[-3000:]}")
-    if imp.returncode != 0:
-        raise ClusterError(
-            f"command failed (exit {imp.returncode}): {' '.join(import_cmd)}\n"
-            f"{(imp.stdout + imp.stderr)[-3000:]}"
-        )
-    log(f"    {imp.stdout.strip()}")
-
-
-def resolve_base(base_image: Optional[str] = None, force: bool = False, log: Log = print) -> str:
-    """The base image to build FROM: present locally, pulled, or (default only) made locally."""
-    wanted = base_image or os.environ.get("WIIIIIDE_BASE_IMAGE") or DEFAULT_BASE
-    with _Step(log, f"base image {wanted}") as step:
-        client = docker_client()
-        if wanted == LOCAL_BASE:
-            base = build_local_base(force=force, log=log)
-            step.done(base)
-            return base
-        if _image_exists(client, wanted):
-            step.done(f"{wanted} present")
-            return wanted
-        if _try_pull(wanted, log):
-            step.done(f"pulled {wanted}")
-            return wanted
-        if wanted != DEFAULT_BASE:
-            raise ClusterError(
-                f"base image {wanted} is neither present nor pullable; "
-                f"omit --base to fall back to a local Debian base ({LOCAL_BASE})"
-            )
-        log(f"[image] no registry: falling back to local base {LOCAL_BASE}")
-        base = build_local_base(force=force, log=log)
-        step.done(base)
-        return base
 
 
 # --------------------------------------------------------------------------------------------
@@ -387,14 +176,14 @@ def _docker_build(tag: str, base: str, nocache: bool, log: Log) -> str:
                 tail.append(event["error"])
                 raise ClusterError(
                     f"docker build of {tag} (FROM {base}) failed: {event['error'].strip()}\n"
-                    f"--- last output ---\n{_tail(tail)}"
+                    f"--- last output ---\n{output_tail(tail)}"
                 )
             elif "aux" in event and isinstance(event["aux"], dict):
                 image_id = event["aux"].get("ID", image_id)
     except docker.errors.DockerException as e:
-        raise ClusterError(f"docker build of {tag} failed: {e}\n--- last output ---\n{_tail(tail)}") from e
-    if not _image_exists(client, tag):
-        raise ClusterError(f"docker build finished but {tag} is missing\n--- last output ---\n{_tail(tail)}")
+        raise ClusterError(f"docker build of {tag} failed: {e}\n--- last output ---\n{output_tail(tail)}") from e
+    if not image_exists(client, tag):
+        raise ClusterError(f"docker build finished but {tag} is missing\n--- last output ---\n{output_tail(tail)}")
     _prune_replaced(client, log)
     return image_id
 
@@ -427,7 +216,7 @@ def build_image(tag: str = DEFAULT_TAG, base_image: Optional[str] = None, force:
     docker_client()  # fail early and clearly when there is no engine
     build_wheelhouse(force=force, log=log)
     base = resolve_base(base_image, force=force, log=log)
-    with _Step(log, f"docker build {tag} FROM {base}") as step:
+    with BuildStep(log, f"docker build {tag} FROM {base}") as step:
         image_id = _docker_build(tag, base, nocache=force, log=log)
         size = docker_client().images.get(tag).attrs.get("Size", 0)
         step.done(f"{image_id[:19] or tag}, {size / 1e6:.0f} MB")
@@ -437,7 +226,7 @@ def build_image(tag: str = DEFAULT_TAG, base_image: Optional[str] = None, force:
 
 def ensure_image(tag: str = DEFAULT_TAG, log: Log = print) -> str:
     """Returns tag, building the image first only if the engine does not have it yet."""
-    if _image_exists(docker_client(), tag):
+    if image_exists(docker_client(), tag):
         return tag
     log(f"[image] {tag} missing: building it")
     return build_image(tag=tag, log=log)

@@ -17,7 +17,7 @@ from harness.errors import LinkShapingError
 from harness.links.plan import Capabilities, ShapingPlan
 from harness.links.readback import parse_classes, parse_tc_json, show_commands
 from harness.links.delayline import check_argv, parse_stats, runs_in_background, stats_command, stats_file
-from harness.links.fallback import CHAIN, DUP_CHAIN, TEE_GATEWAY, parse_rule_counters, rule_counters_command, rule_reset_commands
+from harness.links.fallback import CHAIN, TEE_GATEWAY, parse_rule_counters, rule_counters_command, rule_reset_commands
 from harness.links.tc import ingress_commands, reset_commands
 
 
