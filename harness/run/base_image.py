@@ -98,7 +98,8 @@ def run_logged(cmd: Sequence[str], log: Log, *, echo: bool = True, cwd: Optional
 
 
 def image_exists(client, name: str) -> bool:
-    """Whether the engine of `client` (a docker SDK client) has image `name`. Raises ClusterError when it cannot say."""
+    """Whether the engine of `client` (a docker SDK client) has image `name`. Raises ClusterError
+    when the engine cannot say."""
     import docker.errors
 
     try:
@@ -173,7 +174,7 @@ def build_local_base(force: bool = False, log: Log = print) -> str:
     try:
         with BuildStep(log, f"debootstrap {DEBIAN_SUITE} into {ROOTFS.relative_to(REPO_ROOT)}") as step:
             run_logged(["debootstrap", "--variant=minbase", f"--include={DEBOOTSTRAP_PACKAGES}",
-                  DEBIAN_SUITE, str(ROOTFS), DEBIAN_MIRROR], log)
+                        DEBIAN_SUITE, str(ROOTFS), DEBIAN_MIRROR], log)
             step.done()
         with BuildStep(log, f"docker import {LOCAL_BASE}") as step:
             _import_rootfs(LOCAL_BASE, log)

@@ -53,6 +53,7 @@ def slot_name(service: str, number: int) -> str:
     """A node's slot: ``coordinator``, or ``worker-N`` for container number N of the worker service."""
     return "coordinator" if service == "coordinator" else f"{service}-{number}"
 
+
 CONTAINER_TLS_DIR = "/results/tls"  # where a container finds its node's ca.crt, node.crt, node.key
 
 
